@@ -1,0 +1,70 @@
+"""Step leases (``swamp/step-lease``): instance ``leases``, one item ``lease-<id>`` per dispatch."""
+
+from __future__ import annotations
+
+import time
+
+from swamp.domain import leases as rules
+from swamp.domain.leases import LeaseState
+from swamp.models.builtin import STEP_LEASE
+from swamp.store.datastore import Datastore, Key, iso
+
+TYPE = STEP_LEASE.type
+POLICY = STEP_LEASE.resources[0].policy
+INSTANCE = "leases"
+
+
+def key(lease_id: str) -> Key:
+    return Key(TYPE, INSTANCE, f"lease-{lease_id}")
+
+
+class LeaseBook:
+    def __init__(self, store: Datastore, *, clock=time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def acquire(self, *, lease_id: str, worker: str, model_type: str, model_name: str,
+                method: str) -> dict:
+        attrs = {
+            "leaseId": lease_id, "dispatchId": lease_id, "workerName": worker,
+            "modelType": model_type, "modelName": model_name, "methodName": method,
+            "state": LeaseState.ACTIVE.value, "hasWrites": False,
+            "createdAt": iso(self.clock()),
+        }
+        self.store.write(key(lease_id), attrs, policy=POLICY, expected_version=0)
+        return attrs
+
+    def mark_writes(self, lease_id: str) -> None:
+        self.store.transition(
+            key(lease_id), lambda cur: rules.mark_writes(cur.attributes) if cur else None,
+            policy=POLICY)
+
+    def end(self, lease_id: str, state: LeaseState, *, error: str | None = None) -> None:
+        now = iso(self.clock())
+
+        def decide(current):
+            if current is None or current.attributes["state"] != LeaseState.ACTIVE.value:
+                return None
+            return rules.end(current.attributes, state, now_iso=now, error=error)
+
+        self.store.transition(key(lease_id), decide, policy=POLICY)
+
+    def reconcile(self) -> int:
+        """Boot: every lease still active belonged to the previous orchestrator: expire it."""
+        count = 0
+        for record in self.store.latest_of_type(TYPE, model_name=INSTANCE):
+            if record.attributes.get("state") == LeaseState.ACTIVE.value:
+                self.end(record.attributes["leaseId"], LeaseState.EXPIRED,
+                         error="orchestrator restart")
+                count += 1
+        return count
+
+    def collect(self, *, older_than_seconds: float) -> int:
+        """Delete ended leases whose end is older than the retention (the store stays bounded)."""
+        cutoff = iso(self.clock() - older_than_seconds)
+        stale = [
+            r.key for r in self.store.latest_of_type(TYPE, model_name=INSTANCE)
+            if r.attributes.get("state") != LeaseState.ACTIVE.value
+            and r.attributes.get("endedAt", "") < cutoff
+        ]
+        return self.store.delete_items(stale) if stale else 0

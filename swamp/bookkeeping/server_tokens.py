@@ -1,0 +1,65 @@
+"""Admin server tokens (``swamp/server-token``): ``<name>.<secret>``, stored only as a hash."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from swamp.domain.names import check_name
+from swamp.domain.tokens import hash_secret, secret_matches, split_credential
+from swamp.errors import Conflict, Forbidden, NotFound, Rejected
+from swamp.models.builtin import SERVER_TOKEN
+from swamp.store.datastore import Datastore, Key, iso
+
+TYPE = SERVER_TOKEN.type
+POLICY = SERVER_TOKEN.resources[0].policy
+
+
+class ServerTokenBook:
+    def __init__(self, store: Datastore, *, clock=time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def create(self, name: str) -> tuple[dict, str]:
+        check_name(name, what="server token name")
+        secret = secrets.token_hex(32)
+        now = iso(self.clock())
+
+        def decide(current):
+            if current is not None and current.attributes["state"] == "active":
+                raise Conflict(f"server token {name!r} already exists: revoke it first or pick "
+                               "another name")
+            return {"name": name, "state": "active", "createdAt": now,
+                    "secretHash": hash_secret(secret)}
+
+        record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        return record.attributes, f"{name}.{secret}"
+
+    def revoke(self, name: str) -> dict:
+        now = iso(self.clock())
+
+        def decide(current):
+            if current is None:
+                raise NotFound(f"no server token named {name!r}")
+            if current.attributes["state"] == "revoked":
+                return None
+            return dict(current.attributes, state="revoked", revokedAt=now)
+
+        record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        return record.attributes
+
+    def all(self) -> list[dict]:
+        return [r.attributes for r in self.store.latest_of_type(TYPE)]
+
+    def authenticate(self, credential: str) -> str:
+        """The token's name if the credential is a live server token, else ``Forbidden``."""
+        try:
+            name, secret = split_credential(credential)
+        except Rejected:
+            raise Forbidden("the server token must have the form <name>.<secret>",
+                            code="unauthorized") from None
+        record = self.store.latest(Key(TYPE, name, "token"))
+        if (record is None or record.attributes["state"] != "active"
+                or not secret_matches(secret, record.attributes["secretHash"])):
+            raise Forbidden("the server token is unknown, revoked or wrong", code="unauthorized")
+        return name

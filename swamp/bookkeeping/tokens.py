@@ -1,0 +1,120 @@
+"""Enrollment tokens as ``swamp/enrollment-token`` records (one item ``token`` per token name)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+
+from swamp.domain import tokens as rules
+from swamp.domain.names import check_name
+from swamp.domain.tokens import Redeemed, Token, TokenState
+from swamp.errors import NotFound
+from swamp.models.builtin import ENROLLMENT_TOKEN
+from swamp.store.datastore import Datastore, Key, iso
+
+TYPE = ENROLLMENT_TOKEN.type
+POLICY = ENROLLMENT_TOKEN.resources[0].policy
+
+
+def _key(name: str) -> Key:
+    return Key(TYPE, name, "token")
+
+
+class TokenBook:
+    def __init__(self, store: Datastore, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def get(self, name: str) -> Token | None:
+        record = self.store.latest(_key(name))
+        return Token.from_attributes(record.attributes) if record else None
+
+    def all(self) -> list[Token]:
+        return [Token.from_attributes(r.attributes) for r in self.store.latest_of_type(TYPE)]
+
+    def mint(self, name: str, *, duration_seconds: int,
+             max_enrollments: int | str = 1) -> tuple[Token, str]:
+        """Returns the record and the credential ``<name>.<secret>`` (shown once, never stored)."""
+        check_name(name, what="token name")
+        secret = secrets.token_hex(rules.SECRET_BYTES)
+        now = self.clock()
+
+        def decide(current):
+            existing = Token.from_attributes(current.attributes) if current else None
+            return rules.mint(
+                name, secret=secret, now=now, now_iso=iso(now),
+                expires_iso=iso(now + duration_seconds), duration_seconds=duration_seconds,
+                existing=existing, max_enrollments=max_enrollments,
+            ).to_attributes()
+
+        record, _ = self.store.transition(_key(name), decide, policy=POLICY)
+        return Token.from_attributes(record.attributes), f"{name}.{secret}"
+
+    def revoke(self, name: str) -> tuple[Token, bool]:
+        """Returns the token and whether this call revoked it (``False``: it already was dead)."""
+        now = self.clock()
+
+        def decide(current):
+            if current is None:
+                raise NotFound(f"no token named {name!r}: see 'swamp worker token list'")
+            revoked = rules.revoke(Token.from_attributes(current.attributes), now_iso=iso(now))
+            return revoked.to_attributes() if revoked else None
+
+        record, wrote = self.store.transition(_key(name), decide, policy=POLICY)
+        return Token.from_attributes(record.attributes), wrote
+
+    def expire(self, name: str) -> bool:
+        """Store ``expired`` once the deadline has passed; returns whether it wrote."""
+        now = self.clock()
+
+        def decide(current):
+            if current is None:
+                return None
+            expired = rules.expire(Token.from_attributes(current.attributes), now=now)
+            return expired.to_attributes() if expired else None
+
+        _, wrote = self.store.transition(_key(name), decide, policy=POLICY)
+        return wrote
+
+    def redeem(self, credential: str, *, machine_id: str,
+               name_for: Callable[[Token], str]) -> Redeemed:
+        """Admit a machine, or raise ``Rejected``. An unknown name reads and writes nothing else.
+
+        ``name_for(token)`` gives the worker name a *new* binding would get.
+        """
+        name, secret = rules.split_credential(credential)
+        now = self.clock()
+        outcome: list[Redeemed] = []
+
+        def decide(current):
+            token = Token.from_attributes(current.attributes) if current else None
+            decision = rules.redeem(
+                token, name=name, secret=secret, machine_id=machine_id, now=now,
+                now_iso=iso(now), worker_name=name_for(token) if token else name,
+            )
+            outcome[:] = [decision]
+            return decision.write.to_attributes() if decision.write else None
+
+        self.store.transition(_key(name), decide, policy=POLICY)
+        return outcome[0]
+
+    @staticmethod
+    def state_text(token: Token, now: float) -> str:
+        return token.effective_state(now).value
+
+
+def is_live(token: Token, now: float) -> bool:
+    return token.effective_state(now) in (TokenState.UNUSED, TokenState.ENROLLED)
+
+
+def token_item(token: Token, now: float) -> dict:
+    """The listing shape shared by the CLI (straight to the repo) and the server."""
+    return {
+        "name": token.name, "state": token.effective_state(now).value,
+        "storedState": token.state.value, "createdAt": token.created_at,
+        "expiresAt": token.expires_at, "maxEnrollments": token.max_enrollments,
+        "enrollments": len(token.bindings),
+        "bindings": [b.to_json() for b in token.bindings],
+        **({"revokedAt": token.revoked_at} if token.revoked_at else {}),
+    }

@@ -1,0 +1,96 @@
+"""Worker records (``swamp/worker``): one item ``state`` per worker, a version per status change."""
+
+from __future__ import annotations
+
+import time
+
+from swamp.domain.workers import WorkerStatus
+from swamp.models.builtin import WORKER
+from swamp.store.datastore import Datastore, Key, iso
+
+TYPE = WORKER.type
+POLICY = WORKER.resources[0].policy
+
+
+def key(name: str) -> Key:
+    return Key(TYPE, name, "state")
+
+
+class WorkerBook:
+    def __init__(self, store: Datastore, *, clock=time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    def enrolled(self, *, name: str, instance_id: str, machine_id: str, token: str,
+                 labels: dict, platform: str, arch: str, capacity: int, version: str) -> dict:
+        """A full record for a (re-)enrollment: status ``idle``."""
+        now = iso(self.clock())
+        previous = self.store.latest(key(name))
+        attrs = {
+            "name": name, "instanceId": instance_id, "machineId": machine_id, "tokenName": token,
+            "status": WorkerStatus.IDLE.value, "labels": labels, "platform": platform,
+            "arch": arch, "capacity": capacity, "activeDispatchIds": [], "swampVersion": version,
+            "enrolledAt": previous.attributes.get("enrolledAt", now) if previous and
+            previous.attributes.get("machineId") == machine_id else now,
+            "connectedAt": now, "lastSeenAt": now,
+        }
+        self.store.write(key(name), attrs, policy=POLICY)
+        return attrs
+
+    def set_status(self, name: str, status: str, *, active: list[str] | None = None,
+                   reason: str | None = None) -> dict | None:
+        """A new version with the status; no write if nothing changed."""
+        now = iso(self.clock())
+
+        def decide(current):
+            if current is None:
+                return None
+            attrs = dict(current.attributes)
+            ids = list(active) if active is not None else attrs.get("activeDispatchIds", [])
+            if status in (WorkerStatus.IDLE.value, WorkerStatus.DISCONNECTED.value):
+                ids = []
+            if attrs.get("status") == status and attrs.get("activeDispatchIds") == ids:
+                return None
+            attrs.update(status=status, activeDispatchIds=ids, lastSeenAt=now)
+            if status == WorkerStatus.DISCONNECTED.value:
+                attrs["disconnectedAt"] = now
+                if reason:
+                    attrs["disconnectReason"] = reason
+            else:
+                attrs.pop("disconnectReason", None)
+            return attrs
+
+        record, _ = self.store.transition(key(name), decide, policy=POLICY)
+        return record.attributes if record else None
+
+    def all(self) -> list[dict]:
+        return [r.attributes for r in self.store.latest_of_type(TYPE)]
+
+    def reconcile(self) -> int:
+        """Boot: whatever was connected when the last orchestrator died is disconnected now."""
+        count = 0
+        for attrs in self.all():
+            if attrs.get("status") != WorkerStatus.DISCONNECTED.value:
+                self.set_status(attrs["name"], WorkerStatus.DISCONNECTED.value,
+                                reason="orchestrator restart")
+                count += 1
+        return count
+
+
+_ITEM_FIELDS = ("name", "status", "labels", "platform", "arch", "capacity", "activeDispatchIds",
+                "lastSeenAt", "enrolledAt", "instanceId", "tokenName", "swampVersion",
+                "disconnectedAt", "disconnectReason")
+
+
+def worker_items(records: list[dict], live: dict[str, dict] | None = None, *,
+                 show_all: bool = False) -> dict:
+    """The listing shape shared by the CLI and the server: live state wins over records."""
+    merged = {r["name"]: r for r in records}
+    merged.update(live or {})
+    items = [{k: r[k] for k in _ITEM_FIELDS if k in r} for r in merged.values()]
+    items.sort(key=lambda r: r["name"])
+    hidden = 0
+    if not show_all:
+        hidden = sum(1 for r in items if r["status"] == WorkerStatus.DISCONNECTED.value)
+        items = [r for r in items if r["status"] != WorkerStatus.DISCONNECTED.value]
+    return {"workers": items, "count": len(items), "hiddenDisconnected": hidden}

@@ -1,0 +1,45 @@
+"""``swamp``: the command line. One module per noun; each command parses, calls one service,
+renders (text or ``--json``) and maps errors to exit statuses."""
+
+from __future__ import annotations
+
+import typer
+
+from swamp.cli import data_cmd, demo_cmd, model_cmd, repo_cmd, server_cmd, serve_cmd, worker_cmd
+
+app = typer.Typer(
+    name="swamp",
+    help="An orchestrator and its worker fleets. Start with 'swamp demo', or: swamp init; "
+         "swamp serve; swamp worker token create NAME --duration 1h; swamp worker connect URL "
+         "--token NAME.SECRET; swamp model method run command/shell run --arg command='uname -a' "
+         "--target NAME.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("init")(repo_cmd.init)
+app.command("serve")(serve_cmd.serve)
+app.command("demo")(demo_cmd.demo)
+app.add_typer(worker_cmd.app, name="worker")
+app.add_typer(server_cmd.app, name="server")
+app.add_typer(data_cmd.app, name="data")
+app.add_typer(model_cmd.app, name="model")
+
+
+@app.command("version")
+def version(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Print swamp's version and its protocol version."""
+    import json
+
+    from swamp import __version__
+    from swamp.protocol.frames import PROTOCOL_VERSION
+
+    if json_output:
+        print(json.dumps({"version": __version__, "protocolVersion": PROTOCOL_VERSION}))
+    else:
+        print(f"swamp {__version__} (protocol {PROTOCOL_VERSION})")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,78 @@
+"""What every command shares: options, error handling, rendering. Imports stay light."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import typer
+
+REPO_DIR = typer.Option(
+    None, "--repo-dir", envvar="SWAMP_REPO_DIR", show_default=False,
+    help="The repo to act on [env SWAMP_REPO_DIR; default: the current directory].")
+JSON = typer.Option(False, "--json", help="Print machine-readable JSON instead of text.")
+SERVER = typer.Option(
+    None, "--server", envvar="SWAMP_SERVE_URL", show_default=False,
+    help="Go through a running orchestrator (ws://host:port) instead of the repo "
+         "[env SWAMP_SERVE_URL].")
+SERVER_TOKEN = typer.Option(
+    None, "--server-token", envvar="SWAMP_SERVER_TOKEN", show_default=False,
+    help="Admin server token <name.secret>, needed when serve runs --auth token "
+         "[env SWAMP_SERVER_TOKEN].")
+CA_CERT = typer.Option(
+    None, "--ca-cert", envvar="SWAMP_CA_CERT", show_default=False, exists=False,
+    help="PEM file of the CA that signed the orchestrator's TLS certificate [env SWAMP_CA_CERT].")
+
+
+def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):
+    if as_json:
+        print(json.dumps({"error": {"code": code, "message": message}}))
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(status)
+
+
+def command(fn: Callable) -> Callable:
+    """Map ``SwampError`` to one line on stderr (and JSON on stdout with --json) and an exit
+    status; never a traceback for an error we raised on purpose."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any):
+        from swamp.errors import SwampError
+
+        try:
+            return fn(*args, **kwargs)
+        except SwampError as exc:
+            fail(exc.message, code=exc.code, status=exc.exit_status,
+                 as_json=bool(kwargs.get("json_output")))
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def emit_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def repo_path(repo_dir: Path | None) -> Path:
+    return Path(repo_dir) if repo_dir else Path.cwd()
+
+
+def run_async(fn, *args):
+    import trio
+
+    return trio.run(fn, *args)

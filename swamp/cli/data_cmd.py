@@ -1,0 +1,62 @@
+"""``swamp data query``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              repo_path, run_async, table)
+
+app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
+                  no_args_is_help=True)
+
+
+@app.command("query")
+@command
+def query(
+    predicate: str = typer.Argument(..., help='e.g. modelType == "command/shell" && '
+                                              'attributes.exitCode != 0'),
+    all_versions: bool = typer.Option(False, "--all-versions",
+                                      help="Match every version, not only the latest."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Select records with a predicate over modelType, modelName, name, version, spec,
+    createdAt, size and attributes.* using ==, !=, <, <=, >, >=, in, &&, ||, !, has(). A
+    missing field matches nothing (and != everything). The orchestrator's own bookkeeping is
+    data too: modelType == "swamp/worker" lists the pool's records."""
+    from swamp.domain.query import parse
+
+    parsed = parse(predicate)
+    if server:
+        from swamp import client
+
+        records = run_async(lambda: client.call(
+            server, "data.query", {"predicate": predicate, "allVersions": all_versions},
+            server_token=server_token, ca_cert=ca_cert))["records"]
+    else:
+        from swamp.repo import Repo
+
+        store = Repo.find(repo_path(repo_dir)).open_store()
+        try:
+            records = [r.to_json() for r in store.query(parsed, all_versions=all_versions)]
+        finally:
+            store.close()
+    if json_output:
+        emit_json(records)
+        return
+    if not records:
+        print("No records match.")
+        return
+    rows = [[r["modelType"], r["modelName"], r["name"], str(r["version"]), r["createdAt"],
+             _short(r["attributes"])] for r in records]
+    print(table(["MODEL TYPE", "MODEL", "NAME", "VERSION", "CREATED", "ATTRIBUTES"], rows))
+    print(f"{len(records)} record{'s' if len(records) != 1 else ''}")
+
+
+def _short(attributes: dict, limit: int = 60) -> str:
+    text = json.dumps(attributes, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

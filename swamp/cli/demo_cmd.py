@@ -1,0 +1,25 @@
+"""``swamp demo``: the product in one command, on real processes."""
+
+from __future__ import annotations
+
+import typer
+
+from swamp.cli.common import JSON, command
+
+
+@command
+def demo(
+    workers: int = typer.Option(2, "--workers", min=1, max=8, help="How many worker processes "
+                                                                   "to start."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the temporary repo afterwards and "
+                                                    "print its path."),
+    json_output: bool = JSON,
+) -> None:
+    """Start an orchestrator on a free port in a temporary repo, mint a token per worker, start
+    worker processes, run command/shell on each by target and once by label, show what ran where
+    and the pool, then shut everything down."""
+    import trio
+
+    from swamp.demo import run_demo
+
+    raise typer.Exit(trio.run(run_demo, workers, keep, json_output))

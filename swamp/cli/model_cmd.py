@@ -1,0 +1,165 @@
+"""``swamp model``: list model types, run a model's method here or on a worker."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              repo_path, run_async, table)
+
+app = typer.Typer(help="Models: types, instances and running their methods.",
+                  no_args_is_help=True)
+method_app = typer.Typer(help="Run a model's method.", no_args_is_help=True)
+app.add_typer(method_app, name="method")
+
+_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.S)
+
+
+def parse_args(items: list[str]) -> dict[str, str]:
+    from swamp.errors import UserError
+
+    out: dict[str, str] = {}
+    for item in items:
+        match = _ARG.match(item)
+        if not match:
+            raise UserError(f"invalid --arg {item!r}: expected name=value")
+        out[match.group(1)] = match.group(2)
+    return out
+
+
+@app.command("types")
+@command
+def types(json_output: bool = JSON) -> None:
+    """Every runnable model type (built-in and from installed plugins) with its methods."""
+    from swamp.plugins import default_registry
+
+    registry = default_registry()
+    items = [{"type": t.type, "description": t.description,
+              "methods": [{"name": m.name, "help": m.help,
+                           "args": [{"name": a.name, "type": a.type, "required": a.required,
+                                     "help": a.help} for a in m.args]} for m in t.methods],
+              "resources": [s.name for s in t.resources]}
+             for t in sorted(registry.types.values(), key=lambda t: t.type) if not t.internal]
+    if json_output:
+        emit_json(items)
+        return
+    for item in items:
+        print(f"{item['type']}: {item['description']}")
+        for method in item["methods"]:
+            args = ", ".join(f"{a['name']}{'' if a['required'] else '?'}:{a['type']}"
+                             for a in method["args"])
+            print(f"  {method['name']}({args}) {method['help']}")
+
+
+def _render_event(event: dict, json_output: bool) -> None:
+    if json_output:
+        print(json.dumps({"event": event}), flush=True)
+        return
+    kind = event.get("kind")
+    where = event.get("worker") or "orchestrator"
+    if kind == "log":
+        stream = sys.stderr if event.get("stream") == "stderr" else sys.stdout
+        print(f"[{where}] {event.get('line', '')}", file=stream, flush=True)
+    elif kind == "dispatched":
+        print(f"→ dispatched to {event['worker']} ({event['dispatchId'][:8]})", file=sys.stderr,
+              flush=True)
+    elif kind == "redispatch":
+        print(f"↻ worker {event['worker']} was lost ({event['reason']}); dispatching again",
+              file=sys.stderr, flush=True)
+
+
+@method_app.command("run")
+@command
+def run(
+    model: str = typer.Argument(..., help="A model instance from models/*.toml, or a model type "
+                                          "such as command/shell (an ad-hoc instance)."),
+    method: str = typer.Argument(..., help="The method, e.g. run."),
+    arg: list[str] = typer.Option(None, "--arg", help="name=value for the method; repeatable."),
+    target: str = typer.Option(None, "--target", help="Run on this worker (name or instance "
+                                                      "id)."),
+    label: list[str] = typer.Option(None, "--label", help="Run on a worker with this k=v label; "
+                                                          "repeatable (all must match)."),
+    platform: str = typer.Option(None, "--platform", help="Run on a worker of this os or "
+                                                          "os/arch, e.g. linux/x86_64."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Run a method. With --target/--label/--platform it runs on the least-loaded matching
+    worker; without, in the orchestrator's own process (or here, with no --server).
+
+    Logs stream as they happen. Exit 0 when the method succeeded, 1 when it failed. Example:
+    swamp model method run command/shell run --arg command='uname -a' --label gpu=true
+    """
+    from swamp.domain.labels import parse_labels
+    from swamp.domain.placement import Placement
+    from swamp.errors import UserError
+
+    args = parse_args(arg or [])
+    placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
+    if not server and placement.is_remote():
+        from swamp.repo import Repo
+
+        try:
+            server = Repo.find(repo_path(repo_dir)).running_server()
+        except UserError:
+            server = None
+        if not server:
+            raise UserError(f"running on a worker ({placement.describe()}) needs a running "
+                            "orchestrator: pass --server URL or set SWAMP_SERVE_URL")
+
+    async def on_event(event: dict) -> None:
+        _render_event(event, json_output)
+
+    if server:
+        from swamp import client
+
+        params = {"model": model, "method": method, "args": args,
+                  "placement": placement.to_json()}
+        result = run_async(lambda: client.call(server, "model.method.run", params,
+                                               server_token=server_token, ca_cert=ca_cert,
+                                               timeout=None, on_event=on_event))
+    else:
+        result = run_async(_run_here, repo_dir, model, method, args, on_event)
+    _render_result(result, json_output)
+    raise typer.Exit(0 if result["status"] == "succeeded" else 1)
+
+
+async def _run_here(repo_dir, model, method, args, on_event) -> dict:
+    from swamp.domain.placement import Placement
+    from swamp.orchestrator.credentials import Credentials
+    from swamp.orchestrator.dispatch import DispatchService, RunRequest
+    from swamp.orchestrator.pool import Pool
+    from swamp.plugins import default_registry
+    from swamp.repo import Repo
+
+    repo = Repo.find(repo_path(repo_dir))
+    store = repo.open_store()
+    try:
+        service = DispatchService(store, default_registry(), Pool(), Credentials(),
+                                  grace_seconds=0)
+        request = RunRequest(repo.resolve_model(model), method, args, Placement())
+        result = await service.run(request, on_event)
+        return dict(result, model=request.model.name, modelType=request.model.type,
+                    method=method)
+    finally:
+        store.close()
+
+
+def _render_result(result: dict, json_output: bool) -> None:
+    if json_output:
+        print(json.dumps({"result": result}), flush=True)
+        return
+    where = result.get("worker") or "orchestrator"
+    outputs = ", ".join(f"{o['spec']}/{o['name']} v{o['version']}" for o in result["outputs"])
+    if result["status"] == "succeeded":
+        print(f"✓ {result['modelType']}.{result['method']} succeeded on {where} in "
+              f"{result['durationMs']}ms" + (f"; wrote {outputs}" if outputs else ""),
+              file=sys.stderr)
+    else:
+        print(f"✗ {result['modelType']}.{result['method']} failed on {where}: "
+              f"{result.get('error')}", file=sys.stderr)

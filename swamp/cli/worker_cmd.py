@@ -1,0 +1,227 @@
+"""``swamp worker``: connect a worker, list the pool, manage enrollment tokens."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              repo_path, run_async, table)
+
+app = typer.Typer(help="Workers: connect one, list the pool, manage enrollment tokens.",
+                  no_args_is_help=True)
+token_app = typer.Typer(help="Enrollment tokens: what a worker presents to join the pool.",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@app.command("connect")
+@command
+def connect(
+    url: str = typer.Argument(None, envvar="SWAMP_ORCHESTRATOR_URL", show_default=False,
+                              help="The orchestrator's ws:// or wss:// URL "
+                                   "[env SWAMP_ORCHESTRATOR_URL]."),
+    token: str = typer.Option(None, "--token", envvar="SWAMP_WORKER_TOKEN", show_default=False,
+                              help="Enrollment token <name.secret>. Prefer the env var: argv "
+                                   "is visible to every user of the machine "
+                                   "[env SWAMP_WORKER_TOKEN]."),
+    label: list[str] = typer.Option(None, "--label", help="A k=v label placements can match; "
+                                                          "repeatable."),
+    cache_dir: Path = typer.Option(None, "--cache-dir", envvar="SWAMP_WORKER_CACHE_DIR",
+                                   show_default=False,
+                                   help="Keeps the machine id across restarts, so a restarted "
+                                        "worker re-enrolls as itself [default: a fresh temp "
+                                        "dir: every process is a new machine]."),
+    ca_cert: Path = CA_CERT,
+    concurrency: int = typer.Option(1, "--concurrency", envvar="SWAMP_WORKER_CONCURRENCY",
+                                    help="Dispatch slots: how many methods run at once."),
+    data_plane_url: str = typer.Option(None, "--data-plane-url", show_default=False,
+                                       help="Override the data plane's base URL (default: the "
+                                            "connect URL's host over http/https)."),
+    json_output: bool = JSON,
+) -> None:
+    """Enroll with the orchestrator and run what it dispatches, until stopped.
+
+    Reconnects after a drop (backoff 1s doubling to 30s) for as long as the token lives. A
+    revoked, expired, wrong or unknown token, or a protocol mismatch, stops it with exit 1.
+    SIGINT/SIGTERM stop it with exit 0. --json prints one JSON event per line.
+    """
+    from swamp.domain.labels import parse_labels
+    from swamp.errors import UserError
+    from swamp.worker.agent import run_worker
+    from swamp.worker.config import WorkerConfig
+    from swamp.worker.events import Reporter
+
+    if not url:
+        raise UserError("missing orchestrator URL: pass it as the first argument or set "
+                        "SWAMP_ORCHESTRATOR_URL")
+    config = WorkerConfig(url=url, token=token or "", labels=parse_labels(label or []),
+                          cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
+                          data_plane_url=data_plane_url, json=json_output)
+    status = run_async(run_worker, config, Reporter(json_lines=json_output))
+    raise typer.Exit(status)
+
+
+def _list_via(server, server_token, ca_cert, repo_dir, all_workers: bool) -> dict:
+    if server:
+        from swamp import client
+
+        return run_async(lambda: client.call(server, "worker.list", {"all": all_workers},
+                                             server_token=server_token, ca_cert=ca_cert))
+    from swamp.bookkeeping.workers import WorkerBook, worker_items
+    from swamp.repo import Repo
+
+    store = Repo.find(repo_path(repo_dir)).open_store()
+    try:
+        return worker_items(WorkerBook(store).all(), show_all=all_workers)
+    finally:
+        store.close()
+
+
+@app.command("list")
+@command
+def list_workers(
+    all_workers: bool = typer.Option(False, "--all", help="Include disconnected workers."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """The pool: every enrolled worker with its status, slots and labels.
+
+    Reads the running orchestrator with --server (live slot counts), else the repo's records.
+    Disconnected workers are hidden unless --all.
+    """
+    from swamp.domain.labels import format_labels
+
+    data = _list_via(server, server_token, ca_cert, repo_dir, all_workers)
+    if json_output:
+        emit_json(data)
+        return
+    rows = [[w["name"], w["status"], f"{len(w.get('activeDispatchIds', []))}/{w['capacity']}",
+             format_labels(w.get("labels", {})), f"{w['platform']}/{w['arch']}",
+             w.get("lastSeenAt", "-")] for w in data["workers"]]
+    if rows:
+        print(table(["NAME", "STATUS", "SLOTS", "LABELS", "PLATFORM/ARCH", "LAST SEEN"], rows))
+    else:
+        print("No connected workers." if data["hiddenDisconnected"] else "No workers yet: "
+              "mint a token with 'swamp worker token create NAME --duration 1h' and connect one.")
+    hidden = data["hiddenDisconnected"]
+    if hidden:
+        print(f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
+              "'swamp worker list --all' shows them.")
+
+
+# -- tokens -------------------------------------------------------------------------------------
+
+
+@token_app.command("create")
+@command
+def token_create(
+    name: str = typer.Argument(..., help="Token name: lowercase letters, digits, - and _."),
+    duration: str = typer.Option(..., "--duration", help="How long it admits and keeps workers: "
+                                                         "30s, 15m, 2h, 7d, 1w."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Mint an enrollment token and print NAME.SECRET once (only a hash is stored).
+
+    A name that is revoked or expired may be minted again; a live one is refused.
+    """
+    from swamp.domain.durations import parse_duration
+
+    seconds = parse_duration(duration, what="--duration")
+    if server:
+        from swamp import client
+
+        item = run_async(lambda: client.call(server, "worker.token.create",
+                                             {"name": name, "duration": duration},
+                                             server_token=server_token, ca_cert=ca_cert))
+    else:
+        from swamp.bookkeeping.tokens import TokenBook, token_item
+        from swamp.repo import Repo
+
+        store = Repo.find(repo_path(repo_dir)).open_store()
+        try:
+            token, credential = TokenBook(store).mint(name, duration_seconds=seconds)
+        finally:
+            store.close()
+        item = dict(token_item(token, time.time()), token=credential)
+    if json_output:
+        emit_json(item)
+        return
+    print(f"token {item['name']} expires {item['expiresAt']}")
+    print()
+    print(f"  {item['token']}")
+    print()
+    print("This is shown once and never again: store it now. Give it to a worker with "
+          "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL")
+
+
+@token_app.command("list")
+@command
+def token_list(
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Every enrollment token: state, deadline, enrollments used / allowed."""
+    if server:
+        from swamp import client
+
+        items = run_async(lambda: client.call(server, "worker.token.list", {},
+                                              server_token=server_token, ca_cert=ca_cert))
+        items = items["tokens"]
+    else:
+        from swamp.bookkeeping.tokens import TokenBook, token_item
+        from swamp.repo import Repo
+
+        store = Repo.find(repo_path(repo_dir)).open_store()
+        try:
+            now = time.time()
+            items = [token_item(t, now) for t in TokenBook(store).all()]
+        finally:
+            store.close()
+    if json_output:
+        emit_json(items)
+        return
+    if not items:
+        print("No enrollment tokens: mint one with 'swamp worker token create NAME "
+              "--duration 1h'.")
+        return
+    rows = [[t["name"], t["state"], t["expiresAt"], f"{t['enrollments']} / "
+             f"{t['maxEnrollments']}"] for t in items]
+    print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS"], rows))
+
+
+@token_app.command("revoke")
+@command
+def token_revoke(
+    name: str = typer.Argument(..., help="The token to revoke."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Revoke a token: its connected workers are disconnected within a second and can never
+    enroll with it again. Works through a running server or straight on the repo (a running
+    server notices the change)."""
+    if server:
+        from swamp import client
+
+        item = run_async(lambda: client.call(server, "worker.token.revoke", {"name": name},
+                                             server_token=server_token, ca_cert=ca_cert))
+    else:
+        from swamp.bookkeeping.tokens import TokenBook, token_item
+        from swamp.repo import Repo
+
+        store = Repo.find(repo_path(repo_dir)).open_store()
+        try:
+            token, revoked = TokenBook(store).revoke(name)
+        finally:
+            store.close()
+        item = dict(token_item(token, time.time()), alreadyRevoked=not revoked)
+    if json_output:
+        emit_json(item)
+        return
+    if item["alreadyRevoked"]:
+        print(f"token {name} was already {item['state']}")
+    else:
+        print(f"token {name} revoked at {item.get('revokedAt')}")

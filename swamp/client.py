@@ -1,0 +1,55 @@
+"""The admin client: how the CLI talks to a running orchestrator over the control socket."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+import trio_websocket
+
+from swamp.errors import PeerError, UserError
+from swamp.protocol.frames import MAX_FRAME_BYTES
+from swamp.protocol.rpc import IncomingCall, RpcChannel
+from swamp.protocol.transport import WebSocketTransport
+
+
+async def _no_requests(call: IncomingCall):
+    raise UserError(f"a client does not serve {call.method!r}", code="unknown_method")
+
+
+@asynccontextmanager
+async def connect(url: str, *, server_token: str | None = None,
+                  ca_cert: Path | None = None) -> AsyncIterator[RpcChannel]:
+    """An admin channel to the orchestrator at ``url``; closed on exit."""
+    if not url.startswith(("ws://", "wss://")):
+        raise UserError(f"the server URL must start with ws:// or wss:// (got {url!r})")
+    ssl_context = None
+    if url.startswith("wss://"):
+        try:
+            ssl_context = ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
+        except (ssl.SSLError, OSError) as exc:
+            raise UserError(f"cannot load --ca-cert {ca_cert}: {exc}") from exc
+    headers = [(b"authorization", f"Bearer {server_token}".encode())] if server_token else None
+    try:
+        async with trio_websocket.open_websocket_url(
+            url, ssl_context=ssl_context, extra_headers=headers,
+            max_message_size=MAX_FRAME_BYTES * 2, connect_timeout=10, disconnect_timeout=2,
+        ) as ws:
+            channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(channel.serve)
+                yield channel
+                nursery.cancel_scope.cancel()
+    except trio_websocket.HandshakeError as exc:
+        raise PeerError(f"cannot reach the orchestrator at {url}: {exc}") from None
+    except OSError as exc:
+        raise PeerError(f"cannot reach the orchestrator at {url}: {exc.strerror or exc}") from None
+
+
+async def call(url: str, method: str, params: dict | None = None, *, server_token=None,
+               ca_cert=None, timeout: float | None = 60, on_event=None):
+    async with connect(url, server_token=server_token, ca_cert=ca_cert) as channel:
+        return await channel.call(method, params or {}, timeout=timeout, on_event=on_event)

@@ -1,0 +1,143 @@
+"""The demo: real ``swamp serve`` and ``swamp worker connect`` processes, driven as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import trio
+
+from swamp import client
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.repo import Repo
+
+
+class LineReader:
+    """Lines from a child's pipe, one at a time (the pipe is read in chunks)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def readline(self) -> str | None:
+        while b"\n" not in self.buffer:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    async def until(self, predicate) -> dict:
+        while True:
+            line = await self.readline()
+            if line is None:
+                raise RuntimeError("the process exited before it was ready")
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if predicate(event):
+                return event
+
+
+def _swamp(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swamp", *args]
+
+
+async def run_demo(count: int, keep: bool, as_json: bool) -> int:
+    say = (lambda *a, **k: None) if as_json else print
+    root = Path(tempfile.mkdtemp(prefix="swamp-demo-"))
+    repo, _ = Repo.init(root / "repo")
+    say(f"1. repo {repo.root}")
+    processes: list[trio.Process] = []
+    report: dict = {"repo": str(repo.root), "runs": []}
+    env = dict(os.environ)
+    try:
+        server = await trio.lowlevel.open_process(
+            _swamp("serve", "--repo-dir", str(repo.root), "--port", "0", "--json"),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        processes.append(server)
+        with trio.fail_after(30):
+            url = (await LineReader(server.stdout).until(lambda e: "url" in e))["url"]
+        say(f"2. orchestrator listening on {url}")
+        report["url"] = url
+
+        store = repo.open_store()
+        names = [f"demo-{chr(ord('a') + i)}" for i in range(count)]
+        credentials = {}
+        for name in names:
+            _, credentials[name] = TokenBook(store).mint(name, duration_seconds=3600)
+        store.close()
+        say(f"3. minted tokens {', '.join(names)} (only their hashes are stored)")
+
+        readers = []
+        for i, name in enumerate(names):
+            worker = await trio.lowlevel.open_process(
+                _swamp("worker", "connect", url, "--json", "--label", "role=demo",
+                       "--label", f"slot={i}"),
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=dict(env, SWAMP_WORKER_TOKEN=credentials[name]))
+            processes.append(worker)
+            readers.append(LineReader(worker.stdout))
+        with trio.fail_after(30):
+            for reader in readers:
+                await reader.until(lambda e: e.get("event") == "enrolled")
+        say(f"4. {count} worker processes enrolled")
+
+        async def run(placement: dict, command: str) -> dict:
+            lines: list[str] = []
+
+            async def on_event(event: dict) -> None:
+                if event.get("kind") == "log":
+                    lines.append(event["line"])
+                    say(f"     [{event.get('worker')}] {event['line']}")
+
+            result = await client.call(url, "model.method.run", {
+                "model": "command/shell", "method": "run",
+                "args": {"command": command}, "placement": placement}, timeout=60,
+                on_event=on_event)
+            report["runs"].append({"placement": placement, "worker": result["worker"],
+                                   "status": result["status"], "output": lines})
+            return result
+
+        say("5. command/shell run on each worker by target:")
+        for name in names:
+            result = await run({"target": name}, "echo \"hello from pid $PPID on $(uname -sm)\"")
+            say(f"   ran on {result['worker']}: {result['status']} in {result['durationMs']}ms")
+        say("6. and once by label role=demo (the least-loaded match):")
+        result = await run({"labels": {"role": "demo"}}, "echo picked by label")
+        say(f"   ran on {result['worker']}: {result['status']}")
+
+        pool = await client.call(url, "worker.list", {})
+        report["workers"] = pool["workers"]
+        say("7. the pool (swamp worker list):")
+        for w in pool["workers"]:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
+            say(f"   {w['name']:<8} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
+        records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
+        report["succeeded"] = records
+    finally:
+        with trio.CancelScope(shield=True):
+            for process in reversed(processes):
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                for process in processes:
+                    await process.wait()
+            for process in processes:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    say("8. everything shut down cleanly" + (f"; repo kept at {repo.root}" if keep else ""))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    return 0 if report.get("succeeded") == count + 1 else 1

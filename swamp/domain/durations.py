@@ -1,0 +1,32 @@
+"""Durations as operators type them: ``30s``, ``15m``, ``2h``, ``7d``, ``1w``."""
+
+from __future__ import annotations
+
+import re
+
+from swamp.errors import UserError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PATTERN = re.compile(r"^(-?\d+)([smhdw])$")
+HINT = "a duration is a positive whole number followed by s, m, h, d or w, e.g. 30s, 15m, 2h, 7d, 1w"
+
+
+def parse_duration(text: str, *, what: str = "duration") -> int:
+    """Return the duration in seconds; zero, negative or malformed input is a ``UserError``."""
+    match = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise UserError(f"invalid {what} {text!r}: {HINT}")
+    amount = int(match.group(1))
+    if amount <= 0:
+        raise UserError(f"invalid {what} {text!r}: it must be positive ({HINT})")
+    return amount * _UNITS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse for display: the largest unit that divides evenly."""
+    whole = int(seconds)
+    for unit in ("w", "d", "h", "m"):
+        size = _UNITS[unit]
+        if whole >= size and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"

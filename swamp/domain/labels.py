@@ -1,0 +1,46 @@
+"""Worker labels: ``key=value`` pairs that placements match exactly."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from swamp.errors import UserError
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+
+
+def parse_label(text: str, *, source: str = "--label") -> tuple[str, str]:
+    """Parse one ``key=value``; ``source`` names where it came from, for the error message."""
+    key, sep, value = text.partition("=")
+    if not sep or not _KEY.match(key) or not _VALUE.match(value):
+        raise UserError(
+            f"invalid label {text!r} in {source}: expected key=value, the key 1-63 of letters, "
+            "digits, '.', '_', '/', '-', the value 1-128 of letters, digits or ._:/@+-"
+        )
+    return key, value
+
+
+def parse_labels(items: Iterable[str], *, source: str = "--label") -> dict[str, str]:
+    """Parse many; a later entry for the same key wins."""
+    labels: dict[str, str] = {}
+    for item in items:
+        key, value = parse_label(item, source=source)
+        labels[key] = value
+    return labels
+
+
+def check_labels(labels: object, *, source: str = "labels") -> dict[str, str]:
+    """Validate a labels object received from the network (``{key: value}``)."""
+    if not isinstance(labels, dict):
+        raise UserError(f"{source} must be an object of key=value strings")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise UserError(f"{source} must map strings to strings")
+        parse_label(f"{key}={value}", source=source)
+    return dict(labels)
+
+
+def format_labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"

@@ -1,0 +1,107 @@
+"""Placement and the least-loaded choice of a worker: decide, then act.
+
+``choose_worker`` is a plain function over a snapshot of the pool: it returns the worker to use
+(or why there is none). The orchestrator reserves the slot and performs the I/O afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from swamp.domain.workers import is_schedulable
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A step's requirement. Empty means "run in the orchestrator's own process"."""
+
+    target: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    platform: str | None = None
+
+    def is_remote(self) -> bool:
+        return bool(self.target or self.labels or self.platform)
+
+    def describe(self) -> str:
+        if self.target:
+            return f"target {self.target!r}"
+        parts = []
+        if self.labels:
+            parts.append("labels " + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        if self.platform:
+            parts.append(f"platform {self.platform!r}")
+        return " and ".join(parts) or "any worker"
+
+    def to_json(self) -> dict:
+        out: dict = {}
+        if self.target:
+            out["target"] = self.target
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        if self.platform:
+            out["platform"] = self.platform
+        return out
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What scheduling needs to know of a pool member."""
+
+    name: str
+    instance_id: str
+    labels: dict[str, str]
+    platform: str
+    arch: str
+    status: str
+    connected: bool
+    capacity: int
+    active: int
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.active
+
+
+def matches(placement: Placement, worker: WorkerView) -> bool:
+    """Does this worker satisfy the requirement, regardless of load and status?"""
+    if placement.target:
+        return placement.target in (worker.name, worker.instance_id)
+    for key, value in placement.labels.items():
+        if worker.labels.get(key) != value:
+            return False
+    if placement.platform:
+        os_part, _, arch_part = placement.platform.partition("/")
+        if os_part and os_part != worker.platform:
+            return False
+        if arch_part and arch_part != worker.arch:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The decision: a worker, or none with the counts that explain why."""
+
+    worker: WorkerView | None
+    matching: int  # connected, schedulable workers that match the placement
+    full: int  # of those, how many have no free slot
+
+
+def choose_worker(placement: Placement, workers: Iterable[WorkerView]) -> Choice:
+    """Least-loaded first (most free slots), then name, among connected, matching workers."""
+    best: WorkerView | None = None
+    matching = full = 0
+    for worker in workers:
+        if not worker.connected or not is_schedulable(worker.status):
+            continue
+        if not matches(placement, worker):
+            continue
+        matching += 1
+        if worker.free <= 0:
+            full += 1
+            continue
+        if best is None or (-worker.free, worker.name) < (-best.free, best.name):
+            best = worker
+    return Choice(worker=best, matching=matching, full=full)
+

@@ -1,0 +1,281 @@
+"""Enrollment tokens: minting, redeeming, revoking and expiring, as pure decisions.
+
+A token is ``<name>.<secret>``. Only ``sha256(secret)`` is stored; the plaintext is shown once, at
+mint. A token admits up to ``max_enrollments`` machines (1 by default, an integer, or
+``"unlimited"``); each admitted machine is a *binding* ``{machineId, workerName, enrolledAt}``.
+
+Redeem is the heart of it. The shell reads the latest record, calls :func:`redeem`, and gets a
+decision: reject (with a coded reason), re-authenticate (no write), or bind (write the returned
+record). The shell writes it as a compare-and-swap on the record's version, so two processes
+racing for the last slot can never both win: the loser re-reads and decides again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Literal
+
+from swamp.domain.lifecycle import Lifecycle
+from swamp.domain.names import check_name
+from swamp.errors import Rejected, UserError
+
+Unlimited = Literal["unlimited"]
+SECRET_BYTES = 32
+
+
+class TokenState(str, Enum):
+    UNUSED = "unused"
+    ENROLLED = "enrolled"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+TOKEN_LIFECYCLE = Lifecycle(
+    "an enrollment token",
+    {
+        TokenState.UNUSED: {TokenState.ENROLLED, TokenState.EXPIRED, TokenState.REVOKED},
+        TokenState.ENROLLED: {TokenState.ENROLLED, TokenState.EXPIRED, TokenState.REVOKED},
+        TokenState.EXPIRED: set(),
+        TokenState.REVOKED: set(),
+    },
+)
+
+
+@dataclass(frozen=True)
+class Binding:
+    machine_id: str
+    worker_name: str
+    enrolled_at: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "machineId": self.machine_id,
+            "workerName": self.worker_name,
+            "enrolledAt": self.enrolled_at,
+        }
+
+
+@dataclass(frozen=True)
+class Token:
+    name: str
+    state: TokenState
+    created_at: str
+    expires_at: str
+    expires_at_epoch: float
+    secret_hash: str
+    max_enrollments: int | Unlimited = 1
+    bindings: tuple[Binding, ...] = field(default_factory=tuple)
+    revoked_at: str | None = None
+
+    # -- reading and writing the stored shape ------------------------------------------------
+
+    @classmethod
+    def from_attributes(cls, attrs: dict) -> "Token":
+        """Read a stored record, including the legacy single-machine shape.
+
+        A legacy record has ``boundMachineId`` (+ ``enrolledAt``) and no ``bindings``; it reads as
+        a one-element binding list named after the token. Nothing is rewritten here: the next
+        transition writes the new shape.
+        """
+        bindings = tuple(
+            Binding(b["machineId"], b.get("workerName") or attrs["name"], b["enrolledAt"])
+            for b in attrs.get("bindings") or ()
+        )
+        if not bindings and attrs.get("boundMachineId"):
+            bindings = (
+                Binding(
+                    attrs["boundMachineId"],
+                    attrs["name"],
+                    attrs.get("enrolledAt") or attrs["createdAt"],
+                ),
+            )
+        return cls(
+            name=attrs["name"],
+            state=TokenState(attrs["state"]),
+            created_at=attrs["createdAt"],
+            expires_at=attrs["expiresAt"],
+            expires_at_epoch=float(attrs["expiresAtEpoch"]),
+            secret_hash=attrs["secretHash"],
+            max_enrollments=attrs.get("maxEnrollments", 1),
+            bindings=bindings,
+            revoked_at=attrs.get("revokedAt"),
+        )
+
+    def to_attributes(self) -> dict:
+        attrs = {
+            "name": self.name,
+            "state": self.state.value,
+            "createdAt": self.created_at,
+            "expiresAt": self.expires_at,
+            "expiresAtEpoch": self.expires_at_epoch,
+            "secretHash": self.secret_hash,
+            "maxEnrollments": self.max_enrollments,
+            "bindings": [b.to_json() for b in self.bindings],
+        }
+        if self.revoked_at:
+            attrs["revokedAt"] = self.revoked_at
+        return attrs
+
+    # -- derived views -------------------------------------------------------------------------
+
+    def effective_state(self, now: float) -> TokenState:
+        """The state to show and to act on: a lapsed deadline means expired, stored or not."""
+        if self.state in (TokenState.UNUSED, TokenState.ENROLLED) and now >= self.expires_at_epoch:
+            return TokenState.EXPIRED
+        return self.state
+
+    def live(self, now: float) -> bool:
+        return self.effective_state(now) in (TokenState.UNUSED, TokenState.ENROLLED)
+
+    def binding_for(self, machine_id: str) -> Binding | None:
+        for binding in self.bindings:
+            if binding.machine_id == machine_id:
+                return binding
+        return None
+
+    def has_room(self) -> bool:
+        return self.max_enrollments == "unlimited" or len(self.bindings) < self.max_enrollments
+
+    def enrollments_text(self) -> str:
+        return f"{len(self.bindings)} / {self.max_enrollments}"
+
+
+# -- credentials --------------------------------------------------------------------------------
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def secret_matches(secret: str, secret_hash: str) -> bool:
+    return hmac.compare_digest(hash_secret(secret).encode(), secret_hash.encode())
+
+
+def split_credential(text: str) -> tuple[str, str]:
+    """Split ``<name>.<secret>`` at the first dot; anything else is a ``Rejected`` input."""
+    name, sep, secret = (text or "").strip().partition(".")
+    if not sep or not name or not secret:
+        raise Rejected(
+            "a token must have the form <name>.<secret> (as printed by 'token create')",
+            code="invalid_token",
+        )
+    return name, secret
+
+
+def parse_max_enrollments(text: str | int) -> int | Unlimited:
+    if text == "unlimited":
+        return "unlimited"
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = 0
+    if value <= 0 or str(text).strip() != str(value):
+        raise UserError(
+            f"invalid --max-enrollments {text!r}: expected a positive integer or unlimited"
+        )
+    return value
+
+
+# -- transitions --------------------------------------------------------------------------------
+
+
+def mint(
+    name: str,
+    *,
+    secret: str,
+    now: float,
+    now_iso: str,
+    expires_iso: str,
+    duration_seconds: int,
+    existing: Token | None,
+    max_enrollments: int | Unlimited = 1,
+) -> Token:
+    """A new token; a name still live is refused, a revoked or expired one may be minted again."""
+    check_name(name, what="token name")
+    if duration_seconds <= 0:
+        raise UserError("a token's duration must be positive")
+    if existing is not None and existing.live(now):
+        raise UserError(
+            f"token {name!r} already exists and is {existing.effective_state(now).value}: "
+            "revoke it first or pick another name",
+            code="conflict",
+        )
+    return Token(
+        name=name,
+        state=TokenState.UNUSED,
+        created_at=now_iso,
+        expires_at=expires_iso,
+        expires_at_epoch=now + duration_seconds,
+        secret_hash=hash_secret(secret),
+        max_enrollments=max_enrollments,
+    )
+
+
+@dataclass(frozen=True)
+class Redeemed:
+    """A successful redeem: ``write`` is the record to store (``None`` for a re-authentication)."""
+
+    token: Token
+    binding: Binding
+    write: Token | None
+
+
+def redeem(
+    token: Token | None,
+    *,
+    name: str,
+    secret: str,
+    machine_id: str,
+    now: float,
+    now_iso: str,
+    worker_name: str,
+) -> Redeemed:
+    """Decide an enrollment attempt. Raises ``Rejected`` with a code naming the reason.
+
+    ``worker_name`` is the name a *new* binding gets; a known machine keeps the name stored in
+    its binding.
+    """
+    if token is None:
+        raise Rejected(
+            f"token {name!r} does not exist: mint it with 'swamp worker token create'",
+            code="token_unknown",
+        )
+    if token.state is TokenState.REVOKED:
+        raise Rejected(f"token {name!r} has been revoked", code="token_revoked")
+    if token.effective_state(now) is TokenState.EXPIRED:
+        raise Rejected(f"token {name!r} has expired", code="token_expired")
+    if not secret_matches(secret, token.secret_hash):
+        raise Rejected(f"token {name!r}: the secret does not match", code="token_mismatch")
+    known = token.binding_for(machine_id)
+    if known is not None:
+        return Redeemed(token=token, binding=known, write=None)
+    if not token.has_room():
+        raise Rejected(
+            f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})",
+            code="allowance_exhausted",
+        )
+    binding = Binding(machine_id=machine_id, worker_name=worker_name, enrolled_at=now_iso)
+    TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
+    updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))
+    return Redeemed(token=updated, binding=binding, write=updated)
+
+
+def revoke(token: Token, *, now_iso: str) -> Token | None:
+    """The revoked record, or ``None`` when the token is already revoked or expired (no write)."""
+    if TOKEN_LIFECYCLE.terminal(token.state):
+        return None
+    TOKEN_LIFECYCLE.check(token.state, TokenState.REVOKED)
+    return replace(token, state=TokenState.REVOKED, revoked_at=now_iso)
+
+
+def expire(token: Token, *, now: float) -> Token | None:
+    """The expired record once the deadline has passed, else ``None`` (no write)."""
+    if token.state not in (TokenState.UNUSED, TokenState.ENROLLED):
+        return None
+    if now < token.expires_at_epoch:
+        return None
+    TOKEN_LIFECYCLE.check(token.state, TokenState.EXPIRED)
+    return replace(token, state=TokenState.EXPIRED)

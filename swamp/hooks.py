@@ -1,0 +1,43 @@
+"""The plugin API: pluggy hook specifications.
+
+A plugin is any module or object with functions marked ``@hookimpl``, published under the
+``swamp`` entry-point group. Built-in models register through the very same hook.
+
+Example, a package's ``pyproject.toml``::
+
+    [project.entry-points.swamp]
+    hello = "swamp_hello"
+
+and ``swamp_hello.py``::
+
+    from swamp.hooks import hookimpl
+    from swamp.models import Method, ModelType, ResourceSpec
+
+    async def greet(ctx, args):
+        await ctx.log(f"hello, {args['who']}")
+        await ctx.write_resource("greeting", "latest", {"who": args["who"]})
+
+    @hookimpl
+    def swamp_model_types():
+        return [ModelType("hello/greeter", methods=(Method("greet", greet, args=(
+            Arg("who", required=True),)),), resources=(ResourceSpec("greeting"),))]
+
+Install the package where ``swamp serve`` runs *and* on the workers that should run it.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "swamp"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def swamp_model_types() -> list:
+    """Return a list of :class:`swamp.models.ModelType` this plugin contributes.
+
+    Called once, when the model registry is built (by a command, never at import time). Two
+    plugins contributing the same type name is an error reported at that point.
+    """

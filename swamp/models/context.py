@@ -1,0 +1,170 @@
+"""Method contexts: the shared process helper and the local (in-orchestrator) context."""
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from swamp.domain.names import check_data_name
+from swamp.domain.query import parse as parse_predicate
+from swamp.errors import Forbidden, UserError
+from swamp.models.framework import ModelType, ProcessResult
+from swamp.store.datastore import Datastore, Key
+
+# Model types whose data a *dispatched* method may never read: credentials and the pool.
+INFRASTRUCTURE_TYPES = frozenset(
+    {"swamp/enrollment-token", "swamp/server-token", "swamp/worker", "swamp/step-lease"}
+)
+
+
+class ContextBase(abc.ABC):
+    """Everything but the data access: identity, environment, logging, subprocesses."""
+
+    def __init__(self, *, model_type: ModelType, model_name: str, method: str,
+                 dispatch_id: str | None, env: Mapping[str, str], cwd: str | None = None) -> None:
+        self.model = model_type
+        self.model_type = model_type.type
+        self.model_name = model_name
+        self.method = method
+        self.dispatch_id = dispatch_id
+        self.env = dict(env)
+        self.cwd = cwd
+        self.outputs: list[dict] = []
+
+    @abc.abstractmethod
+    async def log(self, line: str, *, stream: str = "log") -> None:
+        """Each context streams logs its own way (to the client, or as events over the socket)."""
+
+    def _check_write(self, spec: str, name: str) -> None:
+        self.model.resource(spec)
+        check_data_name(name)
+
+    async def run_process(
+        self, argv: Sequence[str] | str, *, cwd: str | None = None, timeout: float | None = None,
+        tail: int = 20,
+    ) -> ProcessResult:
+        """Run a subprocess with the shipped environment, streaming its lines as log events.
+
+        A string is run through the platform shell. On timeout or cancellation the whole process
+        group is killed, so ``sh -c 'sleep 100'`` does not leave a sleeper behind.
+        """
+        if isinstance(argv, str):
+            argv = ["cmd", "/c", argv] if sys.platform == "win32" else ["/bin/sh", "-c", argv]
+        tails = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
+        try:
+            process = await trio.lowlevel.open_process(
+                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=self.env, cwd=cwd or self.cwd,
+                start_new_session=sys.platform != "win32",
+            )
+        except OSError as exc:
+            raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+        timed_out = False
+        try:
+            with trio.move_on_after(timeout if timeout else float("inf")) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pump, process.stdout, "stdout", tails["stdout"])
+                    nursery.start_soon(self._pump, process.stderr, "stderr", tails["stderr"])
+                await process.wait()
+            timed_out = scope.cancelled_caught
+        finally:
+            if process.returncode is None:
+                _kill_group(process)
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(5):
+                        await process.wait()
+        return ProcessResult(
+            exit_code=process.returncode if process.returncode is not None else -9,
+            stdout_tail=list(tails["stdout"]),
+            stderr_tail=list(tails["stderr"]),
+            timed_out=timed_out,
+        )
+
+    async def _pump(self, stream: trio.abc.ReceiveStream, name: str, tail: deque) -> None:
+        buffer = b""
+        while True:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").rstrip("\r")
+                tail.append(line)
+                await self.log(line, stream=name)
+        if buffer:
+            line = buffer.decode("utf-8", "replace")
+            tail.append(line)
+            await self.log(line, stream=name)
+
+
+def _kill_group(process: trio.Process) -> None:
+    try:
+        if sys.platform != "win32":
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalContext(ContextBase):
+    """The context of a method run in the orchestrator's (or the CLI's) own process."""
+
+    def __init__(self, *, store: Datastore, emit, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.store = store
+        self.emit = emit
+
+    async def log(self, line: str, *, stream: str = "log") -> None:
+        await self.emit({"kind": "log", "stream": stream, "line": line})
+
+    async def query_data(self, predicate: str) -> list[dict]:
+        parsed = parse_predicate(predicate)
+        return [r.to_json() for r in self.store.query(parsed)]
+
+    async def write_resource(self, spec: str, name: str, value: Any) -> dict:
+        self._check_write(spec, name)
+        record = write_value(self.store, Key(self.model_type, self.model_name, name),
+                             self.model.resource(spec).policy, value)
+        handle = {"spec": spec, "name": name, "version": record.version}
+        self.outputs.append(handle)
+        return handle
+
+    async def read_resource(self, name: str) -> Any:
+        check_data_name(name)
+        record = self.store.latest(Key(self.model_type, self.model_name, name))
+        return read_value(record)
+
+
+def write_value(store: Datastore, key: Key, policy, value: Any):
+    if isinstance(value, (bytes, bytearray)):
+        return store.write(key, {}, policy=policy, content=bytes(value))
+    if not isinstance(value, dict):
+        raise UserError("a resource value must be an object (dict) or bytes")
+    return store.write(key, value, policy=policy)
+
+
+def read_value(record) -> Any:
+    if record is None:
+        return None
+    return record.content if record.content is not None else record.attributes
+
+
+def refuse_infrastructure(records: list[dict]) -> list[dict]:
+    """Dispatched methods may not read tokens, workers or leases: refuse, naming the type."""
+    for record in records:
+        if record["modelType"] in INFRASTRUCTURE_TYPES:
+            raise Forbidden(
+                f"the query matched {record['modelType']} data, which dispatched methods may not "
+                "read; narrow the predicate (e.g. modelType == \"...\")"
+            )
+    return records

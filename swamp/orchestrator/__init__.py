@@ -1,0 +1,1 @@
+"""The orchestrator: one process, one port: websocket control plane + HTTP data plane."""

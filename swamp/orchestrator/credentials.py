@@ -1,0 +1,72 @@
+"""Short-lived bearer credentials, held in memory only (a restart invalidates them all).
+
+A *session* credential is issued at enrollment and refreshed over the control socket. A *dispatch*
+credential is issued per dispatch, scoped to that dispatch's model, kept fresh for as long as the
+dispatch runs, and revoked when it ends. Only a hash of each credential is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+
+DEFAULT_TTL = 15 * 60
+
+
+@dataclass
+class Grant:
+    worker: str
+    kind: str  # session | dispatch
+    expires: float
+    dispatch_id: str | None = None
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Credentials:
+    def __init__(self, *, ttl: float = DEFAULT_TTL, clock=time.time) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._grants: dict[str, Grant] = {}
+
+    def __repr__(self) -> str:
+        return f"<Credentials live={len(self._grants)}>"
+
+    def _issue(self, grant: Grant) -> str:
+        token = secrets.token_hex(32)
+        self._grants[_digest(token)] = grant
+        return token
+
+    def issue_session(self, worker: str) -> tuple[str, float]:
+        expires = self.clock() + self.ttl
+        return self._issue(Grant(worker, "session", expires)), expires
+
+    def issue_dispatch(self, worker: str, dispatch_id: str) -> str:
+        return self._issue(Grant(worker, "dispatch", self.clock() + self.ttl, dispatch_id))
+
+    def extend(self, token: str) -> None:
+        grant = self._grants.get(_digest(token))
+        if grant is not None:
+            grant.expires = self.clock() + self.ttl
+
+    def verify(self, token: str) -> Grant | None:
+        digest = _digest(token)
+        grant = self._grants.get(digest)
+        if grant is None:
+            return None
+        if grant.expires <= self.clock():
+            del self._grants[digest]
+            return None
+        return grant
+
+    def revoke(self, token: str) -> None:
+        self._grants.pop(_digest(token), None)
+
+    def revoke_worker(self, worker: str, *, kind: str | None = None) -> None:
+        for digest in [d for d, g in self._grants.items()
+                       if g.worker == worker and (kind is None or g.kind == kind)]:
+            del self._grants[digest]

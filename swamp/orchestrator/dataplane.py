@@ -1,0 +1,142 @@
+"""The HTTP data plane: resources written and read by running dispatches, plus ``/health``.
+
+``PUT  /data/resources/{spec}/{name}``  body: a JSON object, or raw bytes (any other type)
+``GET  /data/resources/{name}``         the latest value: JSON, or the bytes as written
+
+Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
+to one running dispatch and therefore to one model instance and its declared specs. Names are
+checked against the name rule, so no path can escape. Errors are ``{"error": {code, message}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import unquote
+
+from swamp import __version__
+from swamp.domain.names import check_data_name
+from swamp.errors import SwampError, UserError
+from swamp.models.context import read_value, write_value
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.pool import Pool
+from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.store.datastore import Key
+
+log = logging.getLogger("swamp.dataplane")
+MAX_BODY = 16 * 1024 * 1024
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+async def _respond(send, status: int, body: bytes, content_type: str = "application/json",
+                   headers: list | None = None) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+        *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send, status: int, obj) -> None:
+    await _respond(send, status, json.dumps(obj, separators=(",", ":")).encode())
+
+
+async def _read_body(receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HttpError(400, "invalid_input", "the client went away mid-request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HttpError(413, "too_large", f"a resource may be at most {MAX_BODY} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class DataPlane:
+    def __init__(self, dispatch: DispatchService, credentials: Credentials, pool: Pool) -> None:
+        self.dispatch = dispatch
+        self.credentials = credentials
+        self.pool = pool
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self._route(scope, receive, send)
+        except HttpError as exc:
+            await _json(send, exc.status, {"error": {"code": exc.code, "message": exc.message}})
+        except SwampError as exc:
+            status = 400 if isinstance(exc, UserError) else 409
+            await _json(send, status, {"error": exc.to_wire()})
+
+    async def _route(self, scope, receive, send) -> None:
+        method, path = scope["method"], scope["path"]
+        if path == "/health":
+            await _json(send, 200, {"status": "ok", "version": __version__,
+                                    "protocolVersion": PROTOCOL_VERSION,
+                                    "pool": self.pool.statistics()})
+            return
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        if parts[:2] != ["data", "resources"]:
+            raise HttpError(404, "not_found", f"no route {method} {path}")
+        active = self._authorize(scope)
+        if method == "PUT" and len(parts) == 4:
+            await self._write(active, parts[2], parts[3], scope, receive, send)
+        elif method == "GET" and len(parts) == 3:
+            await self._read(active, parts[2], send)
+        else:
+            raise HttpError(405 if len(parts) in (3, 4) else 404, "not_found",
+                            f"no route {method} {path}")
+
+    def _authorize(self, scope):
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        grant = self.credentials.verify(token.strip()) if scheme.lower() == "bearer" else None
+        if grant is None or grant.kind != "dispatch":
+            raise HttpError(401, "unauthorized", "a valid dispatch credential is required "
+                                                 "(Authorization: Bearer <credential>)")
+        active = self.dispatch.active.get(grant.dispatch_id)
+        if active is None:
+            raise HttpError(409, "dispatch_ended", "the dispatch this credential belongs to has "
+                                                   "ended")
+        return active
+
+    async def _write(self, active, spec: str, name: str, scope, receive, send) -> None:
+        policy = active.model_type.resource(spec).policy
+        check_data_name(name)
+        body = await _read_body(receive)
+        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode()
+        if content_type.startswith("application/json"):
+            try:
+                value = json.loads(body)
+            except ValueError:
+                raise HttpError(400, "invalid_input", "the body is not valid JSON") from None
+            if not isinstance(value, dict):
+                raise HttpError(400, "invalid_input", "a JSON resource must be an object")
+        else:
+            value = body
+        self.dispatch.record_write(active)
+        key = Key(active.model_type.type, active.model_name, name)
+        record = write_value(self.dispatch.store, key, policy, value)
+        handle = {"spec": spec, "name": name, "version": record.version}
+        active.outputs.append(handle)
+        await _json(send, 200, handle)
+
+    async def _read(self, active, name: str, send) -> None:
+        check_data_name(name)
+        record = self.dispatch.store.latest(Key(active.model_type.type, active.model_name, name))
+        value = read_value(record)
+        if value is None:
+            raise HttpError(404, "not_found", f"no data named {name!r} for this model yet")
+        version = [(b"x-swamp-version", str(record.version).encode())]
+        if isinstance(value, bytes):
+            await _respond(send, 200, value, "application/octet-stream", version)
+        else:
+            await _respond(send, 200, json.dumps(value).encode(), "application/json", version)

@@ -1,0 +1,255 @@
+"""Dispatch: run a method locally, or on the least-loaded matching worker.
+
+For a placed step: choose a worker (a pure decision over the pool), reserve its slot at once (so
+concurrent decisions never overbook), acquire a step lease, issue a dispatch credential that is
+kept fresh while the dispatch runs, send ``worker.dispatch`` and relay the worker's events as they
+arrive. When the worker's socket drops mid-dispatch, the lease decides: no writes yet → the lease
+expires and the step runs again on any matching worker (waiting up to the grace window for one to
+come back); writes happened → the step fails (write-then-drop), because running it again could
+duplicate them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.workers import WorkerBook
+from swamp.domain import environment
+from swamp.domain.leases import LeaseState
+from swamp.domain.placement import Placement, choose_worker
+from swamp.domain.workers import WorkerStatus
+from swamp.errors import ChannelClosed, DispatchFailed, SwampError
+from swamp.models.context import LocalContext
+from swamp.models.framework import ModelType
+from swamp.models.runner import run_method
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.pool import Member, Pool
+from swamp.plugins import ModelRegistry
+from swamp.repo import ModelInstance
+from swamp.store.datastore import Datastore
+
+log = logging.getLogger("swamp.dispatch")
+Emit = Callable[[dict], Awaitable[None]]
+
+
+@dataclass
+class RunRequest:
+    model: ModelInstance
+    method: str
+    args: dict
+    placement: Placement
+
+
+@dataclass
+class ActiveDispatch:
+    """What the data plane and the capability verbs need to know of a running dispatch."""
+
+    id: str
+    member: Member
+    model_type: ModelType
+    model_name: str
+    has_writes: bool = False
+    outputs: list[dict] = field(default_factory=list)
+
+
+class WorkerLost(Exception):
+    def __init__(self, worker: str, reason: str, has_writes: bool) -> None:
+        super().__init__(reason)
+        self.worker = worker
+        self.reason = reason
+        self.has_writes = has_writes
+
+
+class DispatchService:
+    def __init__(self, store: Datastore, registry: ModelRegistry, pool: Pool,
+                 credentials: Credentials, *, grace_seconds: float,
+                 environ: dict[str, str] | None = None, clock=time.time) -> None:
+        self.store = store
+        self.registry = registry
+        self.pool = pool
+        self.credentials = credentials
+        self.leases = LeaseBook(store, clock=clock)
+        self.workers = WorkerBook(store, clock=clock)
+        self.grace_seconds = grace_seconds
+        self.environ = dict(os.environ if environ is None else environ)
+        self.active: dict[str, ActiveDispatch] = {}
+        self.completed = 0
+
+    def __repr__(self) -> str:
+        return f"<DispatchService active={len(self.active)} completed={self.completed}>"
+
+    def prepare(self, request: RunRequest) -> tuple[ModelType, dict]:
+        """Resolve and validate before anything runs or is written."""
+        model_type = self.registry.runnable(request.model.type)
+        method = model_type.method(request.method)
+        args = method.validate({**request.model.args, **request.args})
+        return model_type, args
+
+    async def run(self, request: RunRequest, emit: Emit) -> dict:
+        model_type, args = self.prepare(request)
+        if not request.placement.is_remote():
+            return await self._run_local(request, model_type, args, emit)
+        return await self._run_remote(request, model_type, args, emit)
+
+    async def _run_local(self, request: RunRequest, model_type: ModelType, args: dict,
+                         emit: Emit) -> dict:
+        ctx = LocalContext(store=self.store, emit=emit, model_type=model_type,
+                           model_name=request.model.name, method=request.method,
+                           dispatch_id=None, env=self.environ)
+        await emit({"kind": "started", "where": "orchestrator"})
+        outcome = await run_method(model_type.method(request.method), args, ctx)
+        return dict(outcome.to_json(), worker=None)
+
+    # -- remote ------------------------------------------------------------------------------
+
+    async def _run_remote(self, request: RunRequest, model_type: ModelType, args: dict,
+                          emit: Emit) -> dict:
+        placement = request.placement
+        lost: WorkerLost | None = None
+        give_up_at = 0.0
+        while True:
+            choice = choose_worker(placement, self.pool.views())
+            if choice.worker is None:
+                if lost is None:
+                    raise DispatchFailed(_no_worker_message(placement, choice),
+                                         code="no_matching_worker")
+                with trio.move_on_at(give_up_at):
+                    await self.pool.wait_changed()
+                    continue
+                raise DispatchFailed(
+                    f"worker {lost.worker} was lost ({lost.reason}) before the step wrote "
+                    f"anything, and no worker matching {placement.describe()} was free within "
+                    f"the {self.grace_seconds:g}s grace window to run it again",
+                    code="no_matching_worker")
+            member = self.pool.members[choice.worker.name]
+            dispatch_id = uuid.uuid4().hex
+            member.active.add(dispatch_id)  # reserve now: decide, then act
+            try:
+                return await self._dispatch_once(member, dispatch_id, request, model_type, args,
+                                                 emit)
+            except WorkerLost as exc:
+                if exc.has_writes:
+                    raise DispatchFailed(
+                        f"worker {exc.worker} disconnected after {model_type.type}."
+                        f"{request.method} had written data ({exc.reason}); failing the step "
+                        "rather than running it twice (write-then-drop)",
+                        code="write_then_drop") from None
+                lost = exc
+                give_up_at = trio.current_time() + self.grace_seconds
+                log.warning("worker %s lost before writing (%s): dispatching again", exc.worker,
+                            exc.reason)
+                await _safe_emit(emit, {"kind": "redispatch", "worker": exc.worker,
+                                        "reason": exc.reason})
+
+    async def _dispatch_once(self, member: Member, dispatch_id: str, request: RunRequest,
+                             model_type: ModelType, args: dict, emit: Emit) -> dict:
+        active = ActiveDispatch(dispatch_id, member, model_type, request.model.name)
+        credential = None
+        try:
+            self.leases.acquire(lease_id=dispatch_id, worker=member.name,
+                                model_type=model_type.type, model_name=request.model.name,
+                                method=request.method)
+            self._set_busy(member)
+            credential = self.credentials.issue_dispatch(member.name, dispatch_id)
+            self.active[dispatch_id] = active
+            params = {
+                "dispatchId": dispatch_id, "modelType": model_type.type,
+                "modelName": request.model.name, "method": request.method, "args": args,
+                "environment": environment.ship(self.environ), "credential": credential,
+            }
+            await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,
+                                    "dispatchId": dispatch_id})
+            try:
+                channel = member.channel
+                if channel is None:
+                    raise ChannelClosed("the worker disconnected before the dispatch was sent")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._keep_fresh, credential)
+                    result = await channel.call(
+                        "worker.dispatch", params, timeout=None,
+                        on_event=lambda event: _safe_emit(emit, dict(event, worker=member.name)))
+                    nursery.cancel_scope.cancel()
+            except ChannelClosed as exc:
+                if active.has_writes:
+                    self.leases.end(dispatch_id, LeaseState.FAILED,
+                                    error="worker disconnected after writing (write-then-drop)")
+                else:
+                    self.leases.end(dispatch_id, LeaseState.EXPIRED,
+                                    error=f"worker lost before writing: {exc.message}")
+                raise WorkerLost(member.name, exc.message, active.has_writes) from None
+            except SwampError as exc:
+                self.leases.end(dispatch_id, LeaseState.FAILED, error=exc.message)
+                raise DispatchFailed(f"worker {member.name} refused the dispatch: {exc.message}",
+                                     code=exc.code) from None
+            if not isinstance(result, dict) or result.get("status") not in ("succeeded",
+                                                                            "failed"):
+                self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result")
+                raise DispatchFailed(f"worker {member.name} sent a malformed result")
+            if result["status"] == "succeeded":
+                self.leases.end(dispatch_id, LeaseState.COMPLETED)
+            else:
+                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.get("error")))
+            self.completed += 1
+            result["outputs"] = active.outputs or result.get("outputs", [])
+            return dict(result, worker=member.name, dispatchId=dispatch_id)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                self.leases.end(dispatch_id, LeaseState.FAILED, error="dispatch cancelled")
+            raise
+        finally:
+            if credential is not None:
+                self.credentials.revoke(credential)
+            self.active.pop(dispatch_id, None)
+            member.active.discard(dispatch_id)
+            if member.connected and not member.active:
+                self._set_status(member, WorkerStatus.IDLE.value)
+            self.pool.changed()
+
+    def _set_busy(self, member: Member) -> None:
+        if member.status != WorkerStatus.BUSY.value:
+            self._set_status(member, WorkerStatus.BUSY.value)
+
+    def _set_status(self, member: Member, status: str) -> None:
+        member.status = status
+        try:
+            attrs = self.workers.set_status(member.name, status, active=sorted(member.active))
+            if attrs:
+                member.last_seen_at = attrs["lastSeenAt"]
+        except SwampError as exc:
+            log.warning("could not record %s as %s: %s", member.name, status, exc)
+
+    async def _keep_fresh(self, credential: str) -> None:
+        """Slide the dispatch credential's expiry for as long as the dispatch runs."""
+        while True:
+            await trio.sleep(self.credentials.ttl / 3)
+            self.credentials.extend(credential)
+
+    def record_write(self, active: ActiveDispatch) -> None:
+        """Durably mark the lease write-bearing *before* the first write is persisted."""
+        if not active.has_writes:
+            self.leases.mark_writes(active.id)
+            active.has_writes = True
+
+
+def _no_worker_message(placement: Placement, choice) -> str:
+    if choice.matching and choice.full == choice.matching:
+        return (f"all {choice.matching} connected worker(s) matching {placement.describe()} "
+                "are busy (every slot in use); retry when one frees up")
+    return (f"no connected worker matches {placement.describe()}: see 'swamp worker list' "
+            "for the pool and its labels")
+
+
+async def _safe_emit(emit: Emit, event: dict) -> None:
+    """Events are best effort: a client that went away must not break the dispatch."""
+    try:
+        await emit(event)
+    except ChannelClosed:
+        pass

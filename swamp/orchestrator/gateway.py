@@ -1,0 +1,234 @@
+"""The gateway: enrollment, the pool's lifecycle, and token deadlines enforced live.
+
+Enrollment: validate the handshake, check the protocol version, redeem the token (a compare-and-
+swap transition in the store), name the worker, persist its record, put it in the pool, issue a
+session credential, reply. A disconnected worker stays in the pool, unschedulable, for a grace
+window, so a blip reconnects as the same member; when the window lapses it leaves the pool (its
+record stays, ``disconnected``).
+
+Tokens are enforced while workers run: when a token's deadline passes its workers are
+disconnected and it is stored ``expired``; when it is revoked (through this server, or by the CLI
+writing straight to the repo, which the repo watcher notices) its workers are disconnected at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from swamp import __version__
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.bookkeeping.workers import WorkerBook
+from swamp.domain.labels import check_labels
+from swamp.domain.naming import worker_name_for
+from swamp.domain.workers import WorkerStatus
+from swamp.errors import Rejected, SwampError, UserError
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.timers import Deadlines
+from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.protocol.rpc import RpcChannel
+from swamp.store.datastore import Datastore, iso
+
+log = logging.getLogger("swamp.gateway")
+
+CLOSE_REVOKED = 4001
+CLOSE_EXPIRED = 4002
+CLOSE_REPLACED = 4003
+CLOSE_SHUTDOWN = 1001
+REPO_WATCH_INTERVAL = 0.25
+
+
+@dataclass(frozen=True)
+class EnrollParams:
+    token: str
+    instance_id: str
+    machine_id: str
+    protocol_version: int
+    version: str
+    platform: str
+    arch: str
+    labels: dict[str, str]
+    capacity: int
+
+    @classmethod
+    def decode(cls, params: dict) -> "EnrollParams":
+        def text(key: str, limit: int = 128, *, required: bool = True) -> str:
+            value = params.get(key, "" if not required else None)
+            if not isinstance(value, str) or (required and not value) or len(value) > limit:
+                raise UserError(f"enrollment needs {key!r}: a string of 1-{limit} characters")
+            return value
+
+        version = params.get("protocolVersion")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UserError("enrollment needs 'protocolVersion': an integer")
+        capacity = params.get("capacity", 1)
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= 1024:
+            raise UserError("enrollment 'capacity' must be an integer from 1 to 1024")
+        return cls(
+            token=text("token", 512), instance_id=text("instanceId"),
+            machine_id=text("machineId"), protocol_version=version,
+            version=text("version", 64, required=False), platform=text("platform", 32),
+            arch=text("arch", 32), labels=check_labels(params.get("labels", {})),
+            capacity=capacity,
+        )
+
+
+class Gateway:
+    def __init__(self, store: Datastore, pool: Pool, credentials: Credentials, *,
+                 grace_seconds: float, heartbeat_seconds: float, clock=time.time) -> None:
+        self.store = store
+        self.tokens = TokenBook(store, clock=clock)
+        self.workers = WorkerBook(store, clock=clock)
+        self.pool = pool
+        self.credentials = credentials
+        self.grace_seconds = grace_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.clock = clock
+        self.grace = Deadlines("grace windows")
+        self.token_deadlines = Deadlines("token deadlines")
+
+    def __repr__(self) -> str:
+        return f"<Gateway {self.pool!r} {self.grace!r} {self.token_deadlines!r}>"
+
+    # -- enrollment --------------------------------------------------------------------------
+
+    async def enroll(self, channel: RpcChannel, raw: dict) -> tuple[dict, Member]:
+        params = EnrollParams.decode(raw)
+        if params.protocol_version != PROTOCOL_VERSION:
+            raise Rejected(
+                f"the worker speaks protocol {params.protocol_version} but this orchestrator "
+                f"speaks {PROTOCOL_VERSION}: run the same swamp version on both",
+                code="protocol_mismatch")
+        redeemed = self.tokens.redeem(
+            params.token, machine_id=params.machine_id,
+            name_for=lambda token: worker_name_for(token, params.machine_id))
+        token, name = redeemed.token, redeemed.binding.worker_name
+        existing = self.pool.get(name)
+        if existing is not None and existing.connected:
+            if existing.instance_id != params.instance_id:
+                raise SwampError(
+                    f"worker {name!r} is already connected from another process; if that "
+                    "process is gone, its connection is dropped after missed heartbeats",
+                    code="already_connected")
+            await existing.channel.close(CLOSE_REPLACED, "replaced by a newer connection")
+        reconnect = existing is not None and existing.instance_id == params.instance_id
+        attrs = self.workers.enrolled(
+            name=name, instance_id=params.instance_id, machine_id=params.machine_id,
+            token=token.name, labels=params.labels, platform=params.platform, arch=params.arch,
+            capacity=params.capacity, version=params.version)
+        self.grace.cancel(name)
+        member = Member(
+            name=name, instance_id=params.instance_id, machine_id=params.machine_id,
+            token_name=token.name, labels=params.labels, platform=params.platform,
+            arch=params.arch, capacity=params.capacity, version=params.version, channel=channel,
+            enrolled_at=attrs["enrolledAt"], last_seen_at=attrs["lastSeenAt"])
+        self.credentials.revoke_worker(name, kind="session")
+        session, session_expires = self.credentials.issue_session(name)
+        self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
+        self.pool.put(member)
+        log.info("worker %s enrolled (%s) platform=%s/%s capacity=%d", name,
+                 "reconnect" if reconnect else "first connect", params.platform, params.arch,
+                 params.capacity)
+        return {
+            "workerName": name, "sessionCredential": session,
+            "sessionExpiresAt": iso(session_expires), "tokenExpiresAt": token.expires_at,
+            "tokenExpiresAtEpoch": token.expires_at_epoch, "reconnect": reconnect,
+            "heartbeatSeconds": self.heartbeat_seconds, "protocolVersion": PROTOCOL_VERSION,
+            "orchestratorVersion": __version__,
+        }, member
+
+    def refresh_session(self, member: Member) -> dict:
+        self.credentials.revoke_worker(member.name, kind="session")
+        session, expires = self.credentials.issue_session(member.name)
+        return {"sessionCredential": session, "sessionExpiresAt": iso(expires)}
+
+    # -- disconnects and the grace window ----------------------------------------------------
+
+    def disconnected(self, member: Member, channel: RpcChannel) -> None:
+        """The control socket of an enrolled worker ended (whatever the reason)."""
+        if self.pool.get(member.name) is not member or member.channel is not channel:
+            return  # replaced by a newer connection already
+        member.channel = None
+        member.status = WorkerStatus.DISCONNECTED.value
+        member.last_seen_at = iso(self.clock())
+        try:
+            self.workers.set_status(member.name, WorkerStatus.DISCONNECTED.value,
+                                    reason=channel.close_reason)
+        except SwampError as exc:
+            log.warning("could not record %s as disconnected: %s", member.name, exc)
+        self.grace.set(member.name, trio.current_time() + self.grace_seconds)
+        log.info("worker %s disconnected: %s", member.name, channel.close_reason)
+        self.pool.changed()
+
+    async def _grace_lapsed(self, name: str) -> None:
+        member = self.pool.get(name)
+        if member is not None and not member.connected:
+            self.pool.remove(name)
+            self.credentials.revoke_worker(name)
+            log.info("worker %s left the pool (grace window of %ss lapsed)", name,
+                     self.grace_seconds)
+
+    # -- tokens enforced live ----------------------------------------------------------------
+
+    def _trio_time(self, epoch: float) -> float:
+        return trio.current_time() + max(0.0, epoch - self.clock())
+
+    async def _token_deadline(self, name: str) -> None:
+        token = self.tokens.get(name)
+        if token is None:
+            return
+        if token.expires_at_epoch > self.clock():  # re-minted with a later deadline
+            self.token_deadlines.set(name, self._trio_time(token.expires_at_epoch))
+            return
+        if self.tokens.expire(name):
+            log.info("token %s expired", name)
+        await self.disconnect_token(name, CLOSE_EXPIRED, f"token {name!r} has expired")
+
+    async def disconnect_token(self, name: str, code: int, reason: str) -> int:
+        members = [m for m in self.pool.of_token(name) if m.connected]
+        for member in members:
+            log.info("disconnecting %s: %s", member.name, reason)
+            await member.channel.close(code, reason)
+        return len(members)
+
+    async def token_changed(self, name: str) -> None:
+        """Re-check one token (after a revoke): disconnect its workers if it is no longer live."""
+        token = self.tokens.get(name)
+        now = self.clock()
+        if token is None or not token.live(now):
+            state = token.effective_state(now).value if token else "deleted"
+            code = CLOSE_EXPIRED if state == "expired" else CLOSE_REVOKED
+            await self.disconnect_token(name, code, f"token {name!r} has been {state}")
+
+    async def _watch_repo(self) -> None:
+        """Notice writes by other processes (the CLI on the repo) without a server round trip.
+
+        ``PRAGMA data_version`` only changes when another connection commits, so this costs one
+        tiny query per tick and does nothing when the repo is quiet. It is the one periodic
+        check in the orchestrator, and it is not on any dispatch path.
+        """
+        seen = self.store.data_version()
+        while True:
+            await trio.sleep(REPO_WATCH_INTERVAL)
+            current = self.store.data_version()
+            if current == seen:
+                continue
+            seen = current
+            for name in {m.token_name for m in self.pool.members.values() if m.connected}:
+                await self.token_changed(name)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.grace.run, self._grace_lapsed)
+            await nursery.start(self.token_deadlines.run, self._token_deadline)
+            nursery.start_soon(self._watch_repo)
+            task_status.started()
+
+    async def shutdown(self) -> None:
+        for member in list(self.pool.members.values()):
+            if member.connected:
+                await member.channel.close(CLOSE_SHUTDOWN, "orchestrator shutting down")

@@ -1,0 +1,197 @@
+"""``swamp serve``: compose the orchestrator and run it until a signal says stop.
+
+Order matters: open the store, reconcile what a previous orchestrator left behind (active leases
+→ expired, connected workers → disconnected) *before* accepting traffic, then listen, announce the
+URL (stdout and ``.swamp/serve.json``), and run the background services in the root nursery:
+the gateway's timers, the checkpointer and the bookkeeping GC.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import signal
+import ssl
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.workers import WorkerBook
+from swamp.errors import UserError
+from swamp.orchestrator.admin import Admin
+from swamp.orchestrator.app import App
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.dataplane import DataPlane
+from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.gateway import Gateway
+from swamp.orchestrator.pool import Pool
+from swamp.plugins import default_registry
+from swamp.protocol.frames import MAX_FRAME_BYTES
+from swamp.repo import Repo
+from swamp.store.datastore import Datastore
+
+log = logging.getLogger("swamp.serve")
+
+CHECKPOINT_AFTER_WRITES = 1000
+CHECKPOINT_IDLE_SECONDS = 10
+GC_INTERVAL = 600
+LEASE_RETENTION = 3600
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 7420
+    auth: str = "none"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    grace_seconds: float = 60
+    heartbeat_seconds: float = 5
+    json: bool = False
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_options(options: ServeOptions) -> None:
+    if options.auth not in ("none", "token"):
+        raise UserError(f"invalid --auth {options.auth!r}: expected none or token")
+    if not is_loopback(options.host) and options.auth != "token":
+        raise UserError(
+            f"refusing to serve on {options.host} without authentication: anyone who can reach "
+            "it could run commands. Pass --auth token (and create a server token with "
+            "'swamp server token create NAME'), or bind to 127.0.0.1")
+    if bool(options.tls_cert) != bool(options.tls_key):
+        raise UserError("--tls-cert and --tls-key go together: pass both or neither")
+    for path in (options.tls_cert, options.tls_key):
+        if path and not Path(path).is_file():
+            raise UserError(f"TLS file {path} does not exist")
+    if options.tls_cert:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                options.tls_cert, options.tls_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise UserError(f"cannot load the TLS certificate/key: {exc}") from exc
+    if not 0 <= options.port <= 65535:
+        raise UserError(f"invalid --port {options.port}: expected 0-65535")
+
+
+async def _checkpointer(store: Datastore) -> None:
+    """Checkpoint the WAL from a thread after a burst of writes or a quiet spell."""
+    wanted = trio.Event()
+    seen = store.writes
+
+    def on_write() -> None:
+        if store.writes - seen >= CHECKPOINT_AFTER_WRITES:
+            wanted.set()
+
+    store.on_write = on_write
+    while True:
+        with trio.move_on_after(CHECKPOINT_IDLE_SECONDS):
+            await wanted.wait()
+        if store.writes != seen:
+            seen = store.writes
+            await trio.to_thread.run_sync(store.checkpoint)
+        wanted = trio.Event()
+
+
+async def _collect_garbage(store: Datastore) -> None:
+    leases = LeaseBook(store)
+    while True:
+        await trio.sleep(GC_INTERVAL)
+        removed = leases.collect(older_than_seconds=LEASE_RETENTION) + store.collect_garbage()
+        if removed:
+            log.info("garbage collection removed %d record(s)", removed)
+
+
+def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
+    info = {"event": "listening", "url": url, "dataPlaneUrl": data_plane,
+            "repo": str(repo.root), "auth": options.auth, "reconciled": swept}
+    if options.json:
+        print(json.dumps(info), flush=True)
+    else:
+        print(f"swamp serve: listening on {url} (repo {repo.root})", flush=True)
+        if options.auth == "none":
+            print("  auth: none (loopback only); admin commands need no server token", flush=True)
+        print(f"  workers connect with: swamp worker connect {url} --token <name.secret>",
+              flush=True)
+
+
+async def serve(repo: Repo, options: ServeOptions, *,
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    import hypercorn.config
+    import hypercorn.trio
+
+    check_options(options)
+    store = repo.open_store(orchestrator=True)
+    swept = {"leases": LeaseBook(store).reconcile(), "workers": WorkerBook(store).reconcile()}
+    if any(swept.values()):
+        log.info("boot reconciliation: expired %d lease(s), disconnected %d worker(s)",
+                 swept["leases"], swept["workers"])
+    registry = default_registry()
+    pool = Pool()
+    credentials = Credentials()
+    gateway = Gateway(store, pool, credentials, grace_seconds=options.grace_seconds,
+                      heartbeat_seconds=options.heartbeat_seconds)
+    dispatch = DispatchService(store, registry, pool, credentials,
+                               grace_seconds=options.grace_seconds)
+    app = App(gateway=gateway, dispatch=dispatch, admin=Admin(repo, gateway, dispatch),
+              dataplane=DataPlane(dispatch, credentials, pool),
+              require_auth=options.auth == "token")
+
+    config = hypercorn.config.Config()
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    config.bind = [f"{host}:{options.port}"]
+    config.websocket_max_message_size = MAX_FRAME_BYTES * 2
+    config.graceful_timeout = 3
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    if options.tls_cert:
+        config.certfile, config.keyfile = str(options.tls_cert), str(options.tls_key)
+
+    stop = trio.Event()
+
+    async def stop_on_signal() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                break
+        await gateway.shutdown()
+        stop.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gateway.run)
+            async with trio.open_nursery() as server:
+                binds = await server.start(lambda task_status: hypercorn.trio.serve(
+                    app, config, shutdown_trigger=stop.wait, task_status=task_status))
+                address = binds[0].split("://", 1)[1]
+                scheme = "wss" if options.tls_cert else "ws"
+                url = f"{scheme}://{address}"
+                data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
+                repo.write_serve_file(url, data_plane)
+                _announce(options, repo, url, data_plane, swept)
+                nursery.start_soon(_checkpointer, store)
+                nursery.start_soon(_collect_garbage, store)
+                server.start_soon(stop_on_signal)
+                task_status.started(url)
+            # Hypercorn has returned: every connection is closed or past its graceful timeout.
+            nursery.cancel_scope.cancel()
+    finally:
+        try:
+            repo.serve_file.unlink()
+        except FileNotFoundError:
+            pass
+        store.checkpoint()
+        store.close()
+        print("swamp serve: stopped", file=sys.stderr, flush=True)

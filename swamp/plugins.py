@@ -1,0 +1,63 @@
+"""Building the plugin manager and the model registry: factories, never import-time work."""
+
+from __future__ import annotations
+
+import pluggy
+
+from swamp import hooks
+from swamp.errors import NotFound, SwampError
+from swamp.models.framework import ModelType
+
+
+def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hooks.PROJECT)
+    pm.add_hookspecs(hooks)
+    from swamp.models import builtin
+
+    pm.register(builtin, name="swamp.builtin")
+    if load_entry_points:
+        pm.load_setuptools_entrypoints(hooks.PROJECT)
+    return pm
+
+
+class ModelRegistry:
+    """Every model type known to this process, by type name."""
+
+    def __init__(self, types: dict[str, ModelType]) -> None:
+        self.types = types
+
+    @classmethod
+    def from_plugins(cls, pm: pluggy.PluginManager) -> "ModelRegistry":
+        types: dict[str, ModelType] = {}
+        for contributed in pm.hook.swamp_model_types():
+            for model_type in contributed or ():
+                if model_type.type in types:
+                    raise SwampError(f"model type {model_type.type!r} is registered twice")
+                types[model_type.type] = model_type
+        return cls(types)
+
+    def get(self, type_name: str) -> ModelType:
+        try:
+            return self.types[type_name]
+        except KeyError:
+            known = ", ".join(sorted(t for t, m in self.types.items() if not m.internal))
+            raise NotFound(f"unknown model type {type_name!r} (known: {known})",
+                           code="unknown_model") from None
+
+    def runnable(self, type_name: str) -> ModelType:
+        model_type = self.get(type_name)
+        if model_type.internal:
+            raise NotFound(f"model type {type_name!r} is the orchestrator's own bookkeeping and "
+                           "cannot be run", code="unknown_model")
+        return model_type
+
+
+_default: ModelRegistry | None = None
+
+
+def default_registry() -> ModelRegistry:
+    """The registry for this process, built on first use."""
+    global _default
+    if _default is None:
+        _default = ModelRegistry.from_plugins(plugin_manager())
+    return _default

@@ -1,0 +1,149 @@
+"""Frames, decoded once at the edge into typed values.
+
+``request {type, id, method, params}``, ``response {id, result}``, ``error {id, error: {code,
+message}}``, ``stream {id, event}``, ``cancel {id}``, ``ping``, ``pong``. Anything else, anything
+larger than :data:`MAX_FRAME_BYTES`, or a frame with a missing or mistyped field is a
+:class:`MalformedFrame`; the channel answers it with a coded error and carries on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from swamp.errors import UserError
+
+#: Bump when the shape of enrollment, dispatch or a capability changes.
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_ID_LENGTH = 128
+
+
+class MalformedFrame(UserError):
+    code = "malformed_frame"
+
+    def __init__(self, message: str, *, frame_id: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.frame_id = frame_id
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    method: str
+    params: dict
+
+
+@dataclass(frozen=True)
+class Response:
+    id: str
+    result: Any
+
+
+@dataclass(frozen=True)
+class Error:
+    id: str | None
+    error: dict
+
+
+@dataclass(frozen=True)
+class Stream:
+    id: str
+    event: dict
+
+
+@dataclass(frozen=True)
+class Cancel:
+    id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Pong:
+    pass
+
+
+Frame = Request | Response | Error | Stream | Cancel | Ping | Pong
+
+
+def _id(obj: dict, *, required: bool = True) -> str | None:
+    value = obj.get("id")
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
+        raise MalformedFrame(f"a frame id must be a string of 1-{MAX_ID_LENGTH} characters")
+    return value
+
+
+def decode(text: str | bytes) -> Frame:
+    if len(text) > MAX_FRAME_BYTES:
+        raise MalformedFrame(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit",
+                             code="frame_too_large")
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedFrame("a frame must be a JSON object") from None
+    if not isinstance(obj, dict):
+        raise MalformedFrame("a frame must be a JSON object")
+    kind = obj.get("type")
+    if kind == "ping":
+        return Ping()
+    if kind == "pong":
+        return Pong()
+    frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    try:
+        if kind == "request":
+            method = obj.get("method")
+            params = obj.get("params", {})
+            if not isinstance(method, str) or not method:
+                raise MalformedFrame("a request needs a method name")
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                raise MalformedFrame("request params must be a JSON object")
+            return Request(_id(obj), method, params)
+        if kind == "response":
+            return Response(_id(obj), obj.get("result"))
+        if kind == "error":
+            error = obj.get("error")
+            if not isinstance(error, dict):
+                raise MalformedFrame("an error frame needs an error object")
+            return Error(_id(obj, required=False), error)
+        if kind == "stream":
+            event = obj.get("event")
+            if not isinstance(event, dict):
+                raise MalformedFrame("a stream frame needs an event object")
+            return Stream(_id(obj), event)
+        if kind == "cancel":
+            return Cancel(_id(obj))
+    except MalformedFrame as exc:
+        exc.frame_id = frame_id
+        raise
+    raise MalformedFrame(f"unknown frame type {kind!r}", frame_id=frame_id)
+
+
+def _dump(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def encode(frame: Frame) -> str:
+    if isinstance(frame, Request):
+        return _dump({"type": "request", "id": frame.id, "method": frame.method,
+                      "params": frame.params})
+    if isinstance(frame, Response):
+        return _dump({"type": "response", "id": frame.id, "result": frame.result})
+    if isinstance(frame, Error):
+        return _dump({"type": "error", "id": frame.id, "error": frame.error})
+    if isinstance(frame, Stream):
+        return _dump({"type": "stream", "id": frame.id, "event": frame.event})
+    if isinstance(frame, Cancel):
+        return _dump({"type": "cancel", "id": frame.id})
+    if isinstance(frame, Ping):
+        return '{"type":"ping"}'
+    return '{"type":"pong"}'

@@ -1,0 +1,145 @@
+"""The orchestrator's directory: ``swamp.toml``, ``models/``, ``workflows/``, ``.swamp/``.
+
+``swamp init`` creates one; every repo command finds it through ``--repo-dir`` (env
+``SWAMP_REPO_DIR``, default the current directory) and refuses, saying how to make one, when the
+directory is not a repo. ``swamp serve`` does not initialise silently: serving the wrong directory
+by a typo would create a stray database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+
+from swamp.domain.names import check_name, is_model_type
+from swamp.errors import UserError
+from swamp.store.datastore import Datastore
+
+CONFIG_FILE = "swamp.toml"
+
+
+@dataclass(frozen=True)
+class ModelInstance:
+    """A named model with its arguments, from ``models/<name>.toml`` (or ad hoc from a type)."""
+
+    name: str
+    type: str
+    args: dict
+    source: str
+
+
+@dataclass(frozen=True)
+class Repo:
+    root: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".swamp"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "swamp.db"
+
+    @property
+    def serve_file(self) -> Path:
+        return self.state_dir / "serve.json"
+
+    @classmethod
+    def init(cls, root: Path) -> tuple["Repo", bool]:
+        """Create (or complete) a repo; returns it and whether anything was created."""
+        root = root.resolve()
+        created = False
+        for sub in ("models", "workflows", ".swamp"):
+            path = root / sub
+            if not path.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+                created = True
+        config = root / CONFIG_FILE
+        if not config.exists():
+            config.write_text(tomli_w.dumps({
+                "swamp": {"version": 1},
+                "serve": {"host": "127.0.0.1", "port": 7420},
+            }))
+            created = True
+        repo = cls(root)
+        if not repo.db_path.exists():
+            created = True
+        repo.open_store().close()
+        os.chmod(repo.state_dir, 0o700)
+        return repo, created
+
+    @classmethod
+    def find(cls, root: Path | str | None) -> "Repo":
+        path = Path(root or ".").resolve()
+        if not (path / CONFIG_FILE).is_file():
+            raise UserError(
+                f"{path} is not a swamp repo (no {CONFIG_FILE}): create one with "
+                f"'swamp init {path}' or point --repo-dir / SWAMP_REPO_DIR at an existing repo"
+            )
+        (path / ".swamp").mkdir(exist_ok=True)
+        return cls(path)
+
+    def open_store(self, *, orchestrator: bool = False) -> Datastore:
+        return Datastore(self.db_path, orchestrator=orchestrator)
+
+    def config(self) -> dict:
+        try:
+            return tomllib.loads((self.root / CONFIG_FILE).read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{self.root / CONFIG_FILE} is not valid TOML: {exc}") from exc
+
+    # -- model instances ---------------------------------------------------------------------
+
+    def model_instances(self) -> dict[str, ModelInstance]:
+        instances: dict[str, ModelInstance] = {}
+        for path in sorted((self.root / "models").glob("*.toml")):
+            try:
+                data = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise UserError(f"{path} is not valid TOML: {exc}") from exc
+            name = data.get("name", path.stem)
+            check_name(name, what=f"model name in {path.name}")
+            if not isinstance(data.get("type"), str):
+                raise UserError(f"{path} needs a 'type' (e.g. type = \"command/shell\")")
+            args = data.get("args", {})
+            if not isinstance(args, dict):
+                raise UserError(f"{path}: 'args' must be a table")
+            instances[name] = ModelInstance(name, data["type"], args, str(path))
+        return instances
+
+    def resolve_model(self, model: str) -> ModelInstance:
+        """An instance name from ``models/``, or a model type (an ad-hoc instance)."""
+        instances = self.model_instances()
+        if model in instances:
+            return instances[model]
+        if is_model_type(model):
+            return adhoc(model)
+        known = ", ".join(sorted(instances)) or "none defined in models/"
+        raise UserError(f"no model named {model!r} (instances: {known}); pass a model type such "
+                        "as command/shell for an ad-hoc instance", code="unknown_model")
+
+    # -- the running server's address --------------------------------------------------------
+
+    def write_serve_file(self, url: str, data_plane_url: str) -> None:
+        tmp = self.serve_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": url, "dataPlaneUrl": data_plane_url,
+                                   "pid": os.getpid()}))
+        tmp.replace(self.serve_file)
+
+    def running_server(self) -> str | None:
+        """The URL in ``.swamp/serve.json`` if that process is still alive."""
+        try:
+            info = json.loads(self.serve_file.read_text())
+            os.kill(int(info["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return info.get("url")
+
+
+def adhoc(model_type: str) -> ModelInstance:
+    return ModelInstance(name="default", type=model_type, args={}, source="ad hoc")

@@ -1,0 +1,336 @@
+"""Versioned, immutable data in one SQLite file.
+
+A record is ``(model type, model name, data name, version)`` → JSON attributes + optional bytes.
+``latest`` is the highest version. Writes never update a row: they insert the next version.
+
+Transitions are compare-and-swap on ``latest``. :meth:`Datastore.transition` reads the latest
+version, asks a pure ``decide`` function for the next attributes, and inserts ``version + 1``
+inside ``BEGIN IMMEDIATE`` after checking that ``latest`` has not moved. ``BEGIN IMMEDIATE``
+takes SQLite's write lock, which serializes writers across *processes*, so two processes can never
+both win the same transition; the loser re-reads and decides again. The unique index on the key is
+the second line of defence.
+
+Each spec declares ``garbage_collection`` (versions kept per data name, enforced at write time)
+and ``lifetime`` (``infinite``, ``ephemeral`` = one hour, or a duration such as ``7d``); lapsed
+rows are removed by :meth:`Datastore.collect_garbage`, which the orchestrator runs periodically.
+
+The orchestrator opens the store with auto-checkpoint off and checkpoints from a thread
+(:meth:`checkpoint`), which keeps WAL checkpoint stalls off the event loop. Short-lived CLI
+processes keep SQLite's default auto-checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from swamp.domain.durations import parse_duration
+from swamp.domain.query import Predicate
+from swamp.errors import Conflict, SwampError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS data (
+    model_type  TEXT    NOT NULL,
+    model_name  TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
+    spec        TEXT    NOT NULL,
+    attributes  TEXT    NOT NULL,
+    content     BLOB,
+    created_at  TEXT    NOT NULL,
+    created_epoch REAL  NOT NULL,
+    expires_epoch REAL,
+    PRIMARY KEY (model_type, model_name, name, version)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS data_expiry ON data (expires_epoch) WHERE expires_epoch IS NOT NULL;
+"""
+
+EPHEMERAL_SECONDS = 3600
+MAX_CAS_RETRIES = 64
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+@dataclass(frozen=True)
+class Key:
+    model_type: str
+    model_name: str
+    name: str
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    """What a resource spec declares about its data's retention."""
+
+    name: str
+    lifetime: str = "infinite"
+    garbage_collection: int | None = None
+
+    def lifetime_seconds(self) -> float | None:
+        if self.lifetime == "infinite":
+            return None
+        if self.lifetime == "ephemeral":
+            return EPHEMERAL_SECONDS
+        return parse_duration(self.lifetime, what="lifetime")
+
+
+@dataclass(frozen=True)
+class Record:
+    model_type: str
+    model_name: str
+    name: str
+    version: int
+    spec: str
+    attributes: dict
+    content: bytes | None
+    created_at: str
+
+    @property
+    def key(self) -> Key:
+        return Key(self.model_type, self.model_name, self.name)
+
+    def to_json(self, *, with_attributes: bool = True) -> dict:
+        out = {
+            "modelType": self.model_type,
+            "modelName": self.model_name,
+            "name": self.name,
+            "version": self.version,
+            "spec": self.spec,
+            "createdAt": self.created_at,
+            "size": len(self.content) if self.content is not None else 0,
+        }
+        if with_attributes:
+            out["attributes"] = self.attributes
+        return out
+
+
+class StoreError(SwampError):
+    code = "store_error"
+
+
+_COLUMNS = "model_type, model_name, name, version, spec, attributes, content, created_at"
+
+
+def _row(row: tuple) -> Record:
+    return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7])
+
+
+class Datastore:
+    def __init__(self, path: Path | str, *, orchestrator: bool = False, clock=time.time) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self.writes = 0
+        self.on_write: Callable[[], None] | None = None
+        try:
+            self.db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=10000")
+            if orchestrator:
+                self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the datastore at {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def latest(self, key: Key) -> Record | None:
+        row = self.db.execute(
+            f"SELECT {_COLUMNS} FROM data WHERE model_type=? AND model_name=? AND name=? "
+            "ORDER BY version DESC LIMIT 1",
+            (key.model_type, key.model_name, key.name),
+        ).fetchone()
+        return _row(row) if row else None
+
+    def versions(self, key: Key) -> list[int]:
+        rows = self.db.execute(
+            "SELECT version FROM data WHERE model_type=? AND model_name=? AND name=? "
+            "ORDER BY version",
+            (key.model_type, key.model_name, key.name),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def latest_of_type(self, model_type: str, *, model_name: str | None = None) -> list[Record]:
+        """The latest version of every data item of a model type (optionally one instance)."""
+        where = "model_type = ?"
+        params: list = [model_type]
+        if model_name is not None:
+            where += " AND model_name = ?"
+            params.append(model_name)
+        return self._latest(where, params)
+
+    def _latest(self, where: str, params: list) -> list[Record]:
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM data d WHERE {where} AND version = ("
+            "SELECT MAX(version) FROM data m WHERE m.model_type=d.model_type "
+            "AND m.model_name=d.model_name AND m.name=d.name) "
+            "ORDER BY model_type, model_name, name",
+            params,
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def query(self, predicate: Predicate, *, all_versions: bool = False, limit: int | None = None
+              ) -> list[Record]:
+        """Records matching a predicate; the latest version of each item unless ``all_versions``."""
+        clauses, params = [], []
+        for field, column in (("modelType", "model_type"), ("modelName", "model_name"),
+                              ("name", "name"), ("spec", "spec")):
+            if field in predicate.equalities:
+                clauses.append(f"{column} = ?")
+                params.append(predicate.equalities[field])
+        where = " AND ".join(clauses) or "1=1"
+        if all_versions:
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM data WHERE {where} "
+                "ORDER BY model_type, model_name, name, version",
+                params,
+            ).fetchall()
+            records: Iterable[Record] = (_row(r) for r in rows)
+        else:
+            records = self._latest(where, params)
+        out = []
+        for record in records:
+            if predicate.matches(record.to_json()):
+                out.append(record)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def data_version(self) -> int:
+        """Changes when *another* connection commits: how serve notices CLI writes."""
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def write(
+        self,
+        key: Key,
+        attributes: dict,
+        *,
+        policy: SpecPolicy,
+        content: bytes | None = None,
+        expected_version: int | None = None,
+    ) -> Record:
+        """Insert the next version. With ``expected_version`` (0 = must not exist) it is a
+        compare-and-swap: ``Conflict`` if ``latest`` has moved."""
+        now = self.clock()
+        created_at = iso(now)
+        lifetime = policy.lifetime_seconds()
+        encoded = json.dumps(attributes, separators=(",", ":"), sort_keys=True)
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"the datastore is unavailable: {exc}") from exc
+        try:
+            row = self.db.execute(
+                "SELECT MAX(version) FROM data WHERE model_type=? AND model_name=? AND name=?",
+                (key.model_type, key.model_name, key.name),
+            ).fetchone()
+            current = row[0] or 0
+            if expected_version is not None and current != expected_version:
+                raise Conflict(
+                    f"{key.model_type}/{key.model_name}/{key.name} moved from version "
+                    f"{expected_version} to {current}"
+                )
+            version = current + 1
+            self.db.execute(
+                "INSERT INTO data VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (key.model_type, key.model_name, key.name, version, policy.name, encoded, content,
+                 created_at, now, None if lifetime is None else now + lifetime),
+            )
+            if policy.garbage_collection is not None:
+                self.db.execute(
+                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? "
+                    "AND version <= ?",
+                    (key.model_type, key.model_name, key.name,
+                     version - policy.garbage_collection),
+                )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.writes += 1
+        if self.on_write is not None:
+            self.on_write()
+        return Record(key.model_type, key.model_name, key.name, version, policy.name,
+                      attributes, content, created_at)
+
+    def transition(
+        self,
+        key: Key,
+        decide: Callable[[Record | None], dict | None],
+        *,
+        policy: SpecPolicy,
+    ) -> tuple[Record | None, bool]:
+        """Read latest, decide, compare-and-swap; retry the decision if another writer won.
+
+        ``decide`` is pure: it returns the next attributes, ``None`` for "no write", or raises to
+        refuse (nothing is written). Returns ``(latest record, wrote)``.
+        """
+        for _ in range(MAX_CAS_RETRIES):
+            current = self.latest(key)
+            attributes = decide(current)
+            if attributes is None:
+                return current, False
+            try:
+                record = self.write(
+                    key, attributes, policy=policy,
+                    expected_version=current.version if current else 0,
+                )
+            except Conflict:
+                continue
+            return record, True
+        raise StoreError(f"gave up on {key} after {MAX_CAS_RETRIES} concurrent updates")
+
+    def delete_items(self, keys: Iterable[Key]) -> int:
+        """Remove every version of the given data items (bookkeeping GC)."""
+        count = 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for key in keys:
+                count += self.db.execute(
+                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=?",
+                    (key.model_type, key.model_name, key.name),
+                ).rowcount
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return count
+
+    def collect_garbage(self, *, batch: int = 500) -> int:
+        """Delete rows whose lifetime has lapsed, in small batches (never one big transaction)."""
+        now = self.clock()
+        removed = 0
+        while True:
+            cur = self.db.execute(
+                "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                "SELECT model_type, model_name, name, version FROM data "
+                "WHERE expires_epoch IS NOT NULL AND expires_epoch < ? LIMIT ?)",
+                (now, batch),
+            )
+            removed += cur.rowcount
+            if cur.rowcount < batch:
+                return removed
+
+    def checkpoint(self) -> None:
+        """Checkpoint the WAL on a connection of its own: safe to call from a worker thread."""
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            db.close()

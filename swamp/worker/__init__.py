@@ -1,0 +1,1 @@
+"""The worker agent: config → identity → connect loop → session (enroll, heartbeat, dispatches)."""

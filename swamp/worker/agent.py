@@ -1,0 +1,109 @@
+"""The connect loop: keep a session up for as long as the token lives.
+
+After a drop the worker reconnects with capped exponential backoff (1 s doubling to 30 s) until
+its token's deadline; before its first enrollment it keeps trying for ``connect_timeout``. A
+permanent rejection (revoked, expired, wrong secret, unknown token, protocol mismatch) stops it at
+once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from swamp.errors import PeerError, Rejected
+from swamp.plugins import default_registry
+from swamp.worker.config import WorkerConfig
+from swamp.worker.events import Reporter
+from swamp.worker.identity import instance_id, machine_id
+from swamp.worker.session import Session
+
+BACKOFF_START = 1.0
+BACKOFF_CAP = 30.0
+
+
+class Backoff:
+    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP) -> None:
+        self.start, self.cap, self.delay = start, cap, start
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(self.cap, self.delay * 2)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.start
+
+
+async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
+    temp_dir = None
+    cache_dir = config.cache_dir
+    if cache_dir is None:
+        temp_dir = Path(tempfile.mkdtemp(prefix="swamp-worker-"))
+        cache_dir = temp_dir
+    try:
+        mid = machine_id(Path(cache_dir))
+        iid = instance_id()
+        registry = default_registry()
+        outcome: list[int] = []
+        async with trio.open_nursery() as nursery:
+            async def stop_on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        reporter.emit("stopped", reason=f"received {signal.Signals(signum).name}",
+                                      exitCode=0)
+                        outcome.append(0)
+                        nursery.cancel_scope.cancel()
+                        return
+
+            async def connect_loop() -> None:
+                outcome.append(await _connect_loop(config, reporter, mid, iid, registry))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(connect_loop)
+        return outcome[0] if outcome else 0
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid: str,
+                        registry) -> int:
+    backoff = Backoff()
+    started = time.monotonic()
+    token_deadline: float | None = None
+    attempt = 0
+    while True:
+        attempt += 1
+        reporter.emit("connecting", url=config.url, attempt=attempt)
+        session = Session(config, machine_id=mid, instance_id=iid, registry=registry,
+                          reporter=reporter)
+        try:
+            reason = await session.run()
+        except Rejected as exc:
+            reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
+            return 1
+        except PeerError as exc:
+            reason = exc.message
+        if session.enrollment is not None:
+            token_deadline = session.enrollment.token_expires_at
+            backoff.reset()
+        reporter.emit("disconnected", reason=reason)
+        delay = backoff.next()
+        if token_deadline is not None:
+            if time.time() + delay >= token_deadline:
+                reporter.emit("stopped", reason="the token's deadline has passed",
+                              code="token_expired", exitCode=1)
+                return 1
+        elif time.monotonic() - started + delay > config.connect_timeout:
+            reporter.emit("stopped", reason=f"could not enroll within "
+                          f"{config.connect_timeout:g}s (last error: {reason})", exitCode=1)
+            return 1
+        reporter.emit("retrying", delaySeconds=delay)
+        await trio.sleep(delay)

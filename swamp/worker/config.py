@@ -1,0 +1,52 @@
+"""Everything ``swamp worker connect`` was told, validated once."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from swamp.errors import UserError
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    url: str
+    token: str
+    labels: dict[str, str] = field(default_factory=dict)
+    cache_dir: Path | None = None
+    ca_cert: Path | None = None
+    concurrency: int = 1
+    data_plane_url: str | None = None
+    connect_timeout: float = 600.0
+    json: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("ws://", "wss://")):
+            raise UserError(f"the orchestrator URL must start with ws:// or wss:// (got "
+                            f"{self.url!r})")
+        if not self.token:
+            raise UserError("missing enrollment token: pass --token or set SWAMP_WORKER_TOKEN")
+        if not 1 <= self.concurrency <= 1024:
+            raise UserError(f"invalid --concurrency {self.concurrency}: expected 1-1024")
+        if self.ca_cert and not Path(self.ca_cert).is_file():
+            raise UserError(f"--ca-cert {self.ca_cert} does not exist")
+        if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
+            raise UserError("--data-plane-url must start with http:// or https://")
+
+    def data_plane(self) -> str:
+        """The HTTP base of the data plane: explicit, or the connect URL's host over HTTP(S)."""
+        if self.data_plane_url:
+            return self.data_plane_url.rstrip("/")
+        parts = urlsplit(self.url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        return urlunsplit((scheme, parts.netloc, "", "", "")).rstrip("/")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.url.startswith("wss://"):
+            return None
+        try:
+            return ssl.create_default_context(cafile=str(self.ca_cert) if self.ca_cert else None)
+        except (ssl.SSLError, OSError) as exc:
+            raise UserError(f"cannot load --ca-cert {self.ca_cert}: {exc}") from exc

@@ -1,0 +1,44 @@
+"""The worker's status events: one line each, for people or (``--json``) for machines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+
+
+class Reporter:
+    def __init__(self, *, json_lines: bool, stream=None) -> None:
+        self.json_lines = json_lines
+        self.stream = stream or sys.stdout
+
+    def emit(self, event: str, **fields) -> None:
+        if self.json_lines:
+            record = {"event": event, "time": datetime.now(timezone.utc).isoformat(
+                timespec="milliseconds").replace("+00:00", "Z"), **fields}
+            line = json.dumps(record)
+        else:
+            line = _human(event, fields)
+        print(line, file=self.stream, flush=True)
+
+
+def _human(event: str, f: dict) -> str:
+    if event == "connecting":
+        return f"connecting to {f['url']} (attempt {f['attempt']})"
+    if event == "enrolled":
+        again = " (reconnected)" if f.get("reconnect") else ""
+        return f"enrolled as {f['workerName']}{again}"
+    if event == "dispatch_started":
+        return f"▶ dispatch {f['dispatchId'][:8]}: {f['modelType']}.{f['method']}"
+    if event == "dispatch_finished":
+        mark = "✓" if f["status"] == "succeeded" else "✗"
+        tail = f" — {f['error']}" if f.get("error") else ""
+        return (f"{mark} dispatch {f['dispatchId'][:8]}: {f['status']} in "
+                f"{f['durationMs']}ms{tail}")
+    if event == "disconnected":
+        return f"disconnected: {f['reason']}"
+    if event == "retrying":
+        return f"reconnecting in {f['delaySeconds']:g}s"
+    if event == "stopped":
+        return f"worker stopped: {f['reason']}"
+    return f"{event}: {f}"

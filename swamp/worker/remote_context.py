@@ -1,0 +1,81 @@
+"""The method context on a worker: every capability is a call home.
+
+``query_data`` is an RPC over the control socket; ``write_resource`` / ``read_resource`` go over
+the HTTP data plane with the dispatch's own credential; logs stream back as events of the
+dispatch. The method code cannot tell it apart from the local context.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from swamp.domain.names import check_data_name
+from swamp.errors import PeerError, SwampError, UserError
+from swamp.models.context import ContextBase
+from swamp.protocol.rpc import IncomingCall, RpcChannel
+
+
+class RemoteContext(ContextBase):
+    def __init__(self, *, call: IncomingCall, channel: RpcChannel, http: httpx.AsyncClient,
+                 data_plane: str, credential: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.call = call
+        self.channel = channel
+        self.http = http
+        self.data_plane = data_plane
+        self.headers = {"Authorization": f"Bearer {credential}"}
+
+    async def log(self, line: str, *, stream: str = "log") -> None:
+        await self.call.emit({"kind": "log", "stream": stream, "line": line})
+
+    async def query_data(self, predicate: str) -> list[dict]:
+        result = await self.channel.call(
+            "capability.queryData", {"dispatchId": self.dispatch_id, "predicate": predicate})
+        return result["records"]
+
+    async def write_resource(self, spec: str, name: str, value: Any) -> dict:
+        self._check_write(spec, name)
+        if isinstance(value, (bytes, bytearray)):
+            body, content_type = bytes(value), "application/octet-stream"
+        elif isinstance(value, dict):
+            body, content_type = json.dumps(value).encode(), "application/json"
+        else:
+            raise UserError("a resource value must be an object (dict) or bytes")
+        response = await self._request("PUT", f"/data/resources/{spec}/{name}", content=body,
+                                       headers={"Content-Type": content_type})
+        handle = response.json()
+        self.outputs.append(handle)
+        return handle
+
+    async def read_resource(self, name: str) -> Any:
+        check_data_name(name)
+        response = await self._request("GET", f"/data/resources/{name}", missing_ok=True)
+        if response.status_code == 404:
+            return None
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.content
+
+    async def _request(self, method: str, path: str, *, missing_ok: bool = False,
+                       **kwargs: Any) -> httpx.Response:
+        url = self.data_plane + path
+        try:
+            response = await self.http.request(method, url, headers={**self.headers,
+                                                                      **kwargs.pop("headers", {})},
+                                               **kwargs)
+        except httpx.HTTPError as exc:
+            raise PeerError(f"the data plane at {self.data_plane} is unreachable: "
+                            f"{type(exc).__name__}: {exc}") from None
+        if response.status_code == 404 and missing_ok:
+            return response
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                message, code = error["message"], error["code"]
+            except (ValueError, KeyError, TypeError):
+                message, code = response.text[:200], "data_plane_error"
+            raise SwampError(f"data plane refused {method} {path}: {message}", code=code)
+        return response

@@ -1,0 +1,169 @@
+"""One connection to the orchestrator: enroll, then serve dispatches until the socket ends.
+
+Everything the session does lives in one nursery owned by the channel: the read loop, the
+heartbeat, the session refresh and every running dispatch (one task per slot in use). When the
+socket drops, all of it is cancelled, and the orchestrator decides what becomes of the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+import httpx
+import trio
+import trio_websocket
+
+from swamp import __version__
+from swamp.domain import environment
+from swamp.errors import PeerError, Rejected, REJECTION_CODES, SwampError, UserError
+from swamp.models.runner import run_method
+from swamp.plugins import ModelRegistry
+from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from swamp.protocol.rpc import IncomingCall, RpcChannel
+from swamp.protocol.transport import WebSocketTransport
+from swamp.worker.config import WorkerConfig
+from swamp.worker.events import Reporter
+from swamp.worker.remote_context import RemoteContext
+
+ENROLL_TIMEOUT = 30
+CONNECT_TIMEOUT = 10
+
+
+_ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def local_platform() -> tuple[str, str]:
+    """``(os, arch)`` as placements name them: ``linux``/``darwin``/``windows``, ``x86_64``..."""
+    system = platform.system().lower() or "unknown"
+    machine = platform.machine().lower() or "unknown"
+    return system, _ARCH_ALIASES.get(machine, machine)
+
+
+@dataclass
+class Enrollment:
+    worker_name: str
+    token_expires_at: float
+    reconnect: bool
+
+
+class Session:
+    def __init__(self, config: WorkerConfig, *, machine_id: str, instance_id: str,
+                 registry: ModelRegistry, reporter: Reporter) -> None:
+        self.config = config
+        self.machine_id = machine_id
+        self.instance_id = instance_id
+        self.registry = registry
+        self.reporter = reporter
+        self.enrollment: Enrollment | None = None
+        self.active = 0
+        self.completed = 0
+        self.channel: RpcChannel | None = None
+        self.http: httpx.AsyncClient | None = None
+
+    async def run(self) -> str:
+        """Connect, enroll and serve; returns why the session ended. Raises ``Rejected`` for a
+        permanent refusal and ``PeerError`` when the orchestrator cannot be reached."""
+        ssl_context = self.config.ssl_context()
+        try:
+            async with trio_websocket.open_websocket_url(
+                self.config.url, ssl_context=ssl_context, max_message_size=MAX_FRAME_BYTES * 2,
+                connect_timeout=CONNECT_TIMEOUT, disconnect_timeout=2,
+            ) as ws:
+                return await self._serve(WebSocketTransport(ws))
+        except trio_websocket.HandshakeError as exc:
+            raise PeerError(f"cannot connect to {self.config.url}: {exc}") from None
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise PeerError(f"cannot connect to {self.config.url}: {exc}") from None
+
+    async def _serve(self, transport: WebSocketTransport) -> str:
+        verify = self.config.ssl_context() or True
+        async with httpx.AsyncClient(verify=verify, timeout=30) as http:
+            self.http = http
+            channel = RpcChannel(transport, self._handle, name="orchestrator")
+            self.channel = channel
+            async with trio.open_nursery() as nursery:
+                await nursery.start(channel.serve)
+                await self._enroll(channel)
+                nursery.start_soon(self._refresh_session, channel)
+                await channel.wait_closed()
+                nursery.cancel_scope.cancel()
+            return channel.close_reason
+
+    async def _enroll(self, channel: RpcChannel) -> None:
+        system, arch = local_platform()
+        params = {
+            "token": self.config.token, "instanceId": self.instance_id,
+            "machineId": self.machine_id, "protocolVersion": PROTOCOL_VERSION,
+            "version": __version__, "platform": system, "arch": arch,
+            "labels": self.config.labels, "capacity": self.config.concurrency,
+        }
+        try:
+            reply = await channel.call("worker.enroll", params, timeout=ENROLL_TIMEOUT)
+        except SwampError as exc:
+            if exc.code in REJECTION_CODES:
+                raise Rejected(exc.message, code=exc.code) from None
+            if isinstance(exc, UserError):
+                raise Rejected(f"the orchestrator refused the enrollment: {exc.message}",
+                               code=exc.code) from None
+            raise PeerError(f"enrollment failed: {exc.message}", code=exc.code) from None
+        channel.heartbeat = float(reply.get("heartbeatSeconds") or channel.heartbeat)
+        self.session_expires = reply.get("sessionExpiresAt")
+        self.enrollment = Enrollment(reply["workerName"], float(reply["tokenExpiresAtEpoch"]),
+                                     bool(reply.get("reconnect")))
+        self.reporter.emit("enrolled", workerName=reply["workerName"],
+                           reconnect=self.enrollment.reconnect,
+                           tokenExpiresAt=reply.get("tokenExpiresAt"))
+
+    async def _refresh_session(self, channel: RpcChannel) -> None:
+        """Refresh the session credential at two thirds of its life."""
+        while True:
+            await trio.sleep(10 * 60)
+            try:
+                await channel.call("worker.session.refresh", {})
+            except SwampError as exc:
+                await channel.close(1000, f"session refresh failed: {exc.message}")
+                return
+
+    # -- dispatches -------------------------------------------------------------------------
+
+    async def _handle(self, call: IncomingCall):
+        if call.method != "worker.dispatch" or self.enrollment is None:
+            raise UserError(f"unknown method {call.method!r}", code="unknown_method")
+        if self.active >= self.config.concurrency:
+            raise SwampError(f"worker is at capacity ({self.active}/{self.config.concurrency} "
+                             "slots in use)", code="worker_busy")
+        params = call.params
+        try:
+            dispatch_id = str(params["dispatchId"])
+            model_type = self.registry.runnable(str(params["modelType"]))
+            method = model_type.method(str(params["method"]))
+            args = method.validate(params.get("args") or {})
+            credential = str(params["credential"])
+            shipped = params.get("environment") or {}
+            model_name = str(params["modelName"])
+        except KeyError as exc:
+            raise UserError(f"a dispatch needs {exc.args[0]!r}") from None
+        if not isinstance(shipped, dict):
+            raise UserError("a dispatch's environment must be an object")
+        self.active += 1
+        started = time.monotonic()
+        self.reporter.emit("dispatch_started", dispatchId=dispatch_id,
+                           modelType=model_type.type, method=method.name)
+        try:
+            ctx = RemoteContext(
+                call=call, channel=call.channel, http=self.http,
+                data_plane=self.config.data_plane(), credential=credential,
+                model_type=model_type, model_name=model_name, method=method.name,
+                dispatch_id=dispatch_id, env=environment.overlay(os.environ, shipped))
+            outcome = await run_method(method, args, ctx)
+        finally:
+            self.active -= 1
+        self.completed += 1
+        self.reporter.emit("dispatch_finished", dispatchId=dispatch_id, status=outcome.status,
+                           durationMs=round((time.monotonic() - started) * 1000),
+                           error=outcome.error)
+        return outcome.to_json()
+
