@@ -10,10 +10,11 @@ from pathlib import Path
 import trio
 import trio_websocket
 
+from swamp.concurrency import open_nursery
 from swamp.errors import PeerError, UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport
+from swamp.protocol.transport import WebSocketTransport, describe
 
 
 async def _no_requests(call: IncomingCall):
@@ -39,14 +40,14 @@ async def connect(url: str, *, server_token: str | None = None,
             max_message_size=MAX_FRAME_BYTES * 2, connect_timeout=10, disconnect_timeout=2,
         ) as ws:
             channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 await nursery.start(channel.serve)
                 yield channel
                 nursery.cancel_scope.cancel()
     except trio_websocket.HandshakeError as exc:
-        raise PeerError(f"cannot reach the orchestrator at {url}: {exc}") from None
+        raise PeerError(f"cannot reach the orchestrator at {url}: {describe(exc)}") from None
     except OSError as exc:
-        raise PeerError(f"cannot reach the orchestrator at {url}: {exc.strerror or exc}") from None
+        raise PeerError(f"cannot reach the orchestrator at {url}: {exc}") from None
 
 
 async def call(url: str, method: str, params: dict | None = None, *, server_token=None,

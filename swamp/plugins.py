@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import pluggy
 
 from swamp import hooks
@@ -17,7 +20,20 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
     pm.register(builtin, name="swamp.builtin")
     if load_entry_points:
         pm.load_setuptools_entrypoints(hooks.PROJECT)
+    for module_name in _extra_plugins():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise SwampError(f"cannot load plugin {module_name!r} named in SWAMP_PLUGINS: "
+                             f"{exc}") from exc
+        if not pm.is_registered(module):
+            pm.register(module, name=module_name)
     return pm
+
+
+def _extra_plugins() -> list[str]:
+    """``SWAMP_PLUGINS=mod_a,mod_b``: plugin modules to load without installing a package."""
+    return [m.strip() for m in os.environ.get("SWAMP_PLUGINS", "").split(",") if m.strip()]
 
 
 class ModelRegistry:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 
-from swamp.domain.workers import WorkerStatus
+from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
 from swamp.store.datastore import Datastore, Key, iso
 
 TYPE = WORKER.type
 POLICY = WORKER.resources[0].policy
+_KNOWN = frozenset(s.value for s in WorkerStatus)
 
 
 def key(name: str) -> Key:
@@ -46,6 +47,8 @@ class WorkerBook:
             if current is None:
                 return None
             attrs = dict(current.attributes)
+            if attrs.get("status") in _KNOWN and status in _KNOWN:
+                WORKER_LIFECYCLE.check(WorkerStatus(attrs["status"]), WorkerStatus(status))
             ids = list(active) if active is not None else attrs.get("activeDispatchIds", [])
             if status in (WorkerStatus.IDLE.value, WorkerStatus.DISCONNECTED.value):
                 ids = []

@@ -40,6 +40,9 @@ def connect(
     data_plane_url: str = typer.Option(None, "--data-plane-url", show_default=False,
                                        help="Override the data plane's base URL (default: the "
                                             "connect URL's host over http/https)."),
+    protocol_version: int = typer.Option(None, "--protocol-version", hidden=True,
+                                         help="Announce another protocol version (for "
+                                              "compatibility testing)."),
     json_output: bool = JSON,
 ) -> None:
     """Enroll with the orchestrator and run what it dispatches, until stopped.
@@ -59,7 +62,8 @@ def connect(
                         "SWAMP_ORCHESTRATOR_URL")
     config = WorkerConfig(url=url, token=token or "", labels=parse_labels(label or []),
                           cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
-                          data_plane_url=data_plane_url, json=json_output)
+                          data_plane_url=data_plane_url, json=json_output,
+                          protocol_version=protocol_version)
     status = run_async(run_worker, config, Reporter(json_lines=json_output))
     raise typer.Exit(status)
 

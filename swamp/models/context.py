@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from swamp.concurrency import open_nursery
 from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
 from swamp.errors import Forbidden, UserError
@@ -70,7 +71,7 @@ class ContextBase(abc.ABC):
         timed_out = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:
-                async with trio.open_nursery() as nursery:
+                async with open_nursery() as nursery:
                     nursery.start_soon(self._pump, process.stdout, "stdout", tails["stdout"])
                     nursery.start_soon(self._pump, process.stderr, "stderr", tails["stderr"])
                 await process.wait()

@@ -22,6 +22,7 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
@@ -171,7 +172,7 @@ class DispatchService:
                 channel = member.channel
                 if channel is None:
                     raise ChannelClosed("the worker disconnected before the dispatch was sent")
-                async with trio.open_nursery() as nursery:
+                async with open_nursery() as nursery:
                     nursery.start_soon(self._keep_fresh, credential)
                     result = await channel.call(
                         "worker.dispatch", params, timeout=None,

@@ -22,6 +22,7 @@ import trio
 from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.concurrency import open_nursery
 from swamp.domain.labels import check_labels
 from swamp.domain.naming import worker_name_for
 from swamp.domain.workers import WorkerStatus
@@ -222,7 +223,7 @@ class Gateway:
                 await self.token_changed(name)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             nursery.start_soon(self._watch_repo)

@@ -21,6 +21,7 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.concurrency import open_nursery
 from swamp.errors import UserError
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.app import App
@@ -170,9 +171,9 @@ async def serve(repo: Repo, options: ServeOptions, *,
         stop.set()
 
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             await nursery.start(gateway.run)
-            async with trio.open_nursery() as server:
+            async with open_nursery() as server:
                 binds = await server.start(lambda task_status: hypercorn.trio.serve(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status))
                 address = binds[0].split("://", 1)[1]

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from swamp.concurrency import open_nursery
 from swamp.errors import CallTimeout, ChannelClosed, SwampError, from_wire
 from swamp.protocol import frames
 from swamp.protocol.transport import Transport, TransportClosed
@@ -83,7 +84,7 @@ class RpcChannel:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> str:
         """Run until the socket closes (or :meth:`close`); returns why it ended."""
         try:
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
                 self._last_heard = trio.current_time()
                 if self.heartbeat and math.isfinite(self.heartbeat):

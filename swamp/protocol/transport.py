@@ -26,6 +26,13 @@ class Transport(Protocol):
     async def aclose(self, code: int = 1000, reason: str = "") -> None: ...
 
 
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failed websocket handshake (the cause is where the detail is)."""
+    if isinstance(exc, trio_websocket.ConnectionRejected):
+        return f"the server answered HTTP {exc.status_code}"
+    return str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+
+
 def _describe(code: int | None, reason: str | None) -> str:
     if code in (None, 1000, 1005) and not reason:
         return "connection closed"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import trio
 
+from swamp.concurrency import open_nursery
 from swamp.errors import PeerError, Rejected
 from swamp.plugins import default_registry
 from swamp.worker.config import WorkerConfig
@@ -51,7 +52,7 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         iid = instance_id()
         registry = default_registry()
         outcome: list[int] = []
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             async def stop_on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
@@ -98,7 +99,7 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
         delay = backoff.next()
         if token_deadline is not None:
             if time.time() + delay >= token_deadline:
-                reporter.emit("stopped", reason="the token's deadline has passed",
+                reporter.emit("stopped", reason="the token has expired (its deadline has passed)",
                               code="token_expired", exitCode=1)
                 return 1
         elif time.monotonic() - started + delay > config.connect_timeout:

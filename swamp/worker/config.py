@@ -21,6 +21,7 @@ class WorkerConfig:
     data_plane_url: str | None = None
     connect_timeout: float = 600.0
     json: bool = False
+    protocol_version: int | None = None  # None: this build's PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("ws://", "wss://")):

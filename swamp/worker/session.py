@@ -17,13 +17,14 @@ import trio
 import trio_websocket
 
 from swamp import __version__
+from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.errors import PeerError, Rejected, REJECTION_CODES, SwampError, UserError
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport
+from swamp.protocol.transport import WebSocketTransport, describe
 from swamp.worker.config import WorkerConfig
 from swamp.worker.events import Reporter
 from swamp.worker.remote_context import RemoteContext
@@ -74,7 +75,7 @@ class Session:
             ) as ws:
                 return await self._serve(WebSocketTransport(ws))
         except trio_websocket.HandshakeError as exc:
-            raise PeerError(f"cannot connect to {self.config.url}: {exc}") from None
+            raise PeerError(f"cannot connect to {self.config.url}: {describe(exc)}") from None
         except (OSError, trio.BrokenResourceError) as exc:
             raise PeerError(f"cannot connect to {self.config.url}: {exc}") from None
 
@@ -84,7 +85,7 @@ class Session:
             self.http = http
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
                 nursery.start_soon(self._refresh_session, channel)
@@ -96,7 +97,8 @@ class Session:
         system, arch = local_platform()
         params = {
             "token": self.config.token, "instanceId": self.instance_id,
-            "machineId": self.machine_id, "protocolVersion": PROTOCOL_VERSION,
+            "machineId": self.machine_id,
+            "protocolVersion": self.config.protocol_version or PROTOCOL_VERSION,
             "version": __version__, "platform": system, "arch": arch,
             "labels": self.config.labels, "capacity": self.config.concurrency,
         }

@@ -1,0 +1,203 @@
+"""Real processes: ``swamp serve`` and ``swamp worker connect`` driven through the CLI.
+
+Nothing of ours is mocked. Waits are on events (JSON lines a process prints), each bounded by a
+generous timeout; there are no bare sleeps hoping something happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "tests" / "plugins"
+TIMEOUT = 30
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), str(ROOT)])
+    env["SWAMP_PLUGINS"] = "swamp_testkit"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Proc:
+    """A child process whose stdout lines are collected as they arrive."""
+
+    def __init__(self, args: list[str], *, env: dict, log: Path) -> None:
+        self.args = args
+        self.log = log
+        self.stderr = open(log, "wb")
+        self.p = subprocess.Popen([sys.executable, "-m", "swamp", *args], env=env,
+                                  stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def events(self) -> list[dict]:
+        out = []
+        with self.cond:
+            lines = list(self.lines)
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def wait_for(self, predicate, *, timeout: float = TIMEOUT, start: int = 0) -> dict:
+        """The first JSON line (from index ``start``) matching ``predicate``."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for line in self.lines[start:]:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    if predicate(event):
+                        return event
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.p.poll() is not None and not self.reader.is_alive()):
+                    raise AssertionError(
+                        f"no matching line from swamp {' '.join(self.args[:2])} "
+                        f"(exit {self.p.poll()}):\n" + "\n".join(self.lines[-20:]) +
+                        "\n--- stderr ---\n" + self.log.read_text()[-3000:])
+                self.cond.wait(min(remaining, 0.5))
+
+    def mark(self) -> int:
+        with self.cond:
+            return len(self.lines)
+
+    def wait_exit(self, timeout: float = TIMEOUT) -> int:
+        return self.p.wait(timeout=timeout)
+
+    def signal(self, sig) -> None:
+        self.p.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.stderr.close()
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.repo = tmp / "repo"
+        self.env = base_env()
+        self.procs: list[Proc] = []
+        self.url: str | None = None
+        self.serve_proc: Proc | None = None
+        self.counter = 0
+        result = self.cli("init", str(self.repo))
+        assert result.returncode == 0, result.stderr
+
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 60,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "swamp", *args], env={**self.env,
+                              **(env or {})}, capture_output=True, text=True, timeout=timeout,
+                              cwd=self.tmp, input=input)
+
+    def cli_json(self, *args: str, **kwargs):
+        result = self.cli(*args, "--json", **kwargs)
+        assert result.returncode == 0, f"{args}: {result.stderr}"
+        return json.loads(result.stdout)
+
+    def spawn(self, *args: str, env: dict | None = None) -> Proc:
+        self.counter += 1
+        proc = Proc(list(args), env={**self.env, **(env or {})},
+                    log=self.tmp / f"proc-{self.counter}-{args[0]}.log")
+        self.procs.append(proc)
+        return proc
+
+    def serve(self, *extra: str, port: int = 0) -> Proc:
+        proc = self.spawn("serve", "--repo-dir", str(self.repo), "--port", str(port), "--json",
+                          "--heartbeat", "1s", "--grace-window", "10s", *extra)
+        self.url = proc.wait_for(lambda e: e.get("event") == "listening")["url"]
+        self.serve_proc = proc
+        return proc
+
+    def mint(self, name: str, duration: str = "1h") -> str:
+        return self.cli_json("worker", "token", "create", name, "--duration", duration,
+                             "--repo-dir", str(self.repo))["token"]
+
+    def worker(self, token: str, *extra: str, cache_dir: Path | None = None,
+               wait: bool = True) -> Proc:
+        args = ["worker", "connect", self.url, "--json", *extra]
+        if cache_dir is not None:
+            args += ["--cache-dir", str(cache_dir)]
+        proc = self.spawn(*args, env={"SWAMP_WORKER_TOKEN": token})
+        if wait:
+            proc.wait_for(lambda e: e.get("event") == "enrolled")
+        return proc
+
+    def run(self, *args: str, env: dict | None = None) -> tuple[int, list[dict]]:
+        """``swamp model method run ... --json`` against the server: (exit code, JSON lines)."""
+        result = self.cli("model", "method", "run", *args, "--server", self.url, "--json",
+                          env=env)
+        lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        return result.returncode, lines
+
+    def workers(self, *extra: str) -> list[dict]:
+        return self.cli_json("worker", "list", "--repo-dir", str(self.repo), *extra)["workers"]
+
+    def query(self, predicate: str) -> list[dict]:
+        return self.cli_json("data", "query", predicate, "--repo-dir", str(self.repo))
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+def wait_until(check, *, timeout: float = TIMEOUT, what: str = "condition"):
+    """For state only visible by asking (the CLI): re-ask until true, bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def result_of(lines: list[dict]) -> dict:
+    return next(line["result"] for line in lines if "result" in line)
+
+
+def logs_of(lines: list[dict]) -> list[str]:
+    return [line["event"]["line"] for line in lines
+            if "event" in line and line["event"].get("kind") == "log"]

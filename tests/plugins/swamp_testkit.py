@@ -1,0 +1,54 @@
+"""A test-only plugin (loaded with SWAMP_PLUGINS=swamp_testkit): methods that write, wait and
+query, so tests can kill workers at precise moments."""
+
+import trio
+
+from swamp.hooks import hookimpl
+from swamp.models.framework import Arg, Method, ModelType, ResourceSpec
+
+
+async def write_then_wait(ctx, args):
+    await ctx.write_resource("progress", "progress", {"step": 1})
+    await ctx.log("wrote")
+    await trio.sleep(args["seconds"])
+    return {"done": True}
+
+
+async def wait(ctx, args):
+    await ctx.log("waiting")
+    await trio.sleep(args["seconds"])
+    return {"done": True}
+
+
+async def query(ctx, args):
+    records = await ctx.query_data(args["predicate"])
+    await ctx.log(f"found {len(records)}")
+    return {"count": len(records)}
+
+
+async def round_trip(ctx, args):
+    await ctx.write_resource("progress", "echo", {"value": args["value"]})
+    back = await ctx.read_resource("echo")
+    missing = await ctx.read_resource("never-written")
+    await ctx.log(f"read back {back['value']} missing={missing}")
+    return {"value": back["value"]}
+
+
+async def env(ctx, args):
+    await ctx.log(f"{args['name']}={ctx.env.get(args['name'], '<unset>')}")
+
+
+@hookimpl
+def swamp_model_types():
+    return [ModelType(
+        "test/steps",
+        methods=(
+            Method("write_then_wait", write_then_wait, args=(Arg("seconds", "number",
+                                                                 default=60),)),
+            Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
+            Method("query", query, args=(Arg("predicate", required=True),)),
+            Method("round_trip", round_trip, args=(Arg("value", required=True),)),
+            Method("env", env, args=(Arg("name", required=True),)),
+        ),
+        resources=(ResourceSpec("progress"),),
+    )]

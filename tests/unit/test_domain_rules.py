@@ -1,0 +1,66 @@
+import ast
+from pathlib import Path
+
+import pytest
+
+from swamp.domain import environment
+from swamp.domain.leases import LEASE_LIFECYCLE, LeaseState, end, mark_writes
+from swamp.domain.lifecycle import IllegalTransition
+from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
+
+DOMAIN = Path(__file__).resolve().parents[2] / "swamp" / "domain"
+FORBIDDEN = {"trio", "hypercorn", "sqlite3", "pluggy", "typer", "socket", "time", "os",
+             "httpx", "trio_websocket", "asyncio", "subprocess"}
+
+
+def test_the_domain_is_sans_io():
+    for path in DOMAIN.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[0]]
+            assert not FORBIDDEN & set(names), f"{path.name} imports {names}"
+
+
+def test_environment_denylist_and_overlay():
+    orchestrator = {"HOME": "/root", "PATH": "/x", "SWAMP_WORKER_TOKEN": "t.s",
+                    "XDG_RUNTIME_DIR": "/run", "API_URL": "https://api", "term": "x"}
+    shipped = environment.ship(orchestrator)
+    assert shipped == {"API_URL": "https://api"}
+    worker = {"HOME": "/home/w", "PATH": "/usr/bin", "SWAMP_WORKER_TOKEN": "mine.secret",
+              "API_URL": "old"}
+    merged = environment.overlay(worker, {**shipped, "SWAMP_EVIL": "1", "PATH": "/evil"})
+    assert merged == {"HOME": "/home/w", "PATH": "/usr/bin", "API_URL": "https://api"}
+
+
+def test_lease_transitions():
+    lease = {"leaseId": "l1", "state": "active", "hasWrites": False}
+    marked = mark_writes(lease)
+    assert marked["hasWrites"] is True and mark_writes(marked) is None
+    done = end(marked, LeaseState.COMPLETED, now_iso="t")
+    assert done["state"] == "completed" and done["endedAt"] == "t"
+    with pytest.raises(IllegalTransition):
+        end(done, LeaseState.FAILED, now_iso="t")
+    with pytest.raises(IllegalTransition, match="only active leases"):
+        mark_writes(done)
+
+
+@pytest.mark.parametrize("lifecycle,states,legal", [
+    (LEASE_LIFECYCLE, LeaseState, {("active", "completed"), ("active", "failed"),
+                                   ("active", "expired")}),
+    (WORKER_LIFECYCLE, WorkerStatus, {("idle", "busy"), ("idle", "idle"),
+                                      ("idle", "disconnected"), ("busy", "idle"),
+                                      ("busy", "busy"), ("busy", "disconnected"),
+                                      ("disconnected", "idle"), ("disconnected", "busy")}),
+])
+def test_lifecycle_tables_pair_by_pair(lifecycle, states, legal):
+    for a in states:
+        for b in states:
+            if (a.value, b.value) in legal:
+                lifecycle.check(a, b)
+            else:
+                with pytest.raises(IllegalTransition):
+                    lifecycle.check(a, b)

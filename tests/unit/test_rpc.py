@@ -1,0 +1,152 @@
+"""The RPC channel over an in-memory transport pair (trio.testing's virtual clock)."""
+
+import json
+
+import pytest
+import trio
+import trio.testing
+
+from swamp.errors import CallTimeout, ChannelClosed, SwampError, UserError
+from swamp.protocol import frames
+from swamp.protocol.rpc import RpcChannel
+from swamp.protocol.transport import TransportClosed
+
+
+class MemoryTransport:
+    def __init__(self, send_channel, receive_channel):
+        self.tx, self.rx = send_channel, receive_channel
+        self.closed_with = None
+
+    async def send(self, text):
+        try:
+            await self.tx.send(text)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise TransportClosed("connection closed") from None
+
+    async def receive(self):
+        try:
+            return await self.rx.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportClosed("connection closed") from None
+
+    async def aclose(self, code=1000, reason=""):
+        self.closed_with = self.closed_with or (code, reason)
+        await self.tx.aclose()
+
+
+def pair():
+    a_tx, b_rx = trio.open_memory_channel(100)
+    b_tx, a_rx = trio.open_memory_channel(100)
+    return MemoryTransport(a_tx, a_rx), MemoryTransport(b_tx, b_rx)
+
+
+async def echo_handler(call):
+    if call.method == "echo":
+        for i in range(call.params.get("events", 0)):
+            await call.emit({"n": i})
+        return call.params
+    if call.method == "fail":
+        raise UserError("bad input", code="invalid_input")
+    if call.method == "crash":
+        raise RuntimeError("boom")
+    if call.method == "hang":
+        await trio.sleep_forever()
+    raise UserError("unknown", code="unknown_method")
+
+
+async def test_call_response_and_streamed_events(nursery):
+    a, b = pair()
+    client = RpcChannel(a, echo_handler, name="server")
+    server = RpcChannel(b, echo_handler, name="client")
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    events = []
+
+    async def on_event(event):
+        events.append(event)
+
+    assert await client.call("echo", {"x": 1, "events": 3}, on_event=on_event) == \
+        {"x": 1, "events": 3}
+    assert events == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+async def test_errors_keep_their_codes(nursery):
+    a, b = pair()
+    client, server = RpcChannel(a, echo_handler), RpcChannel(b, echo_handler)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    with pytest.raises(UserError) as info:
+        await client.call("fail")
+    assert info.value.code == "invalid_input"
+    with pytest.raises(SwampError) as info:
+        await client.call("crash")
+    assert info.value.code == "handler_failed" and "boom" in info.value.message
+    with pytest.raises(UserError) as info:
+        await client.call("nope")
+    assert info.value.code == "unknown_method"
+
+
+async def test_timeout_cancels_the_peer_handler(nursery, autojump_clock):
+    a, b = pair()
+    client, server = RpcChannel(a, echo_handler), RpcChannel(b, echo_handler)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    with pytest.raises(CallTimeout):
+        await client.call("hang", timeout=1)
+    await trio.testing.wait_all_tasks_blocked()
+    assert server._incoming == {}
+
+
+async def test_closing_fails_pending_calls(nursery):
+    a, b = pair()
+    client, server = RpcChannel(a, echo_handler), RpcChannel(b, echo_handler)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as inner:
+            async def call_and_check():
+                with pytest.raises(ChannelClosed):
+                    await client.call("hang", timeout=None)
+            inner.start_soon(call_and_check)
+            await trio.testing.wait_all_tasks_blocked()
+            await server.close(4001, "token revoked")
+    assert client.closed and server.closed
+
+
+async def test_malformed_and_oversized_frames_get_coded_errors(nursery):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler)
+    await nursery.start(server.serve)
+    for text, code in [("not json", "malformed_frame"), ("[]", "malformed_frame"),
+                       ('{"type":"request","id":"1"}', "malformed_frame"),
+                       ('{"type":"request","id":"1","method":"echo","params":[]}',
+                        "malformed_frame"),
+                       ('{"type":"weird"}', "malformed_frame"),
+                       ("x" * (frames.MAX_FRAME_BYTES + 1), "frame_too_large")]:
+        await a.tx.send(text)
+        reply = json.loads(await a.rx.receive())
+        assert reply["type"] == "error" and reply["error"]["code"] == code
+    await a.tx.send('{"type":"request","id":"9","method":"echo","params":{"ok":1}}')
+    assert json.loads(await a.rx.receive()) == {"type": "response", "id": "9",
+                                                "result": {"ok": 1}}
+
+
+async def test_a_silent_peer_is_dropped(nursery, autojump_clock):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler, heartbeat=1, missed=3)
+    await nursery.start(server.serve)
+    # ``a`` never answers: after three intervals the server gives up on it
+    with trio.fail_after(10):
+        reason = await server.wait_closed()
+    assert "no heartbeat" in reason
+    assert b.closed_with == (4000, "heartbeat timeout")
+
+
+async def test_pings_are_answered_and_keep_the_peer_alive(nursery, autojump_clock):
+    a, b = pair()
+    client = RpcChannel(a, echo_handler, heartbeat=1, missed=3)
+    server = RpcChannel(b, echo_handler, heartbeat=1, missed=3)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    await trio.sleep(20)
+    assert not client.closed and not server.closed
