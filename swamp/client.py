@@ -7,14 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import trio
-import trio_websocket
-
 from swamp.concurrency import open_nursery
-from swamp.errors import PeerError, UserError
+from swamp.errors import UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport, describe
+from swamp.protocol.transport import WebSocketTransport, open_websocket
 
 
 async def _no_requests(call: IncomingCall):
@@ -34,20 +31,13 @@ async def connect(url: str, *, server_token: str | None = None,
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"cannot load --ca-cert {ca_cert}: {exc}") from exc
     headers = [(b"authorization", f"Bearer {server_token}".encode())] if server_token else None
-    try:
-        async with trio_websocket.open_websocket_url(
-            url, ssl_context=ssl_context, extra_headers=headers,
-            max_message_size=MAX_FRAME_BYTES * 2, connect_timeout=10, disconnect_timeout=2,
-        ) as ws:
-            channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
-            async with open_nursery() as nursery:
-                await nursery.start(channel.serve)
-                yield channel
-                nursery.cancel_scope.cancel()
-    except trio_websocket.HandshakeError as exc:
-        raise PeerError(f"cannot reach the orchestrator at {url}: {describe(exc)}") from None
-    except OSError as exc:
-        raise PeerError(f"cannot reach the orchestrator at {url}: {exc}") from None
+    async with open_websocket(url, ssl_context=ssl_context, extra_headers=headers,
+                              max_message_size=MAX_FRAME_BYTES * 2) as ws:
+        channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
+        async with open_nursery() as nursery:
+            await nursery.start(channel.serve)
+            yield channel
+            nursery.cancel_scope.cancel()
 
 
 async def call(url: str, method: str, params: dict | None = None, *, server_token=None,

@@ -6,11 +6,15 @@ client library (trio-websocket) can each be swapped without touching the protoco
 
 from __future__ import annotations
 
+import ssl
+from contextlib import asynccontextmanager
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
 
+from swamp.concurrency import open_nursery
 from swamp.errors import ChannelClosed
 
 
@@ -112,3 +116,57 @@ class AsgiTransport:
                 await self._send({"type": "websocket.close", "code": code, "reason": reason})
             except Exception:  # already gone: nothing left to close
                 pass
+
+
+@asynccontextmanager
+async def open_websocket(url: str, *, ssl_context: ssl.SSLContext | None,
+                         extra_headers: list[tuple[bytes, bytes]] | None = None,
+                         max_message_size: int, connect_timeout: float = 10):
+    """A client websocket to ``url``, with TLS errors reported as TLS errors.
+
+    trio-websocket turns a failed TLS handshake into a silent wait and then a timeout; doing
+    the TCP connect and the TLS handshake here first gives the operator the real reason
+    ("certificate verify failed ...") and only then hands the stream to trio-websocket.
+    """
+    from swamp.errors import PeerError
+
+    parts = urlsplit(url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or ""
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = host if port in (80, 443) else f"{host}:{port}"
+    try:
+        with trio.fail_after(connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            if secure:
+                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(),
+                                        server_hostname=host, https_compatible=True)
+                try:
+                    await stream.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    raise PeerError(f"TLS handshake with {host_header} failed: "
+                                    f"{exc.__cause__ or exc} (pass --ca-cert if the server "
+                                    "uses a private CA)") from None
+    except trio.TooSlowError:
+        raise PeerError(f"connecting to {host_header} timed out after {connect_timeout:g}s"
+                        ) from None
+    except OSError as exc:
+        raise PeerError(f"cannot connect to {host_header}: {exc}") from None
+    async with open_nursery() as nursery:
+        try:
+            with trio.fail_after(connect_timeout):
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery, stream, host_header, resource, extra_headers=extra_headers,
+                    max_message_size=max_message_size)
+        except trio.TooSlowError:
+            await stream.aclose()
+            raise PeerError(f"the websocket handshake with {host_header} timed out") from None
+        except trio_websocket.HandshakeError as exc:
+            raise PeerError(f"the websocket handshake with {host_header} failed: "
+                            f"{describe(exc)}") from None
+        try:
+            yield ws
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await ws.aclose()

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import httpx
 import trio
-import trio_websocket
 
 from swamp import __version__
 from swamp.concurrency import open_nursery
@@ -24,7 +23,7 @@ from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport, describe
+from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
 from swamp.worker.events import Reporter
 from swamp.worker.remote_context import RemoteContext
@@ -67,17 +66,10 @@ class Session:
     async def run(self) -> str:
         """Connect, enroll and serve; returns why the session ended. Raises ``Rejected`` for a
         permanent refusal and ``PeerError`` when the orchestrator cannot be reached."""
-        ssl_context = self.config.ssl_context()
-        try:
-            async with trio_websocket.open_websocket_url(
-                self.config.url, ssl_context=ssl_context, max_message_size=MAX_FRAME_BYTES * 2,
-                connect_timeout=CONNECT_TIMEOUT, disconnect_timeout=2,
-            ) as ws:
-                return await self._serve(WebSocketTransport(ws))
-        except trio_websocket.HandshakeError as exc:
-            raise PeerError(f"cannot connect to {self.config.url}: {describe(exc)}") from None
-        except (OSError, trio.BrokenResourceError) as exc:
-            raise PeerError(f"cannot connect to {self.config.url}: {exc}") from None
+        async with open_websocket(self.config.url, ssl_context=self.config.ssl_context(),
+                                  max_message_size=MAX_FRAME_BYTES * 2,
+                                  connect_timeout=CONNECT_TIMEOUT) as ws:
+            return await self._serve(WebSocketTransport(ws))
 
     async def _serve(self, transport: WebSocketTransport) -> str:
         verify = self.config.ssl_context() or True

@@ -1,0 +1,120 @@
+"""Real faults: SIGKILLed workers, a crashed orchestrator, a frozen (SIGSTOPped) worker."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.conftest import Proc, logs_of, result_of, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _run_in_background(cluster, *args: str) -> Proc:
+    """``swamp model method run ... --json`` as a process we can watch while it runs."""
+    return cluster.spawn("model", "method", "run", *args, "--server", cluster.url, "--json")
+
+
+def test_a_worker_killed_before_writing_is_redispatched(cluster):
+    cluster.serve()
+    workers = {name: cluster.worker(cluster.mint(name), "--label", "pool=x")
+               for name in ("w1", "w2")}
+    marker = cluster.tmp / "marker"
+    command = (f"if [ -e {marker} ]; then echo second-run; else touch {marker}; "
+               "echo first-run; sleep 60; fi")
+    run = _run_in_background(cluster, "command/shell", "run", "--arg", f"command={command}",
+                             "--label", "pool=x")
+    first = run.wait_for(lambda l: l.get("event", {}).get("line") == "first-run")["event"]
+    workers[first["worker"]].p.kill()  # SIGKILL mid-dispatch, nothing written yet
+    assert run.wait_exit() == 0
+    lines = run.events()
+    redispatch = [l["event"] for l in lines if l.get("event", {}).get("kind") == "redispatch"]
+    assert redispatch and redispatch[0]["worker"] == first["worker"]
+    result = result_of(lines)
+    assert result["status"] == "succeeded" and result["worker"] != first["worker"]
+    assert "second-run" in logs_of(lines)
+    leases = {l["attributes"]["workerName"]: l["attributes"]
+              for l in cluster.query('modelType == "swamp/step-lease"')}
+    assert leases[first["worker"]]["state"] == "expired"
+    assert "before writing" in leases[first["worker"]]["error"]
+    assert leases[result["worker"]]["state"] == "completed"
+
+
+def test_a_worker_killed_after_writing_fails_the_step(cluster):
+    cluster.serve()
+    workers = {name: cluster.worker(cluster.mint(name), "--label", "pool=x")
+               for name in ("w1", "w2")}
+    run = _run_in_background(cluster, "test/steps", "write_then_wait", "--label", "pool=x")
+    wrote = run.wait_for(lambda l: l.get("event", {}).get("line") == "wrote")["event"]
+    workers[wrote["worker"]].p.kill()
+    assert run.wait_exit() == 1
+    error = result_error(run)
+    assert "write-then-drop" in error and wrote["worker"] in error
+    lease = cluster.query('modelType == "swamp/step-lease"')[0]["attributes"]
+    assert lease["state"] == "failed" and lease["hasWrites"] is True
+
+
+def result_error(proc: Proc) -> str:
+    for line in proc.events():
+        if "error" in line:
+            return line["error"]["message"]
+    raise AssertionError(proc.events())
+
+
+def test_a_lost_target_with_no_other_match_fails_after_the_grace_window(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("only"))
+    run = _run_in_background(cluster, "test/steps", "wait", "--target", "only")
+    run.wait_for(lambda l: l.get("event", {}).get("line") == "waiting")
+    worker.p.kill()
+    assert run.wait_exit(timeout=40) == 1
+    assert "grace window" in result_error(run)
+
+
+def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(cluster):
+    serve = cluster.serve()
+    port = cluster.url.rsplit(":", 1)[1]
+    worker = cluster.worker(cluster.mint("w1"), cache_dir=cluster.tmp / "cache")
+    run = _run_in_background(cluster, "test/steps", "wait", "--target", "w1")
+    run.wait_for(lambda l: l.get("event", {}).get("line") == "waiting")
+    serve.p.kill()  # a crash: nothing is cleaned up
+    serve.wait_exit()
+    assert run.wait_exit() != 0
+    mark = worker.mark()
+    worker.wait_for(lambda e: e.get("event") == "disconnected", start=mark)
+
+    stale = cluster.query('modelType == "swamp/step-lease"')[0]["attributes"]
+    assert stale["state"] == "active"  # the crash left it behind
+    restarted = cluster.serve(port=int(port))
+    booted = restarted.wait_for(lambda e: e.get("event") == "listening")
+    assert booted["reconciled"] == {"leases": 1, "workers": 1}
+    lease = cluster.query('modelType == "swamp/step-lease"')[0]["attributes"]
+    assert lease["state"] == "expired" and lease["error"] == "orchestrator restart"
+
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark, timeout=60)
+    code, lines = cluster.run("command/shell", "run", "--arg", "command=echo back",
+                              "--target", "w1")
+    assert code == 0 and "back" in logs_of(lines)
+    history = cluster.cli_json("data", "query", 'modelType == "swamp/worker"', "--all-versions",
+                               "--repo-dir", str(cluster.repo))
+    assert "disconnected" in [r["attributes"]["status"] for r in history]
+
+
+def test_a_silent_worker_is_dropped_and_rejoins_as_the_same_member(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"), cache_dir=cluster.tmp / "cache")
+    first = worker.wait_for(lambda e: e.get("event") == "enrolled")
+    worker.signal(signal.SIGSTOP)  # alive, connected, but silent
+    try:
+        wait_until(lambda: cluster.workers("--all")[0]["status"] == "disconnected",
+                   what="the orchestrator to drop the silent worker")
+        reason = cluster.workers("--all")[0]["disconnectReason"]
+        assert "heartbeat" in reason
+    finally:
+        worker.signal(signal.SIGCONT)
+    mark = worker.mark()
+    again = worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    assert again["workerName"] == first["workerName"] and again["reconnect"] is True
+    wait_until(lambda: cluster.workers()[0]["status"] == "idle", what="worker back to idle")
