@@ -34,6 +34,11 @@ class LineReader:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode("utf-8", "replace")
 
+    async def drain(self) -> None:
+        """Keep reading (and dropping) lines so the child never blocks on a full pipe."""
+        while await self.readline() is not None:
+            pass
+
     async def until(self, predicate) -> dict:
         while True:
             line = await self.readline()
@@ -60,69 +65,9 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
     report: dict = {"repo": str(repo.root), "runs": []}
     env = dict(os.environ)
     try:
-        server = await trio.lowlevel.open_process(
-            _swamp("serve", "--repo-dir", str(repo.root), "--port", "0", "--json"),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        processes.append(server)
-        with trio.fail_after(30):
-            url = (await LineReader(server.stdout).until(lambda e: "url" in e))["url"]
-        say(f"2. orchestrator listening on {url}")
-        report["url"] = url
-
-        store = repo.open_store()
-        names = [f"demo-{chr(ord('a') + i)}" for i in range(count)]
-        credentials = {}
-        for name in names:
-            _, credentials[name] = TokenBook(store).mint(name, duration_seconds=3600)
-        store.close()
-        say(f"3. minted tokens {', '.join(names)} (only their hashes are stored)")
-
-        readers = []
-        for i, name in enumerate(names):
-            worker = await trio.lowlevel.open_process(
-                _swamp("worker", "connect", url, "--json", "--label", "role=demo",
-                       "--label", f"slot={i}"),
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=dict(env, SWAMP_WORKER_TOKEN=credentials[name]))
-            processes.append(worker)
-            readers.append(LineReader(worker.stdout))
-        with trio.fail_after(30):
-            for reader in readers:
-                await reader.until(lambda e: e.get("event") == "enrolled")
-        say(f"4. {count} worker processes enrolled")
-
-        async def run(placement: dict, command: str) -> dict:
-            lines: list[str] = []
-
-            async def on_event(event: dict) -> None:
-                if event.get("kind") == "log":
-                    lines.append(event["line"])
-                    say(f"     [{event.get('worker')}] {event['line']}")
-
-            result = await client.call(url, "model.method.run", {
-                "model": "command/shell", "method": "run",
-                "args": {"command": command}, "placement": placement}, timeout=60,
-                on_event=on_event)
-            report["runs"].append({"placement": placement, "worker": result["worker"],
-                                   "status": result["status"], "output": lines})
-            return result
-
-        say("5. command/shell run on each worker by target:")
-        for name in names:
-            result = await run({"target": name}, "echo \"hello from pid $PPID on $(uname -sm)\"")
-            say(f"   ran on {result['worker']}: {result['status']} in {result['durationMs']}ms")
-        say("6. and once by label role=demo (the least-loaded match):")
-        result = await run({"labels": {"role": "demo"}}, "echo picked by label")
-        say(f"   ran on {result['worker']}: {result['status']}")
-
-        pool = await client.call(url, "worker.list", {})
-        report["workers"] = pool["workers"]
-        say("7. the pool (swamp worker list):")
-        for w in pool["workers"]:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
-            say(f"   {w['name']:<8} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
-        records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
-        report["succeeded"] = records
+        async with trio.open_nursery() as drains:
+            await _demo_body(repo, env, count, processes, report, say, drains)
+            drains.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             for process in reversed(processes):
@@ -141,3 +86,73 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
     if as_json:
         print(json.dumps(report, indent=2))
     return 0 if report.get("succeeded") == count + 1 else 1
+
+
+async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
+    """Start the processes and drive them; ``processes`` collects them for the caller's cleanup."""
+    server = await trio.lowlevel.open_process(
+        _swamp("serve", "--repo-dir", str(repo.root), "--port", "0", "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    processes.append(server)
+    server_lines = LineReader(server.stdout)
+    with trio.fail_after(30):
+        url = (await server_lines.until(lambda e: "url" in e))["url"]
+    drains.start_soon(server_lines.drain)
+    say(f"2. orchestrator listening on {url}")
+    report["url"] = url
+
+    store = repo.open_store()
+    names = [f"demo-{chr(ord('a') + i)}" for i in range(count)]
+    credentials = {}
+    for name in names:
+        _, credentials[name] = TokenBook(store).mint(name, duration_seconds=3600)
+    store.close()
+    say(f"3. minted tokens {', '.join(names)} (only their hashes are stored)")
+
+    readers = []
+    for i, name in enumerate(names):
+        worker = await trio.lowlevel.open_process(
+            _swamp("worker", "connect", url, "--json", "--label", "role=demo",
+                   "--label", f"slot={i}"),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=dict(env, SWAMP_WORKER_TOKEN=credentials[name]))
+        processes.append(worker)
+        readers.append(LineReader(worker.stdout))
+    with trio.fail_after(30):
+        for reader in readers:
+            await reader.until(lambda e: e.get("event") == "enrolled")
+            drains.start_soon(reader.drain)
+    say(f"4. {count} worker processes enrolled")
+
+    async def run(placement: dict, command: str) -> dict:
+        lines: list[str] = []
+
+        async def on_event(event: dict) -> None:
+            if event.get("kind") == "log":
+                lines.append(event["line"])
+                say(f"     [{event.get('worker')}] {event['line']}")
+
+        result = await client.call(url, "model.method.run", {
+            "model": "command/shell", "method": "run",
+            "args": {"command": command}, "placement": placement}, timeout=60,
+            on_event=on_event)
+        report["runs"].append({"placement": placement, "worker": result["worker"],
+                               "status": result["status"], "output": lines})
+        return result
+
+    say("5. command/shell run on each worker by target:")
+    for name in names:
+        result = await run({"target": name}, "echo \"hello from pid $PPID on $(uname -sm)\"")
+        say(f"   ran on {result['worker']}: {result['status']} in {result['durationMs']}ms")
+    say("6. and once by label role=demo (the least-loaded match):")
+    result = await run({"labels": {"role": "demo"}}, "echo picked by label")
+    say(f"   ran on {result['worker']}: {result['status']}")
+
+    pool = await client.call(url, "worker.list", {})
+    report["workers"] = pool["workers"]
+    say("7. the pool (swamp worker list):")
+    for w in pool["workers"]:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
+        say(f"   {w['name']:<8} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
+    records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
+    report["succeeded"] = records
