@@ -113,12 +113,15 @@ class Repo:
         return instances
 
     def resolve_model(self, model: str) -> ModelInstance:
-        """An instance name from ``models/``, or a model type (an ad-hoc instance)."""
+        """An instance name from ``models/``, or a model type (an ad-hoc instance).
+
+        Instance names cannot contain ``/``, so a type never needs the directory scan.
+        """
+        if is_model_type(model):
+            return adhoc(model)
         instances = self.model_instances()
         if model in instances:
             return instances[model]
-        if is_model_type(model):
-            return adhoc(model)
         known = ", ".join(sorted(instances)) or "none defined in models/"
         raise UserError(f"no model named {model!r} (instances: {known}); pass a model type such "
                         "as command/shell for an ad-hoc instance", code="unknown_model")

@@ -7,7 +7,7 @@ import time
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.models.builtin import STEP_LEASE
-from swamp.store.datastore import Datastore, Key, iso
+from swamp.store.datastore import Datastore, Key, Record, iso
 
 TYPE = STEP_LEASE.type
 POLICY = STEP_LEASE.resources[0].policy
@@ -24,22 +24,23 @@ class LeaseBook:
         self.clock = clock
 
     def acquire(self, *, lease_id: str, worker: str, model_type: str, model_name: str,
-                method: str) -> dict:
+                method: str) -> Record:
         attrs = {
             "leaseId": lease_id, "dispatchId": lease_id, "workerName": worker,
             "modelType": model_type, "modelName": model_name, "methodName": method,
             "state": LeaseState.ACTIVE.value, "hasWrites": False,
             "createdAt": iso(self.clock()),
         }
-        self.store.write(key(lease_id), attrs, policy=POLICY, expected_version=0)
-        return attrs
+        return self.store.write(key(lease_id), attrs, policy=POLICY, expected_version=0)
 
-    def mark_writes(self, lease_id: str) -> None:
-        self.store.transition(
+    def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None:
+        record, _ = self.store.transition(
             key(lease_id), lambda cur: rules.mark_writes(cur.attributes) if cur else None,
-            policy=POLICY)
+            policy=POLICY, current=current)
+        return record
 
-    def end(self, lease_id: str, state: LeaseState, *, error: str | None = None) -> None:
+    def end(self, lease_id: str, state: LeaseState, *, error: str | None = None,
+            current: Record | None = None) -> None:
         now = iso(self.clock())
 
         def decide(current):
@@ -47,7 +48,7 @@ class LeaseBook:
                 return None
             return rules.end(current.attributes, state, now_iso=now, error=error)
 
-        self.store.transition(key(lease_id), decide, policy=POLICY)
+        self.store.transition(key(lease_id), decide, policy=POLICY, current=current)
 
     def reconcile(self) -> int:
         """Boot: every lease still active belonged to the previous orchestrator: expire it."""

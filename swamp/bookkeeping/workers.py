@@ -6,7 +6,7 @@ import time
 
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
-from swamp.store.datastore import Datastore, Key, iso
+from swamp.store.datastore import Datastore, Key, Record, iso
 
 TYPE = WORKER.type
 POLICY = WORKER.resources[0].policy
@@ -23,7 +23,7 @@ class WorkerBook:
         self.clock = clock
 
     def enrolled(self, *, name: str, instance_id: str, machine_id: str, token: str,
-                 labels: dict, platform: str, arch: str, capacity: int, version: str) -> dict:
+                 labels: dict, platform: str, arch: str, capacity: int, version: str) -> Record:
         """A full record for a (re-)enrollment: status ``idle``."""
         now = iso(self.clock())
         previous = self.store.latest(key(name))
@@ -35,11 +35,10 @@ class WorkerBook:
             previous.attributes.get("machineId") == machine_id else now,
             "connectedAt": now, "lastSeenAt": now,
         }
-        self.store.write(key(name), attrs, policy=POLICY)
-        return attrs
+        return self.store.write(key(name), attrs, policy=POLICY)
 
     def set_status(self, name: str, status: str, *, active: list[str] | None = None,
-                   reason: str | None = None) -> dict | None:
+                   reason: str | None = None, current: Record | None = None) -> Record | None:
         """A new version with the status; no write if nothing changed."""
         now = iso(self.clock())
 
@@ -63,8 +62,8 @@ class WorkerBook:
                 attrs.pop("disconnectReason", None)
             return attrs
 
-        record, _ = self.store.transition(key(name), decide, policy=POLICY)
-        return record.attributes if record else None
+        record, _ = self.store.transition(key(name), decide, policy=POLICY, current=current)
+        return record
 
     def all(self) -> list[dict]:
         return [r.attributes for r in self.store.latest_of_type(TYPE)]

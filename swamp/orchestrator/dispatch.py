@@ -22,7 +22,6 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.workers import WorkerBook
-from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
@@ -35,7 +34,7 @@ from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
 from swamp.plugins import ModelRegistry
 from swamp.repo import ModelInstance
-from swamp.store.datastore import Datastore
+from swamp.store.datastore import Datastore, Record
 
 log = logging.getLogger("swamp.dispatch")
 Emit = Callable[[dict], Awaitable[None]]
@@ -59,6 +58,8 @@ class ActiveDispatch:
     model_name: str
     has_writes: bool = False
     outputs: list[dict] = field(default_factory=list)
+    credential: str | None = None
+    lease: Record | None = None  # the latest lease record this process wrote
 
 
 class WorkerLost(Exception):
@@ -81,6 +82,7 @@ class DispatchService:
         self.workers = WorkerBook(store, clock=clock)
         self.grace_seconds = grace_seconds
         self.environ = dict(os.environ if environ is None else environ)
+        self.shipped_environment = environment.ship(self.environ)  # computed once
         self.active: dict[str, ActiveDispatch] = {}
         self.completed = 0
 
@@ -155,7 +157,7 @@ class DispatchService:
         active = ActiveDispatch(dispatch_id, member, model_type, request.model.name)
         credential = None
         try:
-            self.leases.acquire(lease_id=dispatch_id, worker=member.name,
+            active.lease = self.leases.acquire(lease_id=dispatch_id, worker=member.name,
                                 model_type=model_type.type, model_name=request.model.name,
                                 method=request.method)
             self._set_busy(member)
@@ -164,7 +166,7 @@ class DispatchService:
             params = {
                 "dispatchId": dispatch_id, "modelType": model_type.type,
                 "modelName": request.model.name, "method": request.method, "args": args,
-                "environment": environment.ship(self.environ), "credential": credential,
+                "environment": self.shipped_environment, "credential": credential,
             }
             await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,
                                     "dispatchId": dispatch_id})
@@ -172,38 +174,40 @@ class DispatchService:
                 channel = member.channel
                 if channel is None:
                     raise ChannelClosed("the worker disconnected before the dispatch was sent")
-                async with open_nursery() as nursery:
-                    nursery.start_soon(self._keep_fresh, credential)
-                    result = await channel.call(
-                        "worker.dispatch", params, timeout=None,
-                        on_event=lambda event: _safe_emit(emit, dict(event, worker=member.name)))
-                    nursery.cancel_scope.cancel()
+                active.credential = credential
+                result = await channel.call(
+                    "worker.dispatch", params, timeout=None,
+                    on_event=lambda event: _safe_emit(emit, dict(event, worker=member.name)))
             except ChannelClosed as exc:
                 if active.has_writes:
-                    self.leases.end(dispatch_id, LeaseState.FAILED,
+                    self.leases.end(dispatch_id, LeaseState.FAILED, current=active.lease,
                                     error="worker disconnected after writing (write-then-drop)")
                 else:
-                    self.leases.end(dispatch_id, LeaseState.EXPIRED,
+                    self.leases.end(dispatch_id, LeaseState.EXPIRED, current=active.lease,
                                     error=f"worker lost before writing: {exc.message}")
                 raise WorkerLost(member.name, exc.message, active.has_writes) from None
             except SwampError as exc:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error=exc.message)
+                self.leases.end(dispatch_id, LeaseState.FAILED, error=exc.message,
+                                current=active.lease)
                 raise DispatchFailed(f"worker {member.name} refused the dispatch: {exc.message}",
                                      code=exc.code) from None
             if not isinstance(result, dict) or result.get("status") not in ("succeeded",
                                                                             "failed"):
-                self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result")
+                self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result",
+                                current=active.lease)
                 raise DispatchFailed(f"worker {member.name} sent a malformed result")
             if result["status"] == "succeeded":
-                self.leases.end(dispatch_id, LeaseState.COMPLETED)
+                self.leases.end(dispatch_id, LeaseState.COMPLETED, current=active.lease)
             else:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.get("error")))
+                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.get("error")),
+                                current=active.lease)
             self.completed += 1
             result["outputs"] = active.outputs or result.get("outputs", [])
             return dict(result, worker=member.name, dispatchId=dispatch_id)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                self.leases.end(dispatch_id, LeaseState.FAILED, error="dispatch cancelled")
+                self.leases.end(dispatch_id, LeaseState.FAILED, error="dispatch cancelled",
+                                current=active.lease)
             raise
         finally:
             if credential is not None:
@@ -221,22 +225,28 @@ class DispatchService:
     def _set_status(self, member: Member, status: str) -> None:
         member.status = status
         try:
-            attrs = self.workers.set_status(member.name, status, active=sorted(member.active))
-            if attrs:
-                member.last_seen_at = attrs["lastSeenAt"]
+            record = self.workers.set_status(member.name, status, active=sorted(member.active),
+                                             current=member.record)
+            if record is not None:
+                member.record = record
+                member.last_seen_at = record.attributes["lastSeenAt"]
         except SwampError as exc:
             log.warning("could not record %s as %s: %s", member.name, status, exc)
 
-    async def _keep_fresh(self, credential: str) -> None:
-        """Slide the dispatch credential's expiry for as long as the dispatch runs."""
+    async def keep_credentials_fresh(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Slide every running dispatch's credential expiry, so a dispatch keeps its data-plane
+        access for as long as it runs (one timer for all of them, not a task per dispatch)."""
+        task_status.started()
         while True:
             await trio.sleep(self.credentials.ttl / 3)
-            self.credentials.extend(credential)
+            for active in list(self.active.values()):
+                if active.credential:
+                    self.credentials.extend(active.credential)
 
     def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
         if not active.has_writes:
-            self.leases.mark_writes(active.id)
+            active.lease = self.leases.mark_writes(active.id, current=active.lease)
             active.has_writes = True
 
 

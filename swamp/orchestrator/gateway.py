@@ -117,7 +117,7 @@ class Gateway:
                     code="already_connected")
             await existing.channel.close(CLOSE_REPLACED, "replaced by a newer connection")
         reconnect = existing is not None and existing.instance_id == params.instance_id
-        attrs = self.workers.enrolled(
+        record = self.workers.enrolled(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
             token=token.name, labels=params.labels, platform=params.platform, arch=params.arch,
             capacity=params.capacity, version=params.version)
@@ -126,7 +126,8 @@ class Gateway:
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
             token_name=token.name, labels=params.labels, platform=params.platform,
             arch=params.arch, capacity=params.capacity, version=params.version, channel=channel,
-            enrolled_at=attrs["enrolledAt"], last_seen_at=attrs["lastSeenAt"])
+            enrolled_at=record.attributes["enrolledAt"],
+            last_seen_at=record.attributes["lastSeenAt"], record=record)
         self.credentials.revoke_worker(name, kind="session")
         session, session_expires = self.credentials.issue_session(name)
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
@@ -157,8 +158,9 @@ class Gateway:
         member.status = WorkerStatus.DISCONNECTED.value
         member.last_seen_at = iso(self.clock())
         try:
-            self.workers.set_status(member.name, WorkerStatus.DISCONNECTED.value,
-                                    reason=channel.close_reason)
+            member.record = self.workers.set_status(
+                member.name, WorkerStatus.DISCONNECTED.value, reason=channel.close_reason,
+                current=member.record)
         except SwampError as exc:
             log.warning("could not record %s as disconnected: %s", member.name, exc)
         self.grace.set(member.name, trio.current_time() + self.grace_seconds)

@@ -14,6 +14,7 @@ import trio
 from swamp.domain.placement import WorkerView
 from swamp.domain.workers import WorkerStatus
 from swamp.protocol.rpc import RpcChannel
+from swamp.store.datastore import Record
 
 
 @dataclass(eq=False)
@@ -32,6 +33,7 @@ class Member:
     status: str = WorkerStatus.IDLE.value
     enrolled_at: str = ""
     last_seen_at: str = ""
+    record: Record | None = None  # the latest worker record this process wrote
 
     @property
     def connected(self) -> bool:

@@ -173,6 +173,7 @@ async def serve(repo: Repo, options: ServeOptions, *,
     try:
         async with open_nursery() as nursery:
             await nursery.start(gateway.run)
+            await nursery.start(dispatch.keep_credentials_fresh)
             async with open_nursery() as server:
                 binds = await server.start(lambda task_status: hypercorn.trio.serve(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status))

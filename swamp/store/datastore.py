@@ -226,43 +226,41 @@ class Datastore:
         expected_version: int | None = None,
     ) -> Record:
         """Insert the next version. With ``expected_version`` (0 = must not exist) it is a
-        compare-and-swap: ``Conflict`` if ``latest`` has moved."""
+        compare-and-swap: ``Conflict`` if ``latest`` is not that version any more."""
         now = self.clock()
         created_at = iso(now)
         lifetime = policy.lifetime_seconds()
         encoded = json.dumps(attributes, separators=(",", ":"), sort_keys=True)
+        item = (key.model_type, key.model_name, key.name)
+        row = (policy.name, encoded, content, created_at, now,
+               None if lifetime is None else now + lifetime)
+        # One statement, so one atomic write transaction: SQLite takes the write lock before it
+        # evaluates MAX(version), which makes the check and the insert indivisible across
+        # processes without a BEGIN/COMMIT round trip.
         try:
-            self.db.execute("BEGIN IMMEDIATE")
+            if expected_version is None:
+                inserted = self.db.execute(
+                    "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,? "
+                    "FROM data WHERE model_type=? AND model_name=? AND name=? RETURNING version",
+                    (*item, *row, *item)).fetchall()
+            else:
+                inserted = self.db.execute(
+                    "INSERT INTO data SELECT ?,?,?,?,?,?,?,?,?,? WHERE (SELECT COALESCE("
+                    "MAX(version),0) FROM data WHERE model_type=? AND model_name=? AND name=?)=? "
+                    "RETURNING version",
+                    (*item, expected_version + 1, *row, *item, expected_version)).fetchall()
+        except sqlite3.IntegrityError:
+            inserted = []
         except sqlite3.Error as exc:
-            raise StoreError(f"the datastore is unavailable: {exc}") from exc
-        try:
-            row = self.db.execute(
-                "SELECT MAX(version) FROM data WHERE model_type=? AND model_name=? AND name=?",
-                (key.model_type, key.model_name, key.name),
-            ).fetchone()
-            current = row[0] or 0
-            if expected_version is not None and current != expected_version:
-                raise Conflict(
-                    f"{key.model_type}/{key.model_name}/{key.name} moved from version "
-                    f"{expected_version} to {current}"
-                )
-            version = current + 1
+            raise StoreError(f"the datastore refused a write: {exc}") from exc
+        if not inserted:
+            raise Conflict(f"{key.model_type}/{key.model_name}/{key.name} moved past version "
+                           f"{expected_version}")
+        version = inserted[0][0]
+        if policy.garbage_collection is not None and version > policy.garbage_collection:
             self.db.execute(
-                "INSERT INTO data VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (key.model_type, key.model_name, key.name, version, policy.name, encoded, content,
-                 created_at, now, None if lifetime is None else now + lifetime),
-            )
-            if policy.garbage_collection is not None:
-                self.db.execute(
-                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? "
-                    "AND version <= ?",
-                    (key.model_type, key.model_name, key.name,
-                     version - policy.garbage_collection),
-                )
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+                "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? AND version<=?",
+                (*item, version - policy.garbage_collection))
         self.writes += 1
         if self.on_write is not None:
             self.on_write()
@@ -275,14 +273,19 @@ class Datastore:
         decide: Callable[[Record | None], dict | None],
         *,
         policy: SpecPolicy,
+        current: Record | None = None,
     ) -> tuple[Record | None, bool]:
         """Read latest, decide, compare-and-swap; retry the decision if another writer won.
 
         ``decide`` is pure: it returns the next attributes, ``None`` for "no write", or raises to
         refuse (nothing is written). Returns ``(latest record, wrote)``.
+
+        A caller that knows the latest record (because it wrote it) passes it as ``current`` to
+        skip the first read; if it was stale, the compare-and-swap fails and the loop re-reads.
         """
-        for _ in range(MAX_CAS_RETRIES):
-            current = self.latest(key)
+        for attempt in range(MAX_CAS_RETRIES):
+            if attempt or current is None:
+                current = self.latest(key)
             attributes = decide(current)
             if attributes is None:
                 return current, False

@@ -109,6 +109,8 @@ class Cluster:
         self.tmp = tmp
         self.repo = tmp / "repo"
         self.env = base_env()
+        (tmp / "tmp").mkdir()
+        self.env["TMPDIR"] = str(tmp / "tmp")  # temp cache dirs of SIGKILLed workers stay here
         self.procs: list[Proc] = []
         self.url: str | None = None
         self.serve_proc: Proc | None = None
