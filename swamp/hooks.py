@@ -11,7 +11,7 @@ Example, a package's ``pyproject.toml``::
 and ``swamp_hello.py``::
 
     from swamp.hooks import hookimpl
-    from swamp.models import Method, ModelType, ResourceSpec
+    from swamp.models import Arg, Method, ModelType, ResourceSpec
 
     async def greet(ctx, args):
         await ctx.log(f"hello, {args['who']}")

@@ -1,0 +1,64 @@
+import pytest
+
+from swamp.errors import SwampError
+from swamp.hooks import hookimpl
+from swamp.models import Arg, Method, ModelType, ResourceSpec
+from swamp.orchestrator.credentials import Credentials
+from swamp.plugins import ModelRegistry, plugin_manager
+
+
+async def _greet(ctx, args):
+    return {"who": args["who"]}
+
+
+class HelloPlugin:
+    @hookimpl
+    def swamp_model_types(self):
+        return [ModelType("hello/greeter", methods=(Method("greet", _greet, args=(
+            Arg("who", required=True),)),), resources=(ResourceSpec("greeting"),))]
+
+
+def test_a_third_party_plugin_contributes_a_model_type_beside_the_builtins():
+    pm = plugin_manager(load_entry_points=False)
+    pm.register(HelloPlugin())
+    registry = ModelRegistry.from_plugins(pm)
+    assert registry.runnable("hello/greeter").method("greet").validate({"who": "x"}) == \
+        {"who": "x"}
+    assert registry.runnable("command/shell")
+
+
+def test_a_type_registered_twice_is_an_error():
+    pm = plugin_manager(load_entry_points=False)
+    pm.register(HelloPlugin())
+    pm.register(HelloPlugin(), name="again")
+    with pytest.raises(SwampError, match="registered twice"):
+        ModelRegistry.from_plugins(pm)
+
+
+def test_swamp_plugins_env_loads_modules(monkeypatch):
+    monkeypatch.setenv("SWAMP_PLUGINS", "swamp.models.builtin")  # already registered: no-op
+    ModelRegistry.from_plugins(plugin_manager(load_entry_points=False))
+    monkeypatch.setenv("SWAMP_PLUGINS", "no_such_module_anywhere")
+    with pytest.raises(SwampError, match="SWAMP_PLUGINS"):
+        plugin_manager(load_entry_points=False)
+
+
+def test_credentials_expire_slide_and_revoke():
+    now = [1000.0]
+    creds = Credentials(ttl=60, clock=lambda: now[0])
+    session, expires = creds.issue_session("w1")
+    dispatch = creds.issue_dispatch("w1", "d1")
+    other = creds.issue_dispatch("w2", "d2")
+    assert creds.verify(session).kind == "session" and expires == 1060
+    assert creds.verify(dispatch).dispatch_id == "d1"
+    assert creds.verify("forged") is None
+    now[0] += 50
+    creds.extend(dispatch)  # a running dispatch keeps its access
+    creds.extend(other)
+    now[0] += 20
+    assert creds.verify(session) is None  # lapsed
+    assert creds.verify(dispatch) is not None
+    creds.revoke_worker("w1")
+    assert creds.verify(dispatch) is None and creds.verify(other) is not None
+    creds.revoke(other)
+    assert creds.verify(other) is None
