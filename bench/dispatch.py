@@ -14,9 +14,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ import trio
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
-from swamp.demo import LineReader
+from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled
 from swamp.repo import Repo
 
 
@@ -39,30 +37,22 @@ async def main(args) -> dict:
     root = Path(tempfile.mkdtemp(prefix="swamp-bench-"))
     repo, _ = Repo.init(root / "repo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
-    procs = []
+    procs: list = []
     try:
-        serve = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "swamp", "serve", "--repo-dir", str(repo.root), "--port", "0",
-             "--json"], stdout=subprocess.PIPE, stderr=open(root / "serve.log", "wb"), env=env)
+        serve, serve_lines, url = await start_serve(repo.root, env=env,
+                                                    stderr=open(root / "serve.log", "wb"))
         procs.append(serve)
-        serve_lines = LineReader(serve.stdout)
-        with trio.fail_after(30):
-            url = (await serve_lines.until(lambda e: "url" in e))["url"]
         store = repo.open_store()
         readers = []
         for i in range(args.workers):
             _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
-            worker = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "swamp", "worker", "connect", url, "--json",
-                 "--label", "role=bench", "--concurrency", str(args.concurrency)],
-                stdout=subprocess.PIPE, stderr=open(root / f"worker-{i}.log", "wb"),
-                env=dict(env, SWAMP_WORKER_TOKEN=credential))
+            worker, reader = await start_worker(
+                url, credential, "--label", "role=bench", "--concurrency", str(args.concurrency),
+                env=env, stderr=open(root / f"worker-{i}.log", "wb"))
             procs.append(worker)
-            readers.append(LineReader(worker.stdout))
+            readers.append(reader)
         store.close()
-        with trio.fail_after(60):
-            for reader in readers:
-                await reader.until(lambda e: e.get("event") == "enrolled")
+        await wait_enrolled(readers)
         async with trio.open_nursery() as drains:
             for reader in [serve_lines, *readers]:
                 drains.start_soon(reader.drain)
@@ -70,19 +60,11 @@ async def main(args) -> dict:
             drains.cancel_scope.cancel()
         return result
     finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            for proc in procs:
-                await proc.wait()
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
+        await stop_all(procs)
         if not os.environ.get("SWAMP_BENCH_KEEP"):
             shutil.rmtree(root, ignore_errors=True)
         else:
-            print(f"kept {root}", file=sys.stderr)
+            print(f"kept {root} (logs of every process)", file=sys.stderr)
 
 
 async def measure(url: str, args) -> dict:

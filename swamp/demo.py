@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,45 +12,8 @@ import trio
 
 from swamp import client
 from swamp.bookkeeping.tokens import TokenBook
+from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled
 from swamp.repo import Repo
-
-
-class LineReader:
-    """Lines from a child's pipe, one at a time (the pipe is read in chunks)."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self.stream = stream
-        self.buffer = b""
-
-    async def readline(self) -> str | None:
-        while b"\n" not in self.buffer:
-            chunk = await self.stream.receive_some(65536)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode("utf-8", "replace")
-
-    async def drain(self) -> None:
-        """Keep reading (and dropping) lines so the child never blocks on a full pipe."""
-        while await self.readline() is not None:
-            pass
-
-    async def until(self, predicate) -> dict:
-        while True:
-            line = await self.readline()
-            if line is None:
-                raise RuntimeError("the process exited before it was ready")
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if predicate(event):
-                return event
-
-
-def _swamp(*args: str) -> list[str]:
-    return [sys.executable, "-m", "swamp", *args]
 
 
 async def run_demo(count: int, keep: bool, as_json: bool) -> int:
@@ -69,17 +29,7 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
             await _demo_body(repo, env, count, processes, report, say, drains)
             drains.cancel_scope.cancel()
     finally:
-        with trio.CancelScope(shield=True):
-            for process in reversed(processes):
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(10):
-                for process in processes:
-                    await process.wait()
-            for process in processes:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+        await stop_all(processes)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     say("8. everything shut down cleanly" + (f"; repo kept at {repo.root}" if keep else ""))
@@ -90,13 +40,8 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
 
 async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     """Start the processes and drive them; ``processes`` collects them for the caller's cleanup."""
-    server = await trio.lowlevel.open_process(
-        _swamp("serve", "--repo-dir", str(repo.root), "--port", "0", "--json"),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    server, server_lines, url = await start_serve(repo.root, env=env)
     processes.append(server)
-    server_lines = LineReader(server.stdout)
-    with trio.fail_after(30):
-        url = (await server_lines.until(lambda e: "url" in e))["url"]
     drains.start_soon(server_lines.drain)
     say(f"2. orchestrator listening on {url}")
     report["url"] = url
@@ -111,17 +56,13 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
 
     readers = []
     for i, name in enumerate(names):
-        worker = await trio.lowlevel.open_process(
-            _swamp("worker", "connect", url, "--json", "--label", "role=demo",
-                   "--label", f"slot={i}"),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=dict(env, SWAMP_WORKER_TOKEN=credentials[name]))
+        worker, reader = await start_worker(url, credentials[name], "--label", "role=demo",
+                                            "--label", f"slot={i}", env=env)
         processes.append(worker)
-        readers.append(LineReader(worker.stdout))
-    with trio.fail_after(30):
-        for reader in readers:
-            await reader.until(lambda e: e.get("event") == "enrolled")
-            drains.start_soon(reader.drain)
+        readers.append(reader)
+    await wait_enrolled(readers)
+    for reader in readers:
+        drains.start_soon(reader.drain)
     say(f"4. {count} worker processes enrolled")
 
     async def run(placement: dict, command: str) -> dict:

@@ -25,6 +25,7 @@ from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_nursery
 from swamp.domain.labels import check_labels
 from swamp.domain.naming import worker_name_for
+from swamp.domain.tokens import TokenState
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.orchestrator.credentials import Credentials
@@ -137,7 +138,8 @@ class Gateway:
                  params.capacity)
         return {
             "workerName": name, "sessionCredential": session,
-            "sessionExpiresAt": iso(session_expires), "tokenExpiresAt": token.expires_at,
+            "sessionExpiresAt": iso(session_expires),
+            "sessionTtlSeconds": self.credentials.ttl, "tokenExpiresAt": token.expires_at,
             "tokenExpiresAtEpoch": token.expires_at_epoch, "reconnect": reconnect,
             "heartbeatSeconds": self.heartbeat_seconds, "protocolVersion": PROTOCOL_VERSION,
             "orchestratorVersion": __version__,
@@ -221,10 +223,20 @@ class Gateway:
             if current == seen:
                 continue
             seen = current
+            self.arm_token_deadlines()
             for name in {m.token_name for m in self.pool.members.values() if m.connected}:
                 await self.token_changed(name)
 
+    def arm_token_deadlines(self) -> None:
+        """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
+        whether or not a worker ever used it (tokens may be minted by the CLI on the repo)."""
+        for token in self.tokens.all():
+            if token.state in (TokenState.UNUSED, TokenState.ENROLLED) and \
+                    token.name not in self.token_deadlines:
+                self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.arm_token_deadlines()
         async with open_nursery() as nursery:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)

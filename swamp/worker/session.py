@@ -104,7 +104,7 @@ class Session:
                                code=exc.code) from None
             raise PeerError(f"enrollment failed: {exc.message}", code=exc.code) from None
         channel.heartbeat = float(reply.get("heartbeatSeconds") or channel.heartbeat)
-        self.session_expires = reply.get("sessionExpiresAt")
+        self.session_ttl = float(reply.get("sessionTtlSeconds") or 900)
         self.enrollment = Enrollment(reply["workerName"], float(reply["tokenExpiresAtEpoch"]),
                                      bool(reply.get("reconnect")))
         self.reporter.emit("enrolled", workerName=reply["workerName"],
@@ -114,7 +114,7 @@ class Session:
     async def _refresh_session(self, channel: RpcChannel) -> None:
         """Refresh the session credential at two thirds of its life."""
         while True:
-            await trio.sleep(10 * 60)
+            await trio.sleep(max(1.0, self.session_ttl * 2 / 3))
             try:
                 await channel.call("worker.session.refresh", {})
             except SwampError as exc:

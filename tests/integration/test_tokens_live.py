@@ -47,6 +47,17 @@ def test_the_deadline_disconnects_and_stores_expired(cluster):
     assert cluster.mint("brief").startswith("brief.")
 
 
+def test_an_unused_token_minted_on_the_repo_is_stored_expired_at_its_deadline(cluster):
+    cluster.serve()
+    cluster.mint("never-used", duration="2s")  # straight on the repo, while serve runs
+
+    def stored_state():
+        tokens = cluster.cli_json("worker", "token", "list", "--repo-dir", str(cluster.repo))
+        return tokens[0]["storedState"] == "expired"
+
+    wait_until(stored_state, what="the unused token to be stored expired")
+
+
 @pytest.mark.parametrize("case", ["wrong-secret", "unknown-token", "malformed", "protocol"])
 def test_permanent_rejections_exit_1_with_a_reason(cluster, case):
     cluster.serve()

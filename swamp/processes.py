@@ -1,0 +1,96 @@
+"""Real ``swamp serve`` and ``swamp worker connect`` child processes, for the demo and the bench.
+
+Each child's stdout is read as JSON lines; once a child is ready its remaining output must keep
+being drained (:meth:`LineReader.drain`), or the child blocks on a full pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+
+class LineReader:
+    """Lines from a child's pipe, one at a time (the pipe is read in chunks)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def readline(self) -> str | None:
+        while b"\n" not in self.buffer:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    async def drain(self) -> None:
+        """Keep reading (and dropping) lines so the child never blocks on a full pipe."""
+        while await self.readline() is not None:
+            pass
+
+    async def until(self, predicate) -> dict:
+        """The next JSON line that satisfies ``predicate``."""
+        while True:
+            line = await self.readline()
+            if line is None:
+                raise RuntimeError("the process exited before it was ready")
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if predicate(event):
+                return event
+
+
+def swamp_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swamp", *args]
+
+
+async def start_serve(repo_root: Path, *, env: dict, stderr=subprocess.DEVNULL,
+                      timeout: float = 30) -> tuple[trio.Process, LineReader, str]:
+    """Start ``swamp serve`` on a free port; returns the process, its reader and its URL."""
+    process = await trio.lowlevel.open_process(
+        swamp_argv("serve", "--repo-dir", str(repo_root), "--port", "0", "--json"),
+        stdout=subprocess.PIPE, stderr=stderr, env=env)
+    reader = LineReader(process.stdout)
+    with trio.fail_after(timeout):
+        url = (await reader.until(lambda e: "url" in e))["url"]
+    return process, reader, url
+
+
+async def start_worker(url: str, token: str, *args: str, env: dict,
+                       stderr=subprocess.DEVNULL) -> tuple[trio.Process, LineReader]:
+    """Start ``swamp worker connect`` with the token in its environment (never in argv)."""
+    process = await trio.lowlevel.open_process(
+        swamp_argv("worker", "connect", url, "--json", *args), stdout=subprocess.PIPE,
+        stderr=stderr, env=dict(env, SWAMP_WORKER_TOKEN=token))
+    return process, LineReader(process.stdout)
+
+
+async def wait_enrolled(readers: list[LineReader], *, timeout: float = 60) -> None:
+    with trio.fail_after(timeout):
+        for reader in readers:
+            await reader.until(lambda e: e.get("event") == "enrolled")
+
+
+async def stop_all(processes: list[trio.Process], *, grace: float = 10) -> None:
+    """SIGTERM in reverse start order, wait up to ``grace``, then SIGKILL what is left."""
+    with trio.CancelScope(shield=True):
+        for process in reversed(processes):
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(grace):
+            for process in processes:
+                await process.wait()
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
