@@ -138,7 +138,7 @@ class Gateway:
                  params.capacity)
         return {
             "workerName": name, "sessionCredential": session,
-            "sessionExpiresAt": iso(session_expires),
+            "expiresAt": iso(session_expires), "sessionExpiresAt": iso(session_expires),
             "sessionTtlSeconds": self.credentials.ttl, "tokenExpiresAt": token.expires_at,
             "tokenExpiresAtEpoch": token.expires_at_epoch, "reconnect": reconnect,
             "heartbeatSeconds": self.heartbeat_seconds, "protocolVersion": PROTOCOL_VERSION,
