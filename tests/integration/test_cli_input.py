@@ -31,7 +31,7 @@ CASES = [
       "gpu"], "invalid label 'gpu' in --label"),
     (["model", "method", "run", "command/shell", "run", "--arg", "command=true", "--target",
       "w1"], "needs a running orchestrator"),
-    (["data", "query", "modelType =="], "position 11"),
+    (["data", "query", "modelType =="], "position 12"),
     (["data", "query", "colour == 1"], "unknown field 'colour'"),
     (["worker", "list", "--server", "http://nope"], "must start with ws://"),
     (["worker", "connect", "ws://127.0.0.1:9", "--label", "a b=c"], "invalid label 'a b=c'"),
