@@ -47,23 +47,19 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     report["url"] = url
 
     store = repo.open_store()
-    names = [f"demo-{chr(ord('a') + i)}" for i in range(count)]
-    credentials = {}
-    for name in names:
-        _, credentials[name] = TokenBook(store).mint(name, duration_seconds=3600)
+    _, credential = TokenBook(store).mint("demo", duration_seconds=3600, max_enrollments=count)
     store.close()
-    say(f"3. minted tokens {', '.join(names)} (only their hashes are stored)")
+    say(f"3. minted one fleet token 'demo' for {count} machines (only its hash is stored)")
 
     readers = []
-    for i, name in enumerate(names):
-        worker, reader = await start_worker(url, credentials[name], "--label", "role=demo",
-                                            "--label", f"slot={i}", env=env)
+    for i in range(count):
+        worker, reader = await start_worker(url, credential, "--label", f"slot={i}", env=env)
         processes.append(worker)
         readers.append(reader)
-    await wait_enrolled(readers)
+    names = [event["workerName"] for event in await wait_enrolled(readers)]
     for reader in readers:
         drains.start_soon(reader.drain)
-    say(f"4. {count} worker processes enrolled")
+    say(f"4. {count} worker processes enrolled with it: {', '.join(names)}")
 
     async def run(placement: dict, command: str) -> dict:
         lines: list[str] = []
@@ -85,8 +81,8 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     for name in names:
         result = await run({"target": name}, "echo \"hello from pid $PPID on $(uname -sm)\"")
         say(f"   ran on {result['worker']}: {result['status']} in {result['durationMs']}ms")
-    say("6. and once by label role=demo (the least-loaded match):")
-    result = await run({"labels": {"role": "demo"}}, "echo picked by label")
+    say("6. and once by the fleet label fleet=demo (the least-loaded member):")
+    result = await run({"labels": {"fleet": "demo"}}, "echo picked by label")
     say(f"   ran on {result['worker']}: {result['status']}")
 
     pool = await client.call(url, "worker.list", {})
@@ -94,6 +90,6 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     say("7. the pool (swamp worker list):")
     for w in pool["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
-        say(f"   {w['name']:<8} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
+        say(f"   {w['name']:<16} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
     records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
     report["succeeded"] = records

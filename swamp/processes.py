@@ -75,10 +75,10 @@ async def start_worker(url: str, token: str, *args: str, env: dict,
     return process, LineReader(process.stdout)
 
 
-async def wait_enrolled(readers: list[LineReader], *, timeout: float = 60) -> None:
+async def wait_enrolled(readers: list[LineReader], *, timeout: float = 60) -> list[dict]:
+    """Each worker's ``enrolled`` event, in order."""
     with trio.fail_after(timeout):
-        for reader in readers:
-            await reader.until(lambda e: e.get("event") == "enrolled")
+        return [await reader.until(lambda e: e.get("event") == "enrolled") for reader in readers]
 
 
 async def stop_all(processes: list[trio.Process], *, grace: float = 10) -> None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from swamp.domain import tokens as rules
 from swamp.domain.names import check_name
-from swamp.domain.tokens import Redeemed, Token, TokenState
-from swamp.errors import NotFound
-from swamp.models.builtin import ENROLLMENT_TOKEN
+from swamp.domain.naming import worker_name_for
+from swamp.domain.tokens import Redeemed, Token
+from swamp.errors import NotFound, UserError
+from swamp.models.builtin import ENROLLMENT_TOKEN, WORKER
 from swamp.store.datastore import Datastore, Key, iso
 
 TYPE = ENROLLMENT_TOKEN.type
+WORKER_TYPE = WORKER.type
 POLICY = ENROLLMENT_TOKEN.resources[0].policy
 
 
@@ -37,6 +39,11 @@ class TokenBook:
              max_enrollments: int | str = 1) -> tuple[Token, str]:
         """Returns the record and the credential ``<name>.<secret>`` (shown once, never stored)."""
         check_name(name, what="token name")
+        owner = self.worker_names_of_others(name).get(name)
+        if owner is not None:
+            raise UserError(f"the name {name!r} is already a worker of token {owner!r}; a token "
+                            "must not share its name with another token's worker: pick another "
+                            "name", code="conflict")
         secret = secrets.token_hex(rules.SECRET_BYTES)
         now = self.clock()
 
@@ -77,21 +84,24 @@ class TokenBook:
         _, wrote = self.store.transition(_key(name), decide, policy=POLICY)
         return wrote
 
-    def redeem(self, credential: str, *, machine_id: str,
-               name_for: Callable[[Token], str]) -> Redeemed:
+    def redeem(self, credential: str, *, machine_id: str) -> Redeemed:
         """Admit a machine, or raise ``Rejected``. An unknown name reads and writes nothing else.
 
-        ``name_for(token)`` gives the worker name a *new* binding would get.
+        A new binding is named by :func:`worker_name_for`, avoiding every name another machine
+        or another token already uses.
         """
         name, secret = rules.split_credential(credential)
         now = self.clock()
         outcome: list[Redeemed] = []
 
+        def name_new(token: Token) -> str:
+            return worker_name_for(token, machine_id, self.worker_names_of_others(token.name))
+
         def decide(current):
             token = Token.from_attributes(current.attributes) if current else None
             decision = rules.redeem(
                 token, name=name, secret=secret, machine_id=machine_id, now=now,
-                now_iso=iso(now), worker_name=name_for(token) if token else name,
+                now_iso=iso(now), name_new=name_new,
             )
             outcome[:] = [decision]
             return decision.write.to_attributes() if decision.write else None
@@ -99,13 +109,35 @@ class TokenBook:
         self.store.transition(_key(name), decide, policy=POLICY)
         return outcome[0]
 
-    @staticmethod
-    def state_text(token: Token, now: float) -> str:
-        return token.effective_state(now).value
+    def prune(self, name: str, machine_ids: Collection[str]) -> bool:
+        """Drop the bindings of these machines from a token (a compare-and-swap transition)."""
 
+        def decide(current):
+            if current is None:
+                return None
+            pruned = rules.prune(Token.from_attributes(current.attributes), machine_ids)
+            return pruned.to_attributes() if pruned else None
 
-def is_live(token: Token, now: float) -> bool:
-    return token.effective_state(now) in (TokenState.UNUSED, TokenState.ENROLLED)
+        _, wrote = self.store.transition(_key(name), decide, policy=POLICY)
+        return wrote
+
+    def worker_names_of_others(self, token_name: str) -> dict[str, str]:
+        """Every worker name in use, or reserved, by tokens other than ``token_name``, mapped to
+        the token that owns it: other tokens' bindings and workers, and the names of other
+        single-machine tokens (their worker will carry the token's name)."""
+        names: dict[str, str] = {}
+        for token in self.all():
+            if token.name == token_name:
+                continue
+            if token.max_enrollments == 1:
+                names[token.name] = token.name
+            for binding in token.bindings:
+                names[binding.worker_name] = token.name
+        for record in self.store.latest_of_type(WORKER_TYPE):
+            owner = record.attributes.get("tokenName")
+            if owner and owner != token_name:
+                names[record.attributes["name"]] = owner
+        return names
 
 
 def token_item(token: Token, now: float) -> dict:

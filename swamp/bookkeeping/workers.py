@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
@@ -67,6 +68,16 @@ class WorkerBook:
 
     def all(self) -> list[dict]:
         return [r.attributes for r in self.store.latest_of_type(TYPE)]
+
+    def stale(self, *, older_than_seconds: float, live: Collection[str]) -> list[dict]:
+        """Workers disconnected for longer than the retention and not in the live pool."""
+        cutoff = iso(self.clock() - older_than_seconds)
+        return [a for a in self.all()
+                if a.get("status") == WorkerStatus.DISCONNECTED.value and a["name"] not in live
+                and a.get("disconnectedAt", a.get("lastSeenAt", "")) < cutoff]
+
+    def forget(self, names: Collection[str]) -> int:
+        return self.store.delete_items([key(n) for n in names]) if names else 0
 
     def reconcile(self) -> int:
         """Boot: whatever was connected when the last orchestrator died is disconnected now."""

@@ -15,7 +15,7 @@ def demo(
                                                     "print its path."),
     json_output: bool = JSON,
 ) -> None:
-    """Start an orchestrator on a free port in a temporary repo, mint a token per worker, start
+    """Start an orchestrator on a free port in a temporary repo, mint one fleet token, start
     worker processes, run command/shell on each by target and once by label, show what ran where
     and the pool, then shut everything down."""
     import trio

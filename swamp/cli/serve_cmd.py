@@ -30,6 +30,10 @@ def serve(
     heartbeat: str = typer.Option("5s", "--heartbeat",
                                   help="Heartbeat interval; a peer silent for three is "
                                        "dropped."),
+    worker_retention: str = typer.Option(
+        "24h", "--worker-retention",
+        help="Forget workers disconnected for longer than this, and release their fleet "
+             "token slots, e.g. 24h."),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -49,7 +53,9 @@ def serve(
     options = ServeOptions(
         host=host, port=port, auth=auth, tls_cert=tls_cert, tls_key=tls_key,
         grace_seconds=parse_duration(grace_window, what="--grace-window"),
-        heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"), json=json_output)
+        heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
+        worker_retention=parse_duration(worker_retention, what="--worker-retention"),
+        json=json_output)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)

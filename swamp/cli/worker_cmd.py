@@ -125,21 +125,30 @@ def token_create(
     name: str = typer.Argument(..., help="Token name: lowercase letters, digits, - and _."),
     duration: str = typer.Option(..., "--duration", help="How long it admits and keeps workers: "
                                                          "30s, 15m, 2h, 7d, 1w."),
+    max_enrollments: str = typer.Option(
+        "1", "--max-enrollments", metavar="N|unlimited",
+        help="How many machines may enroll with it. 1: one worker named after the token. More "
+             "(or unlimited): a fleet; each machine is named <token>-<hash of its machine id> "
+             "and labelled fleet=<token>."),
     server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
     repo_dir: Path = REPO_DIR, json_output: bool = JSON,
 ) -> None:
     """Mint an enrollment token and print NAME.SECRET once (only a hash is stored).
 
+    One fleet token can enroll a whole autoscaling group: --max-enrollments 8 or unlimited.
     A name that is revoked or expired may be minted again; a live one is refused.
     """
     from swamp.domain.durations import parse_duration
+    from swamp.domain.tokens import parse_max_enrollments
 
     seconds = parse_duration(duration, what="--duration")
+    allowance = parse_max_enrollments(max_enrollments)
     if server:
         from swamp import client
 
         item = run_async(lambda: client.call(server, "worker.token.create",
-                                             {"name": name, "duration": duration},
+                                             {"name": name, "duration": duration,
+                                              "maxEnrollments": allowance},
                                              server_token=server_token, ca_cert=ca_cert))
     else:
         from swamp.bookkeeping.tokens import TokenBook, token_item
@@ -147,7 +156,8 @@ def token_create(
 
         store = Repo.find(repo_path(repo_dir)).open_store()
         try:
-            token, credential = TokenBook(store).mint(name, duration_seconds=seconds)
+            token, credential = TokenBook(store).mint(name, duration_seconds=seconds,
+                                                      max_enrollments=allowance)
         finally:
             store.close()
         item = dict(token_item(token, time.time()), token=credential)
@@ -155,6 +165,9 @@ def token_create(
         emit_json(item)
         return
     print(f"token {item['name']} expires {item['expiresAt']}")
+    if item["maxEnrollments"] != 1:
+        print(f"fleet token: up to {item['maxEnrollments']} machines, each labelled "
+              f"fleet={item['name']}")
     print()
     print(f"  {item['token']}")
     print()

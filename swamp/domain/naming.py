@@ -1,13 +1,57 @@
-"""What an enrolled machine is called in the pool.
+"""What an enrolled machine is called in the pool, and the fleet label it carries.
 
-A single-machine token names its worker after itself. (Fleet tokens, which admit many machines,
-extend this rule.)
+A single-machine token (``maxEnrollments == 1``) names its worker after itself. A fleet token
+names each machine ``<token>-<suffix>``, the suffix the first hex digits of SHA-256(machineId):
+8 by default, stable across reconnects and restarts of the same machine. If that name is already
+taken — by a different machine under the same token, or by another token's worker — the suffix
+grows one digit at a time until the name is free: never a refusal, never a takeover. The name
+chosen is stored in the machine's binding and reused from then on, so it never changes.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass
+
 from swamp.domain.tokens import Token
 
+SUFFIX_LENGTH = 8
+FLEET_LABEL = "fleet"
 
-def worker_name_for(token: Token, machine_id: str) -> str:
-    return token.name
+
+def machine_digest(machine_id: str) -> str:
+    return hashlib.sha256(machine_id.encode("utf-8")).hexdigest()
+
+
+def is_fleet(token: Token) -> bool:
+    return token.max_enrollments != 1
+
+
+def worker_name_for(token: Token, machine_id: str, taken: Collection[str] = ()) -> str:
+    """The name a *new* binding gets. ``taken``: names used by other machines and tokens."""
+    if not is_fleet(token):
+        return token.name
+    digest = machine_digest(machine_id)
+    in_use = set(taken) | {b.worker_name for b in token.bindings if b.machine_id != machine_id}
+    for length in range(SUFFIX_LENGTH, len(digest) + 1):
+        candidate = f"{token.name}-{digest[:length]}"
+        if candidate not in in_use:
+            return candidate
+    # 64 hex digits of SHA-256 equal means the same machine id: unreachable for two machines.
+    raise AssertionError(f"no free name for machine {machine_id!r} under token {token.name!r}")
+
+
+@dataclass(frozen=True)
+class Labels:
+    labels: dict[str, str]
+    kept_own_fleet: bool  # the worker supplied its own fleet label (the caller warns)
+
+
+def member_labels(token: Token, supplied: dict[str, str]) -> Labels:
+    """A fleet member gets ``fleet=<token>`` unless it supplied its own ``fleet`` label."""
+    if not is_fleet(token):
+        return Labels(dict(supplied), kept_own_fleet=False)
+    if FLEET_LABEL in supplied:
+        return Labels(dict(supplied), kept_own_fleet=supplied[FLEET_LABEL] != token.name)
+    return Labels({**supplied, FLEET_LABEL: token.name}, kept_own_fleet=False)

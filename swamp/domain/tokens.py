@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import Enum
 from typing import Literal
 
@@ -97,7 +99,8 @@ class Token:
             state=TokenState(attrs["state"]),
             created_at=attrs["createdAt"],
             expires_at=attrs["expiresAt"],
-            expires_at_epoch=float(attrs["expiresAtEpoch"]),
+            expires_at_epoch=float(attrs["expiresAtEpoch"]) if "expiresAtEpoch" in attrs
+            else _epoch(attrs["expiresAt"]),
             secret_hash=attrs["secretHash"],
             max_enrollments=attrs.get("maxEnrollments", 1),
             bindings=bindings,
@@ -143,6 +146,12 @@ class Token:
         return f"{len(self.bindings)} / {self.max_enrollments}"
 
 
+def _epoch(text: str) -> float:
+    """Seconds since the epoch for an ISO-8601 UTC timestamp (records written before the epoch
+    was stored beside it)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 # -- credentials --------------------------------------------------------------------------------
 
 
@@ -166,12 +175,19 @@ def split_credential(text: str) -> tuple[str, str]:
 
 
 def parse_max_enrollments(text: str | int) -> int | Unlimited:
+    """``--max-enrollments``: a positive integer or ``unlimited`` (also from a JSON frame)."""
     if text == "unlimited":
         return "unlimited"
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
+    if isinstance(text, bool):
         value = 0
+    elif isinstance(text, int):
+        value = text
+        text = str(text)
+    else:
+        try:
+            value = int(text)
+        except (TypeError, ValueError):
+            value = 0
     if value <= 0 or str(text).strip() != str(value):
         raise UserError(
             f"invalid --max-enrollments {text!r}: expected a positive integer or unlimited"
@@ -231,12 +247,12 @@ def redeem(
     machine_id: str,
     now: float,
     now_iso: str,
-    worker_name: str,
+    name_new: Callable[[Token], str],
 ) -> Redeemed:
     """Decide an enrollment attempt. Raises ``Rejected`` with a code naming the reason.
 
-    ``worker_name`` is the name a *new* binding gets; a known machine keeps the name stored in
-    its binding.
+    ``name_new(token)`` gives the name a *new* binding gets (called only when one is made); a
+    known machine keeps the name stored in its binding.
     """
     if token is None:
         raise Rejected(
@@ -257,7 +273,7 @@ def redeem(
             f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})",
             code="allowance_exhausted",
         )
-    binding = Binding(machine_id=machine_id, worker_name=worker_name, enrolled_at=now_iso)
+    binding = Binding(machine_id=machine_id, worker_name=name_new(token), enrolled_at=now_iso)
     TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
     updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))
     return Redeemed(token=updated, binding=binding, write=updated)
@@ -269,6 +285,15 @@ def revoke(token: Token, *, now_iso: str) -> Token | None:
         return None
     TOKEN_LIFECYCLE.check(token.state, TokenState.REVOKED)
     return replace(token, state=TokenState.REVOKED, revoked_at=now_iso)
+
+
+def prune(token: Token, machine_ids: Collection[str]) -> Token | None:
+    """The token without the bindings of these machines (their slots free again), or ``None``
+    when none of them is bound (no write)."""
+    kept = tuple(b for b in token.bindings if b.machine_id not in machine_ids)
+    if len(kept) == len(token.bindings):
+        return None
+    return replace(token, bindings=kept)
 
 
 def expire(token: Token, *, now: float) -> Token | None:

@@ -15,6 +15,7 @@ from swamp.domain.durations import parse_duration
 from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
+from swamp.domain.tokens import parse_max_enrollments
 from swamp.errors import UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
@@ -64,7 +65,9 @@ class Admin:
     async def token_create(self, call: IncomingCall) -> dict:
         name = _text(call.params, "name")
         seconds = parse_duration(_text(call.params, "duration"), what="--duration")
-        token, credential = self.tokens.mint(name, duration_seconds=seconds)
+        allowance = parse_max_enrollments(call.params.get("maxEnrollments", 1))
+        token, credential = self.tokens.mint(name, duration_seconds=seconds,
+                                             max_enrollments=allowance)
         self.gateway.token_deadlines.set(token.name,
                                          self.gateway._trio_time(token.expires_at_epoch))
         return dict(token_item(token, self.clock()), token=credential)

@@ -24,7 +24,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_nursery
 from swamp.domain.labels import check_labels
-from swamp.domain.naming import worker_name_for
+from swamp.domain.naming import member_labels
 from swamp.domain.tokens import TokenState
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import Rejected, SwampError, UserError
@@ -105,10 +105,12 @@ class Gateway:
                 f"the worker speaks protocol {params.protocol_version} but this orchestrator "
                 f"speaks {PROTOCOL_VERSION}: run the same swamp version on both",
                 code="protocol_mismatch")
-        redeemed = self.tokens.redeem(
-            params.token, machine_id=params.machine_id,
-            name_for=lambda token: worker_name_for(token, params.machine_id))
+        redeemed = self.tokens.redeem(params.token, machine_id=params.machine_id)
         token, name = redeemed.token, redeemed.binding.worker_name
+        labels = member_labels(token, params.labels)
+        if labels.kept_own_fleet:
+            log.warning("worker %s supplies its own fleet label %r; keeping it instead of "
+                        "fleet=%s", name, params.labels["fleet"], token.name)
         existing = self.pool.get(name)
         if existing is not None and existing.connected:
             if existing.instance_id != params.instance_id:
@@ -120,12 +122,12 @@ class Gateway:
         reconnect = existing is not None and existing.instance_id == params.instance_id
         record = self.workers.enrolled(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token=token.name, labels=params.labels, platform=params.platform, arch=params.arch,
+            token=token.name, labels=labels.labels, platform=params.platform, arch=params.arch,
             capacity=params.capacity, version=params.version)
         self.grace.cancel(name)
         member = Member(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token_name=token.name, labels=params.labels, platform=params.platform,
+            token_name=token.name, labels=labels.labels, platform=params.platform,
             arch=params.arch, capacity=params.capacity, version=params.version, channel=channel,
             enrolled_at=record.attributes["enrolledAt"],
             last_seen_at=record.attributes["lastSeenAt"], record=record)

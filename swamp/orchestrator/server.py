@@ -20,7 +20,9 @@ from pathlib import Path
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.domain.naming import is_fleet
 from swamp.concurrency import open_nursery
 from swamp.errors import UserError
 from swamp.orchestrator.admin import Admin
@@ -52,6 +54,7 @@ class ServeOptions:
     tls_key: Path | None = None
     grace_seconds: float = 60
     heartbeat_seconds: float = 5
+    worker_retention: float = 24 * 3600
     json: bool = False
 
 
@@ -106,11 +109,30 @@ async def _checkpointer(store: Datastore) -> None:
         wanted = trio.Event()
 
 
-async def _collect_garbage(store: Datastore) -> None:
-    leases = LeaseBook(store)
+def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float) -> int:
+    """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
+    retention together with their fleet bindings (which frees their slots on the token)."""
+    removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
+    removed += store.collect_garbage()
+    workers = WorkerBook(store)
+    stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
+    tokens = TokenBook(store)
+    by_token: dict[str, list[str]] = {}
+    for attrs in stale:
+        by_token.setdefault(attrs.get("tokenName", ""), []).append(attrs["machineId"])
+    for name, machine_ids in by_token.items():
+        token = tokens.get(name) if name else None
+        if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
+            log.info("released %d stale binding(s) of fleet token %s", len(machine_ids), name)
+    removed += workers.forget([a["name"] for a in stale])
+    return removed
+
+
+async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float) -> None:
+    interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
-        await trio.sleep(GC_INTERVAL)
-        removed = leases.collect(older_than_seconds=LEASE_RETENTION) + store.collect_garbage()
+        await trio.sleep(interval)
+        removed = collect_bookkeeping(store, pool, worker_retention=worker_retention)
         if removed:
             log.info("garbage collection removed %d record(s)", removed)
 
@@ -184,7 +206,7 @@ async def serve(repo: Repo, options: ServeOptions, *,
                 repo.write_serve_file(url, data_plane)
                 _announce(options, repo, url, data_plane, swept)
                 nursery.start_soon(_checkpointer, store)
-                nursery.start_soon(_collect_garbage, store)
+                nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
             # Hypercorn has returned: every connection is closed or past its graceful timeout.

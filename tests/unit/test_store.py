@@ -104,29 +104,49 @@ def _redeem_in_process(args):
     path, credential, machine = args
     book = TokenBook(Datastore(path))
     try:
-        book.redeem(credential, machine_id=machine, name_for=lambda t: t.name)
+        book.redeem(credential, machine_id=machine)
         return "bound"
     except Rejected as exc:
         return exc.code
 
 
-def test_processes_racing_for_the_last_slot_never_both_win(tmp_path):
+@pytest.mark.parametrize("allowance,machines", [(1, 16), (10, 40)])
+def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance, machines):
     path = tmp_path / "race.db"
     book = TokenBook(Datastore(path))
-    _, credential = book.mint("race", duration_seconds=600)
+    _, credential = book.mint("race", duration_seconds=600, max_enrollments=allowance)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
-        results = pool.map(_redeem_in_process, [(path, credential, f"m{i}") for i in range(16)])
-    assert results.count("bound") == 1
-    assert results.count("allowance_exhausted") == 15
-    assert len(book.get("race").bindings) == 1
+        results = pool.map(_redeem_in_process,
+                           [(path, credential, f"m{i}") for i in range(machines)])
+    assert results.count("bound") == allowance
+    assert results.count("allowance_exhausted") == machines - allowance
+    bindings = book.get("race").bindings
+    assert len(bindings) == allowance
+    assert len({b.worker_name for b in bindings}) == allowance
+
+
+def test_names_in_use_by_other_tokens_are_avoided_and_reserved(tmp_path):
+    book = TokenBook(Datastore(tmp_path / "x.db"))
+    _, fleet = book.mint("pool", duration_seconds=600, max_enrollments=5)
+    member = book.redeem(fleet, machine_id="m1").binding.worker_name
+    assert member.startswith("pool-") and len(member) == len("pool-") + 8
+    with pytest.raises(Exception, match="already a worker of token 'pool'"):
+        book.mint(member, duration_seconds=600)
+    # a single-machine token named like the suffix a fleet member would get pushes it longer
+    import hashlib
+
+    short = "pool-" + hashlib.sha256(b"m2").hexdigest()[:8]
+    book.mint(short, duration_seconds=600)
+    assert book.redeem(fleet, machine_id="m2").binding.worker_name == \
+        "pool-" + hashlib.sha256(b"m2").hexdigest()[:9]
 
 
 def test_an_unknown_token_name_writes_nothing(tmp_path):
     path = tmp_path / "x.db"
     book = TokenBook(Datastore(path))
     with pytest.raises(Rejected) as info:
-        book.redeem("ghost.secret", machine_id="m1", name_for=lambda t: t.name)
+        book.redeem("ghost.secret", machine_id="m1")
     assert info.value.code == "token_unknown"
     rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM data").fetchone()[0]
     assert rows == 0

@@ -20,7 +20,7 @@ def mint(name="pool", secret="s3cret", duration=3600, existing=None, max_enrollm
 
 def redeem(token, machine="m1", secret="s3cret", now=NOW + 1, name="pool"):
     return rules.redeem(token, name=name, secret=secret, machine_id=machine, now=now,
-                        now_iso="t2", worker_name=name)
+                        now_iso="t2", name_new=lambda t: f"{t.name}-{machine}")
 
 
 def test_mint_stores_only_a_hash():
@@ -54,7 +54,7 @@ def test_first_redeem_binds_and_enrolls():
     assert decision.write is not None
     assert decision.write.state is TokenState.ENROLLED
     assert decision.binding.machine_id == "m1"
-    assert decision.binding.worker_name == "pool"
+    assert decision.binding.worker_name == "pool-m1"  # whatever name_new chose
 
 
 def test_a_bound_machine_reauthenticates_without_a_write():

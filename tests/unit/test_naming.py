@@ -1,0 +1,108 @@
+"""Fleet naming, the fleet label, pruning and legacy records (pure)."""
+
+import hashlib
+
+import pytest
+
+from swamp.domain import tokens as rules
+from swamp.domain.naming import member_labels, worker_name_for
+from swamp.domain.tokens import Binding, Token, TokenState
+
+# Two machine ids whose SHA-256 digests share their first 8 hex digits (found by search).
+CLASH_A, CLASH_B = "clash-machine-00022136", "clash-machine-00080544"
+
+
+def token(max_enrollments=3, bindings=(), name="pool"):
+    return Token(name=name, state=TokenState.UNUSED, created_at="t0", expires_at="t1",
+                 expires_at_epoch=10**10, secret_hash=rules.hash_secret("s"),
+                 max_enrollments=max_enrollments, bindings=tuple(bindings))
+
+
+def digest(machine_id):
+    return hashlib.sha256(machine_id.encode()).hexdigest()
+
+
+def test_the_collision_pair_really_collides_on_eight_digits():
+    assert digest(CLASH_A)[:8] == digest(CLASH_B)[:8]
+    assert digest(CLASH_A)[:9] != digest(CLASH_B)[:9]
+
+
+def test_a_single_machine_token_names_its_worker_after_itself():
+    assert worker_name_for(token(max_enrollments=1), "m1") == "pool"
+
+
+@pytest.mark.parametrize("allowance", [2, 50, "unlimited"])
+def test_fleet_members_get_a_stable_hash_suffix(allowance):
+    name = worker_name_for(token(allowance), "machine-1")
+    assert name == f"pool-{digest('machine-1')[:8]}"
+    assert worker_name_for(token(allowance), "machine-1") == name
+
+
+def test_a_clash_with_another_machine_of_the_token_lengthens_the_suffix():
+    first = worker_name_for(token(), CLASH_A)
+    bound = token(bindings=[Binding(CLASH_A, first, "t")])
+    second = worker_name_for(bound, CLASH_B)
+    assert first == f"pool-{digest(CLASH_A)[:8]}"
+    assert second == f"pool-{digest(CLASH_B)[:9]}"
+
+
+def test_a_clash_with_another_tokens_worker_lengthens_the_suffix_too():
+    short = f"pool-{digest('m1')[:8]}"
+    assert worker_name_for(token(), "m1", taken={short}) == f"pool-{digest('m1')[:9]}"
+    longer = {short, f"pool-{digest('m1')[:9]}"}
+    assert worker_name_for(token(), "m1", taken=longer) == f"pool-{digest('m1')[:10]}"
+
+
+def test_the_same_machine_never_clashes_with_its_own_binding():
+    own = f"pool-{digest('m1')[:8]}"
+    assert worker_name_for(token(bindings=[Binding("m1", own, "t")]), "m1") == own
+
+
+def test_the_name_stored_in_the_binding_is_reused_by_redeem():
+    stored = token(bindings=[Binding("m1", "pool-custom", "t")], max_enrollments=3)
+    calls = []
+    decision = rules.redeem(stored, name="pool", secret="s", machine_id="m1", now=1,
+                            now_iso="t", name_new=lambda t: calls.append(t) or "unused")
+    assert decision.write is None and decision.binding.worker_name == "pool-custom"
+    assert calls == []  # naming is only consulted for a new binding
+
+
+def test_fleet_label_injection():
+    assert member_labels(token(), {"zone": "a"}).labels == {"zone": "a", "fleet": "pool"}
+    own = member_labels(token(), {"fleet": "gpu-pool"})
+    assert own.labels == {"fleet": "gpu-pool"} and own.kept_own_fleet
+    same = member_labels(token(), {"fleet": "pool"})
+    assert same.labels == {"fleet": "pool"} and not same.kept_own_fleet
+    single = member_labels(token(max_enrollments=1), {"zone": "a"})
+    assert single.labels == {"zone": "a"} and not single.kept_own_fleet
+
+
+def test_prune_frees_slots_and_writes_nothing_when_nothing_matches():
+    full = token(max_enrollments=2, bindings=[Binding("m1", "a", "t"), Binding("m2", "b", "t")])
+    assert not full.has_room()
+    pruned = rules.prune(full, {"m1"})
+    assert [b.machine_id for b in pruned.bindings] == ["m2"] and pruned.has_room()
+    assert rules.prune(full, {"m9"}) is None
+
+
+def test_a_legacy_record_without_the_stored_epoch_still_reads():
+    attrs = token(max_enrollments=1).to_attributes()
+    attrs.update(expiresAt="2030-01-01T00:00:00.000Z", boundMachineId="m-old", state="enrolled")
+    for key in ("expiresAtEpoch", "bindings", "maxEnrollments"):
+        del attrs[key]
+    legacy = Token.from_attributes(attrs)
+    assert legacy.expires_at_epoch == 1893456000.0
+    assert legacy.bindings == (Binding("m-old", "pool", attrs["createdAt"]),)
+    rewritten = rules.prune(legacy, {"m-old"}).to_attributes()
+    assert "boundMachineId" not in rewritten and rewritten["bindings"] == []
+
+
+@pytest.mark.parametrize("value,expected", [(3, 3), ("unlimited", "unlimited")])
+def test_max_enrollments_from_a_json_frame(value, expected):
+    assert rules.parse_max_enrollments(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 1.5, None, "many"])
+def test_bad_max_enrollments_from_a_json_frame(value):
+    with pytest.raises(Exception, match="positive integer or unlimited"):
+        rules.parse_max_enrollments(value)
