@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain Click help: rewraps paragraphs, starts faster
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("init")(repo_cmd.init)

@@ -13,19 +13,17 @@ import typer
 
 REPO_DIR = typer.Option(
     None, "--repo-dir", envvar="SWAMP_REPO_DIR", show_default=False,
-    help="The repo to act on [env SWAMP_REPO_DIR; default: the current directory].")
+    help="The repo to act on (default: the current directory).")
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON instead of text.")
 SERVER = typer.Option(
     None, "--server", envvar="SWAMP_SERVE_URL", show_default=False,
-    help="Go through a running orchestrator (ws://host:port) instead of the repo "
-         "[env SWAMP_SERVE_URL].")
+    help="Go through a running orchestrator (ws://host:port) instead of the repo")
 SERVER_TOKEN = typer.Option(
     None, "--server-token", envvar="SWAMP_SERVER_TOKEN", show_default=False,
-    help="Admin server token <name.secret>, needed when serve runs --auth token "
-         "[env SWAMP_SERVER_TOKEN].")
+    help="Admin server token <name.secret>, needed when serve runs --auth token")
 CA_CERT = typer.Option(
     None, "--ca-cert", envvar="SWAMP_CA_CERT", show_default=False, exists=False,
-    help="PEM file of the CA that signed the orchestrator's TLS certificate [env SWAMP_CA_CERT].")
+    help="PEM file of the CA that signed the orchestrator's TLS certificate.")
 
 
 def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):

@@ -11,7 +11,7 @@ from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, com
                               repo_path, run_async, table)
 
 app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 @app.command("query")

@@ -13,8 +13,9 @@ from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, com
                               repo_path, run_async, table)
 
 app = typer.Typer(help="Models: types, instances and running their methods.",
-                  no_args_is_help=True)
-method_app = typer.Typer(help="Run a model's method.", no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
+method_app = typer.Typer(help="Run a model's method.", no_args_is_help=True,
+                  rich_markup_mode=None)
 app.add_typer(method_app, name="method")
 
 _ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.S)

@@ -8,9 +8,11 @@ import typer
 
 from swamp.cli.common import JSON, REPO_DIR, command, emit_json, repo_path, table
 
-app = typer.Typer(help="The orchestrator's admin credentials.", no_args_is_help=True)
+app = typer.Typer(help="The orchestrator's admin credentials.", no_args_is_help=True,
+                  rich_markup_mode=None)
 token_app = typer.Typer(help="Admin server tokens: what operators' CLIs present to a server "
-                             "running --auth token.", no_args_is_help=True)
+                             "running --auth token.", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(token_app, name="token")
 
 

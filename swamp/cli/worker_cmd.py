@@ -11,9 +11,9 @@ from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, com
                               repo_path, run_async, table)
 
 app = typer.Typer(help="Workers: connect one, list the pool, manage enrollment tokens.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 token_app = typer.Typer(help="Enrollment tokens: what a worker presents to join the pool.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(token_app, name="token")
 
 
@@ -21,25 +21,31 @@ app.add_typer(token_app, name="token")
 @command
 def connect(
     url: str = typer.Argument(None, envvar="SWAMP_ORCHESTRATOR_URL", show_default=False,
-                              help="The orchestrator's ws:// or wss:// URL "
-                                   "[env SWAMP_ORCHESTRATOR_URL]."),
+                              help="The orchestrator's ws:// or wss:// URL"),
     token: str = typer.Option(None, "--token", envvar="SWAMP_WORKER_TOKEN", show_default=False,
-                              help="Enrollment token <name.secret>. Prefer the env var: argv "
-                                   "is visible to every user of the machine "
-                                   "[env SWAMP_WORKER_TOKEN]."),
-    label: list[str] = typer.Option(None, "--label", help="A k=v label placements can match; "
-                                                          "repeatable."),
+                              help="Enrollment token <name.secret>. Prefer the variable or a "
+                                   "file: argv is visible to every user of the machine"),
+    token_file: Path = typer.Option(None, "--token-file", envvar="SWAMP_WORKER_TOKEN_FILE",
+                                    show_default=False,
+                                    help="Read the token from this file, e.g. a Kubernetes or "
+                                         "Docker secret mount; a trailing newline is trimmed. "
+                                         "Not with --token."),
+    label: list[str] = typer.Option(None, "--label", show_default=False,
+                                    help="A k=v label placements can match; repeatable. Merged "
+                                         "with SWAMP_WORKER_LABELS (k=v,k2=v2); the flag wins "
+                                         "for the same key."),
     cache_dir: Path = typer.Option(None, "--cache-dir", envvar="SWAMP_WORKER_CACHE_DIR",
                                    show_default=False,
                                    help="Keeps the machine id across restarts, so a restarted "
-                                        "worker re-enrolls as itself [default: a fresh temp "
-                                        "dir: every process is a new machine]."),
+                                        "worker re-enrolls as itself (default: a fresh temp dir: "
+                                        "every process is a new machine)."),
     ca_cert: Path = CA_CERT,
     concurrency: int = typer.Option(1, "--concurrency", envvar="SWAMP_WORKER_CONCURRENCY",
-                                    help="Dispatch slots: how many methods run at once."),
-    data_plane_url: str = typer.Option(None, "--data-plane-url", show_default=False,
-                                       help="Override the data plane's base URL (default: the "
-                                            "connect URL's host over http/https)."),
+                                    help="Dispatch slots: how many methods run at once"),
+    data_plane_url: str = typer.Option(None, "--data-plane-url", envvar="SWAMP_DATA_PLANE_URL",
+                                       show_default=False,
+                                       help="Base URL of the data plane, for split deployments "
+                                            "(default: the connect URL's host over http/https)"),
     protocol_version: int = typer.Option(None, "--protocol-version", hidden=True,
                                          help="Announce another protocol version (for "
                                               "compatibility testing)."),
@@ -47,23 +53,27 @@ def connect(
 ) -> None:
     """Enroll with the orchestrator and run what it dispatches, until stopped.
 
+    Needs nothing but environment variables: SWAMP_ORCHESTRATOR_URL=wss://… plus
+    SWAMP_WORKER_TOKEN (or SWAMP_WORKER_TOKEN_FILE) make 'swamp worker connect' enough. Every
+    flag has a variable (shown with each option); an explicit flag wins.
+
     Reconnects after a drop (backoff 1s doubling to 30s) for as long as the token lives. A
-    revoked, expired, wrong or unknown token, or a protocol mismatch, stops it with exit 1.
-    SIGINT/SIGTERM stop it with exit 0. --json prints one JSON event per line.
+    revoked, expired, wrong or unknown token, an exhausted enrollment allowance, or a protocol
+    mismatch stops it with exit 1. SIGINT/SIGTERM stop it with exit 0. --json prints one JSON
+    event per line.
     """
-    from swamp.domain.labels import parse_labels
-    from swamp.errors import UserError
+    import os
+
+    from swamp.domain.labels import merge_labels
     from swamp.worker.agent import run_worker
-    from swamp.worker.config import WorkerConfig
+    from swamp.worker.config import WorkerConfig, read_token
     from swamp.worker.events import Reporter
 
-    if not url:
-        raise UserError("missing orchestrator URL: pass it as the first argument or set "
-                        "SWAMP_ORCHESTRATOR_URL")
-    config = WorkerConfig(url=url, token=token or "", labels=parse_labels(label or []),
-                          cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
-                          data_plane_url=data_plane_url, json=json_output,
-                          protocol_version=protocol_version)
+    config = WorkerConfig(
+        url=url or "", token=read_token(token, token_file),
+        labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
+        cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
+        data_plane_url=data_plane_url, json=json_output, protocol_version=protocol_version)
     status = run_async(run_worker, config, Reporter(json_lines=json_output))
     raise typer.Exit(status)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import trio
 
 from swamp.concurrency import open_nursery
+from swamp.domain.urls import redact
 from swamp.errors import PeerError, Rejected
 from swamp.plugins import default_registry
 from swamp.worker.config import WorkerConfig
@@ -82,7 +83,7 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
     attempt = 0
     while True:
         attempt += 1
-        reporter.emit("connecting", url=config.url, attempt=attempt)
+        reporter.emit("connecting", url=redact(config.url), attempt=attempt)
         session = Session(config, machine_id=mid, instance_id=iid, registry=registry,
                           reporter=reporter)
         try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from swamp.domain.urls import redact
 from swamp.errors import UserError
 
 
@@ -24,17 +25,22 @@ class WorkerConfig:
     protocol_version: int | None = None  # None: this build's PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
+        if not self.url:
+            raise UserError("missing orchestrator URL: pass it as the first argument or set "
+                            "SWAMP_ORCHESTRATOR_URL")
         if not self.url.startswith(("ws://", "wss://")):
-            raise UserError(f"the orchestrator URL must start with ws:// or wss:// (got "
-                            f"{self.url!r})")
+            raise UserError(f"the orchestrator URL (argument or SWAMP_ORCHESTRATOR_URL) must "
+                            f"start with ws:// or wss:// (got {redact(self.url)!r})")
         if not self.token:
-            raise UserError("missing enrollment token: pass --token or set SWAMP_WORKER_TOKEN")
+            raise UserError("missing enrollment token: pass --token or --token-file, or set "
+                            "SWAMP_WORKER_TOKEN or SWAMP_WORKER_TOKEN_FILE")
         if not 1 <= self.concurrency <= 1024:
             raise UserError(f"invalid --concurrency {self.concurrency}: expected 1-1024")
         if self.ca_cert and not Path(self.ca_cert).is_file():
             raise UserError(f"--ca-cert {self.ca_cert} does not exist")
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
-            raise UserError("--data-plane-url must start with http:// or https://")
+            raise UserError("the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
+                            f"start with http:// or https:// (got {redact(self.data_plane_url)!r})")
 
     def data_plane(self) -> str:
         """The HTTP base of the data plane: explicit, or the connect URL's host over HTTP(S)."""
@@ -51,3 +57,22 @@ class WorkerConfig:
             return ssl.create_default_context(cafile=str(self.ca_cert) if self.ca_cert else None)
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"cannot load --ca-cert {self.ca_cert}: {exc}") from exc
+
+
+def read_token(token: str | None, token_file: Path | None) -> str:
+    """The enrollment token from ``--token`` or from a file (a Kubernetes/Docker secret mount);
+    one trailing newline is trimmed. Never echoes the token in an error."""
+    if token and token_file:
+        raise UserError("pass the token one way: --token/SWAMP_WORKER_TOKEN or "
+                        "--token-file/SWAMP_WORKER_TOKEN_FILE, not both")
+    if token_file is None:
+        return (token or "").strip()
+    try:
+        text = Path(token_file).read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read the token file {token_file} (--token-file or "
+                        f"SWAMP_WORKER_TOKEN_FILE): {exc.strerror}") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text.strip():
+        raise UserError(f"the token file {token_file} is empty")
+    return text.strip()
