@@ -41,3 +41,26 @@ def swamp_model_types() -> list:
     Called once, when the model registry is built (by a command, never at import time). Two
     plugins contributing the same type name is an error reported at that point.
     """
+
+
+@hookspec
+def swamp_probe_seams() -> list:
+    """Return a list of :class:`swamp.models.fleet_probe.Seam` the fleet probe should check.
+
+    Called on the worker when ``swamp/fleet-probe.verify`` runs (``swamp worker verify`` and
+    ``swamp serve --verify-on-enroll``). Each seam gets the probe's method context and returns a
+    short detail, or raises (``SeamFailed`` or anything else) with a one-line reason. Example::
+
+        from swamp.hooks import hookimpl
+        from swamp.models.fleet_probe import Seam, SeamFailed
+
+        async def has_docker(ctx, args):
+            result = await ctx.run_process(["docker", "info"], timeout=10)
+            if result.exit_code != 0:
+                raise SeamFailed("docker info failed: " + " ".join(result.stderr_tail)[-120:])
+            return "docker answers"
+
+        @hookimpl
+        def swamp_probe_seams():
+            return [Seam("docker", has_docker)]
+    """

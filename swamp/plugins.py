@@ -15,9 +15,10 @@ from swamp.models.framework import ModelType
 def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hooks.PROJECT)
     pm.add_hookspecs(hooks)
-    from swamp.models import builtin
+    from swamp.models import builtin, fleet_probe
 
     pm.register(builtin, name="swamp.builtin")
+    pm.register(fleet_probe, name="swamp.fleet_probe")
     if load_entry_points:
         pm.load_setuptools_entrypoints(hooks.PROJECT)
     for module_name in _extra_plugins():
@@ -68,12 +69,29 @@ class ModelRegistry:
         return model_type
 
 
-_default: ModelRegistry | None = None
+_manager: pluggy.PluginManager | None = None
+_registry: ModelRegistry | None = None
+
+
+def default_manager() -> pluggy.PluginManager:
+    """The plugin manager of this process, built on first use (never at import time)."""
+    global _manager
+    if _manager is None:
+        _manager = plugin_manager()
+    return _manager
 
 
 def default_registry() -> ModelRegistry:
-    """The registry for this process, built on first use."""
-    global _default
-    if _default is None:
-        _default = ModelRegistry.from_plugins(plugin_manager())
-    return _default
+    """The model registry of this process, built on first use."""
+    global _registry
+    if _registry is None:
+        _registry = ModelRegistry.from_plugins(default_manager())
+    return _registry
+
+
+def default_seams() -> list:
+    """Every fleet-probe seam of this process: the built-ins first, then plugins' by name."""
+    from swamp.models.fleet_probe import ordered
+
+    return ordered([seam for contributed in default_manager().hook.swamp_probe_seams()
+                    for seam in contributed or ()])

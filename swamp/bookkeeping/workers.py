@@ -12,6 +12,9 @@ from swamp.store.datastore import Datastore, Key, Record, iso
 TYPE = WORKER.type
 POLICY = WORKER.resources[0].policy
 _KNOWN = frozenset(s.value for s in WorkerStatus)
+# The reason a status carries, and the field it is kept in (cleared on any other status).
+_REASON_FIELD = {WorkerStatus.DISCONNECTED.value: "disconnectReason",
+                 WorkerStatus.UNVERIFIED.value: "verifyFailureReason"}
 
 
 def key(name: str) -> Key:
@@ -24,18 +27,21 @@ class WorkerBook:
         self.clock = clock
 
     def enrolled(self, *, name: str, instance_id: str, machine_id: str, token: str,
-                 labels: dict, platform: str, arch: str, capacity: int, version: str) -> Record:
-        """A full record for a (re-)enrollment: status ``idle``."""
+                 labels: dict, platform: str, arch: str, capacity: int, version: str,
+                 status: str = WorkerStatus.IDLE.value, reason: str | None = None) -> Record:
+        """A full record for a (re-)enrollment: ``idle``, or ``unverified`` while it is probed."""
         now = iso(self.clock())
         previous = self.store.latest(key(name))
         attrs = {
             "name": name, "instanceId": instance_id, "machineId": machine_id, "tokenName": token,
-            "status": WorkerStatus.IDLE.value, "labels": labels, "platform": platform,
+            "status": status, "labels": labels, "platform": platform,
             "arch": arch, "capacity": capacity, "activeDispatchIds": [], "swampVersion": version,
             "enrolledAt": previous.attributes.get("enrolledAt", now) if previous and
             previous.attributes.get("machineId") == machine_id else now,
             "connectedAt": now, "lastSeenAt": now,
         }
+        if reason:
+            attrs["verifyFailureReason"] = reason
         return self.store.write(key(name), attrs, policy=POLICY)
 
     def set_status(self, name: str, status: str, *, active: list[str] | None = None,
@@ -47,20 +53,21 @@ class WorkerBook:
             if current is None:
                 return None
             attrs = dict(current.attributes)
-            if attrs.get("status") in _KNOWN and status in _KNOWN:
-                WORKER_LIFECYCLE.check(WorkerStatus(attrs["status"]), WorkerStatus(status))
             ids = list(active) if active is not None else attrs.get("activeDispatchIds", [])
             if status in (WorkerStatus.IDLE.value, WorkerStatus.DISCONNECTED.value):
                 ids = []
-            if attrs.get("status") == status and attrs.get("activeDispatchIds") == ids:
-                return None
+            if attrs.get("status") == status and attrs.get("activeDispatchIds") == ids and \
+                    attrs.get(_REASON_FIELD.get(status, ""), reason) == reason:
+                return None  # nothing changed: no new version
+            if attrs.get("status") in _KNOWN and status in _KNOWN:
+                WORKER_LIFECYCLE.check(WorkerStatus(attrs["status"]), WorkerStatus(status))
             attrs.update(status=status, activeDispatchIds=ids, lastSeenAt=now)
+            for field in _REASON_FIELD.values():
+                attrs.pop(field, None)
             if status == WorkerStatus.DISCONNECTED.value:
                 attrs["disconnectedAt"] = now
-                if reason:
-                    attrs["disconnectReason"] = reason
-            else:
-                attrs.pop("disconnectReason", None)
+            if status in _REASON_FIELD and reason:
+                attrs[_REASON_FIELD[status]] = reason
             return attrs
 
         record, _ = self.store.transition(key(name), decide, policy=POLICY, current=current)
@@ -92,7 +99,7 @@ class WorkerBook:
 
 _ITEM_FIELDS = ("name", "status", "labels", "platform", "arch", "capacity", "activeDispatchIds",
                 "lastSeenAt", "enrolledAt", "instanceId", "tokenName", "swampVersion",
-                "disconnectedAt", "disconnectReason")
+                "disconnectedAt", "disconnectReason", "verifyFailureReason")
 
 
 def worker_items(records: list[dict], live: dict[str, dict] | None = None, *,

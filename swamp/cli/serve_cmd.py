@@ -34,6 +34,10 @@ def serve(
         "24h", "--worker-retention",
         help="Forget workers disconnected for longer than this, and release their fleet "
              "token slots, e.g. 24h."),
+    verify_on_enroll: bool = typer.Option(
+        False, "--verify-on-enroll", envvar="SWAMP_VERIFY_ON_ENROLL",
+        help="Probe every enrolling worker (first connect and reconnect) before it gets work; "
+             "one that fails stays 'unverified' with its reason in 'swamp worker list'."),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -55,6 +59,7 @@ def serve(
         grace_seconds=parse_duration(grace_window, what="--grace-window"),
         heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
         worker_retention=parse_duration(worker_retention, what="--worker-retention"),
+        verify_on_enroll=verify_on_enroll,
         json=json_output)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import typer
 
 from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
                               repo_path, run_async, table)
+from swamp.domain.labels import format_labels
 
 app = typer.Typer(help="Workers: connect one, list the pool, manage enrollment tokens.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -106,7 +108,6 @@ def list_workers(
     Reads the running orchestrator with --server (live slot counts), else the repo's records.
     Disconnected workers are hidden unless --all.
     """
-    from swamp.domain.labels import format_labels
 
     data = _list_via(server, server_token, ca_cert, repo_dir, all_workers)
     if json_output:
@@ -120,10 +121,81 @@ def list_workers(
     else:
         print("No connected workers." if data["hiddenDisconnected"] else "No workers yet: "
               "mint a token with 'swamp worker token create NAME --duration 1h' and connect one.")
+    for worker in data["workers"]:
+        if worker["status"] == "unverified":
+            print(f"{worker['name']} is unverified: {worker.get('verifyFailureReason', '?')}")
+    if any(w["status"] == "unverified" for w in data["workers"]):
+        print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
     hidden = data["hiddenDisconnected"]
     if hidden:
         print(f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
               "'swamp worker list --all' shows them.")
+
+
+@app.command("verify")
+@command
+def verify(
+    name: str = typer.Argument(None, show_default=False,
+                               help="Verify only this worker (default: every connected one)."),
+    label: list[str] = typer.Option(None, "--label", show_default=False,
+                                    help="Verify only workers with this k=v label; repeatable "
+                                         "(all must match)."),
+    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+) -> None:
+    """Prove each worker end to end: run the fleet probe on it through the normal dispatch path
+    and check every seam — the dispatch's environment arrives (env), a query over the control
+    socket answers (capability), a resource written over HTTP reads back (data-plane), plus any
+    seam an installed plugin adds. Probes run concurrently and never change a worker's status.
+
+    Prints one row per worker (pass / fail / error, and for a failure the seam that broke and
+    why) and a summary. Exit 1 if any worker did not pass, or if there was nothing to verify.
+    Needs a running orchestrator (--server, SWAMP_SERVE_URL, or the repo's .swamp/serve.json).
+    """
+    from swamp import client
+    from swamp.domain.labels import parse_labels
+    from swamp.errors import UserError
+
+    labels = parse_labels(label or [])
+    server = server or _running_server(repo_dir)
+    if not server:
+        raise UserError("worker verify needs a running orchestrator: pass --server URL or set "
+                        "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)")
+    params = {"labels": labels, **({"name": name} if name else {})}
+    data = run_async(lambda: client.call(server, "worker.verify", params, timeout=180,
+                                         server_token=server_token, ca_cert=ca_cert))
+    if json_output:
+        emit_json(data)
+    elif data["workers"]:
+        marks = {"pass": "✓ pass", "fail": "✗ fail", "error": "! error"}
+        rows = [[v["name"], marks.get(v["status"], v["status"]),
+                 f"{v.get('platform') or '-'}/{v.get('arch') or '-'}",
+                 v.get("error") or "; ".join(v["failures"]) or
+                 f"{len(v['seams'])} seams ok ({', '.join(v['seams'])})"]
+                for v in data["workers"]]
+        print(table(["WORKER", "RESULT", "PLATFORM/ARCH", "DETAILS"], rows))
+        print()
+        if data["passed"] == data["total"]:
+            print(f"All {data['total']} worker(s) passed verification.")
+        else:
+            parts = [f"{data['failed']} failed" if data["failed"] else "",
+                     f"{data['errors']} gave no verdict" if data["errors"] else ""]
+            print(f"{' and '.join(p for p in parts if p)} of {data['total']} worker(s).")
+    else:
+        selection = f" matching {format_labels(labels)}" if labels else ""
+        print(f"No connected workers{selection} to verify.", file=sys.stderr)
+    if not data["workers"] or data["passed"] != data["total"]:
+        raise typer.Exit(1)
+
+
+def _running_server(repo_dir) -> str | None:
+    from swamp.errors import UserError
+    from swamp.repo import Repo
+
+    try:
+        return Repo.find(repo_path(repo_dir)).running_server()
+    except UserError:
+        return None
 
 
 # -- tokens -------------------------------------------------------------------------------------

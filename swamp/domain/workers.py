@@ -1,8 +1,8 @@
 """Worker statuses and the worker record as data.
 
 ``idle`` and ``busy`` are schedulable; ``disconnected`` is not (a member in its grace window
-keeps its place in the pool but gets no work). Later statuses (``unverified``, ``draining``) are
-never schedulable, and neither is any status a client does not know.
+keeps its place in the pool but gets no work); ``unverified`` is not (it is being probed, or its
+probe failed, under ``serve --verify-on-enroll``). Nor is any status a client does not know.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ class WorkerStatus(str, Enum):
     IDLE = "idle"
     BUSY = "busy"
     DISCONNECTED = "disconnected"
+    UNVERIFIED = "unverified"
 
 
 SCHEDULABLE = frozenset({WorkerStatus.IDLE.value, WorkerStatus.BUSY.value})
@@ -26,6 +27,9 @@ WORKER_LIFECYCLE = Lifecycle(
         WorkerStatus.IDLE: {WorkerStatus.BUSY, WorkerStatus.DISCONNECTED, WorkerStatus.IDLE},
         WorkerStatus.BUSY: {WorkerStatus.IDLE, WorkerStatus.DISCONNECTED, WorkerStatus.BUSY},
         WorkerStatus.DISCONNECTED: {WorkerStatus.IDLE, WorkerStatus.BUSY},
+        # a probe never demotes a worker: only an enrollment starts unverified
+        WorkerStatus.UNVERIFIED: {WorkerStatus.IDLE, WorkerStatus.UNVERIFIED,
+                                  WorkerStatus.DISCONNECTED},
     },
 )
 

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from swamp.hooks import hookimpl
+from swamp.models.fleet_probe import FLEET_PROBE
 from swamp.models.framework import Arg, Method, MethodFailed, ModelType, ResourceSpec
 
 # -- command/shell ------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ STEP_LEASE = ModelType(
     resources=(ResourceSpec("lease", garbage_collection=10),),
 )
 
-BUILTIN_TYPES = (SHELL, ECHO, ENROLLMENT_TOKEN, SERVER_TOKEN, WORKER, STEP_LEASE)
+BUILTIN_TYPES = (SHELL, ECHO, FLEET_PROBE, ENROLLMENT_TOKEN, SERVER_TOKEN, WORKER, STEP_LEASE)
 
 
 @hookimpl

@@ -11,6 +11,7 @@ import time
 
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
+from swamp.concurrency import open_nursery
 from swamp.domain.durations import parse_duration
 from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
@@ -50,6 +51,7 @@ class Admin:
             "worker.token.revoke": self.token_revoke,
             "model.method.run": self.method_run,
             "data.query": self.data_query,
+            "worker.verify": self.worker_verify,
         }
 
     async def server_info(self, call: IncomingCall) -> dict:
@@ -107,3 +109,29 @@ class Admin:
         predicate = parse_predicate(call.params.get("predicate"))
         records = self.store.query(predicate, all_versions=bool(call.params.get("allVersions")))
         return {"records": [r.to_json() for r in records]}
+
+    async def worker_verify(self, call: IncomingCall) -> dict:
+        """Probe the selected connected workers, concurrently, through the dispatch path."""
+        name = _text(call.params, "name", required=False)
+        labels = check_labels(call.params.get("labels") or {}, source="labels")
+        members = [m for m in self.gateway.pool.members.values() if m.connected]
+        if name:
+            members = [m for m in members if m.name == name]
+            if not members:
+                raise UserError(f"no connected worker named {name!r}: see 'swamp worker list'",
+                                code="not_found")
+        if labels:
+            members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
+        verdicts: dict[str, dict] = {}
+
+        async def probe(member_name: str) -> None:
+            verdicts[member_name] = (await self.dispatch.probe(member_name)).to_json()
+
+        async with open_nursery() as nursery:
+            for member in members:
+                nursery.start_soon(probe, member.name)
+        ordered = [verdicts[m.name] for m in sorted(members, key=lambda m: m.name)]
+        return {"workers": ordered, "total": len(ordered),
+                "passed": sum(v["status"] == "pass" for v in ordered),
+                "failed": sum(v["status"] == "fail" for v in ordered),
+                "errors": sum(v["status"] == "error" for v in ordered)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,8 @@ from swamp.domain.placement import Placement, choose_worker
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import ChannelClosed, DispatchFailed, SwampError
 from swamp.models.context import LocalContext
+from swamp.models.fleet_probe import FLEET_PROBE, MARKER_ENV
+from swamp.models.fleet_probe import INSTANCE as FLEET_PROBE_INSTANCE
 from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
 from swamp.orchestrator.credentials import Credentials
@@ -37,6 +40,7 @@ from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record
 
 log = logging.getLogger("swamp.dispatch")
+PROBE_TIMEOUT = 60
 Emit = Callable[[dict], Awaitable[None]]
 
 
@@ -46,6 +50,34 @@ class RunRequest:
     method: str
     args: dict
     placement: Placement
+    environment: dict[str, str] = field(default_factory=dict)  # extra, for this dispatch only
+    probe: bool = False  # a fleet probe: targets any connected worker, takes no slot
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """One worker's verification: ``pass``, ``fail`` (a seam broke) or ``error`` (no verdict)."""
+
+    name: str
+    status: str
+    platform: str | None = None
+    arch: str | None = None
+    seams: dict | None = None
+    failures: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.status == "error":
+            return self.error or "the probe gave no verdict"
+        return "; ".join(self.failures) or "the probe failed"
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "status": self.status, "platform": self.platform,
+               "arch": self.arch, "seams": self.seams or {}, "failures": list(self.failures)}
+        if self.error:
+            out["error"] = self.error
+        return out
 
 
 @dataclass
@@ -116,13 +148,24 @@ class DispatchService:
     async def _run_remote(self, request: RunRequest, model_type: ModelType, args: dict,
                           emit: Emit) -> dict:
         placement = request.placement
+        if request.probe:
+            member = self.pool.get(placement.target or "")
+            if member is None or not member.connected:
+                raise DispatchFailed(f"worker {placement.target!r} is not connected",
+                                     code="no_matching_worker")
+            try:
+                return await self._dispatch_once(member, uuid.uuid4().hex, request, model_type,
+                                                 args, emit)
+            except WorkerLost as exc:
+                raise DispatchFailed(f"worker {exc.worker} was lost during the probe "
+                                     f"({exc.reason})", code="worker_lost") from None
         lost: WorkerLost | None = None
         give_up_at = 0.0
         while True:
             choice = choose_worker(placement, self.pool.views())
             if choice.worker is None:
                 if lost is None:
-                    raise DispatchFailed(_no_worker_message(placement, choice),
+                    raise DispatchFailed(self._no_worker_message(placement, choice),
                                          code="no_matching_worker")
                 with trio.move_on_at(give_up_at):
                     await self.pool.wait_changed()
@@ -134,7 +177,6 @@ class DispatchService:
                     code="no_matching_worker")
             member = self.pool.members[choice.worker.name]
             dispatch_id = uuid.uuid4().hex
-            member.active.add(dispatch_id)  # reserve now: decide, then act
             try:
                 return await self._dispatch_once(member, dispatch_id, request, model_type, args,
                                                  emit)
@@ -156,17 +198,21 @@ class DispatchService:
                              model_type: ModelType, args: dict, emit: Emit) -> dict:
         active = ActiveDispatch(dispatch_id, member, model_type, request.model.name)
         credential = None
+        if not request.probe:
+            member.active.add(dispatch_id)  # reserve the slot now: decide, then act
         try:
             active.lease = self.leases.acquire(lease_id=dispatch_id, worker=member.name,
-                                model_type=model_type.type, model_name=request.model.name,
-                                method=request.method)
-            self._set_busy(member)
+                                               model_type=model_type.type,
+                                               model_name=request.model.name,
+                                               method=request.method)
+            if not request.probe:  # a probe never changes a worker's scheduling status
+                self._set_busy(member)
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             self.active[dispatch_id] = active
             params = {
                 "dispatchId": dispatch_id, "modelType": model_type.type,
                 "modelName": request.model.name, "method": request.method, "args": args,
-                "environment": self.shipped_environment, "credential": credential,
+                "environment": {**self.shipped_environment, **request.environment}, "credential": credential,
             }
             await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,
                                     "dispatchId": dispatch_id})
@@ -213,10 +259,48 @@ class DispatchService:
             if credential is not None:
                 self.credentials.revoke(credential)
             self.active.pop(dispatch_id, None)
-            member.active.discard(dispatch_id)
-            if member.connected and not member.active:
-                self._set_status(member, WorkerStatus.IDLE.value)
-            self.pool.changed()
+            if not request.probe:
+                member.active.discard(dispatch_id)
+                if member.connected and not member.active:
+                    self._set_status(member, WorkerStatus.IDLE.value)
+                self.pool.changed()
+
+    async def probe(self, name: str, *, timeout: float = PROBE_TIMEOUT) -> ProbeVerdict:
+        """Run the fleet probe on one worker through the ordinary dispatch path."""
+        marker = secrets.token_hex(8)
+        request = RunRequest(
+            model=ModelInstance(FLEET_PROBE_INSTANCE, FLEET_PROBE.type, {}, "built-in"),
+            method="verify", args={"marker": marker}, placement=Placement(target=name),
+            environment={MARKER_ENV: marker}, probe=True)
+
+        async def ignore(event: dict) -> None:
+            return None
+
+        try:
+            with trio.fail_after(timeout):
+                result = await self.run(request, ignore)
+        except trio.TooSlowError:
+            return ProbeVerdict(name, "error", error=f"the probe got no answer within {timeout:g}s")
+        except SwampError as exc:
+            return ProbeVerdict(name, "error", error=exc.message)
+        summary = result.get("result")
+        if result["status"] != "succeeded" or not isinstance(summary, dict):
+            return ProbeVerdict(name, "error", error=result.get("error") or
+                                "the probe returned no verdict")
+        return ProbeVerdict(
+            name, "pass" if summary.get("ok") else "fail", platform=summary.get("platform"),
+            arch=summary.get("arch"), seams=summary.get("seams"),
+            failures=tuple(summary.get("failures") or ()))
+
+    def _no_worker_message(self, placement: Placement, choice) -> str:
+        member = self.pool.get(placement.target or "")
+        if member is not None and member.status == WorkerStatus.UNVERIFIED.value:
+            return (f"worker {member.name!r} is unverified ({member.verify_failure_reason}); it "
+                    f"gets no work until it passes: see 'swamp worker verify {member.name}'")
+        if member is not None and not member.connected:
+            return (f"worker {member.name!r} is disconnected (it keeps its place for the grace "
+                    "window); retry when it is back")
+        return _no_worker_message(placement, choice)
 
     def _set_busy(self, member: Member) -> None:
         if member.status != WorkerStatus.BUSY.value:

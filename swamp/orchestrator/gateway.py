@@ -14,7 +14,9 @@ writing straight to the repo, which the repo watcher notices) its workers are di
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -29,6 +31,7 @@ from swamp.domain.tokens import TokenState
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.dispatch import ProbeVerdict
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.timers import Deadlines
 from swamp.protocol.frames import PROTOCOL_VERSION
@@ -81,7 +84,8 @@ class EnrollParams:
 
 class Gateway:
     def __init__(self, store: Datastore, pool: Pool, credentials: Credentials, *,
-                 grace_seconds: float, heartbeat_seconds: float, clock=time.time) -> None:
+                 grace_seconds: float, heartbeat_seconds: float, clock=time.time,
+                 prober: Callable[[str], Awaitable[ProbeVerdict]] | None = None) -> None:
         self.store = store
         self.tokens = TokenBook(store, clock=clock)
         self.workers = WorkerBook(store, clock=clock)
@@ -92,6 +96,9 @@ class Gateway:
         self.clock = clock
         self.grace = Deadlines("grace windows")
         self.token_deadlines = Deadlines("token deadlines")
+        # --verify-on-enroll: probe each enrolling worker before it becomes schedulable
+        self.prober = prober
+        self._to_verify_send, self._to_verify = trio.open_memory_channel[Member](math.inf)
 
     def __repr__(self) -> str:
         return f"<Gateway {self.pool!r} {self.grace!r} {self.token_deadlines!r}>"
@@ -120,21 +127,27 @@ class Gateway:
                     code="already_connected")
             await existing.channel.close(CLOSE_REPLACED, "replaced by a newer connection")
         reconnect = existing is not None and existing.instance_id == params.instance_id
+        verify = self.prober is not None
+        status = WorkerStatus.UNVERIFIED.value if verify else WorkerStatus.IDLE.value
+        pending = "verification in progress" if verify else None
         record = self.workers.enrolled(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
             token=token.name, labels=labels.labels, platform=params.platform, arch=params.arch,
-            capacity=params.capacity, version=params.version)
+            capacity=params.capacity, version=params.version, status=status, reason=pending)
         self.grace.cancel(name)
         member = Member(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
             token_name=token.name, labels=labels.labels, platform=params.platform,
             arch=params.arch, capacity=params.capacity, version=params.version, channel=channel,
             enrolled_at=record.attributes["enrolledAt"],
-            last_seen_at=record.attributes["lastSeenAt"], record=record)
+            last_seen_at=record.attributes["lastSeenAt"], record=record, status=status,
+            verify_failure_reason=pending)
         self.credentials.revoke_worker(name, kind="session")
         session, session_expires = self.credentials.issue_session(name)
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
-        self.pool.put(member)
+        self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
+        if verify:
+            self._to_verify_send.send_nowait(member)
         log.info("worker %s enrolled (%s) platform=%s/%s capacity=%d", name,
                  "reconnect" if reconnect else "first connect", params.platform, params.arch,
                  params.capacity)
@@ -243,7 +256,35 @@ class Gateway:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             nursery.start_soon(self._watch_repo)
+            nursery.start_soon(self._verify_enrollments, nursery)
             task_status.started()
+
+    # -- verify on enroll ----------------------------------------------------------------------
+
+    async def _verify_enrollments(self, nursery: trio.Nursery) -> None:
+        """Each enrolled member is probed in a task of the gateway's own nursery."""
+        async for member in self._to_verify:
+            nursery.start_soon(self._verify, member)
+
+    async def _verify(self, member: Member) -> None:
+        verdict = await self.prober(member.name)
+        if self.pool.get(member.name) is not member or not member.connected:
+            return  # it left (or reconnected) meanwhile: this verdict is about nobody
+        if verdict.status == "pass":
+            member.status, member.verify_failure_reason = WorkerStatus.IDLE.value, None
+            log.info("worker %s passed verification: now schedulable", member.name)
+        else:
+            member.verify_failure_reason = verdict.reason
+            log.warning("worker %s failed verification, kept unverified: %s", member.name,
+                        verdict.reason)
+        try:
+            member.record = self.workers.set_status(
+                member.name, member.status, reason=member.verify_failure_reason,
+                current=member.record)
+        except SwampError as exc:
+            log.warning("could not record the verdict for %s: %s", member.name, exc)
+        if verdict.status == "pass":
+            self.pool.changed()  # only now may waiting work see this worker
 
     async def shutdown(self) -> None:
         for member in list(self.pool.members.values()):

@@ -34,6 +34,7 @@ class Member:
     enrolled_at: str = ""
     last_seen_at: str = ""
     record: Record | None = None  # the latest worker record this process wrote
+    verify_failure_reason: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -51,6 +52,8 @@ class Member:
             "capacity": self.capacity, "activeDispatchIds": sorted(self.active),
             "enrolledAt": self.enrolled_at, "lastSeenAt": self.last_seen_at,
             "swampVersion": self.version,
+            **({"verifyFailureReason": self.verify_failure_reason}
+               if self.status == WorkerStatus.UNVERIFIED.value and self.connected else {}),
         }
 
 

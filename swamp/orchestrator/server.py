@@ -55,6 +55,7 @@ class ServeOptions:
     grace_seconds: float = 60
     heartbeat_seconds: float = 5
     worker_retention: float = 24 * 3600
+    verify_on_enroll: bool = False
     json: bool = False
 
 
@@ -139,11 +140,14 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
 
 def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
     info = {"event": "listening", "url": url, "dataPlaneUrl": data_plane,
-            "repo": str(repo.root), "auth": options.auth, "reconciled": swept}
+            "repo": str(repo.root), "auth": options.auth, "reconciled": swept,
+            "verifyOnEnroll": options.verify_on_enroll}
     if options.json:
         print(json.dumps(info), flush=True)
     else:
         print(f"swamp serve: listening on {url} (repo {repo.root})", flush=True)
+        if options.verify_on_enroll:
+            print("  verify on enroll: each worker is probed before it gets work", flush=True)
         if options.auth == "none":
             print("  auth: none (loopback only); admin commands need no server token", flush=True)
         print(f"  workers connect with: swamp worker connect {url} --token <name.secret>",
@@ -168,6 +172,8 @@ async def serve(repo: Repo, options: ServeOptions, *,
                       heartbeat_seconds=options.heartbeat_seconds)
     dispatch = DispatchService(store, registry, pool, credentials,
                                grace_seconds=options.grace_seconds)
+    if options.verify_on_enroll:
+        gateway.prober = dispatch.probe
     app = App(gateway=gateway, dispatch=dispatch, admin=Admin(repo, gateway, dispatch),
               dataplane=DataPlane(dispatch, credentials, pool),
               require_auth=options.auth == "token")

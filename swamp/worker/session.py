@@ -8,7 +8,6 @@ socket drops, all of it is cancelled, and the orchestrator decides what becomes 
 from __future__ import annotations
 
 import os
-import platform
 import time
 from dataclasses import dataclass
 
@@ -19,6 +18,8 @@ from swamp import __version__
 from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.errors import PeerError, Rejected, REJECTION_CODES, SwampError, UserError
+from swamp.hostinfo import local_platform
+from swamp.models.fleet_probe import FLEET_PROBE
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
@@ -30,16 +31,6 @@ from swamp.worker.remote_context import RemoteContext
 
 ENROLL_TIMEOUT = 30
 CONNECT_TIMEOUT = 10
-
-
-_ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
-
-
-def local_platform() -> tuple[str, str]:
-    """``(os, arch)`` as placements name them: ``linux``/``darwin``/``windows``, ``x86_64``..."""
-    system = platform.system().lower() or "unknown"
-    machine = platform.machine().lower() or "unknown"
-    return system, _ARCH_ALIASES.get(machine, machine)
 
 
 @dataclass
@@ -126,7 +117,8 @@ class Session:
     async def _handle(self, call: IncomingCall):
         if call.method != "worker.dispatch" or self.enrollment is None:
             raise UserError(f"unknown method {call.method!r}", code="unknown_method")
-        if self.active >= self.config.concurrency:
+        probe = call.params.get("modelType") == FLEET_PROBE.type
+        if self.active >= self.config.concurrency and not probe:
             raise SwampError(f"worker is at capacity ({self.active}/{self.config.concurrency} "
                              "slots in use)", code="worker_busy")
         params = call.params

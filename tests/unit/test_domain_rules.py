@@ -54,7 +54,9 @@ def test_lease_transitions():
     (WORKER_LIFECYCLE, WorkerStatus, {("idle", "busy"), ("idle", "idle"),
                                       ("idle", "disconnected"), ("busy", "idle"),
                                       ("busy", "busy"), ("busy", "disconnected"),
-                                      ("disconnected", "idle"), ("disconnected", "busy")}),
+                                      ("disconnected", "idle"), ("disconnected", "busy"),
+                                      ("unverified", "idle"), ("unverified", "unverified"),
+                                      ("unverified", "disconnected")}),
 ])
 def test_lifecycle_tables_pair_by_pair(lifecycle, states, legal):
     for a in states:
