@@ -62,9 +62,11 @@ async def _capability(ctx, args: dict) -> str:
 
 
 async def _data_plane(ctx, args: dict) -> str:
+    # An item of its own per probe: probes of many workers run at once on the same instance.
+    name = f"check-{args['marker']}"
     value = {"marker": args["marker"], "writtenAt": time.time()}
-    handle = await ctx.write_resource("result", "data-plane-check", value)
-    back = await ctx.read_resource("data-plane-check")
+    handle = await ctx.write_resource("result", name, value)
+    back = await ctx.read_resource(name)
     if back != value:
         raise SeamFailed(f"wrote version {handle['version']} but read back something else")
     return f"wrote and read back version {handle['version']} over HTTP"

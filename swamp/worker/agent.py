@@ -64,7 +64,8 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
                         return
 
             async def connect_loop() -> None:
-                outcome.append(await _connect_loop(config, reporter, mid, iid, registry))
+                outcome.append(await _connect_loop(config, reporter, mid, iid, registry,
+                                                   Path(cache_dir)))
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_on_signal)
@@ -76,7 +77,7 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
 
 
 async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid: str,
-                        registry) -> int:
+                        registry, cache_dir: Path) -> int:
     backoff = Backoff()
     started = time.monotonic()
     token_deadline: float | None = None
@@ -85,7 +86,7 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
         attempt += 1
         reporter.emit("connecting", url=redact(config.url), attempt=attempt)
         session = Session(config, machine_id=mid, instance_id=iid, registry=registry,
-                          reporter=reporter)
+                          reporter=reporter, cache_dir=cache_dir)
         try:
             reason = await session.run()
         except Rejected as exc:

@@ -20,8 +20,9 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel
 
 class RemoteContext(ContextBase):
     def __init__(self, *, call: IncomingCall, channel: RpcChannel, http: httpx.AsyncClient,
-                 data_plane: str, credential: str, **kwargs: Any) -> None:
+                 data_plane: str, credential: str, cache_dir=None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.cache_dir = cache_dir  # the worker's cache directory (for probe seams)
         self.call = call
         self.channel = channel
         self.http = http

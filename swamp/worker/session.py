@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import trio
@@ -42,8 +43,10 @@ class Enrollment:
 
 class Session:
     def __init__(self, config: WorkerConfig, *, machine_id: str, instance_id: str,
-                 registry: ModelRegistry, reporter: Reporter) -> None:
+                 registry: ModelRegistry, reporter: Reporter, cache_dir: Path | None = None
+                 ) -> None:
         self.config = config
+        self.cache_dir = cache_dir
         self.machine_id = machine_id
         self.instance_id = instance_id
         self.registry = registry
@@ -143,7 +146,8 @@ class Session:
                 call=call, channel=call.channel, http=self.http,
                 data_plane=self.config.data_plane(), credential=credential,
                 model_type=model_type, model_name=model_name, method=method.name,
-                dispatch_id=dispatch_id, env=environment.overlay(os.environ, shipped))
+                dispatch_id=dispatch_id, env=environment.overlay(os.environ, shipped),
+                cache_dir=self.cache_dir)
             outcome = await run_method(method, args, ctx)
         finally:
             self.active -= 1

@@ -1,0 +1,71 @@
+import pytest
+
+from swamp.domain.labels import merge_labels
+from swamp.domain.urls import redact
+from swamp.errors import UserError
+from swamp.worker.config import WorkerConfig, read_token
+
+
+def test_env_labels_merge_under_flags():
+    assert merge_labels("zone=a,gpu=true", ["zone=b"]) == {"zone": "b", "gpu": "true"}
+    assert merge_labels(" zone=a , ,gpu=true,", []) == {"zone": "a", "gpu": "true"}
+    assert merge_labels(None, ["x=1"]) == {"x": "1"}
+    assert merge_labels("", []) == {}
+
+
+@pytest.mark.parametrize("env,flags,source,entry", [
+    ("zone=a,oops", [], "SWAMP_WORKER_LABELS", "oops"),
+    ("zone=a", ["bad"], "--label", "bad"),
+    ("=x", [], "SWAMP_WORKER_LABELS", "=x"),
+])
+def test_a_bad_label_names_its_entry_and_source(env, flags, source, entry):
+    with pytest.raises(UserError) as info:
+        merge_labels(env, flags)
+    assert repr(entry) in info.value.message and source in info.value.message
+
+
+def test_token_from_a_file_trims_one_trailing_newline(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("pool.abc\n")
+    assert read_token(None, secret) == "pool.abc"
+    secret.write_text("pool.abc\r\n")
+    assert read_token(None, secret) == "pool.abc"
+    assert read_token(" pool.xyz ", None) == "pool.xyz"
+
+
+def test_token_file_errors_never_echo_the_token(tmp_path):
+    with pytest.raises(UserError, match="not both"):
+        read_token("pool.secret", tmp_path / "t")
+    with pytest.raises(UserError, match="cannot read the token file"):
+        read_token(None, tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(UserError, match="is empty"):
+        read_token(None, empty)
+
+
+def test_missing_url_or_token_names_the_flag_and_the_variable():
+    with pytest.raises(UserError) as info:
+        WorkerConfig(url="", token="t.s")
+    assert "SWAMP_ORCHESTRATOR_URL" in info.value.message and "argument" in info.value.message
+    with pytest.raises(UserError) as info:
+        WorkerConfig(url="ws://h:1", token="")
+    for name in ("--token", "SWAMP_WORKER_TOKEN", "--token-file", "SWAMP_WORKER_TOKEN_FILE"):
+        assert name in info.value.message
+
+
+def test_urls_with_credentials_are_redacted_in_errors():
+    with pytest.raises(UserError) as info:
+        WorkerConfig(url="http://user:hunter2@host:9/x?token=abc", token="t.s")
+    assert "hunter2" not in info.value.message and "abc" not in info.value.message
+    assert redact("wss://u:p@h:7420/p?q=1") == "wss://h:7420/p"
+    assert redact("ws://[::1]:80/") == "ws://[::1]:80/"
+
+
+def test_the_data_plane_is_derived_or_explicit():
+    assert WorkerConfig(url="wss://h:7420", token="t.s").data_plane() == "https://h:7420"
+    assert WorkerConfig(url="ws://h:7420/x", token="t.s").data_plane() == "http://h:7420"
+    assert WorkerConfig(url="ws://h", token="t.s",
+                        data_plane_url="http://other:1/").data_plane() == "http://other:1"
+    with pytest.raises(UserError, match="SWAMP_DATA_PLANE_URL"):
+        WorkerConfig(url="ws://h", token="t.s", data_plane_url="ftp://x")
