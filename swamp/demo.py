@@ -32,10 +32,11 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
         await stop_all(processes)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
-    say("8. everything shut down cleanly" + (f"; repo kept at {repo.root}" if keep else ""))
+    say("9. everything shut down cleanly" + (f"; repo kept at {repo.root}" if keep else ""))
     if as_json:
         print(json.dumps(report, indent=2))
-    return 0 if report.get("succeeded") == count + 1 else 1
+    passed = report.get("verify", {}).get("passed")
+    return 0 if report.get("succeeded") == count + 1 and passed == count else 1
 
 
 async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
@@ -91,5 +92,12 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     for w in pool["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
         say(f"   {w['name']:<16} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
+    verified = await client.call(url, "worker.verify", {}, timeout=120)
+    report["verify"] = verified
+    say("8. swamp worker verify (the fleet probe, every seam):")
+    for verdict in verified["workers"]:
+        seams = ", ".join(f"{name} {'ok' if r['ok'] else 'FAILED'}"
+                          for name, r in verdict["seams"].items())
+        say(f"   {verdict['name']:<16} {verdict['status']:<5} {seams}")
     records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
     report["succeeded"] = records

@@ -16,8 +16,8 @@ def demo(
     json_output: bool = JSON,
 ) -> None:
     """Start an orchestrator on a free port in a temporary repo, mint one fleet token, start
-    worker processes, run command/shell on each by target and once by label, show what ran where
-    and the pool, then shut everything down."""
+    worker processes, run command/shell on each by target and once by label, show what ran where,
+    the pool and a fleet verification, then shut everything down."""
     import trio
 
     from swamp.demo import run_demo
