@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              repo_path, run_async, table)
+                              repo_path, run_async)
 
 app = typer.Typer(help="Models: types, instances and running their methods.",
                   no_args_is_help=True, rich_markup_mode=None)

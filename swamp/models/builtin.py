@@ -14,7 +14,8 @@ from swamp.models.framework import Arg, Method, MethodFailed, ModelType, Resourc
 
 async def _shell_run(ctx, args: dict[str, Any]) -> dict:
     started = time.monotonic()
-    result = await ctx.run_process(args["command"], cwd=args.get("cwd"), timeout=args.get("timeout"))
+    result = await ctx.run_process(args["command"], cwd=args.get("cwd"),
+                                   timeout=args.get("timeout"))
     summary = {
         "exitCode": result.exit_code,
         "stdoutTail": "\n".join(result.stdout_tail),

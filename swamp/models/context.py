@@ -62,7 +62,8 @@ class ContextBase(abc.ABC):
         tails = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
         try:
             process = await trio.lowlevel.open_process(
-                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env=self.env, cwd=cwd or self.cwd,
                 start_new_session=sys.platform != "win32",
             )

@@ -212,7 +212,8 @@ class DispatchService:
             params = {
                 "dispatchId": dispatch_id, "modelType": model_type.type,
                 "modelName": request.model.name, "method": request.method, "args": args,
-                "environment": {**self.shipped_environment, **request.environment}, "credential": credential,
+                "environment": {**self.shipped_environment, **request.environment},
+                "credential": credential,
             }
             await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,
                                     "dispatchId": dispatch_id})

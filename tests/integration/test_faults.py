@@ -1,9 +1,6 @@
 """Real faults: SIGKILLed workers, a crashed orchestrator, a frozen (SIGSTOPped) worker."""
 
-import json
 import signal
-import subprocess
-import sys
 
 import pytest
 
