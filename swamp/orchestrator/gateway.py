@@ -238,9 +238,13 @@ class Gateway:
             if current == seen:
                 continue
             seen = current
-            self.arm_token_deadlines()
-            for name in {m.token_name for m in self.pool.members.values() if m.connected}:
-                await self.token_changed(name)
+            try:
+                self.arm_token_deadlines()
+                for name in {m.token_name for m in self.pool.members.values() if m.connected}:
+                    await self.token_changed(name)
+            except SwampError as exc:  # e.g. the database is locked: try again next tick
+                log.warning("could not re-check tokens after a repo change: %s", exc)
+                seen = None
 
     def arm_token_deadlines(self) -> None:
         """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
@@ -267,7 +271,11 @@ class Gateway:
             nursery.start_soon(self._verify, member)
 
     async def _verify(self, member: Member) -> None:
-        verdict = await self.prober(member.name)
+        try:
+            verdict = await self.prober(member.name)
+        except Exception as exc:  # a bug in probing must not take the orchestrator down
+            log.exception("verifying %s failed unexpectedly", member.name)
+            verdict = ProbeVerdict(member.name, "error", error=f"the probe crashed: {exc}")
         if self.pool.get(member.name) is not member or not member.connected:
             return  # it left (or reconnected) meanwhile: this verdict is about nobody
         if verdict.status == "pass":

@@ -12,6 +12,7 @@ import ipaddress
 import json
 import logging
 import signal
+import sqlite3
 import ssl
 import sys
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain.naming import is_fleet
 from swamp.concurrency import open_nursery
-from swamp.errors import UserError
+from swamp.errors import SwampError, UserError
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
@@ -106,7 +107,10 @@ async def _checkpointer(store: Datastore) -> None:
             await wanted.wait()
         if store.writes != seen:
             seen = store.writes
-            await trio.to_thread.run_sync(store.checkpoint)
+            try:
+                await trio.to_thread.run_sync(store.checkpoint)
+            except sqlite3.Error as exc:  # busy readers: the next checkpoint catches up
+                log.warning("WAL checkpoint skipped: %s", exc)
         wanted = trio.Event()
 
 
@@ -133,7 +137,11 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
-        removed = collect_bookkeeping(store, pool, worker_retention=worker_retention)
+        try:
+            removed = collect_bookkeeping(store, pool, worker_retention=worker_retention)
+        except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
+            log.warning("garbage collection skipped: %s", exc)
+            continue
         if removed:
             log.info("garbage collection removed %d record(s)", removed)
 

@@ -6,10 +6,13 @@ or until a deadline is added or cancelled.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Hashable
 
 import trio
+
+log = logging.getLogger("swamp.timers")
 
 
 class Deadlines:
@@ -48,4 +51,7 @@ class Deadlines:
             now = trio.current_time()
             for key in [k for k, w in self._due.items() if w <= now]:
                 del self._due[key]
-                await on_due(key)
+                try:
+                    await on_due(key)
+                except Exception:  # one failed callback must not stop every other deadline
+                    log.exception("%s: handling %r failed", self.name, key)
