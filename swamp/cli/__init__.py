@@ -19,16 +19,17 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain Click help: rewraps paragraphs, starts faster
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("init")(repo_cmd.init)
-app.command("serve")(serve_cmd.serve)
-app.command("demo")(demo_cmd.demo)
+app.command("init", short_help="Create a repo (swamp.toml, models/, database).")(repo_cmd.init)
+app.command("serve", short_help="Run the orchestrator.")(serve_cmd.serve)
+app.command("demo", short_help="See it work: an orchestrator, two workers, dispatches.")(
+    demo_cmd.demo)
 app.add_typer(worker_cmd.app, name="worker")
 app.add_typer(server_cmd.app, name="server")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(model_cmd.app, name="model")
 
 
-@app.command("version")
+@app.command("version", short_help="Print the version and protocol version.")
 def version(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Print swamp's version and its protocol version."""
     import json

@@ -14,7 +14,7 @@ app = typer.Typer(help="Data: the versioned records methods (and the orchestrato
                   no_args_is_help=True, rich_markup_mode=None)
 
 
-@app.command("query")
+@app.command("query", short_help="Select records with a predicate.")
 @command
 def query(
     predicate: str = typer.Argument(..., help='e.g. modelType == "command/shell" && '

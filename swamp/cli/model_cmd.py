@@ -33,7 +33,7 @@ def parse_args(items: list[str]) -> dict[str, str]:
     return out
 
 
-@app.command("types")
+@app.command("types", short_help="Model types and their methods.")
 @command
 def types(json_output: bool = JSON) -> None:
     """Every runnable model type (built-in and from installed plugins) with its methods."""
@@ -74,7 +74,7 @@ def _render_event(event: dict, json_output: bool) -> None:
               file=sys.stderr, flush=True)
 
 
-@method_app.command("run")
+@method_app.command("run", short_help="Run a method here or on a worker.")
 @command
 def run(
     model: str = typer.Argument(..., help="A model instance from models/*.toml, or a model type "

@@ -23,7 +23,7 @@ def _book(repo_dir):
     return ServerTokenBook(Repo.find(repo_path(repo_dir)).open_store())
 
 
-@token_app.command("create")
+@token_app.command("create", short_help="Mint an admin server token.")
 @command
 def create(name: str = typer.Argument(..., help="Token name."), repo_dir: Path = REPO_DIR,
            json_output: bool = JSON) -> None:
@@ -40,7 +40,7 @@ def create(name: str = typer.Argument(..., help="Token name."), repo_dir: Path =
     print("Shown once: store it now. Clients pass it with --server-token or SWAMP_SERVER_TOKEN.")
 
 
-@token_app.command("list")
+@token_app.command("list", short_help="Admin server tokens and their state.")
 @command
 def list_tokens(repo_dir: Path = REPO_DIR, json_output: bool = JSON) -> None:
     """Every admin server token and its state."""
@@ -58,7 +58,7 @@ def list_tokens(repo_dir: Path = REPO_DIR, json_output: bool = JSON) -> None:
         print("No server tokens: create one with 'swamp server token create NAME'.")
 
 
-@token_app.command("revoke")
+@token_app.command("revoke", short_help="Revoke an admin server token.")
 @command
 def revoke(name: str = typer.Argument(..., help="Token name."), repo_dir: Path = REPO_DIR,
            json_output: bool = JSON) -> None:

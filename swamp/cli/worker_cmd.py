@@ -19,7 +19,7 @@ token_app = typer.Typer(help="Enrollment tokens: what a worker presents to join 
 app.add_typer(token_app, name="token")
 
 
-@app.command("connect")
+@app.command("connect", short_help="Enroll a worker and run what it is sent.")
 @command
 def connect(
     url: str = typer.Argument(None, envvar="SWAMP_ORCHESTRATOR_URL", show_default=False,
@@ -96,7 +96,7 @@ def _list_via(server, server_token, ca_cert, repo_dir, all_workers: bool) -> dic
         store.close()
 
 
-@app.command("list")
+@app.command("list", short_help="The pool: workers, status, slots, labels.")
 @command
 def list_workers(
     all_workers: bool = typer.Option(False, "--all", help="Include disconnected workers."),
@@ -132,7 +132,7 @@ def list_workers(
               "'swamp worker list --all' shows them.")
 
 
-@app.command("verify")
+@app.command("verify", short_help="Probe workers end to end, seam by seam.")
 @command
 def verify(
     name: str = typer.Argument(None, show_default=False,
@@ -201,7 +201,7 @@ def _running_server(repo_dir) -> str | None:
 # -- tokens -------------------------------------------------------------------------------------
 
 
-@token_app.command("create")
+@token_app.command("create", short_help="Mint an enrollment token (one or a fleet).")
 @command
 def token_create(
     name: str = typer.Argument(..., help="Token name: lowercase letters, digits, - and _."),
@@ -257,7 +257,7 @@ def token_create(
           "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL")
 
 
-@token_app.command("list")
+@token_app.command("list", short_help="Tokens: state, deadline, enrollments.")
 @command
 def token_list(
     server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
@@ -292,7 +292,7 @@ def token_list(
     print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS"], rows))
 
 
-@token_app.command("revoke")
+@token_app.command("revoke", short_help="Revoke a token; its workers are cut off.")
 @command
 def token_revoke(
     name: str = typer.Argument(..., help="The token to revoke."),
