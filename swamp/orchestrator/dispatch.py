@@ -139,7 +139,7 @@ class DispatchService:
         ctx = LocalContext(store=self.store, emit=emit, model_type=model_type,
                            model_name=request.model.name, method=request.method,
                            dispatch_id=None, env=self.environ)
-        await emit({"kind": "started", "where": "orchestrator"})
+        await _safe_emit(emit, {"kind": "started", "where": "orchestrator"})
         outcome = await run_method(model_type.method(request.method), args, ctx)
         return dict(outcome.to_json(), worker=None)
 
