@@ -56,7 +56,7 @@ async def main(args) -> dict:
         async with trio.open_nursery() as drains:
             for reader in [serve_lines, *readers]:
                 drains.start_soon(reader.drain)
-            result = await measure(url, args)
+            result = await measure(url, repo.admin_credential_for(url), args)
             drains.cancel_scope.cancel()
         return result
     finally:
@@ -67,11 +67,11 @@ async def main(args) -> dict:
             print(f"kept {root} (logs of every process)", file=sys.stderr)
 
 
-async def measure(url: str, args) -> dict:
+async def measure(url: str, admin: str | None, args) -> dict:
     """Sequential latency on one client, then throughput with every slot kept busy."""
     params = {"model": "swamp/echo", "method": "echo", "args": {},
               "placement": {"labels": {"role": "bench"}}}
-    async with connect(url) as channel:
+    async with connect(url, server_token=admin) as channel:
         for _ in range(50):  # warm up
             await channel.call("model.method.run", params)
         latencies = []
@@ -86,7 +86,7 @@ async def measure(url: str, args) -> dict:
 
     async def client(count: int) -> None:
         nonlocal done
-        async with connect(url) as channel:
+        async with connect(url, server_token=admin) as channel:
             for _ in range(count):
                 result = await channel.call("model.method.run", params, timeout=60)
                 assert result["status"] == "succeeded", result

@@ -46,6 +46,7 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     drains.start_soon(server_lines.drain)
     say(f"2. orchestrator listening on {url}")
     report["url"] = url
+    admin = repo.admin_credential_for(url)  # the local credential, as the CLI in the repo uses
 
     store = repo.open_store()
     _, credential = TokenBook(store).mint("demo", duration_seconds=3600, max_enrollments=count)
@@ -73,7 +74,7 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
         result = await client.call(url, "model.method.run", {
             "model": "command/shell", "method": "run",
             "args": {"command": command}, "placement": placement}, timeout=60,
-            on_event=on_event)
+            on_event=on_event, server_token=admin)
         report["runs"].append({"placement": placement, "worker": result["worker"],
                                "status": result["status"], "output": lines})
         return result
@@ -86,13 +87,13 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     result = await run({"labels": {"fleet": "demo"}}, "echo picked by label")
     say(f"   ran on {result['worker']}: {result['status']}")
 
-    pool = await client.call(url, "worker.list", {})
+    pool = await client.call(url, "worker.list", {}, server_token=admin)
     report["workers"] = pool["workers"]
     say("7. the pool (swamp worker list):")
     for w in pool["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
         say(f"   {w['name']:<16} {w['status']:<6} {w['platform']}/{w['arch']}  {labels}")
-    verified = await client.call(url, "worker.verify", {}, timeout=120)
+    verified = await client.call(url, "worker.verify", {}, timeout=120, server_token=admin)
     report["verify"] = verified
     say("8. swamp worker verify (the fleet probe, every seam):")
     for verdict in verified["workers"]:

@@ -89,11 +89,12 @@ REJECTION_CODES = frozenset(
     {
         "token_revoked",
         "token_expired",
-        "token_mismatch",
-        "token_unknown",
+        "token_invalid",
         "invalid_token",
         "protocol_mismatch",
         "allowance_exhausted",
+        "label_not_allowed",
+        "label_pinned",
     }
 )
 
@@ -112,6 +113,7 @@ _WIRE_CLASSES.update(
         "no_matching_worker": DispatchFailed,
         "write_then_drop": DispatchFailed,
         "channel_closed": ChannelClosed,
+        "busy": PeerError,
         "timeout": CallTimeout,
     }
 )

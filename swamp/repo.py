@@ -13,10 +13,13 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import tomli_w
 
+from swamp.domain.environment import check_names
 from swamp.domain.names import check_name, is_model_type
+from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
 from swamp.errors import UserError
 from swamp.store.datastore import Datastore
 
@@ -25,12 +28,21 @@ CONFIG_FILE = "swamp.toml"
 
 @dataclass(frozen=True)
 class ModelInstance:
-    """A named model with its arguments, from ``models/<name>.toml`` (or ad hoc from a type)."""
+    """A named model with its arguments, from ``models/<name>.toml`` (or ad hoc from a type).
+
+    ``env`` names the orchestrator's variables its dispatches carry to a worker; ``reads`` names
+    the other models whose data its methods may query (see ``domain/read_scope``).
+    """
 
     name: str
     type: str
     args: dict
     source: str
+    env: tuple[str, ...] = ()
+    reads: tuple[ReadEntry, ...] = ()
+
+
+_MODEL_KEYS = ("name", "type", "args", "env", "reads")
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,7 @@ class Repo:
                 f"{path} is not a swamp repo (no {CONFIG_FILE}): create one with "
                 f"'swamp init {path}' or point --repo-dir / SWAMP_REPO_DIR at an existing repo"
             )
-        (path / ".swamp").mkdir(exist_ok=True)
+        (path / ".swamp").mkdir(mode=0o700, exist_ok=True)
         return cls(path)
 
     def open_store(self, *, orchestrator: bool = False) -> Datastore:
@@ -109,8 +121,33 @@ class Repo:
             args = data.get("args", {})
             if not isinstance(args, dict):
                 raise UserError(f"{path}: 'args' must be a table")
-            instances[name] = ModelInstance(name, data["type"], args, str(path))
+            unknown = sorted(set(data) - set(_MODEL_KEYS))
+            if unknown:
+                raise UserError(f"{path}: unknown key {unknown[0]!r} (a model file has "
+                                f"{', '.join(_MODEL_KEYS)})")
+            for key in ("env", "reads"):
+                if not isinstance(data.get(key, []), list):
+                    raise UserError(f"{path}: {key!r} must be a list of strings")
+            env = check_names(data.get("env", []), source=f"{path.name} env")
+            reads = parse_reads(data.get("reads", []), source=f"{path.name} reads")
+            instances[name] = ModelInstance(name, data["type"], args, str(path), env, reads)
         return instances
+
+    def read_scope(self, model: ModelInstance) -> ReadScope:
+        """What dispatches of ``model`` may query: its own data plus what it declares."""
+        if not model.reads:
+            return ReadScope.of(model.type, model.name)
+        instances = self.model_instances()
+        also, patterns = [], []
+        for entry in model.reads:
+            if entry.type_pattern is not None:
+                patterns.append(entry.type_pattern)
+            elif entry.instance in instances:
+                also.append((instances[entry.instance].type, entry.instance))
+            else:
+                raise UserError(f"{model.source}: reads names {entry.instance!r}, which is not a "
+                                f"model in models/ (instances: {', '.join(sorted(instances))})")
+        return ReadScope.of(model.type, model.name, also=also, type_patterns=patterns)
 
     def resolve_model(self, model: str) -> ModelInstance:
         """An instance name from ``models/``, or a model type (an ad-hoc instance).
@@ -128,20 +165,56 @@ class Repo:
 
     # -- the running server's address --------------------------------------------------------
 
-    def write_serve_file(self, url: str, data_plane_url: str) -> None:
-        tmp = self.serve_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"url": url, "dataPlaneUrl": data_plane_url,
-                                   "pid": os.getpid()}))
+    def write_serve_file(self, url: str, data_plane_url: str, *,
+                         admin_credential: str | None = None) -> None:
+        """Announce the running server: its URL and (readable by the repo's owner only) the
+        local admin credential the CLI presents to it."""
+        info = {"url": url, "dataPlaneUrl": data_plane_url, "pid": os.getpid()}
+        if admin_credential:
+            info["adminCredential"] = admin_credential
+        tmp = self.serve_file.with_name(f".serve.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(info))
+        os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to a file that already existed
         tmp.replace(self.serve_file)
 
-    def running_server(self) -> str | None:
-        """The URL in ``.swamp/serve.json`` if that process is still alive."""
+    def _serve_info(self) -> dict | None:
+        """``.swamp/serve.json`` if the process that wrote it is still alive."""
         try:
             info = json.loads(self.serve_file.read_text())
             os.kill(int(info["pid"]), 0)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return info.get("url")
+        return info if isinstance(info, dict) else None
+
+    def running_server(self) -> str | None:
+        """The URL in ``.swamp/serve.json`` if that process is still alive."""
+        info = self._serve_info()
+        return info.get("url") if info else None
+
+    def admin_credential_for(self, url: str) -> str | None:
+        """The local admin credential of the server running on this repo — only if ``url`` is
+        that server (the credential must never be sent anywhere else)."""
+        info = self._serve_info()
+        if not info or not info.get("adminCredential") or not same_server(info.get("url"), url):
+            return None
+        return info["adminCredential"]
+
+
+def same_server(announced: object, url: str) -> bool:
+    """Is ``url`` the announced URL? Loopback spellings (127.0.0.1, localhost, ::1) are one."""
+    if not isinstance(announced, str):
+        return False
+    try:
+        a, b = urlsplit(announced), urlsplit(url)
+        a_port, b_port = a.port, b.port
+    except ValueError:
+        return False
+    if a.scheme != b.scheme or a_port != b_port:
+        return False
+    loopback = {"127.0.0.1", "localhost", "::1"}
+    return a.hostname == b.hostname or (a.hostname in loopback and b.hostname in loopback)
 
 
 def adhoc(model_type: str) -> ModelInstance:

@@ -12,6 +12,7 @@ from swamp.models.builtin import SERVER_TOKEN
 from swamp.store.datastore import Datastore, Key, iso
 
 TYPE = SERVER_TOKEN.type
+_NO_SUCH_TOKEN_HASH = hash_secret("no such token")
 POLICY = SERVER_TOKEN.resources[0].policy
 
 
@@ -51,15 +52,26 @@ class ServerTokenBook:
     def all(self) -> list[dict]:
         return [r.attributes for r in self.store.latest_of_type(TYPE)]
 
+    def get(self, name: str) -> dict | None:
+        record = self.store.latest(Key(TYPE, name, "token"))
+        return record.attributes if record else None
+
     def authenticate(self, credential: str) -> str:
-        """The token's name if the credential is a live server token, else ``Forbidden``."""
+        """The token's name if the credential is a live server token, else ``Forbidden``.
+
+        An unknown name and a wrong secret get the same answer (and both cost a hash
+        comparison); only whoever holds the secret is told that the token was revoked.
+        """
         try:
             name, secret = split_credential(credential)
         except Rejected:
-            raise Forbidden("the server token must have the form <name>.<secret>",
-                            code="unauthorized") from None
+            raise Forbidden("the server token must have the form <name>.<secret> (as printed by "
+                            "'swamp server token create')", code="unauthorized") from None
         record = self.store.latest(Key(TYPE, name, "token"))
-        if (record is None or record.attributes["state"] != "active"
-                or not secret_matches(secret, record.attributes["secretHash"])):
-            raise Forbidden("the server token is unknown, revoked or wrong", code="unauthorized")
+        stored = record.attributes["secretHash"] if record else _NO_SUCH_TOKEN_HASH
+        if not secret_matches(secret, stored) or record is None:
+            raise Forbidden(f"the server token {name!r} was not accepted: its name is unknown or "
+                            "its secret does not match", code="unauthorized")
+        if record.attributes["state"] != "active":
+            raise Forbidden(f"the server token {name!r} has been revoked", code="unauthorized")
         return name

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Collection
 
 from swamp.domain import tokens as rules
+from swamp.domain.claims import ClaimPolicy
 from swamp.domain.names import check_name
 from swamp.domain.naming import worker_name_for
 from swamp.domain.tokens import Redeemed, Token
@@ -35,8 +36,8 @@ class TokenBook:
     def all(self) -> list[Token]:
         return [Token.from_attributes(r.attributes) for r in self.store.latest_of_type(TYPE)]
 
-    def mint(self, name: str, *, duration_seconds: int,
-             max_enrollments: int | str = 1) -> tuple[Token, str]:
+    def mint(self, name: str, *, duration_seconds: int, max_enrollments: int | str = 1,
+             claims: ClaimPolicy | None = None) -> tuple[Token, str]:
         """Returns the record and the credential ``<name>.<secret>`` (shown once, never stored)."""
         check_name(name, what="token name")
         owner = self.worker_names_of_others(name).get(name)
@@ -52,7 +53,7 @@ class TokenBook:
             return rules.mint(
                 name, secret=secret, now=now, now_iso=iso(now),
                 expires_iso=iso(now + duration_seconds), duration_seconds=duration_seconds,
-                existing=existing, max_enrollments=max_enrollments,
+                existing=existing, max_enrollments=max_enrollments, claims=claims,
             ).to_attributes()
 
         record, _ = self.store.transition(_key(name), decide, policy=POLICY)
@@ -84,7 +85,8 @@ class TokenBook:
         _, wrote = self.store.transition(_key(name), decide, policy=POLICY)
         return wrote
 
-    def redeem(self, credential: str, *, machine_id: str) -> Redeemed:
+    def redeem(self, credential: str, *, machine_id: str, labels: dict | None = None,
+               capacity: int = 1) -> Redeemed:
         """Admit a machine, or raise ``Rejected``. An unknown name reads and writes nothing else.
 
         A new binding is named by :func:`worker_name_for`, avoiding every name another machine
@@ -101,7 +103,7 @@ class TokenBook:
             token = Token.from_attributes(current.attributes) if current else None
             decision = rules.redeem(
                 token, name=name, secret=secret, machine_id=machine_id, now=now,
-                now_iso=iso(now), name_new=name_new,
+                now_iso=iso(now), name_new=name_new, labels=labels, capacity=capacity,
             )
             outcome[:] = [decision]
             return decision.write.to_attributes() if decision.write else None
@@ -149,4 +151,5 @@ def token_item(token: Token, now: float) -> dict:
         "enrollments": len(token.bindings),
         "bindings": [b.to_json() for b in token.bindings],
         **({"revokedAt": token.revoked_at} if token.revoked_at else {}),
+        **token.claims.to_attributes(),
     }

@@ -20,16 +20,19 @@ SERVER = typer.Option(
     help="Go through a running orchestrator (ws://host:port) instead of the repo")
 SERVER_TOKEN = typer.Option(
     None, "--server-token", envvar="SWAMP_SERVER_TOKEN", show_default=False,
-    help="Admin server token <name.secret>, needed when serve runs --auth token")
+    help="Admin server token <name.secret> (swamp server token create). Not needed in the "
+         "orchestrator's repo: there the CLI presents the local credential from .swamp/.")
 CA_CERT = typer.Option(
     None, "--ca-cert", envvar="SWAMP_CA_CERT", show_default=False, exists=False,
     help="PEM file of the CA that signed the orchestrator's TLS certificate.")
 
 
 def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):
+    from swamp.domain.text import printable
+
     if as_json:
         print(json.dumps({"error": {"code": code, "message": message}}))
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {printable(message)}", file=sys.stderr)
     raise typer.Exit(status)
 
 
@@ -58,6 +61,11 @@ def emit_json(obj: Any) -> None:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Columns for a terminal. Cells often hold what peers sent (a worker's platform, labels),
+    so every control character is shown escaped, never interpreted."""
+    from swamp.domain.text import printable
+
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
@@ -74,3 +82,32 @@ def run_async(fn, *args):
     import trio
 
     return trio.run(fn, *args)
+
+
+def admin_credential(server: str, server_token: str | None, repo_dir: Path | None) -> str | None:
+    """The credential to present to ``server``: the explicit server token, else the local
+    credential of the repo's running server — only when ``server`` is that server."""
+    if server_token:
+        from swamp.domain.urls import redact, sends_in_clear
+
+        if sends_in_clear(server):
+            print(f"warning: the server token crosses the network in clear text to "
+                  f"{redact(server)}; prefer wss://", file=sys.stderr)
+        return server_token
+    from swamp.errors import UserError
+    from swamp.repo import Repo
+
+    try:
+        return Repo.find(repo_path(repo_dir)).admin_credential_for(server)
+    except UserError:
+        return None
+
+
+def admin_call(server: str, method: str, params: dict | None = None, *, server_token=None,
+               ca_cert=None, repo_dir=None, **kwargs: Any):
+    """One admin frame to a running orchestrator, with the right credential."""
+    from swamp import client
+
+    credential = admin_credential(server, server_token, repo_dir)
+    return run_async(lambda: client.call(server, method, params or {}, server_token=credential,
+                                         ca_cert=ca_cert, **kwargs))

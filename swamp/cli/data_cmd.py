@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              repo_path, run_async, table)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
+                              emit_json, repo_path, table)
 
 app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -32,11 +32,9 @@ def query(
 
     parsed = parse(predicate)
     if server:
-        from swamp import client
-
-        records = run_async(lambda: client.call(
-            server, "data.query", {"predicate": predicate, "allVersions": all_versions},
-            server_token=server_token, ca_cert=ca_cert))["records"]
+        params = {"predicate": predicate, "allVersions": all_versions}
+        records = admin_call(server, "data.query", params, server_token=server_token,
+                             ca_cert=ca_cert, repo_dir=repo_dir)["records"]
     else:
         from swamp.repo import Repo
 

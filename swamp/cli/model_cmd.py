@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              repo_path, run_async)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
+                              emit_json, repo_path, run_async)
 
 app = typer.Typer(help="Models: types, instances and running their methods.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -61,16 +61,20 @@ def _render_event(event: dict, json_output: bool) -> None:
     if json_output:
         print(json.dumps({"event": event}), flush=True)
         return
+    from swamp.domain.text import printable
+
+    # Lines come from a worker's command: shown, never interpreted (no terminal escapes).
     kind = event.get("kind")
-    where = event.get("worker") or "orchestrator"
+    where = printable(event.get("worker") or "orchestrator")
     if kind == "log":
         stream = sys.stderr if event.get("stream") == "stderr" else sys.stdout
-        print(f"[{where}] {event.get('line', '')}", file=stream, flush=True)
-    elif kind == "dispatched":
-        print(f"→ dispatched to {event['worker']} ({event['dispatchId'][:8]})", file=sys.stderr,
+        print(f"[{where}] {printable(event.get('line', ''), keep_tab=True)}", file=stream,
               flush=True)
+    elif kind == "dispatched":
+        print(f"→ dispatched to {where} ({printable(event['dispatchId'][:8])})",
+              file=sys.stderr, flush=True)
     elif kind == "redispatch":
-        print(f"↻ worker {event['worker']} was lost ({event['reason']}); dispatching again",
+        print(f"↻ worker {where} was lost ({printable(event['reason'])}); dispatching again",
               file=sys.stderr, flush=True)
 
 
@@ -87,6 +91,11 @@ def run(
                                                           "repeatable (all must match)."),
     platform: str = typer.Option(None, "--platform", help="Run on a worker of this os or "
                                                           "os/arch, e.g. linux/x86_64."),
+    env: list[str] = typer.Option(None, "--env", metavar="NAME", show_default=False,
+                                  help="Ship this variable of the orchestrator's environment "
+                                       "to the worker; repeatable. Nothing is shipped unless "
+                                       "named here, by the model (env = [...]) or by serve "
+                                       "--ship-env."),
     server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
     repo_dir: Path = REPO_DIR, json_output: bool = JSON,
 ) -> None:
@@ -100,7 +109,10 @@ def run(
     from swamp.domain.placement import Placement
     from swamp.errors import UserError
 
+    from swamp.domain.environment import check_names
+
     args = parse_args(arg or [])
+    env_names = check_names(env or [], source="--env")
     placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
     if not server and placement.is_remote():
         from swamp.repo import Repo
@@ -117,13 +129,11 @@ def run(
         _render_event(event, json_output)
 
     if server:
-        from swamp import client
-
         params = {"model": model, "method": method, "args": args,
-                  "placement": placement.to_json()}
-        result = run_async(lambda: client.call(server, "model.method.run", params,
-                                               server_token=server_token, ca_cert=ca_cert,
-                                               timeout=None, on_event=on_event))
+                  "placement": placement.to_json(), "env": list(env_names)}
+        result = admin_call(server, "model.method.run", params, server_token=server_token,
+                            ca_cert=ca_cert, repo_dir=repo_dir, timeout=None,
+                            on_event=on_event)
     else:
         result = run_async(_run_here, repo_dir, model, method, args, on_event)
     _render_result(result, json_output)
@@ -155,12 +165,14 @@ def _render_result(result: dict, json_output: bool) -> None:
     if json_output:
         print(json.dumps({"result": result}), flush=True)
         return
+    from swamp.domain.text import printable
+
     where = result.get("worker") or "orchestrator"
     outputs = ", ".join(f"{o['spec']}/{o['name']} v{o['version']}" for o in result["outputs"])
     if result["status"] == "succeeded":
-        print(f"✓ {result['modelType']}.{result['method']} succeeded on {where} in "
-              f"{result['durationMs']}ms" + (f"; wrote {outputs}" if outputs else ""),
-              file=sys.stderr)
+        line = (f"✓ {result['modelType']}.{result['method']} succeeded on {where} in "
+                f"{result['durationMs']}ms" + (f"; wrote {outputs}" if outputs else ""))
     else:
-        print(f"✗ {result['modelType']}.{result['method']} failed on {where}: "
-              f"{result.get('error')}", file=sys.stderr)
+        line = (f"✗ {result['modelType']}.{result['method']} failed on {where}: "
+                f"{result.get('error')}")
+    print(printable(line), file=sys.stderr)

@@ -10,6 +10,17 @@ import typer
 from swamp.cli.common import JSON, REPO_DIR, command, repo_path
 
 
+class EscapingFormatter(logging.Formatter):
+    """Log messages quote what peers sent (names, reasons): control characters are escaped, so
+    no peer can forge a log line or send escape sequences to the operator's terminal."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        from swamp.domain.text import printable
+
+        record.message = printable(record.message, keep_tab=True)
+        return super().formatMessage(record)
+
+
 @command
 def serve(
     repo_dir: Path = REPO_DIR,
@@ -18,9 +29,27 @@ def serve(
                                   "token."),
     port: int = typer.Option(7420, "--port", envvar="SWAMP_SERVE_PORT",
                              help="Port to listen on; 0 picks a free one."),
-    auth: str = typer.Option("none", "--auth", envvar="SWAMP_SERVE_AUTH",
-                             help="none (loopback only) or token: admin commands then need a "
-                                  "server token (swamp server token create NAME)."),
+    auth: str = typer.Option("token", "--auth", envvar="SWAMP_SERVE_AUTH",
+                             help="token: admin frames need a credential — the local one this "
+                                  "server writes to .swamp/serve.json (the CLI in the repo "
+                                  "finds it), or a server token (swamp server token create "
+                                  "NAME). none: anyone who can reach the port is an admin "
+                                  "(loopback only)."),
+    allow_origin: list[str] = typer.Option(
+        None, "--allow-origin", metavar="URL", show_default=False,
+        help="Admit requests from web pages of this origin (https://host[:port]); repeatable. "
+             "By default any request that carries an Origin header — every browser's — is "
+             "refused."),
+    trusted_host: list[str] = typer.Option(
+        None, "--trusted-host", metavar="NAME", show_default=False,
+        help="Another name clients may use for this server in the Host header (loopback "
+             "binds accept only localhost and IP addresses otherwise: a DNS rebinding guard); "
+             "repeatable."),
+    ship_env: str = typer.Option(
+        None, "--ship-env", envvar="SWAMP_SHIP_ENV", metavar="NAME,...", show_default=False,
+        help="Variables of this process every dispatch carries to its worker. Nothing else is "
+             "shipped unless a model (env = [...] in models/*.toml) or a run (--env NAME) "
+             "names it."),
     tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate: serve wss:// and "
                                                           "https://."),
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert."),
@@ -42,10 +71,14 @@ def serve(
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
 
-    Prints the ws:// URL it listens on and writes it to .swamp/serve.json. Before accepting
-    traffic it reconciles what a previous run left: active leases expire, workers that were
-    connected are marked disconnected (they reconnect by themselves). Stop with Ctrl-C or
-    SIGTERM.
+    Prints the ws:// URL it listens on and writes it to .swamp/serve.json (mode 0600, with
+    the local admin credential the CLI in this repo presents). Before accepting traffic it
+    reconciles what a previous run left: active leases expire, workers that were connected
+    are marked disconnected (they reconnect by themselves). Stop with Ctrl-C or SIGTERM.
+
+    Secure by default: admin frames need a credential; requests from web pages (an Origin
+    header) and, on loopback, unknown Host names are refused; workers get none of this
+    process's environment unless it is named (--ship-env, a model's env, a run's --env).
     """
     import trio
 
@@ -60,9 +93,12 @@ def serve(
         heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
         worker_retention=parse_duration(worker_retention, what="--worker-retention"),
         verify_on_enroll=verify_on_enroll,
+        allow_origins=tuple(allow_origin or ()), trusted_hosts=tuple(trusted_host or ()),
+        ship_env=tuple(n.strip() for n in (ship_env or "").split(",") if n.strip()),
         json=json_output)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                                                   "%(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     trio.run(run, repo, options)

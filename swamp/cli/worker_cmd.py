@@ -8,9 +8,10 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              repo_path, run_async, table)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
+                              emit_json, repo_path, run_async, table)
 from swamp.domain.labels import format_labels
+from swamp.domain.text import printable
 
 app = typer.Typer(help="Workers: connect one, list the pool, manage enrollment tokens.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -48,6 +49,11 @@ def connect(
                                        show_default=False,
                                        help="Base URL of the data plane, for split deployments "
                                             "(default: the connect URL's host over http/https)"),
+    insecure: bool = typer.Option(
+        False, "--insecure", envvar="SWAMP_WORKER_INSECURE",
+        help="Allow plain ws:// and http:// to a host other than this one: the token and "
+             "dispatch credentials then cross the network unencrypted. Without it the worker "
+             "refuses, and asks for wss://."),
     protocol_version: int = typer.Option(None, "--protocol-version", hidden=True,
                                          help="Announce another protocol version (for "
                                               "compatibility testing)."),
@@ -75,17 +81,16 @@ def connect(
         url=url or "", token=read_token(token, token_file),
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
         cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
-        data_plane_url=data_plane_url, json=json_output, protocol_version=protocol_version)
+        data_plane_url=data_plane_url, json=json_output, protocol_version=protocol_version,
+        insecure=insecure)
     status = run_async(run_worker, config, Reporter(json_lines=json_output))
     raise typer.Exit(status)
 
 
 def _list_via(server, server_token, ca_cert, repo_dir, all_workers: bool) -> dict:
     if server:
-        from swamp import client
-
-        return run_async(lambda: client.call(server, "worker.list", {"all": all_workers},
-                                             server_token=server_token, ca_cert=ca_cert))
+        return admin_call(server, "worker.list", {"all": all_workers},
+                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
     from swamp.bookkeeping.workers import WorkerBook, worker_items
     from swamp.repo import Repo
 
@@ -123,7 +128,8 @@ def list_workers(
               "mint a token with 'swamp worker token create NAME --duration 1h' and connect one.")
     for worker in data["workers"]:
         if worker["status"] == "unverified":
-            print(f"{worker['name']} is unverified: {worker.get('verifyFailureReason', '?')}")
+            print(printable(f"{worker['name']} is unverified: "
+                            f"{worker.get('verifyFailureReason', '?')}"))
     if any(w["status"] == "unverified" for w in data["workers"]):
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
     hidden = data["hiddenDisconnected"]
@@ -152,7 +158,6 @@ def verify(
     why) and a summary. Exit 1 if any worker did not pass, or if there was nothing to verify.
     Needs a running orchestrator (--server, SWAMP_SERVE_URL, or the repo's .swamp/serve.json).
     """
-    from swamp import client
     from swamp.domain.labels import parse_labels
     from swamp.errors import UserError
 
@@ -162,8 +167,8 @@ def verify(
         raise UserError("worker verify needs a running orchestrator: pass --server URL or set "
                         "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)")
     params = {"labels": labels, **({"name": name} if name else {})}
-    data = run_async(lambda: client.call(server, "worker.verify", params, timeout=180,
-                                         server_token=server_token, ca_cert=ca_cert))
+    data = admin_call(server, "worker.verify", params, timeout=180,
+                      server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
     if json_output:
         emit_json(data)
     elif data["workers"]:
@@ -212,6 +217,17 @@ def token_create(
         help="How many machines may enroll with it. 1: one worker named after the token. More "
              "(or unlimited): a fleet; each machine is named <token>-<hash of its machine id> "
              "and labelled fleet=<token>."),
+    label: list[str] = typer.Option(
+        None, "--label", show_default=False,
+        help="Pin a k=v label on every worker of this token; repeatable. A worker that claims "
+             "another value for the key is refused."),
+    allow_labels: str = typer.Option(
+        None, "--allow-labels", metavar="KEY,...", show_default=False,
+        help="The only label keys a worker may set itself (default: any). An empty value "
+             "allows none; a worker setting another key is refused."),
+    max_concurrency: int = typer.Option(
+        None, "--max-concurrency", metavar="N", show_default=False,
+        help="At most N slots per worker; a worker asking for more gets N."),
     server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
     repo_dir: Path = REPO_DIR, json_output: bool = JSON,
 ) -> None:
@@ -219,19 +235,29 @@ def token_create(
 
     One fleet token can enroll a whole autoscaling group: --max-enrollments 8 or unlimited.
     A name that is revoked or expired may be minted again; a live one is refused.
+
+    What its workers may say about themselves is the token's to limit: --label pins labels,
+    --allow-labels lists the keys they may set, --max-concurrency caps their slots. Example:
+    swamp worker token create gpu --duration 7d --max-enrollments unlimited --label gpu=true
+    --allow-labels zone --max-concurrency 4
     """
+    from swamp.domain.claims import ClaimPolicy
     from swamp.domain.durations import parse_duration
+    from swamp.domain.labels import parse_labels
     from swamp.domain.tokens import parse_max_enrollments
 
     seconds = parse_duration(duration, what="--duration")
     allowance = parse_max_enrollments(max_enrollments)
+    allowed = None if allow_labels is None else [k.strip() for k in allow_labels.split(",")
+                                                 if k.strip()]
+    claims = ClaimPolicy.build(pinned=parse_labels(label or []), allowed_keys=allowed,
+                               max_concurrency=max_concurrency)
     if server:
-        from swamp import client
-
-        item = run_async(lambda: client.call(server, "worker.token.create",
-                                             {"name": name, "duration": duration,
-                                              "maxEnrollments": allowance},
-                                             server_token=server_token, ca_cert=ca_cert))
+        params = {"name": name, "duration": duration, "maxEnrollments": allowance,
+                  "labels": dict(claims.pinned), "maxConcurrency": claims.max_concurrency,
+                  "allowLabels": None if allowed is None else sorted(claims.allowed_keys)}
+        item = admin_call(server, "worker.token.create", params,
+                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
     else:
         from swamp.bookkeeping.tokens import TokenBook, token_item
         from swamp.repo import Repo
@@ -239,7 +265,7 @@ def token_create(
         store = Repo.find(repo_path(repo_dir)).open_store()
         try:
             token, credential = TokenBook(store).mint(name, duration_seconds=seconds,
-                                                      max_enrollments=allowance)
+                                                      max_enrollments=allowance, claims=claims)
         finally:
             store.close()
         item = dict(token_item(token, time.time()), token=credential)
@@ -250,6 +276,9 @@ def token_create(
     if item["maxEnrollments"] != 1:
         print(f"fleet token: up to {item['maxEnrollments']} machines, each labelled "
               f"fleet={item['name']}")
+    limits = ClaimPolicy.from_attributes(item).describe()
+    if limits:
+        print(f"its workers: {limits}")
     print()
     print(f"  {item['token']}")
     print()
@@ -265,10 +294,8 @@ def token_list(
 ) -> None:
     """Every enrollment token: state, deadline, enrollments used / allowed."""
     if server:
-        from swamp import client
-
-        items = run_async(lambda: client.call(server, "worker.token.list", {},
-                                              server_token=server_token, ca_cert=ca_cert))
+        items = admin_call(server, "worker.token.list", {},
+                           server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
         items = items["tokens"]
     else:
         from swamp.bookkeeping.tokens import TokenBook, token_item
@@ -287,9 +314,12 @@ def token_list(
         print("No enrollment tokens: mint one with 'swamp worker token create NAME "
               "--duration 1h'.")
         return
+    from swamp.domain.claims import ClaimPolicy
+
     rows = [[t["name"], t["state"], t["expiresAt"], f"{t['enrollments']} / "
-             f"{t['maxEnrollments']}"] for t in items]
-    print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS"], rows))
+             f"{t['maxEnrollments']}", ClaimPolicy.from_attributes(t).describe() or "-"]
+            for t in items]
+    print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS", "WORKER LIMITS"], rows))
 
 
 @token_app.command("revoke", short_help="Revoke a token; its workers are cut off.")
@@ -303,10 +333,8 @@ def token_revoke(
     enroll with it again. Works through a running server or straight on the repo (a running
     server notices the change)."""
     if server:
-        from swamp import client
-
-        item = run_async(lambda: client.call(server, "worker.token.revoke", {"name": name},
-                                             server_token=server_token, ca_cert=ca_cert))
+        item = admin_call(server, "worker.token.revoke", {"name": name},
+                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
     else:
         from swamp.bookkeeping.tokens import TokenBook, token_item
         from swamp.repo import Repo

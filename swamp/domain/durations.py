@@ -7,14 +7,14 @@ import re
 from swamp.errors import UserError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_PATTERN = re.compile(r"^(-?\d+)([smhdw])$")
+_PATTERN = re.compile(r"(-?\d+)([smhdw])")
 HINT = ("a duration is a positive whole number followed by s, m, h, d or w, "
         "e.g. 30s, 15m, 2h, 7d, 1w")
 
 
 def parse_duration(text: str, *, what: str = "duration") -> int:
     """Return the duration in seconds; zero, negative or malformed input is a ``UserError``."""
-    match = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+    match = _PATTERN.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise UserError(f"invalid {what} {text!r}: {HINT}")
     amount = int(match.group(1))

@@ -1,13 +1,23 @@
-"""The environment a dispatch ships from the orchestrator to the worker.
+"""The environment a dispatch ships from the orchestrator to the worker: only what is named.
 
-The orchestrator's environment, minus what describes *its* machine or *its* credentials, is
-overlaid on the worker's own. The worker drops the same names again on its side, so a denylisted
-variable can never cross, and it never hands its own credentials to anything it spawns.
+Nothing leaves unnamed. A dispatch carries the variables named by ``serve --ship-env`` (every
+dispatch), by its model instance (``env = [...]`` in ``models/*.toml``) and by its run
+(``--env NAME``), with the orchestrator's values; nothing else. (The TypeScript original shipped
+the whole environment minus a short denylist, which sent every cloud key and database URL the
+orchestrator had to every worker.)
+
+Some names may never be shipped, named or not: what describes the orchestrator's own machine or
+session (``HOME``, ``PATH``, ``XDG_*``…) and swamp's own credentials (``SWAMP_*``). Naming one is
+an input error. The worker drops the same names again on its side, and never hands its own
+``SWAMP_*`` variables to anything it spawns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+
+from swamp.errors import UserError
 
 DENY_EXACT = frozenset(
     {
@@ -17,6 +27,8 @@ DENY_EXACT = frozenset(
     }
 )
 DENY_PREFIXES = ("XDG_", "SWAMP_", "SSH_", "LC_")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_NAMES = 256
 
 
 def denied(name: str) -> bool:
@@ -24,14 +36,31 @@ def denied(name: str) -> bool:
     return upper in DENY_EXACT or upper.startswith(DENY_PREFIXES)
 
 
-def ship(env: Mapping[str, str]) -> dict[str, str]:
-    """What the orchestrator sends with a dispatch."""
-    return {k: v for k, v in env.items() if not denied(k)}
+def check_names(names: Iterable[object], *, source: str) -> tuple[str, ...]:
+    """Validate variable names to ship (``source`` names where they came from); keeps order,
+    drops repeats."""
+    out: dict[str, None] = {}
+    for name in names:
+        if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+            raise UserError(f"invalid variable name {name!r} in {source}: letters, digits and "
+                            "'_', not starting with a digit")
+        if denied(name):
+            raise UserError(f"{name} in {source} can never be shipped to workers: it describes "
+                            "the orchestrator's own machine or holds swamp's credentials")
+        out[name] = None
+    if len(out) > MAX_NAMES:
+        raise UserError(f"{source} names {len(out)} variables (at most {MAX_NAMES})")
+    return tuple(out)
+
+
+def ship(env: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The named variables this environment has (a name it lacks is simply not shipped)."""
+    return {name: env[name] for name in names if name in env and not denied(name)}
 
 
 def overlay(local: Mapping[str, str], shipped: Mapping[str, str]) -> dict[str, str]:
     """The environment a method sees on the worker: the worker's own (minus swamp's credentials),
-    with the shipped values winning, denylisted names dropped from the shipped side."""
+    with the shipped values winning, denied names dropped from the shipped side."""
     merged = {k: v for k, v in local.items() if not k.upper().startswith("SWAMP_")}
-    merged.update(ship(shipped))
+    merged.update({k: v for k, v in shipped.items() if not denied(k)})
     return merged

@@ -11,14 +11,14 @@ import re
 
 from swamp.errors import UserError
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 # Data names may also carry dots and capitals (``result``, ``probe-result``, ``lease-<uuid>``).
-DATA_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-MODEL_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)+$")
+DATA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+MODEL_TYPE_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)+")
 
 
 def check_name(name: str, *, what: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise UserError(
             f"invalid {what} {name!r}: use 1-64 lowercase letters, digits, '-' or '_', "
             "starting with a letter or digit"
@@ -27,7 +27,7 @@ def check_name(name: str, *, what: str = "name") -> str:
 
 
 def check_data_name(name: str, *, what: str = "data name") -> str:
-    if not isinstance(name, str) or not DATA_NAME_PATTERN.match(name) or ".." in name:
+    if not isinstance(name, str) or not DATA_NAME_PATTERN.fullmatch(name) or ".." in name:
         raise UserError(
             f"invalid {what} {name!r}: use 1-128 letters, digits, '.', '-' or '_', "
             "starting with a letter or digit, without '..'"
@@ -36,4 +36,4 @@ def check_data_name(name: str, *, what: str = "data name") -> str:
 
 
 def is_model_type(text: str) -> bool:
-    return bool(MODEL_TYPE_PATTERN.match(text))
+    return isinstance(text, str) and MODEL_TYPE_PATTERN.fullmatch(text) is not None

@@ -1,4 +1,4 @@
-"""What an enrolled machine is called in the pool, and the fleet label it carries.
+"""What an enrolled machine is called in the pool (its labels are decided in ``claims``).
 
 A single-machine token (``maxEnrollments == 1``) names its worker after itself. A fleet token
 names each machine ``<token>-<suffix>``, the suffix the first hex digits of SHA-256(machineId):
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from swamp.domain.tokens import Token
 
 SUFFIX_LENGTH = 8
-FLEET_LABEL = "fleet"
 
 
 def machine_digest(machine_id: str) -> str:
@@ -40,18 +38,3 @@ def worker_name_for(token: Token, machine_id: str, taken: Collection[str] = ()) 
             return candidate
     # 64 hex digits of SHA-256 equal means the same machine id: unreachable for two machines.
     raise AssertionError(f"no free name for machine {machine_id!r} under token {token.name!r}")
-
-
-@dataclass(frozen=True)
-class Labels:
-    labels: dict[str, str]
-    kept_own_fleet: bool  # the worker supplied its own fleet label (the caller warns)
-
-
-def member_labels(token: Token, supplied: dict[str, str]) -> Labels:
-    """A fleet member gets ``fleet=<token>`` unless it supplied its own ``fleet`` label."""
-    if not is_fleet(token):
-        return Labels(dict(supplied), kept_own_fleet=False)
-    if FLEET_LABEL in supplied:
-        return Labels(dict(supplied), kept_own_fleet=supplied[FLEET_LABEL] != token.name)
-    return Labels({**supplied, FLEET_LABEL: token.name}, kept_own_fleet=False)

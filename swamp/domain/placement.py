@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from swamp.domain.workers import is_schedulable
+from swamp.domain.workers import INSTANCE_ID, is_schedulable
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,29 @@ class WorkerView:
         return self.capacity - self.active
 
 
+def resolve_target(target: str, workers: Iterable[WorkerView]) -> WorkerView | None:
+    """The one worker a target names, or ``None``.
+
+    Identity is the orchestrator's: a target is the *name* it gave a worker. An instance id
+    (the per-process UUID a worker chooses itself) also works, but only when it is well formed,
+    no worker is named that, and exactly one worker in the pool has it — so a worker that calls
+    its instance another worker's name, or copies another's instance id, receives nothing.
+    """
+    candidates = list(workers)
+    for worker in candidates:
+        if worker.name == target:
+            return worker
+    if INSTANCE_ID.fullmatch(target) is None:
+        return None
+    same = [w for w in candidates if w.instance_id == target]
+    return same[0] if len(same) == 1 else None
+
+
 def matches(placement: Placement, worker: WorkerView) -> bool:
-    """Does this worker satisfy the requirement, regardless of load and status?"""
+    """Does this worker satisfy the labels and platform, regardless of load and status? (A
+    target is resolved against the whole pool: :func:`resolve_target`.)"""
     if placement.target:
-        return placement.target in (worker.name, worker.instance_id)
+        return placement.target == worker.name
     for key, value in placement.labels.items():
         if worker.labels.get(key) != value:
             return False
@@ -90,6 +109,11 @@ class Choice:
 
 def choose_worker(placement: Placement, workers: Iterable[WorkerView]) -> Choice:
     """Least-loaded first (most free slots), then name, among connected, matching workers."""
+    if placement.target:
+        target = resolve_target(placement.target, workers)
+        if target is None:
+            return Choice(worker=None, matching=0, full=0)
+        placement, workers = Placement(target=target.name), [target]
     best: WorkerView | None = None
     matching = full = 0
     for worker in workers:

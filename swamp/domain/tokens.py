@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from typing import Literal
 
+from swamp.domain.claims import ClaimPolicy, Granted, grant
 from swamp.domain.lifecycle import Lifecycle
 from swamp.domain.names import check_name
+from swamp.domain.workers import looks_like_instance_id
 from swamp.errors import Rejected, UserError
 
 Unlimited = Literal["unlimited"]
@@ -71,6 +73,7 @@ class Token:
     max_enrollments: int | Unlimited = 1
     bindings: tuple[Binding, ...] = field(default_factory=tuple)
     revoked_at: str | None = None
+    claims: ClaimPolicy = field(default_factory=ClaimPolicy)
 
     # -- reading and writing the stored shape ------------------------------------------------
 
@@ -105,6 +108,7 @@ class Token:
             max_enrollments=attrs.get("maxEnrollments", 1),
             bindings=bindings,
             revoked_at=attrs.get("revokedAt"),
+            claims=ClaimPolicy.from_attributes(attrs),
         )
 
     def to_attributes(self) -> dict:
@@ -120,6 +124,7 @@ class Token:
         }
         if self.revoked_at:
             attrs["revokedAt"] = self.revoked_at
+        attrs.update(self.claims.to_attributes())
         return attrs
 
     # -- derived views -------------------------------------------------------------------------
@@ -208,9 +213,13 @@ def mint(
     duration_seconds: int,
     existing: Token | None,
     max_enrollments: int | Unlimited = 1,
+    claims: ClaimPolicy | None = None,
 ) -> Token:
     """A new token; a name still live is refused, a revoked or expired one may be minted again."""
     check_name(name, what="token name")
+    if looks_like_instance_id(name):
+        raise UserError(f"invalid token name {name!r}: it looks like a worker instance id (a "
+                        "UUID), which --target must never confuse with a name; pick another")
     if duration_seconds <= 0:
         raise UserError("a token's duration must be positive")
     if existing is not None and existing.live(now):
@@ -227,16 +236,34 @@ def mint(
         expires_at_epoch=now + duration_seconds,
         secret_hash=hash_secret(secret),
         max_enrollments=max_enrollments,
+        claims=claims or ClaimPolicy(),
     )
+
+
+class TokenNotAccepted(Rejected):
+    """An unknown token name or a wrong secret: one answer for both (``detail`` is for logs)."""
+
+    code = "token_invalid"
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__("the enrollment token was not accepted: its name is unknown or its "
+                         "secret does not match (check SWAMP_WORKER_TOKEN / --token-file)")
+        self.name = name
+        self.detail = detail
+
+
+_NO_SUCH_TOKEN_HASH = hash_secret("no such token")
 
 
 @dataclass(frozen=True)
 class Redeemed:
-    """A successful redeem: ``write`` is the record to store (``None`` for a re-authentication)."""
+    """A successful redeem: ``write`` is the record to store (``None`` for a re-authentication),
+    ``granted`` the labels and slots the worker is admitted with."""
 
     token: Token
     binding: Binding
     write: Token | None
+    granted: Granted
 
 
 def redeem(
@@ -248,26 +275,34 @@ def redeem(
     now: float,
     now_iso: str,
     name_new: Callable[[Token], str],
+    labels: Mapping[str, str] | None = None,
+    capacity: int = 1,
 ) -> Redeemed:
     """Decide an enrollment attempt. Raises ``Rejected`` with a code naming the reason.
 
     ``name_new(token)`` gives the name a *new* binding gets (called only when one is made); a
-    known machine keeps the name stored in its binding.
+    known machine keeps the name stored in its binding. The worker's claimed ``labels`` and
+    ``capacity`` are judged by the token's claim policy *before* anything is bound, so a refused
+    worker never uses up an enrollment.
     """
+    # Whoever does not hold the secret learns nothing, not even whether the name exists: an
+    # unknown name and a wrong secret get the same answer (the detail goes to the log only),
+    # and an unknown name still costs a hash comparison. Only the holder of the secret is told
+    # that the token is revoked, expired or full.
     if token is None:
-        raise Rejected(
-            f"token {name!r} does not exist: mint it with 'swamp worker token create'",
-            code="token_unknown",
-        )
+        secret_matches(secret, _NO_SUCH_TOKEN_HASH)
+        raise TokenNotAccepted(name, "no token has this name")
+    if not secret_matches(secret, token.secret_hash):
+        raise TokenNotAccepted(name, "the secret does not match")
     if token.state is TokenState.REVOKED:
         raise Rejected(f"token {name!r} has been revoked", code="token_revoked")
     if token.effective_state(now) is TokenState.EXPIRED:
         raise Rejected(f"token {name!r} has expired", code="token_expired")
-    if not secret_matches(secret, token.secret_hash):
-        raise Rejected(f"token {name!r}: the secret does not match", code="token_mismatch")
+    granted = grant(token.claims, token_name=token.name, fleet=token.max_enrollments != 1,
+                    labels=labels or {}, capacity=capacity)
     known = token.binding_for(machine_id)
     if known is not None:
-        return Redeemed(token=token, binding=known, write=None)
+        return Redeemed(token=token, binding=known, write=None, granted=granted)
     if not token.has_room():
         raise Rejected(
             f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})",
@@ -276,7 +311,7 @@ def redeem(
     binding = Binding(machine_id=machine_id, worker_name=name_new(token), enrolled_at=now_iso)
     TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
     updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))
-    return Redeemed(token=updated, binding=binding, write=updated)
+    return Redeemed(token=updated, binding=binding, write=updated, granted=granted)
 
 
 def revoke(token: Token, *, now_iso: str) -> Token | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -20,3 +21,23 @@ def redact(url: str) -> str:
         port = None
     netloc = f"{host}:{port}" if port else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (``127.0.0.0/8``, ``::1``)."""
+    host = (host or "").strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def sends_in_clear(url: str) -> bool:
+    """Would a secret sent to ``url`` cross a network unencrypted (plain ws/http, not loopback)?"""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return True
+    return parts.scheme in ("ws", "http") and not is_loopback(parts.hostname or "")

@@ -7,9 +7,11 @@ probe failed, under ``serve --verify-on-enroll``). Nor is any status a client do
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 from swamp.domain.lifecycle import Lifecycle
+from swamp.errors import UserError
 
 
 class WorkerStatus(str, Enum):
@@ -41,3 +43,52 @@ def is_schedulable(status: str) -> bool:
 
 def status_for(active: int) -> WorkerStatus:
     return WorkerStatus.BUSY if active > 0 else WorkerStatus.IDLE
+
+
+# -- what a worker says about itself at enrollment ------------------------------------------------
+# Checked with full matches: these strings end up in the pool, in records, in terminals and logs.
+
+INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_INSTANCE_ID_PREFIX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}(-.*)?")
+MACHINE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+PLATFORM_WORD = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+# a token name (64) and, for a fleet member, '-' and up to 64 hex digits of suffix
+WORKER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,129}")
+
+
+def looks_like_instance_id(name: str) -> bool:
+    """A token or worker name that an instance id could equal (or a fleet name could grow into).
+
+    Such names are refused, so a ``--target`` can never mean a name and an instance id at once.
+    """
+    return _INSTANCE_ID_PREFIX.fullmatch(name) is not None
+
+
+def _check(pattern: re.Pattern, value: object, what: str, rule: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "…"
+        raise UserError(f"enrollment needs {what!r}: {rule}, got {shown!r}")
+    return value
+
+
+def check_instance_id(value: object) -> str:
+    return _check(INSTANCE_ID, value, "instanceId", "a lowercase UUID")
+
+
+def check_machine_id(value: object) -> str:
+    return _check(MACHINE_ID, value, "machineId", "1-128 letters, digits, '.', '_' or '-'")
+
+
+def check_platform_word(value: object, what: str) -> str:
+    return _check(PLATFORM_WORD, value, what, "1-32 lowercase letters, digits, '.', '_' or '-'")
+
+
+def check_worker_name(value: object) -> str:
+    if not isinstance(value, str) or WORKER_NAME.fullmatch(value) is None:
+        raise UserError(f"invalid worker name {value!r}")
+    return value
+
+
+def check_version(value: object) -> str:
+    return _check(VERSION, value, "version", "1-64 letters, digits, '.', '+', '_' or '-'")

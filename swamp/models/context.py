@@ -16,15 +16,9 @@ import trio
 from swamp.concurrency import open_nursery
 from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
-from swamp.errors import Forbidden, UserError
+from swamp.errors import UserError
 from swamp.models.framework import ModelType, ProcessResult
 from swamp.store.datastore import Datastore, Key
-
-# Model types whose data a *dispatched* method may never read: credentials and the pool.
-INFRASTRUCTURE_TYPES = frozenset(
-    {"swamp/enrollment-token", "swamp/server-token", "swamp/worker", "swamp/step-lease"}
-)
-
 
 class ContextBase(abc.ABC):
     """Everything but the data access: identity, environment, logging, subprocesses."""
@@ -159,14 +153,3 @@ def read_value(record) -> Any:
     if record is None:
         return None
     return record.content if record.content is not None else record.attributes
-
-
-def refuse_infrastructure(records: list[dict]) -> list[dict]:
-    """Dispatched methods may not read tokens, workers or leases: refuse, naming the type."""
-    for record in records:
-        if record["modelType"] in INFRASTRUCTURE_TYPES:
-            raise Forbidden(
-                f"the query matched {record['modelType']} data, which dispatched methods may not "
-                "read; narrow the predicate (e.g. modelType == \"...\")"
-            )
-    return records

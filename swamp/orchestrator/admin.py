@@ -12,7 +12,9 @@ import time
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
 from swamp.concurrency import open_nursery
+from swamp.domain.claims import ClaimPolicy
 from swamp.domain.durations import parse_duration
+from swamp.domain.environment import check_names
 from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
@@ -68,8 +70,15 @@ class Admin:
         name = _text(call.params, "name")
         seconds = parse_duration(_text(call.params, "duration"), what="--duration")
         allowance = parse_max_enrollments(call.params.get("maxEnrollments", 1))
+        allowed = call.params.get("allowLabels")
+        if allowed is not None and not isinstance(allowed, list):
+            raise UserError("'allowLabels' must be a list of label keys")
+        claims = ClaimPolicy.build(pinned=check_labels(call.params.get("labels") or {},
+                                                       source="--label"),
+                                   allowed_keys=allowed,
+                                   max_concurrency=call.params.get("maxConcurrency"))
         token, credential = self.tokens.mint(name, duration_seconds=seconds,
-                                             max_enrollments=allowance)
+                                             max_enrollments=allowance, claims=claims)
         self.gateway.token_deadlines.set(token.name,
                                          self.gateway._trio_time(token.expires_at_epoch))
         return dict(token_item(token, self.clock()), token=credential)
@@ -99,7 +108,12 @@ class Admin:
             target=_text(placement_raw, "target", required=False),
             labels=check_labels(placement_raw.get("labels") or {}, source="placement labels"),
             platform=_text(placement_raw, "platform", required=False))
-        request = RunRequest(model, _text(params, "method"), args, placement)
+        env_names = params.get("env") or []
+        if not isinstance(env_names, list):
+            raise UserError("'env' must be a list of variable names")
+        request = RunRequest(model, _text(params, "method"), args, placement,
+                             env_names=check_names(env_names, source="--env"),
+                             read_scope=self.repo.read_scope(model))
         started = iso(self.clock())
         result = await self.dispatch.run(request, call.emit)
         return dict(result, model=model.name, modelType=model.type, method=request.method,

@@ -1,12 +1,21 @@
-"""The one ASGI app: websocket upgrades are the control plane, plain HTTP the data plane."""
+"""The one ASGI app: websocket upgrades are the control plane, plain HTTP the data plane.
+
+Every request first passes the request policy (browsers are not clients; the Host header must
+name this orchestrator), then the credential in its ``Authorization`` header is identified once.
+What a socket may do with that identity is the connection's business; how much an untrusted
+socket may cost is admission's.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 
-from swamp.bookkeeping.server_tokens import ServerTokenBook
-from swamp.errors import Forbidden
+from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.text import printable
 from swamp.orchestrator.admin import Admin
+from swamp.orchestrator.admin_auth import AdminAuth, AuthRefused, Principal
+from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
@@ -16,18 +25,40 @@ from swamp.protocol.transport import AsgiTransport
 log = logging.getLogger("swamp.app")
 
 
+def _headers(scope) -> dict[str, str]:
+    """Lowercase header names to their first value (latin-1, as HTTP defines them)."""
+    out: dict[str, str] = {}
+    for name, value in scope.get("headers") or []:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out
+
+
 class App:
     def __init__(self, *, gateway: Gateway, dispatch: DispatchService, admin: Admin,
-                 dataplane: DataPlane, require_auth: bool) -> None:
+                 dataplane: DataPlane, auth: AdminAuth, policy: RequestPolicy,
+                 admission: Admission | None = None) -> None:
         self.gateway = gateway
         self.dispatch = dispatch
         self.admin = admin
         self.dataplane = dataplane
-        self.require_auth = require_auth
-        self.server_tokens = ServerTokenBook(dispatch.store)
+        self.auth = auth
+        self.policy = policy
+        self.admission = admission or Admission()
+        self.refused = 0
+        dataplane.is_admin = self._is_admin
+        gateway.repo_listeners.append(self.close_revoked_admins)
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
+        if kind in ("http", "websocket"):
+            reason = self.policy.refusal(_headers(scope))
+            if reason is not None:
+                self.refused += 1
+                client = scope.get("client") or ("?", 0)
+                log.warning("refused a %s request from %s: %s", kind, client[0],
+                            printable(reason))
+                await _refuse(kind, receive, send, reason)
+                return
         if kind == "http":
             await self.dataplane(scope, receive, send)
         elif kind == "websocket":
@@ -41,27 +72,41 @@ class App:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
 
-    def _admin_authorized(self, scope) -> bool:
-        if not self.require_auth:
-            return True
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        try:
-            self.server_tokens.authenticate(token.strip())
-        except Forbidden:
-            return False
-        return True
+    def _is_admin(self, scope) -> bool:
+        return isinstance(self.auth.identify(_headers(scope).get("authorization")), Principal)
 
     async def _websocket(self, scope, receive, send) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":
             return
+        authorization = _headers(scope).get("authorization")
+        identity = self.auth.identify(authorization)
+        if authorization and isinstance(identity, AuthRefused):
+            log.info("refused an admin credential: %s", printable(identity.message))
         await send({"type": "websocket.accept"})
         client = scope.get("client") or ("?", 0)
         connection = Connection(
             AsgiTransport(receive, send), gateway=self.gateway, dispatch=self.dispatch,
-            admin=self.admin, admin_authorized=self._admin_authorized(scope),
+            admin=self.admin, admission=self.admission, identity=identity,
             peer=f"{client[0]}:{client[1]}")
         await connection.serve()
+
+    def close_revoked_admins(self) -> None:
+        """After a repo change: close the admin sockets of server tokens revoked meanwhile."""
+        for connection in self.admission.revoked_admins(self.auth.still_valid):
+            principal = connection.identity
+            log.info("closing %s: %s was revoked", connection.peer, principal.describe())
+            connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
+
+
+async def _refuse(kind: str, receive, send, reason: str) -> None:
+    body = json.dumps({"error": {"code": "forbidden", "message": reason}}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if kind == "http":
+        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    else:
+        await receive()  # websocket.connect
+        await send({"type": "websocket.http.response.start", "status": 403, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})

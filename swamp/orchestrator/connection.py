@@ -1,18 +1,25 @@
 """One websocket on the control plane, and what it may call.
 
-A socket starts without a role. Its first call decides: ``worker.enroll`` makes it a worker
-socket (which may then call only worker verbs), an admin frame makes it an admin socket (which
-needs a server token when auth is on, and may never enroll). Before enrollment a worker socket
-may call nothing but ``worker.enroll``.
+A socket starts *pending*, without a role, and must earn one within a few seconds (see
+``admission``). Its first call decides: ``worker.enroll`` makes it a worker socket (which may
+then call only worker verbs), an admin frame makes it an admin socket — if the credential it
+presented at the upgrade was accepted — which may never enroll. Before enrollment a socket may
+call nothing but ``worker.enroll`` and admin frames, one at a time.
 """
 
 from __future__ import annotations
 
 import logging
 
+import trio
+
+from swamp.concurrency import open_nursery
 from swamp.errors import Forbidden, SwampError, UserError
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
+from swamp.orchestrator.admin_auth import AuthRefused, Principal
+from swamp.orchestrator.admission import (ADMIN_IN_FLIGHT, CLOSE_POLICY, PENDING_FRAMES,
+                                          PENDING_IN_FLIGHT, Admission, worker_in_flight)
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.pool import Member
@@ -21,62 +28,103 @@ from swamp.protocol.transport import Transport
 
 log = logging.getLogger("swamp.connection")
 
-WORKER_VERBS = frozenset({"worker.session.refresh", "capability.queryData"})
+WORKER_VERBS = frozenset({"capability.queryData"})
 
 
 class Connection:
     def __init__(self, transport: Transport, *, gateway: Gateway, dispatch: DispatchService,
-                 admin: Admin, admin_authorized: bool, peer: str) -> None:
+                 admin: Admin, admission: Admission, identity: Principal | AuthRefused,
+                 peer: str) -> None:
         self.gateway = gateway
         self.dispatch = dispatch
         self.admin = admin
-        self.admin_authorized = admin_authorized
+        self.admission = admission
+        self.identity = identity
         self.peer = peer
         self.role: str | None = None
         self.member: Member | None = None
         self.enrolling = False
+        self._enrolled_or_failed = trio.Event()
         self.channel = RpcChannel(transport, self.handle, heartbeat=gateway.heartbeat_seconds,
-                                  name=f"client {peer}")
+                                  name=f"client {peer}", max_in_flight=PENDING_IN_FLIGHT)
+        self.channel.frame_budget = PENDING_FRAMES
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.peer} role={self.role}>"
 
     async def serve(self) -> None:
+        evicted = self.admission.arrived(self)
+        if evicted is not None:
+            log.warning("evicting %s: too many sockets waiting to enroll or authenticate",
+                        evicted.peer)
+            evicted.channel.abort(CLOSE_POLICY, "too many connections are waiting to enroll or "
+                                                "authenticate; this one was the oldest")
         try:
-            await self.channel.serve()
+            async with open_nursery() as nursery:
+                nursery.start_soon(self._pending_deadline)
+                await self.channel.serve()
+                nursery.cancel_scope.cancel()
         finally:
+            self.admission.left(self)
             if self.member is not None:
                 self.gateway.disconnected(self.member, self.channel)
+
+    async def _pending_deadline(self) -> None:
+        """Close the socket if it has not earned a role in time (an enrollment under way is
+        allowed to finish: its time is the orchestrator's, not the peer's)."""
+        await trio.sleep(self.admission.deadline)
+        while self.enrolling:
+            await self._enrolled_or_failed.wait()
+        if self.admission.is_pending(self):
+            self.admission.timed_out += 1
+            log.info("closing %s: it neither enrolled nor authenticated within %gs", self.peer,
+                     self.admission.deadline)
+            self.channel.abort(CLOSE_POLICY, f"enroll or authenticate within "
+                                             f"{self.admission.deadline:g}s of connecting")
 
     async def handle(self, call: IncomingCall):
         method = call.method
         if self.role == "worker":
-            if method == "worker.session.refresh":
-                return self.gateway.refresh_session(self.member)
             if method == "capability.queryData":
                 return capabilities.query_data(self.dispatch, self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
             raise UserError(f"unknown method {method!r}", code="unknown_method")
         if method == "worker.enroll":
-            if self.role == "admin":
-                raise Forbidden("an admin socket cannot enroll as a worker")
-            if self.enrolling:
-                raise SwampError("an enrollment is already in progress on this socket",
-                                 code="conflict")
-            self.enrolling = True
-            try:
-                result, member = await self.gateway.enroll(self.channel, call.params)
-            finally:
-                self.enrolling = False
-            self.role, self.member = "worker", member
-            self.channel.name = f"worker {member.name}"
-            return result
+            return await self._enroll(call)
         handler = self.admin.handlers.get(method)
         if handler is not None:
-            if not self.admin_authorized:
-                raise Forbidden("admin frames need a server token: pass --server-token or set "
-                                "SWAMP_SERVER_TOKEN", code="unauthorized")
-            self.role = "admin"
+            if isinstance(self.identity, AuthRefused):
+                raise AuthRefused(self.identity.message)
+            if self.role is None:
+                self.role = "admin"
+                self.admission.trusted(self, self.identity)
+                self.channel.max_in_flight, self.channel.frame_budget = ADMIN_IN_FLIGHT, None
+                self.channel.name = f"admin {self.peer} ({self.identity.describe()})"
             return await handler(call)
         if method in WORKER_VERBS:
             raise Forbidden(f"enroll first: before enrollment a socket may only call "
                             f"worker.enroll, not {method}")
         raise UserError(f"unknown method {method!r}", code="unknown_method")
+
+    async def _enroll(self, call: IncomingCall) -> dict:
+        if self.role == "admin":
+            raise Forbidden("an admin socket cannot enroll as a worker")
+        if self.enrolling:
+            raise SwampError("an enrollment is already in progress on this socket",
+                             code="conflict")
+        self.enrolling = True
+        self.admission.engaged(self, True)
+        try:
+            result, member = await self.gateway.enroll(self.channel, call.params)
+        finally:
+            self.enrolling = False
+            self.admission.engaged(self, False)
+            self._enrolled_or_failed.set()
+            self._enrolled_or_failed = trio.Event()
+        self.role, self.member = "worker", member
+        self.admission.trusted(self)
+        self.channel.max_in_flight = worker_in_flight(member.capacity)
+        self.channel.frame_budget = None
+        self.channel.name = f"worker {member.name}"
+        return result

@@ -1,8 +1,9 @@
-"""Short-lived bearer credentials, held in memory only (a restart invalidates them all).
+"""Short-lived bearer credentials for the data plane, held in memory only.
 
-A *session* credential is issued at enrollment and refreshed over the control socket. A *dispatch*
-credential is issued per dispatch, scoped to that dispatch's model, kept fresh for as long as the
-dispatch runs, and revoked when it ends. Only a hash of each credential is kept.
+A *dispatch* credential is issued per dispatch, scoped to that dispatch's model, kept fresh for
+as long as the dispatch runs, and revoked when it ends; a restart invalidates them all. Only a
+hash of each credential is kept. (Workers hold no other credential than their enrollment token:
+an unused session credential was an unneeded secret, so there is none.)
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ DEFAULT_TTL = 15 * 60
 @dataclass
 class Grant:
     worker: str
-    kind: str  # session | dispatch
+    dispatch_id: str
     expires: float
-    dispatch_id: str | None = None
 
 
 def _digest(token: str) -> str:
@@ -41,12 +41,8 @@ class Credentials:
         self._grants[_digest(token)] = grant
         return token
 
-    def issue_session(self, worker: str) -> tuple[str, float]:
-        expires = self.clock() + self.ttl
-        return self._issue(Grant(worker, "session", expires)), expires
-
     def issue_dispatch(self, worker: str, dispatch_id: str) -> str:
-        return self._issue(Grant(worker, "dispatch", self.clock() + self.ttl, dispatch_id))
+        return self._issue(Grant(worker, dispatch_id, self.clock() + self.ttl))
 
     def extend(self, token: str) -> None:
         grant = self._grants.get(_digest(token))
@@ -66,7 +62,6 @@ class Credentials:
     def revoke(self, token: str) -> None:
         self._grants.pop(_digest(token), None)
 
-    def revoke_worker(self, worker: str, *, kind: str | None = None) -> None:
-        for digest in [d for d, g in self._grants.items()
-                       if g.worker == worker and (kind is None or g.kind == kind)]:
+    def revoke_worker(self, worker: str) -> None:
+        for digest in [d for d, g in self._grants.items() if g.worker == worker]:
             del self._grants[digest]

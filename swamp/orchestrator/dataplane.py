@@ -2,6 +2,8 @@
 
 ``PUT  /data/resources/{spec}/{name}``  body: a JSON object, or raw bytes (any other type)
 ``GET  /data/resources/{name}``         the latest value: JSON, or the bytes as written
+``GET  /health``                        ``{"status": "ok"}``; with an admin credential, also the
+                                        version and the pool's size
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
 to one running dispatch and therefore to one model instance and its declared specs. Names are
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from urllib.parse import unquote
 
 from swamp import __version__
@@ -66,6 +69,8 @@ class DataPlane:
         self.dispatch = dispatch
         self.credentials = credentials
         self.pool = pool
+        # Does this request carry an admin credential? (set by the app; details of /health)
+        self.is_admin: Callable[[dict], bool] = lambda scope: False
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -79,9 +84,12 @@ class DataPlane:
     async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"]
         if path == "/health":
-            await _json(send, 200, {"status": "ok", "version": __version__,
-                                    "protocolVersion": PROTOCOL_VERSION,
-                                    "pool": self.pool.statistics()})
+            # Anyone may learn that it is up; only an admin learns what it runs and how big it is.
+            body: dict = {"status": "ok"}
+            if self.is_admin(scope):
+                body.update(version=__version__, protocolVersion=PROTOCOL_VERSION,
+                            pool=self.pool.statistics())
+            await _json(send, 200, body)
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:2] != ["data", "resources"]:
@@ -99,7 +107,7 @@ class DataPlane:
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
         grant = self.credentials.verify(token.strip()) if scheme.lower() == "bearer" else None
-        if grant is None or grant.kind != "dispatch":
+        if grant is None:
             raise HttpError(401, "unauthorized", "a valid dispatch credential is required "
                                                  "(Authorization: Bearer <credential>)")
         active = self.dispatch.active.get(grant.dispatch_id)

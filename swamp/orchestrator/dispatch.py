@@ -26,6 +26,7 @@ from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain import environment
 from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
+from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import ChannelClosed, DispatchFailed, SwampError
 from swamp.models.context import LocalContext
@@ -50,8 +51,17 @@ class RunRequest:
     method: str
     args: dict
     placement: Placement
+    env_names: tuple[str, ...] = ()  # the run's --env: more of the orchestrator's variables
+    read_scope: ReadScope | None = None  # None: the model's own data only
     environment: dict[str, str] = field(default_factory=dict)  # extra, for this dispatch only
     probe: bool = False  # a fleet probe: targets any connected worker, takes no slot
+
+    def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
+        """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
+        return tuple(dict.fromkeys((*every_dispatch, *self.model.env, *self.env_names)))
+
+    def scope(self) -> ReadScope:
+        return self.read_scope or ReadScope.of(self.model.type, self.model.name)
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ class ActiveDispatch:
     member: Member
     model_type: ModelType
     model_name: str
+    read_scope: ReadScope
     has_writes: bool = False
     outputs: list[dict] = field(default_factory=list)
     credential: str | None = None
@@ -105,7 +116,8 @@ class WorkerLost(Exception):
 class DispatchService:
     def __init__(self, store: Datastore, registry: ModelRegistry, pool: Pool,
                  credentials: Credentials, *, grace_seconds: float,
-                 environ: dict[str, str] | None = None, clock=time.time) -> None:
+                 environ: dict[str, str] | None = None, ship_env: tuple[str, ...] = (),
+                 clock=time.time) -> None:
         self.store = store
         self.registry = registry
         self.pool = pool
@@ -114,7 +126,7 @@ class DispatchService:
         self.workers = WorkerBook(store, clock=clock)
         self.grace_seconds = grace_seconds
         self.environ = dict(os.environ if environ is None else environ)
-        self.shipped_environment = environment.ship(self.environ)  # computed once
+        self.ship_env = environment.check_names(ship_env, source="--ship-env")
         self.active: dict[str, ActiveDispatch] = {}
         self.completed = 0
 
@@ -196,7 +208,8 @@ class DispatchService:
 
     async def _dispatch_once(self, member: Member, dispatch_id: str, request: RunRequest,
                              model_type: ModelType, args: dict, emit: Emit) -> dict:
-        active = ActiveDispatch(dispatch_id, member, model_type, request.model.name)
+        active = ActiveDispatch(dispatch_id, member, model_type, request.model.name,
+                                read_scope=request.scope())
         credential = None
         if not request.probe:
             member.active.add(dispatch_id)  # reserve the slot now: decide, then act
@@ -212,7 +225,9 @@ class DispatchService:
             params = {
                 "dispatchId": dispatch_id, "modelType": model_type.type,
                 "modelName": request.model.name, "method": request.method, "args": args,
-                "environment": {**self.shipped_environment, **request.environment},
+                "environment": {**environment.ship(self.environ,
+                                                   request.shipped_names(self.ship_env)),
+                                **request.environment},
                 "credential": credential,
             }
             await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,

@@ -1,10 +1,10 @@
 """The gateway: enrollment, the pool's lifecycle, and token deadlines enforced live.
 
 Enrollment: validate the handshake, check the protocol version, redeem the token (a compare-and-
-swap transition in the store), name the worker, persist its record, put it in the pool, issue a
-session credential, reply. A disconnected worker stays in the pool, unschedulable, for a grace
-window, so a blip reconnects as the same member; when the window lapses it leaves the pool (its
-record stays, ``disconnected``).
+swap transition in the store), name the worker, grant the labels and slots its token allows,
+persist its record, put it in the pool, reply. A disconnected worker stays in the pool,
+unschedulable, for a grace window, so a blip reconnects as the same member; when the window
+lapses it leaves the pool (its record stays, ``disconnected``).
 
 Tokens are enforced while workers run: when a token's deadline passes its workers are
 disconnected and it is stored ``expired``; when it is revoked (through this server, or by the CLI
@@ -25,10 +25,12 @@ from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_nursery
+from swamp.domain.claims import MAX_CAPACITY
 from swamp.domain.labels import check_labels
-from swamp.domain.naming import member_labels
-from swamp.domain.tokens import TokenState
-from swamp.domain.workers import WorkerStatus
+from swamp.domain.text import is_printable
+from swamp.domain.tokens import TokenNotAccepted, TokenState
+from swamp.domain.workers import (WorkerStatus, check_instance_id, check_machine_id,
+                                  check_platform_word, check_version)
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import ProbeVerdict
@@ -49,6 +51,9 @@ REPO_WATCH_INTERVAL = 0.25
 
 @dataclass(frozen=True)
 class EnrollParams:
+    """The enrollment handshake, checked field by field with full matches: everything here ends
+    up in the pool, in records, in terminals and in logs."""
+
     token: str
     instance_id: str
     machine_id: str
@@ -61,25 +66,30 @@ class EnrollParams:
 
     @classmethod
     def decode(cls, params: dict) -> "EnrollParams":
-        def text(key: str, limit: int = 128, *, required: bool = True) -> str:
-            value = params.get(key, "" if not required else None)
-            if not isinstance(value, str) or (required and not value) or len(value) > limit:
-                raise UserError(f"enrollment needs {key!r}: a string of 1-{limit} characters")
-            return value
-
         version = params.get("protocolVersion")
         if not isinstance(version, int) or isinstance(version, bool):
             raise UserError("enrollment needs 'protocolVersion': an integer")
+        token = params.get("token")
+        if not isinstance(token, str) or not 0 < len(token) <= 512 or not is_printable(token):
+            raise UserError("enrollment needs 'token': <name>.<secret>, at most 512 characters")
         capacity = params.get("capacity", 1)
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= 1024:
-            raise UserError("enrollment 'capacity' must be an integer from 1 to 1024")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or \
+                not 1 <= capacity <= MAX_CAPACITY:
+            raise UserError(f"enrollment 'capacity' must be an integer from 1 to {MAX_CAPACITY}")
         return cls(
-            token=text("token", 512), instance_id=text("instanceId"),
-            machine_id=text("machineId"), protocol_version=version,
-            version=text("version", 64, required=False), platform=text("platform", 32),
-            arch=text("arch", 32), labels=check_labels(params.get("labels", {})),
+            token=token, instance_id=check_instance_id(params.get("instanceId")),
+            machine_id=check_machine_id(params.get("machineId")), protocol_version=version,
+            version=check_version(params.get("version")),
+            platform=check_platform_word(params.get("platform"), "platform"),
+            arch=check_platform_word(params.get("arch"), "arch"),
+            labels=check_labels(params.get("labels", {}), source="enrollment labels"),
             capacity=capacity,
         )
+
+
+def _instance_in_use(instance_id: str) -> SwampError:
+    return SwampError(f"instance id {instance_id} is already in use by another worker of the "
+                      "pool; each process must use a fresh one", code="conflict")
 
 
 class Gateway:
@@ -98,6 +108,8 @@ class Gateway:
         self.token_deadlines = Deadlines("token deadlines")
         # --verify-on-enroll: probe each enrolling worker before it becomes schedulable
         self.prober = prober
+        # called after another process wrote to the repo (e.g. revoked a server token)
+        self.repo_listeners: list[Callable[[], None]] = []
         self._to_verify_send, self._to_verify = trio.open_memory_channel[Member](math.inf)
 
     def __repr__(self) -> str:
@@ -112,12 +124,24 @@ class Gateway:
                 f"the worker speaks protocol {params.protocol_version} but this orchestrator "
                 f"speaks {PROTOCOL_VERSION}: run the same swamp version on both",
                 code="protocol_mismatch")
-        redeemed = self.tokens.redeem(params.token, machine_id=params.machine_id)
-        token, name = redeemed.token, redeemed.binding.worker_name
-        labels = member_labels(token, params.labels)
-        if labels.kept_own_fleet:
+        twin = self.pool.by_instance_id(params.instance_id)
+        if twin is not None and twin.machine_id != params.machine_id:
+            raise _instance_in_use(params.instance_id)  # before anything is bound
+        try:
+            redeemed = self.tokens.redeem(params.token, machine_id=params.machine_id,
+                                          labels=params.labels, capacity=params.capacity)
+        except TokenNotAccepted as exc:
+            log.warning("refused an enrollment with token %r: %s", exc.name, exc.detail)
+            raise
+        token, name, granted = redeemed.token, redeemed.binding.worker_name, redeemed.granted
+        if granted.kept_own_fleet:
             log.warning("worker %s supplies its own fleet label %r; keeping it instead of "
                         "fleet=%s", name, params.labels["fleet"], token.name)
+        if granted.capacity_capped:
+            log.info("worker %s asked for %d slots; token %s allows %d", name, params.capacity,
+                     token.name, granted.capacity)
+        if twin is not None and twin.name != name:
+            raise _instance_in_use(params.instance_id)
         existing = self.pool.get(name)
         if existing is not None and existing.connected:
             if existing.instance_id != params.instance_id:
@@ -125,45 +149,37 @@ class Gateway:
                     f"worker {name!r} is already connected from another process; if that "
                     "process is gone, its connection is dropped after missed heartbeats",
                     code="already_connected")
-            await existing.channel.close(CLOSE_REPLACED, "replaced by a newer connection")
+            existing.channel.abort(CLOSE_REPLACED, "replaced by a newer connection")
         reconnect = existing is not None and existing.instance_id == params.instance_id
         verify = self.prober is not None
         status = WorkerStatus.UNVERIFIED.value if verify else WorkerStatus.IDLE.value
         pending = "verification in progress" if verify else None
         record = self.workers.enrolled(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token=token.name, labels=labels.labels, platform=params.platform, arch=params.arch,
-            capacity=params.capacity, version=params.version, status=status, reason=pending)
+            token=token.name, labels=granted.labels, platform=params.platform, arch=params.arch,
+            capacity=granted.capacity, version=params.version, status=status, reason=pending)
         self.grace.cancel(name)
         member = Member(
             name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token_name=token.name, labels=labels.labels, platform=params.platform,
-            arch=params.arch, capacity=params.capacity, version=params.version, channel=channel,
+            token_name=token.name, labels=granted.labels, platform=params.platform,
+            arch=params.arch, capacity=granted.capacity, version=params.version, channel=channel,
             enrolled_at=record.attributes["enrolledAt"],
             last_seen_at=record.attributes["lastSeenAt"], record=record, status=status,
             verify_failure_reason=pending)
-        self.credentials.revoke_worker(name, kind="session")
-        session, session_expires = self.credentials.issue_session(name)
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
         if verify:
             self._to_verify_send.send_nowait(member)
         log.info("worker %s enrolled (%s) platform=%s/%s capacity=%d", name,
                  "reconnect" if reconnect else "first connect", params.platform, params.arch,
-                 params.capacity)
+                 granted.capacity)
         return {
-            "workerName": name, "sessionCredential": session,
-            "expiresAt": iso(session_expires), "sessionExpiresAt": iso(session_expires),
-            "sessionTtlSeconds": self.credentials.ttl, "tokenExpiresAt": token.expires_at,
+            "workerName": name, "capacity": granted.capacity,
+            "labels": granted.labels, "tokenExpiresAt": token.expires_at,
             "tokenExpiresAtEpoch": token.expires_at_epoch, "reconnect": reconnect,
             "heartbeatSeconds": self.heartbeat_seconds, "protocolVersion": PROTOCOL_VERSION,
             "orchestratorVersion": __version__,
         }, member
-
-    def refresh_session(self, member: Member) -> dict:
-        self.credentials.revoke_worker(member.name, kind="session")
-        session, expires = self.credentials.issue_session(member.name)
-        return {"sessionCredential": session, "sessionExpiresAt": iso(expires)}
 
     # -- disconnects and the grace window ----------------------------------------------------
 
@@ -212,7 +228,7 @@ class Gateway:
         members = [m for m in self.pool.of_token(name) if m.connected]
         for member in members:
             log.info("disconnecting %s: %s", member.name, reason)
-            await member.channel.close(code, reason)
+            member.channel.abort(code, reason)
         return len(members)
 
     async def token_changed(self, name: str) -> None:
@@ -242,6 +258,8 @@ class Gateway:
                 self.arm_token_deadlines()
                 for name in {m.token_name for m in self.pool.members.values() if m.connected}:
                     await self.token_changed(name)
+                for listener in self.repo_listeners:
+                    listener()
             except SwampError as exc:  # e.g. the database is locked: try again next tick
                 log.warning("could not re-check tokens after a repo change: %s", exc)
                 seen = None
@@ -297,4 +315,4 @@ class Gateway:
     async def shutdown(self) -> None:
         for member in list(self.pool.members.values()):
             if member.connected:
-                await member.channel.close(CLOSE_SHUTDOWN, "orchestrator shutting down")
+                member.channel.abort(CLOSE_SHUTDOWN, "orchestrator shutting down")

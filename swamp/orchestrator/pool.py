@@ -69,6 +69,12 @@ class Pool:
     def get(self, name: str) -> Member | None:
         return self.members.get(name)
 
+    def by_instance_id(self, instance_id: str) -> Member | None:
+        for member in self.members.values():
+            if member.instance_id == instance_id:
+                return member
+        return None
+
     def put(self, member: Member) -> None:
         self.members[member.name] = member
         self.changed()

@@ -8,7 +8,6 @@ the gateway's timers, the checkpointer and the bookkeeping GC.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import signal
@@ -21,12 +20,17 @@ from pathlib import Path
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
-from swamp.domain.naming import is_fleet
 from swamp.concurrency import open_nursery
+from swamp.domain import environment
+from swamp.domain.naming import is_fleet
+from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.urls import is_loopback
 from swamp.errors import SwampError, UserError
 from swamp.orchestrator.admin import Admin
+from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
 from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
@@ -50,33 +54,29 @@ LEASE_RETENTION = 3600
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 7420
-    auth: str = "none"
+    auth: str = "token"
     tls_cert: Path | None = None
     tls_key: Path | None = None
     grace_seconds: float = 60
     heartbeat_seconds: float = 5
     worker_retention: float = 24 * 3600
     verify_on_enroll: bool = False
+    allow_origins: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
+    ship_env: tuple[str, ...] = ()
     json: bool = False
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_options(options: ServeOptions) -> None:
+def check_options(options: ServeOptions) -> RequestPolicy:
     if options.auth not in ("none", "token"):
-        raise UserError(f"invalid --auth {options.auth!r}: expected none or token")
+        raise UserError(f"invalid --auth {options.auth!r}: expected token or none")
     if not is_loopback(options.host) and options.auth != "token":
         raise UserError(
-            f"refusing to serve on {options.host} without authentication: anyone who can reach "
-            "it could run commands. Pass --auth token (and create a server token with "
-            "'swamp server token create NAME'), or bind to 127.0.0.1")
+            f"refusing to serve on {options.host} with --auth none: anyone who can reach it "
+            "could run commands. Drop --auth none (admin frames then need a credential: the "
+            "local one in .swamp/, or a server token from 'swamp server token create NAME'), "
+            "or bind to 127.0.0.1")
+    environment.check_names(options.ship_env, source="--ship-env")
     if bool(options.tls_cert) != bool(options.tls_key):
         raise UserError("--tls-cert and --tls-key go together: pass both or neither")
     for path in (options.tls_cert, options.tls_key):
@@ -90,6 +90,25 @@ def check_options(options: ServeOptions) -> None:
             raise UserError(f"cannot load the TLS certificate/key: {exc}") from exc
     if not 0 <= options.port <= 65535:
         raise UserError(f"invalid --port {options.port}: expected 0-65535")
+    return RequestPolicy.build(loopback=is_loopback(options.host), bind_host=options.host,
+                               allow_origins=options.allow_origins,
+                               trusted_hosts=options.trusted_hosts)
+
+
+def raise_file_limit() -> None:
+    """Use the hard limit on open files: every worker and client holds a socket."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.info("could not raise the open-file limit: %s", exc)
 
 
 async def _checkpointer(store: Datastore) -> None:
@@ -149,7 +168,7 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
 def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
     info = {"event": "listening", "url": url, "dataPlaneUrl": data_plane,
             "repo": str(repo.root), "auth": options.auth, "reconciled": swept,
-            "verifyOnEnroll": options.verify_on_enroll}
+            "verifyOnEnroll": options.verify_on_enroll, "shipEnv": list(options.ship_env)}
     if options.json:
         print(json.dumps(info), flush=True)
     else:
@@ -157,9 +176,15 @@ def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swep
         if options.verify_on_enroll:
             print("  verify on enroll: each worker is probed before it gets work", flush=True)
         if options.auth == "none":
-            print("  auth: none (loopback only); admin commands need no server token", flush=True)
-        print(f"  workers connect with: swamp worker connect {url} --token <name.secret>",
-              flush=True)
+            print("  auth: none — anyone who can reach this port is an admin (loopback only)",
+                  flush=True)
+        else:
+            print(f"  admin: the CLI in this repo uses the local credential in "
+                  f"{repo.serve_file}; elsewhere pass --server-token", flush=True)
+        if options.ship_env:
+            print(f"  every dispatch ships: {', '.join(options.ship_env)}", flush=True)
+        print(f"  workers connect with: SWAMP_WORKER_TOKEN=<name.secret> swamp worker connect "
+              f"{url}", flush=True)
 
 
 async def serve(repo: Repo, options: ServeOptions, *,
@@ -167,7 +192,8 @@ async def serve(repo: Repo, options: ServeOptions, *,
     import hypercorn.config
     import hypercorn.trio
 
-    check_options(options)
+    policy = check_options(options)
+    raise_file_limit()
     store = repo.open_store(orchestrator=True)
     swept = {"leases": LeaseBook(store).reconcile(), "workers": WorkerBook(store).reconcile()}
     if any(swept.values()):
@@ -179,18 +205,27 @@ async def serve(repo: Repo, options: ServeOptions, *,
     gateway = Gateway(store, pool, credentials, grace_seconds=options.grace_seconds,
                       heartbeat_seconds=options.heartbeat_seconds)
     dispatch = DispatchService(store, registry, pool, credentials,
-                               grace_seconds=options.grace_seconds)
+                               grace_seconds=options.grace_seconds, ship_env=options.ship_env)
+    unset = [n for n in options.ship_env if n not in dispatch.environ]
+    if unset:
+        log.warning("--ship-env names variables this process does not have: %s",
+                    ", ".join(unset))
     if options.verify_on_enroll:
         gateway.prober = dispatch.probe
+    local_credential = new_local_credential() if options.auth == "token" else None
+    auth = AdminAuth(mode=options.auth, server_tokens=ServerTokenBook(store),
+                     local_credential=local_credential)
     app = App(gateway=gateway, dispatch=dispatch, admin=Admin(repo, gateway, dispatch),
-              dataplane=DataPlane(dispatch, credentials, pool),
-              require_auth=options.auth == "token")
+              dataplane=DataPlane(dispatch, credentials, pool), auth=auth, policy=policy)
 
     config = hypercorn.config.Config()
     host = f"[{options.host}]" if ":" in options.host else options.host
     config.bind = [f"{host}:{options.port}"]
-    config.websocket_max_message_size = MAX_FRAME_BYTES * 2
+    # a little over our own limit, so that an oversized frame still gets our coded error; this
+    # is also what Hypercorn may buffer per socket before we see a message
+    config.websocket_max_message_size = MAX_FRAME_BYTES + 4096
     config.graceful_timeout = 3
+    config.ssl_handshake_timeout = 10
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     if options.tls_cert:
@@ -217,7 +252,7 @@ async def serve(repo: Repo, options: ServeOptions, *,
                 scheme = "wss" if options.tls_cert else "ws"
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
-                repo.write_serve_file(url, data_plane)
+                repo.write_serve_file(url, data_plane, admin_credential=local_credential)
                 _announce(options, repo, url, data_plane, swept)
                 nursery.start_soon(_checkpointer, store)
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)

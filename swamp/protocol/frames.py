@@ -15,7 +15,8 @@ from typing import Any
 from swamp.errors import UserError
 
 #: Bump when the shape of enrollment, dispatch or a capability changes.
-PROTOCOL_VERSION = 1
+#: 2: no session credential (nor ``worker.session.refresh``); the reply grants ``capacity``.
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
 

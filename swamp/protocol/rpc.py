@@ -8,6 +8,14 @@ returns, every handler task is cancelled and every outstanding :meth:`call` fail
 Liveness is an application frame, because Hypercorn sends no websocket pings: each side sends
 ``ping`` every ``heartbeat`` seconds, and a peer from which nothing at all arrived for
 ``heartbeat * missed`` seconds is dropped. This also catches half-open TCP connections.
+
+What a peer can make the channel hold is bounded: at most ``max_in_flight`` requests are handled
+at once (one more gets a coded ``busy`` error), and every answer the read loop itself owes — a
+pong, an error for a malformed or excess frame — is sent inline, so a peer that pipelines
+without reading stalls only its own socket instead of piling up tasks and unsent replies. An
+untrusted peer also has a ``frame_budget``: past it the socket is closed, while the little it
+was sent still fits in the socket's buffer — a send to a peer that does not read can block for
+good (Hypercorn shields it), so the close must never have to wait behind a full buffer.
 """
 
 from __future__ import annotations
@@ -58,14 +66,17 @@ class _Pending:
 
 class RpcChannel:
     def __init__(self, transport: Transport, handler: Handler, *, heartbeat: float = 5.0,
-                 missed: int = 3, name: str = "peer") -> None:
+                 missed: int = 3, name: str = "peer", max_in_flight: int = 1024) -> None:
         self.transport = transport
         self.handler = handler
         self.heartbeat = heartbeat
         self.missed = missed
         self.name = name
+        self.max_in_flight = max_in_flight  # requests handled at once; the owner may change it
+        self.frame_budget: int | None = None  # frames the peer may still send (None: no limit)
         self.closed = False
         self.close_reason = ""
+        self._close_code = 1000
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._incoming: dict[str, trio.CancelScope] = {}
@@ -98,13 +109,25 @@ class RpcChannel:
         finally:
             self._mark_closed(self.close_reason or "channel stopped")
             with trio.CancelScope(shield=True):
-                await self.transport.aclose()
+                await self.transport.aclose(self._close_code, self.close_reason
+                                            if self._close_code != 1000 else "")
         return self.close_reason
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket with a code and reason the peer will see, and stop serving."""
         self._mark_closed(reason or "closed")
         await self.transport.aclose(code, reason)
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def abort(self, code: int, reason: str) -> None:
+        """Stop serving without waiting: :meth:`serve` closes the socket with this code and reason
+        on its way out. For decisions taken on behalf of another connection (an eviction, a
+        deadline), which must never wait on this socket."""
+        if self.closed:
+            return
+        self._close_code = code
+        self._mark_closed(reason)
         if self._scope is not None:
             self._scope.cancel()
 
@@ -146,6 +169,11 @@ class RpcChannel:
         while True:
             text = await self.transport.receive()
             self._last_heard = trio.current_time()
+            if self.frame_budget is not None:
+                self.frame_budget -= 1
+                if self.frame_budget < 0:
+                    self.abort(1008, "too many frames before enrolling or authenticating")
+                    return
             try:
                 frame = frames.decode(text)
             except frames.MalformedFrame as exc:
@@ -155,6 +183,12 @@ class RpcChannel:
                 if frame.id in self._incoming:
                     await self._send_error(frame.id, SwampError(
                         f"request id {frame.id!r} is already in flight", code="duplicate_id"))
+                    continue
+                if len(self._incoming) >= self.max_in_flight:
+                    await self._send_error(frame.id, SwampError(
+                        f"{len(self._incoming)} requests are already in flight on this socket "
+                        f"(the limit is {self.max_in_flight}); wait for their answers",
+                        code="busy"))
                     continue
                 scope = trio.CancelScope()
                 self._incoming[frame.id] = scope
@@ -177,7 +211,7 @@ class RpcChannel:
                 if scope is not None:
                     scope.cancel()
             elif isinstance(frame, frames.Ping):
-                nursery.start_soon(self._send_quietly, frames.Pong())
+                await self._send_quietly(frames.Pong())
 
     async def _handle(self, request: frames.Request, scope: trio.CancelScope) -> None:
         call = IncomingCall(self, request)

@@ -37,6 +37,11 @@ def describe(exc: BaseException) -> str:
     return str(exc) or str(exc.__cause__ or "") or type(exc).__name__
 
 
+def _close_reason(reason: str) -> str:
+    """A close frame's reason is at most 123 bytes of UTF-8."""
+    return reason.encode("utf-8")[:120].decode("utf-8", "ignore")
+
+
 def _describe(code: int | None, reason: str | None) -> str:
     if code in (None, 1000, 1005) and not reason:
         return "connection closed"
@@ -76,8 +81,19 @@ class WebSocketTransport:
                 pass
 
 
+DRAIN_QUIET = 2.0
+DRAIN_MAX = 10.0
+
+
 class AsgiTransport:
-    """An accepted ASGI websocket (Hypercorn)."""
+    """An accepted ASGI websocket (Hypercorn).
+
+    Closing drains: after the close frame, whatever the peer still sends is read and dropped
+    until it disconnects, goes quiet for :data:`DRAIN_QUIET` seconds, or :data:`DRAIN_MAX`
+    seconds have passed. Hypercorn feeds an app through a small queue that nobody empties once
+    the app has returned; a peer that keeps sending would otherwise fill it and leave the
+    connection stuck open, holding its buffers, instead of being closed.
+    """
 
     def __init__(self, receive, send) -> None:
         self._receive = receive
@@ -110,12 +126,19 @@ class AsgiTransport:
         if self.closed:
             return
         self.closed = True
-        with trio.move_on_after(2) as scope:
-            scope.shield = True
-            try:
-                await self._send({"type": "websocket.close", "code": code, "reason": reason})
-            except Exception:  # already gone: nothing left to close
-                pass
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(2):
+                try:
+                    await self._send({"type": "websocket.close", "code": code,
+                                      "reason": _close_reason(reason)})
+                except Exception:  # already gone: nothing left to close
+                    return
+            with trio.move_on_after(DRAIN_MAX):
+                while True:
+                    with trio.move_on_after(DRAIN_QUIET) as quiet:
+                        message = await self._receive()
+                    if quiet.cancelled_caught or message.get("type") == "websocket.disconnect":
+                        return
 
 
 @asynccontextmanager

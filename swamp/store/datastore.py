@@ -31,6 +31,7 @@ from pathlib import Path
 
 from swamp.domain.durations import parse_duration
 from swamp.domain.query import Predicate
+from swamp.domain.read_scope import ReadScope
 from swamp.errors import Conflict, SwampError
 
 _SCHEMA = """
@@ -124,6 +125,21 @@ def _row(row: tuple) -> Record:
     return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7])
 
 
+def _scope_sql(scope: ReadScope) -> tuple[str, list]:
+    """``scope`` as a WHERE clause: excluded types out, then any allowed item or type pattern."""
+    allowed, params = [], []
+    for model_type, model_name in sorted(scope.items):
+        allowed.append("(model_type = ? AND model_name = ?)")
+        params += [model_type, model_name]
+    for pattern in scope.type_patterns:  # the pattern alphabet has no GLOB specials but '*'
+        allowed.append("model_type GLOB ?")
+        params.append(pattern)
+    excluded = sorted(scope.excluded_types)
+    clause = (f"model_type NOT IN ({','.join('?' * len(excluded))}) AND "
+              f"({' OR '.join(allowed) or '0'})")
+    return clause, excluded + params
+
+
 class Datastore:
     def __init__(self, path: Path | str, *, orchestrator: bool = False, clock=time.time) -> None:
         self.path = Path(path)
@@ -183,10 +199,18 @@ class Datastore:
         ).fetchall()
         return [_row(r) for r in rows]
 
-    def query(self, predicate: Predicate, *, all_versions: bool = False, limit: int | None = None
-              ) -> list[Record]:
-        """Records matching a predicate; the latest version of each item unless ``all_versions``."""
+    def query(self, predicate: Predicate, *, all_versions: bool = False, limit: int | None = None,
+              scope: ReadScope | None = None) -> list[Record]:
+        """Records matching a predicate; the latest version of each item unless ``all_versions``.
+
+        With a ``scope`` only the records it allows are considered at all (in SQL, before the
+        predicate sees anything).
+        """
         clauses, params = [], []
+        if scope is not None:
+            clause, scope_params = _scope_sql(scope)
+            clauses.append(clause)
+            params.extend(scope_params)
         for field, column in (("modelType", "model_type"), ("modelName", "model_name"),
                               ("name", "name"), ("spec", "spec")):
             if field in predicate.equalities:

@@ -8,6 +8,7 @@ once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly wi
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import tempfile
@@ -30,13 +31,18 @@ BACKOFF_CAP = 30.0
 
 
 class Backoff:
-    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP) -> None:
+    """Doubling delays with ±25 % jitter, so a fleet cut off at once (an orchestrator restart)
+    does not come back in one synchronized burst."""
+
+    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
+                 jitter=random.random) -> None:
         self.start, self.cap, self.delay = start, cap, start
+        self.jitter = jitter
 
     def next(self) -> float:
         delay = self.delay
         self.delay = min(self.cap, self.delay * 2)
-        return delay
+        return round(delay * (0.75 + self.jitter() / 2), 3)
 
     def reset(self) -> None:
         self.delay = self.start

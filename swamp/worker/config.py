@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from swamp.domain.urls import redact
+from swamp.domain.urls import redact, sends_in_clear
 from swamp.errors import UserError
 
 
@@ -23,6 +23,7 @@ class WorkerConfig:
     connect_timeout: float = 600.0
     json: bool = False
     protocol_version: int | None = None  # None: this build's PROTOCOL_VERSION
+    insecure: bool = False  # allow secrets over plain ws:// / http:// to another host
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -41,6 +42,14 @@ class WorkerConfig:
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
             raise UserError("the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
                             f"start with http:// or https:// (got {redact(self.data_plane_url)!r})")
+        if not self.insecure:
+            for what, url in (("the enrollment token", self.url),
+                              ("dispatch credentials", self.data_plane())):
+                if sends_in_clear(url):
+                    raise UserError(
+                        f"refusing to send {what} in clear text to {redact(url)}: use wss:// "
+                        "(serve --tls-cert/--tls-key), or pass --insecure (SWAMP_WORKER_INSECURE"
+                        "=1) if the network between them is trusted")
 
     def data_plane(self) -> str:
         """The HTTP base of the data plane: explicit, or the connect URL's host over HTTP(S)."""

@@ -6,6 +6,8 @@ import json
 import sys
 from datetime import datetime, timezone
 
+from swamp.domain.text import printable
+
 
 class Reporter:
     def __init__(self, *, json_lines: bool, stream=None) -> None:
@@ -18,7 +20,7 @@ class Reporter:
                 timespec="milliseconds").replace("+00:00", "Z"), **fields}
             line = json.dumps(record)
         else:
-            line = _human(event, fields)
+            line = printable(_human(event, fields))  # reasons come from the orchestrator
         print(line, file=self.stream, flush=True)
 
 
@@ -27,7 +29,9 @@ def _human(event: str, f: dict) -> str:
         return f"connecting to {f['url']} (attempt {f['attempt']})"
     if event == "enrolled":
         again = " (reconnected)" if f.get("reconnect") else ""
-        return f"enrolled as {f['workerName']}{again}"
+        capped = (f"; the token allows {f['capacity']} slot(s), not the "
+                  f"{f['requestedCapacity']} asked for") if f.get("requestedCapacity") else ""
+        return f"enrolled as {f['workerName']}{again}{capped}"
     if event == "dispatch_started":
         return f"▶ dispatch {f['dispatchId'][:8]}: {f['modelType']}.{f['method']}"
     if event == "dispatch_finished":
@@ -41,4 +45,6 @@ def _human(event: str, f: dict) -> str:
         return f"reconnecting in {f['delaySeconds']:g}s"
     if event == "stopped":
         return f"worker stopped: {f['reason']}"
+    if event == "warning":
+        return f"warning: {f['message']}"
     return f"{event}: {f}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from swamp.errors import UserError
 
-_VALID = re.compile(r"^[A-Za-z0-9-]{8,128}$")
+_VALID = re.compile(r"[A-Za-z0-9-]{8,128}")
 
 
 def machine_id(cache_dir: Path) -> str:
@@ -26,7 +26,7 @@ def machine_id(cache_dir: Path) -> str:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from exc
     if existing:
-        if not _VALID.match(existing):
+        if not _VALID.fullmatch(existing):
             raise UserError(f"{path} does not hold a machine id; delete it to make a new one")
         return existing
     new = str(uuid.uuid4())

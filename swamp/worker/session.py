@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import trio
 
 from swamp import __version__
 from swamp.concurrency import open_nursery
 from swamp.domain import environment
+from swamp.domain.workers import check_worker_name
 from swamp.errors import PeerError, Rejected, REJECTION_CODES, SwampError, UserError
 from swamp.hostinfo import local_platform
 from swamp.models.fleet_probe import FLEET_PROBE
@@ -39,6 +39,7 @@ class Enrollment:
     worker_name: str
     token_expires_at: float
     reconnect: bool
+    capacity: int  # the slots granted (the token may cap what was asked)
 
 
 class Session:
@@ -74,7 +75,6 @@ class Session:
             async with open_nursery() as nursery:
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
-                nursery.start_soon(self._refresh_session, channel)
                 await channel.wait_closed()
                 nursery.cancel_scope.cancel()
             return channel.close_reason
@@ -97,23 +97,20 @@ class Session:
                 raise Rejected(f"the orchestrator refused the enrollment: {exc.message}",
                                code=exc.code) from None
             raise PeerError(f"enrollment failed: {exc.message}", code=exc.code) from None
-        channel.heartbeat = float(reply.get("heartbeatSeconds") or channel.heartbeat)
-        self.session_ttl = float(reply.get("sessionTtlSeconds") or 900)
-        self.enrollment = Enrollment(reply["workerName"], float(reply["tokenExpiresAtEpoch"]),
-                                     bool(reply.get("reconnect")))
-        self.reporter.emit("enrolled", workerName=reply["workerName"],
-                           reconnect=self.enrollment.reconnect,
-                           tokenExpiresAt=reply.get("tokenExpiresAt"))
-
-    async def _refresh_session(self, channel: RpcChannel) -> None:
-        """Refresh the session credential at two thirds of its life."""
-        while True:
-            await trio.sleep(max(1.0, self.session_ttl * 2 / 3))
-            try:
-                await channel.call("worker.session.refresh", {})
-            except SwampError as exc:
-                await channel.close(1000, f"session refresh failed: {exc.message}")
-                return
+        try:
+            name = check_worker_name(reply["workerName"])
+            capacity = int(reply.get("capacity", self.config.concurrency))
+            self.enrollment = Enrollment(name, float(reply["tokenExpiresAtEpoch"]),
+                                         bool(reply.get("reconnect")),
+                                         max(1, min(capacity, self.config.concurrency)))
+            channel.heartbeat = float(reply.get("heartbeatSeconds") or channel.heartbeat)
+        except (KeyError, TypeError, ValueError, UserError):
+            raise PeerError("the orchestrator sent a malformed enrollment reply") from None
+        capped = self.enrollment.capacity < self.config.concurrency
+        self.reporter.emit("enrolled", workerName=name, reconnect=self.enrollment.reconnect,
+                           tokenExpiresAt=reply.get("tokenExpiresAt"),
+                           capacity=self.enrollment.capacity,
+                           **({"requestedCapacity": self.config.concurrency} if capped else {}))
 
     # -- dispatches -------------------------------------------------------------------------
 
@@ -121,9 +118,10 @@ class Session:
         if call.method != "worker.dispatch" or self.enrollment is None:
             raise UserError(f"unknown method {call.method!r}", code="unknown_method")
         probe = call.params.get("modelType") == FLEET_PROBE.type
-        if self.active >= self.config.concurrency and not probe:
-            raise SwampError(f"worker is at capacity ({self.active}/{self.config.concurrency} "
-                             "slots in use)", code="worker_busy")
+        capacity = self.enrollment.capacity
+        if self.active >= capacity and not probe:
+            raise SwampError(f"worker is at capacity ({self.active}/{capacity} slots in use)",
+                             code="worker_busy")
         params = call.params
         try:
             dispatch_id = str(params["dispatchId"])

@@ -117,6 +117,9 @@ class Cluster:
         self.counter = 0
         result = self.cli("init", str(self.repo))
         assert result.returncode == 0, result.stderr
+        # The operator's shell: commands find the repo, and through its .swamp/serve.json the
+        # running server's local admin credential (as in 'cd repo').
+        self.env["SWAMP_REPO_DIR"] = str(self.repo)
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 60,
             input: str | None = None) -> subprocess.CompletedProcess:

@@ -38,7 +38,7 @@ CASES = [
     (["worker", "connect", "http://x"], "must start with ws:// or wss://"),
     (["worker", "connect", "ws://127.0.0.1:9"], "missing enrollment token"),
     (["worker", "connect"], "SWAMP_ORCHESTRATOR_URL"),
-    (["serve", "--auth", "maybe", "--port", "0"], "expected none or token"),
+    (["serve", "--auth", "maybe", "--port", "0"], "expected token or none"),
     (["serve", "--grace-window", "0s", "--port", "0"], "must be positive"),
     (["server", "token", "create", "Bad.Name"], "invalid server token name"),
 ]

@@ -74,7 +74,7 @@ def test_permanent_rejections_exit_1_with_a_reason(cluster, case):
     worker = cluster.worker(token, *extra, wait=False)
     assert worker.wait_exit() == 1
     stopped = [e for e in worker.events() if e.get("event") == "stopped"][0]
-    expected = {"wrong-secret": "does not match", "unknown-token": "does not exist",
+    expected = {"wrong-secret": "does not match", "unknown-token": "does not match",
                 "malformed": "<name>.<secret>", "protocol": "protocol 999"}[case]
     assert expected in stopped["reason"]
     assert "0" * 64 not in stopped["reason"]
@@ -128,9 +128,12 @@ def test_the_token_list_shows_state_and_enrollments(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
     cluster.mint("spare")
+    cluster.cli_json("worker", "token", "create", "gpu", "--duration", "1h", "--label",
+                     "gpu=true", "--max-concurrency", "2")
     text = cluster.cli("worker", "token", "list", "--server", cluster.url).stdout
     header, *rows = text.strip().splitlines()
-    assert header.split() == ["NAME", "STATE", "EXPIRES", "ENROLLMENTS"]
+    assert header.split() == ["NAME", "STATE", "EXPIRES", "ENROLLMENTS", "WORKER", "LIMITS"]
     assert any(r.startswith("w1") and "enrolled" in r and "1 / 1" in r for r in rows)
     assert any(r.startswith("spare") and "unused" in r and "0 / 1" in r for r in rows)
+    assert any(r.startswith("gpu") and "gpu=true pinned; at most 2 slot(s)" in r for r in rows)
     wait_until(lambda: cluster.workers()[0]["status"] == "idle", what="worker record")

@@ -7,6 +7,7 @@ from swamp.domain import environment
 from swamp.domain.leases import LEASE_LIFECYCLE, LeaseState, end, mark_writes
 from swamp.domain.lifecycle import IllegalTransition
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
+from swamp.errors import UserError
 
 DOMAIN = Path(__file__).resolve().parents[2] / "swamp" / "domain"
 FORBIDDEN = {"trio", "hypercorn", "sqlite3", "pluggy", "typer", "socket", "time", "os",
@@ -25,11 +26,32 @@ def test_the_domain_is_sans_io():
             assert not FORBIDDEN & set(names), f"{path.name} imports {names}"
 
 
-def test_environment_denylist_and_overlay():
+def test_only_named_variables_are_shipped():
     orchestrator = {"HOME": "/root", "PATH": "/x", "SWAMP_WORKER_TOKEN": "t.s",
-                    "XDG_RUNTIME_DIR": "/run", "API_URL": "https://api", "term": "x"}
-    shipped = environment.ship(orchestrator)
-    assert shipped == {"API_URL": "https://api"}
+                    "XDG_RUNTIME_DIR": "/run", "API_URL": "https://api", "AWS_SECRET": "k"}
+    assert environment.ship(orchestrator, ()) == {}
+    assert environment.ship(orchestrator, ("API_URL", "MISSING")) == {"API_URL": "https://api"}
+    # a denied name never ships, even if it slipped past validation
+    assert environment.ship(orchestrator, ("PATH", "SWAMP_WORKER_TOKEN")) == {}
+
+
+@pytest.mark.parametrize("names,needle", [
+    (["PATH"], "can never be shipped"), (["swamp_token"], "can never be shipped"),
+    (["XDG_CONFIG_HOME"], "can never be shipped"), (["1ABC"], "invalid variable name"),
+    (["A B"], "invalid variable name"), (["OK\n"], "invalid variable name"), ([5], "invalid"),
+])
+def test_naming_a_variable_that_cannot_ship_is_an_input_error(names, needle):
+    with pytest.raises(UserError, match=needle) as info:
+        environment.check_names(names, source="--ship-env")
+    assert "--ship-env" in info.value.message
+
+
+def test_check_names_keeps_order_and_drops_repeats():
+    assert environment.check_names(["B", "A", "B"], source="x") == ("B", "A")
+
+
+def test_environment_overlay():
+    shipped = {"API_URL": "https://api"}
     worker = {"HOME": "/home/w", "PATH": "/usr/bin", "SWAMP_WORKER_TOKEN": "mine.secret",
               "API_URL": "old"}
     merged = environment.overlay(worker, {**shipped, "SWAMP_EVIL": "1", "PATH": "/evil"})

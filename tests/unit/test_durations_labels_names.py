@@ -38,8 +38,40 @@ def test_labels_parse_and_later_entries_win():
 def test_bad_labels_name_the_entry_and_source(text):
     with pytest.raises(UserError) as info:
         parse_label(text, source="SWAMP_WORKER_LABELS")
-    assert repr(text) in info.value.message
+    assert repr(text if len(text) <= 80 else text[:80] + "…") in info.value.message
     assert "SWAMP_WORKER_LABELS" in info.value.message
+
+
+@pytest.mark.parametrize("text", ["k=v\n", "k\n=v", "k=v\x1b[2J", "k=\u202ev", "k=v\r"])
+def test_labels_with_control_characters_or_a_trailing_newline_are_refused(text):
+    with pytest.raises(UserError):
+        parse_label(text)
+    key, _, value = text.partition("=")
+    with pytest.raises(UserError):
+        check_labels({key: value})
+
+
+def test_the_number_of_labels_is_bounded():
+    from swamp.domain.labels import MAX_LABELS
+
+    many = {f"k{i}": "v" for i in range(MAX_LABELS + 1)}
+    with pytest.raises(UserError, match="too many labels"):
+        check_labels(many)
+    with pytest.raises(UserError, match="too many labels"):
+        parse_labels([f"{k}={v}" for k, v in many.items()])
+    assert len(check_labels(dict(list(many.items())[:MAX_LABELS]))) == MAX_LABELS
+
+
+@pytest.mark.parametrize("name", ["result\n", "ok\n", "a\x00", "x" * 65])
+def test_names_are_full_matches(name):
+    with pytest.raises(UserError):
+        check_name(name)
+
+
+def test_data_names_are_full_matches():
+    with pytest.raises(UserError):
+        check_data_name("result\n")
+    assert check_data_name("result") == "result"
 
 
 def test_labels_from_the_network_are_checked():

@@ -4,7 +4,7 @@ import pytest
 
 from swamp.errors import NotFound, UserError
 from swamp.models.builtin import SHELL
-from swamp.models.context import LocalContext, refuse_infrastructure
+from swamp.models.context import LocalContext
 from swamp.models.framework import Arg
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry, plugin_manager
@@ -94,10 +94,3 @@ async def test_writes_are_limited_to_declared_specs(context):
         await ctx.write_resource("secrets", "x", {})
     with pytest.raises(UserError):
         await ctx.write_resource("result", "../escape", {})
-
-
-def test_infrastructure_records_are_refused():
-    assert refuse_infrastructure([{"modelType": "command/shell"}])
-    for kind in ("swamp/enrollment-token", "swamp/worker", "swamp/step-lease"):
-        with pytest.raises(Exception, match=kind):
-            refuse_infrastructure([{"modelType": kind}])

@@ -1,11 +1,11 @@
-"""Fleet naming, the fleet label, pruning and legacy records (pure)."""
+"""Fleet naming, pruning and legacy records (pure)."""
 
 import hashlib
 
 import pytest
 
 from swamp.domain import tokens as rules
-from swamp.domain.naming import member_labels, worker_name_for
+from swamp.domain.naming import worker_name_for
 from swamp.domain.tokens import Binding, Token, TokenState
 
 # Two machine ids whose SHA-256 digests share their first 8 hex digits (found by search).
@@ -65,16 +65,6 @@ def test_the_name_stored_in_the_binding_is_reused_by_redeem():
                             now_iso="t", name_new=lambda t: calls.append(t) or "unused")
     assert decision.write is None and decision.binding.worker_name == "pool-custom"
     assert calls == []  # naming is only consulted for a new binding
-
-
-def test_fleet_label_injection():
-    assert member_labels(token(), {"zone": "a"}).labels == {"zone": "a", "fleet": "pool"}
-    own = member_labels(token(), {"fleet": "gpu-pool"})
-    assert own.labels == {"fleet": "gpu-pool"} and own.kept_own_fleet
-    same = member_labels(token(), {"fleet": "pool"})
-    assert same.labels == {"fleet": "pool"} and not same.kept_own_fleet
-    single = member_labels(token(max_enrollments=1), {"zone": "a"})
-    assert single.labels == {"zone": "a"} and not single.kept_own_fleet
 
 
 def test_prune_frees_slots_and_writes_nothing_when_nothing_matches():

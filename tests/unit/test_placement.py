@@ -1,20 +1,38 @@
+import uuid
+
 import pytest
 
-from swamp.domain.placement import Placement, WorkerView, choose_worker, matches
+from swamp.domain.placement import (Placement, WorkerView, choose_worker, matches,
+                                    resolve_target)
 from swamp.domain.workers import is_schedulable
 
 
 def worker(name, *, labels=None, platform="linux", arch="x86_64", status="idle",
-           connected=True, capacity=1, active=0, instance="i-" + "x"):
-    return WorkerView(name, f"iid-{name}", labels or {}, platform, arch, status, connected,
-                      capacity, active)
+           connected=True, capacity=1, active=0, instance=None):
+    return WorkerView(name, instance or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+                      labels or {}, platform, arch, status, connected, capacity, active)
 
 
-def test_target_matches_name_or_instance_id_and_ignores_labels():
+def test_a_target_is_the_name_the_orchestrator_gave_or_a_unique_instance_id():
     w = worker("w1", labels={"gpu": "true"})
     assert matches(Placement(target="w1"), w)
-    assert matches(Placement(target="iid-w1"), w)
     assert not matches(Placement(target="w2"), w)
+    assert resolve_target("w1", [w]) is w
+    assert resolve_target(w.instance_id, [w]) is w
+    assert choose_worker(Placement(target=w.instance_id), [w]).worker is w
+
+
+def test_an_impostor_cannot_take_a_victims_targeted_work():
+    victim = worker("victim", capacity=1, active=1)  # busy: the impostor would be "free"
+    # instance ids that are not UUIDs are never matched, whatever they say
+    impostor = worker("pool-1234abcd", capacity=1024, instance="victim")
+    assert resolve_target("victim", [impostor, victim]) is victim
+    assert choose_worker(Placement(target="victim"), [impostor, victim]).worker is None
+    assert resolve_target("victim", [impostor]) is None  # a name never matches an instance id
+    # a copied instance id is ambiguous: it names nobody
+    twin = worker("twin", capacity=1024, instance=victim.instance_id)
+    assert resolve_target(victim.instance_id, [victim, twin]) is None
+    assert choose_worker(Placement(target=victim.instance_id), [twin, victim]).worker is None
 
 
 def test_labels_must_all_match_exactly():

@@ -46,17 +46,17 @@ def test_swamp_plugins_env_loads_modules(monkeypatch):
 def test_credentials_expire_slide_and_revoke():
     now = [1000.0]
     creds = Credentials(ttl=60, clock=lambda: now[0])
-    session, expires = creds.issue_session("w1")
+    lapsing = creds.issue_dispatch("w1", "d0")
     dispatch = creds.issue_dispatch("w1", "d1")
     other = creds.issue_dispatch("w2", "d2")
-    assert creds.verify(session).kind == "session" and expires == 1060
+    assert creds.verify(lapsing).expires == 1060
     assert creds.verify(dispatch).dispatch_id == "d1"
     assert creds.verify("forged") is None
     now[0] += 50
     creds.extend(dispatch)  # a running dispatch keeps its access
     creds.extend(other)
     now[0] += 20
-    assert creds.verify(session) is None  # lapsed
+    assert creds.verify(lapsing) is None  # not extended: lapsed
     assert creds.verify(dispatch) is not None
     creds.revoke_worker("w1")
     assert creds.verify(dispatch) is None and creds.verify(other) is not None

@@ -150,3 +150,59 @@ async def test_pings_are_answered_and_keep_the_peer_alive(nursery, autojump_cloc
     await nursery.start(server.serve)
     await trio.sleep(20)
     assert not client.closed and not server.closed
+
+
+async def test_requests_beyond_the_in_flight_limit_get_busy_and_nothing_piles_up(nursery):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler, max_in_flight=2)
+    await nursery.start(server.serve)
+    for i in range(5):
+        await a.tx.send(json.dumps({"type": "request", "id": f"h{i}", "method": "hang"}))
+    replies = [json.loads(await a.rx.receive()) for _ in range(3)]
+    assert [r["id"] for r in replies] == ["h2", "h3", "h4"]
+    assert {r["error"]["code"] for r in replies} == {"busy"}
+    assert len(server._incoming) == 2
+    server.max_in_flight = 3  # the owner raises it once the peer is trusted
+    await a.tx.send(json.dumps({"type": "request", "id": "e", "method": "echo",
+                                "params": {"v": 1}}))
+    assert json.loads(await a.rx.receive())["result"] == {"v": 1}
+
+
+async def test_a_peer_that_never_reads_stalls_only_its_own_socket(nursery):
+    """Pings and errors are answered inline: when the peer stops reading, the read loop stops
+    too (backpressure) instead of spawning a task per frame."""
+    a_tx, b_rx = trio.open_memory_channel(1000)
+    b_tx, a_rx = trio.open_memory_channel(0)  # nobody ever reads what the server sends
+    server = RpcChannel(MemoryTransport(b_tx, b_rx), echo_handler)
+    await nursery.start(server.serve)
+    for _ in range(200):
+        a_tx.send_nowait('{"type":"ping"}')
+    await trio.testing.wait_all_tasks_blocked()
+    assert b_rx.statistics().current_buffer_used >= 198  # it stopped reading after one
+
+
+async def test_abort_closes_with_a_code_without_waiting(nursery):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler)
+    await nursery.start(server.serve)
+    server.abort(1008, "enroll or authenticate within 5s of connecting")
+    with trio.fail_after(5):
+        assert await server.wait_closed() == "enroll or authenticate within 5s of connecting"
+    await trio.testing.wait_all_tasks_blocked()
+    assert b.closed_with == (1008, "enroll or authenticate within 5s of connecting")
+
+
+async def test_an_untrusted_peer_past_its_frame_budget_is_closed(nursery):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler)
+    server.frame_budget = 3
+    await nursery.start(server.serve)
+    for _ in range(3):
+        await a.tx.send('{"type":"ping"}')
+        assert json.loads(await a.rx.receive()) == {"type": "pong"}
+    await a.tx.send('{"type":"ping"}')
+    with trio.fail_after(5):
+        reason = await server.wait_closed()
+    assert "too many frames" in reason
+    await trio.testing.wait_all_tasks_blocked()
+    assert b.closed_with[0] == 1008

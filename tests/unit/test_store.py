@@ -7,7 +7,8 @@ import pytest
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.query import parse
-from swamp.errors import Conflict, Rejected
+from swamp.domain.read_scope import ReadScope, parse_reads
+from swamp.errors import Conflict, Rejected, UserError
 from swamp.store.datastore import Datastore, Key, SpecPolicy
 
 
@@ -100,6 +101,48 @@ def test_query_latest_and_all_versions(store):
     assert [r.version for r in history] == [1, 2]
 
 
+def _scoped_world(store):
+    policy = SpecPolicy("item")
+    store.write(Key("command/shell", "build", "result"), {"exitCode": 0}, policy=policy)
+    store.write(Key("command/shell", "deploy", "result"), {"exitCode": 1}, policy=policy)
+    store.write(Key("test/steps", "default", "progress"), {"step": 1}, policy=policy)
+    store.write(Key("test/other", "x", "y"), {"step": 2}, policy=policy)
+    store.write(Key("swamp/worker", "w1", "state"), {"machineId": "abc123"}, policy=policy)
+    store.write(Key("swamp/enrollment-token", "pool", "token"), {"secretHash": "9f"},
+                policy=policy)
+
+
+def _names(records):
+    return sorted(f"{r.model_type}:{r.model_name}" for r in records)
+
+
+def test_a_scoped_query_sees_only_its_own_model_and_what_it_declares(store):
+    _scoped_world(store)
+    everything = parse("version > 0")
+    own = ReadScope.of("command/shell", "build")
+    assert _names(store.query(everything, scope=own)) == ["command/shell:build"]
+    wider = ReadScope.of("command/shell", "build", also=[("command/shell", "deploy")],
+                         type_patterns=["test/*"])
+    assert _names(store.query(everything, scope=wider)) == [
+        "command/shell:build", "command/shell:deploy", "test/other:x", "test/steps:default"]
+    assert _names(store.query(everything, scope=ReadScope.of("a/b", "c",
+                                                             type_patterns=["*"]))) == [
+        "command/shell:build", "command/shell:deploy", "test/other:x", "test/steps:default"]
+
+
+def test_infrastructure_is_out_of_scope_and_indistinguishable_from_nothing(store):
+    """The oracle: a predicate over a worker's machine id or a token hash must answer exactly as
+    a predicate over data that does not exist, even when the scope claims every type."""
+    _scoped_world(store)
+    greedy = ReadScope.of("command/shell", "build", type_patterns=["*", "swamp/*"],
+                          also=[("swamp/worker", "w1")])
+    for predicate in ('modelType == "swamp/worker"', 'attributes.machineId == "abc123"',
+                      'attributes.secretHash == "9f"', 'modelType == "swamp/enrollment-token"',
+                      'modelType == "no/such"', 'attributes.machineId == "zzz"'):
+        assert store.query(parse(predicate), scope=greedy) == [], predicate
+    assert not greedy.allows("swamp/worker", "w1") and greedy.allows("test/steps", "x")
+
+
 def _redeem_in_process(args):
     path, credential, machine = args
     book = TokenBook(Datastore(path))
@@ -147,7 +190,7 @@ def test_an_unknown_token_name_writes_nothing(tmp_path):
     book = TokenBook(Datastore(path))
     with pytest.raises(Rejected) as info:
         book.redeem("ghost.secret", machine_id="m1")
-    assert info.value.code == "token_unknown"
+    assert info.value.code == "token_invalid"
     rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM data").fetchone()[0]
     assert rows == 0
 
@@ -157,3 +200,15 @@ def test_wal_and_synchronous_settings(store):
     assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     store.checkpoint()
+
+
+@pytest.mark.parametrize("entry", ["Bad", "@", "@a b", "@a/[b]", "@a?", "x/y", 5, "a\n"])
+def test_bad_reads_entries_are_input_errors(entry):
+    with pytest.raises(UserError, match="reads entry"):
+        parse_reads([entry], source="models/x.toml reads")
+
+
+def test_reads_entries_parse():
+    entries = parse_reads(["cache", "@command/shell", "@test/*"], source="x")
+    assert [e.instance for e in entries] == ["cache", None, None]
+    assert [e.type_pattern for e in entries] == [None, "command/shell", "test/*"]

@@ -86,8 +86,8 @@ def test_several_enrollments_when_allowed():
 
 
 @pytest.mark.parametrize("case,code", [
-    ("unknown", "token_unknown"), ("revoked", "token_revoked"), ("expired", "token_expired"),
-    ("stored-expired", "token_expired"), ("wrong-secret", "token_mismatch"),
+    ("unknown", "token_invalid"), ("revoked", "token_revoked"), ("expired", "token_expired"),
+    ("stored-expired", "token_expired"), ("wrong-secret", "token_invalid"),
 ])
 def test_rejections_name_the_reason(case, code):
     token = mint()
@@ -105,7 +105,31 @@ def test_rejections_name_the_reason(case, code):
     with pytest.raises(Rejected) as info:
         redeem(token, **kwargs)
     assert info.value.code == code
-    assert "'pool'" in info.value.message
+    if code != "token_invalid":
+        assert "'pool'" in info.value.message
+
+
+def test_without_the_secret_nothing_is_learned_about_the_token():
+    """Unknown, wrong secret, and a wrong secret for a revoked, expired or full token: one
+    answer, so a name cannot be probed for existence or state."""
+    live = mint()
+    full = redeem(live).write
+    cases = [(None, {}), (live, {}), (rules.revoke(live, now_iso="t"), {}),
+             (live, {"now": NOW + 3600}), (full, {"machine": "m9"})]
+    answers = set()
+    for token, kwargs in cases:
+        with pytest.raises(Rejected) as info:
+            redeem(token, secret="guess", **kwargs)
+        answers.add((type(info.value), info.value.code, info.value.message))
+    assert len(answers) == 1 and answers.pop()[1] == "token_invalid"
+
+
+def test_names_that_look_like_instance_ids_are_refused():
+    with pytest.raises(UserError, match="instance id"):
+        mint(name="0b9a7c1e-1111-4222-8333-444455556666")
+    with pytest.raises(UserError, match="instance id"):
+        mint(name="0b9a7c1e-1111-4222-8333")  # its fleet names could grow into one
+    assert mint(name="0b9a7c1e").name == "0b9a7c1e"
 
 
 def test_a_revoked_token_refuses_even_its_bound_machine():

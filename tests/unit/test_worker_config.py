@@ -64,8 +64,27 @@ def test_urls_with_credentials_are_redacted_in_errors():
 
 def test_the_data_plane_is_derived_or_explicit():
     assert WorkerConfig(url="wss://h:7420", token="t.s").data_plane() == "https://h:7420"
-    assert WorkerConfig(url="ws://h:7420/x", token="t.s").data_plane() == "http://h:7420"
-    assert WorkerConfig(url="ws://h", token="t.s",
+    assert WorkerConfig(url="ws://h:7420/x", token="t.s",
+                        insecure=True).data_plane() == "http://h:7420"
+    assert WorkerConfig(url="ws://127.0.0.1:7420", token="t.s").data_plane() == \
+        "http://127.0.0.1:7420"
+    assert WorkerConfig(url="ws://h", token="t.s", insecure=True,
                         data_plane_url="http://other:1/").data_plane() == "http://other:1"
     with pytest.raises(UserError, match="SWAMP_DATA_PLANE_URL"):
         WorkerConfig(url="ws://h", token="t.s", data_plane_url="ftp://x")
+
+
+@pytest.mark.parametrize("url,data_plane", [
+    ("ws://10.0.0.5:7420", None), ("ws://orchestrator.internal:7420", None),
+    ("wss://orchestrator.internal:7420", "http://10.0.0.5:7420"),
+])
+def test_secrets_never_cross_a_network_in_clear_without_insecure(url, data_plane):
+    with pytest.raises(UserError, match="in clear text") as info:
+        WorkerConfig(url=url, token="t.s", data_plane_url=data_plane)
+    assert "--insecure" in info.value.message and "t.s" not in info.value.message
+    assert WorkerConfig(url=url, token="t.s", data_plane_url=data_plane, insecure=True)
+
+
+def test_loopback_needs_no_tls():
+    for url in ("ws://127.0.0.1:1", "ws://localhost:1", "ws://[::1]:1", "ws://127.0.0.2:1"):
+        assert WorkerConfig(url=url, token="t.s")

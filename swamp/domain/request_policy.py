@@ -1,0 +1,116 @@
+"""Who may talk to the orchestrator's port at all: browsers are not clients.
+
+The CLI and workers never send an ``Origin`` header; every browser does, on every websocket
+upgrade and on every cross-origin request. So a request that carries one is refused unless
+``serve --allow-origin`` names that origin — otherwise any web page the operator visits could
+open a websocket to ``ws://127.0.0.1:7420`` and run commands.
+
+The ``Host`` header guards against DNS rebinding: a page at ``evil.example`` whose name is
+re-pointed at 127.0.0.1 becomes same-origin with the orchestrator (and same-origin GETs carry no
+``Origin``). On a loopback bind — where being reachable only from this machine *is* the
+protection — the host must be ``localhost``, an IP literal, or a name from
+``serve --trusted-host``. Off loopback every admin frame is authenticated anyway, so any host is
+accepted there unless ``--trusted-host`` names the only ones to accept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from swamp.errors import UserError
+
+
+def normalize_origin(text: str) -> str:
+    """``scheme://host[:port]``, lowercased, default ports dropped; ``UserError`` if it is not."""
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError:
+        raise UserError(f"invalid --allow-origin {text!r}: expected scheme://host[:port]") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
+            or parts.query or parts.fragment or parts.username:
+        raise UserError(f"invalid --allow-origin {text!r}: expected http(s)://host[:port], "
+                        "e.g. https://ops.example.com")
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
+
+
+def host_name(header: str) -> str | None:
+    """The host of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lowercased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        return header[1:end] if end > 0 else None
+    name, _, port = header.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name or None
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    loopback: bool  # the orchestrator is bound to a loopback address
+    allowed_origins: frozenset[str] = frozenset()
+    trusted_hosts: frozenset[str] = frozenset()
+    bind_host: str = ""
+
+    @classmethod
+    def build(cls, *, loopback: bool, bind_host: str = "", allow_origins: Iterable[str] = (),
+              trusted_hosts: Iterable[str] = ()) -> "RequestPolicy":
+        hosts = set()
+        for host in trusted_hosts:
+            name = host.strip().lower()
+            if not name or any(c in name for c in "/ :@") and not _is_ip(name.strip("[]")):
+                raise UserError(f"invalid --trusted-host {host!r}: expected a host name such as "
+                                "orchestrator.internal")
+            hosts.add(name.strip("[]"))
+        return cls(loopback, frozenset(normalize_origin(o) for o in allow_origins),
+                   frozenset(hosts), bind_host.lower().strip("[]"))
+
+    def refusal(self, headers: Mapping[str, str]) -> str | None:
+        """Why this request must be refused (a one-line reason), or ``None`` to let it in.
+
+        ``headers`` maps lowercase header names to their (first) values.
+        """
+        origin = headers.get("origin")
+        if origin is not None:
+            try:
+                normalized = normalize_origin(origin)
+            except UserError:
+                normalized = None
+            if normalized not in self.allowed_origins:
+                return (f"requests from web pages (Origin {origin[:100]!r}) are refused: browsers "
+                        "are not clients of this orchestrator (serve --allow-origin admits one)")
+        host = headers.get("host")
+        if host is not None:
+            name = host_name(host)
+            if name is None:
+                return f"malformed Host header {host[:100]!r}"
+            if not self._host_allowed(name):
+                return (f"Host {name[:100]!r} is not this orchestrator's name (DNS rebinding "
+                        "guard): connect by IP or localhost, or start serve with "
+                        f"--trusted-host {name[:100]}")
+        return None
+
+    def _host_allowed(self, name: str) -> bool:
+        if name in self.trusted_hosts or name == "localhost" or _is_ip(name):
+            return True
+        if name == self.bind_host:
+            return True
+        # Off loopback, authentication guards every admin frame; the host is only checked when
+        # the operator listed the names to accept.
+        return not self.loopback and not self.trusted_hosts

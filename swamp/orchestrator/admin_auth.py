@@ -1,0 +1,83 @@
+"""Who may send admin frames: the local credential, a server token, or (``--auth none``) anyone.
+
+``swamp serve`` makes a fresh *local credential* each time it starts and writes it to the repo's
+``.swamp/serve.json`` (mode 0600, in a 0700 directory): the CLI, run by the repo's owner, picks it
+up there, so the operator needs nothing while another local user — or a web page — gets nothing.
+Operators elsewhere present a *server token* (``swamp server token create``), stored only as a
+hash. Only the hash of the local credential is kept in memory.
+
+Answers are deliberately plain: a missing credential is told it is missing, a wrong one that it
+was not accepted — the same words for an unknown name and a wrong secret, so nobody learns which
+server tokens exist. Only the holder of the secret learns that it was revoked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.errors import Forbidden, SwampError
+
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who an admin socket acts for: ``local``, ``server-token`` (with its name) or ``anyone``."""
+
+    kind: str
+    name: str
+
+    def describe(self) -> str:
+        return f"server token {self.name!r}" if self.kind == "server-token" else self.kind
+
+
+class AuthRefused(Forbidden):
+    code = "unauthorized"
+
+
+def new_local_credential() -> str:
+    return f"{LOCAL}.{secrets.token_hex(32)}"
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "replace")).digest()
+
+
+class AdminAuth:
+    def __init__(self, *, mode: str, server_tokens: ServerTokenBook,
+                 local_credential: str | None) -> None:
+        self.mode = mode  # token | none
+        self.server_tokens = server_tokens
+        self._local = _digest(local_credential) if local_credential else None
+
+    def identify(self, authorization: str | None) -> Principal | AuthRefused:
+        """The principal of an ``Authorization`` header, or why it is not one (never raises)."""
+        if self.mode == "none":
+            return Principal("anyone", "anyone")
+        if not authorization:
+            return AuthRefused(
+                "admin frames need a credential: run the command in the orchestrator's repo "
+                "(or pass --repo-dir / set SWAMP_REPO_DIR; its .swamp/ holds the local "
+                "credential), or pass a server token with --server-token / SWAMP_SERVER_TOKEN")
+        scheme, _, credential = authorization.partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential:
+            return AuthRefused("the Authorization header must be 'Bearer <credential>'")
+        if self._local is not None and hmac.compare_digest(_digest(credential), self._local):
+            return Principal("local", LOCAL)
+        try:
+            name = self.server_tokens.authenticate(credential)
+        except SwampError as exc:
+            return AuthRefused(exc.message)
+        return Principal("server-token", name)
+
+    def still_valid(self, principal: Principal) -> bool:
+        """Re-check a server token after the repo changed (a revoke by the CLI)."""
+        if principal.kind != "server-token":
+            return True
+        record = self.server_tokens.get(principal.name)
+        return record is not None and record.get("state") == "active"

@@ -1,0 +1,105 @@
+"""Bounded before trust: what anyone who can reach the port can make the orchestrator hold.
+
+Before, a socket never had to enroll: pinging sockets lived forever and a few hundred exhausted
+file descriptors, and 100,000 requests pipelined before any auth took the orchestrator from
+144 MB to 789 MB. These attacks are repeated here against a real ``swamp serve``.
+"""
+
+import resource
+import time
+
+import pytest
+import trio
+
+from tests.integration.hostile import RawSocket, Refused, rss_bytes
+
+pytestmark = pytest.mark.integration
+
+SOCKETS = 1000
+
+
+@pytest.fixture
+def many_files():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard, max(soft, 4 * SOCKETS))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_sockets_that_never_enroll_are_closed_and_real_workers_still_enroll(cluster,
+                                                                                  many_files):
+    cluster.serve()
+    token = cluster.mint("real")
+    opened, closed = [], []
+    all_open = trio.Event()
+
+    async def squatter(i: int) -> None:
+        try:
+            ws = await RawSocket.open(cluster.url)
+        except (Refused, OSError):
+            closed.append((i, "refused"))
+            return
+        opened.append(i)
+        if len(opened) + len(closed) == SOCKETS:
+            all_open.set()
+        try:
+            async with trio.open_nursery() as nursery:
+                async def keep_pinging():
+                    while True:  # the attack: look alive, never enroll
+                        await ws.send({"type": "ping"})
+                        await trio.sleep(0.5)
+                nursery.start_soon(keep_pinging)
+                code, reason = await ws.wait_closed()
+                closed.append((i, code, reason))
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            closed.append((i, "broken"))
+        finally:
+            await ws.aclose()
+
+    started = time.monotonic()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i in range(SOCKETS):
+                nursery.start_soon(squatter, i)
+            # while the flood holds its sockets, a real worker process enrolls
+            worker = await trio.to_thread.run_sync(lambda: cluster.worker(token))
+            assert worker.p.poll() is None
+    elapsed = time.monotonic() - started
+    assert len(closed) == SOCKETS and len(opened) > 0
+    reasons = {c[2] for c in closed if len(c) == 3}
+    assert any("enroll or authenticate within" in r for r in reasons), reasons
+    assert elapsed < 45
+    # the server is fine: the real worker is listed and a dispatch reaches it
+    assert [w["name"] for w in cluster.workers()] == ["real"]
+    code, _ = cluster.run("swamp/echo", "echo", "--target", "real")
+    assert code == 0
+
+
+async def test_requests_pipelined_before_auth_do_not_grow_memory(cluster):
+    serve = cluster.serve()
+    pid = serve.p.pid
+    before = rss_bytes(pid)
+    ws = await RawSocket.open(cluster.url)
+    frame = ('{"type":"request","id":"%d","method":"worker.list","params":{"pad":"' +
+             "x" * 64 + '"}}')
+    sent = 0
+    peak = before
+    with trio.move_on_after(30):
+        for i in range(100_000):
+            await ws.send(frame % i)  # never reading a single reply
+            sent += 1
+            if i % 5000 == 0:
+                peak = max(peak, rss_bytes(pid))
+    peak = max(peak, rss_bytes(pid))
+    with trio.fail_after(30):
+        code, reason = await ws.wait_closed()
+    await ws.aclose()
+    after = rss_bytes(pid)
+    print(f"sent {sent} frames; rss before {before >> 20} MiB, peak {peak >> 20} MiB")
+    assert peak - before < 50 * 2**20, (before, peak, sent)
+    assert after - before < 50 * 2**20, (before, after)
+    assert code in (1008, 1006), (code, reason)
+    # still serving
+    assert cluster.cli_json("worker", "list", "--server", cluster.url)["workers"] == []
