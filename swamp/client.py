@@ -8,14 +8,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from swamp.concurrency import open_nursery
-from swamp.errors import UserError
+from swamp.errors import UnknownMethod, UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 
 
 async def _no_requests(call: IncomingCall):
-    raise UserError(f"a client does not serve {call.method!r}", code="unknown_method")
+    raise UnknownMethod(f"a client does not serve {call.method!r}")
 
 
 @asynccontextmanager

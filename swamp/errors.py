@@ -1,29 +1,54 @@
-"""One exception tree for the whole project.
+"""One exception tree for the whole project, one class per error code.
 
-Every error a user or a peer can see is a ``SwampError`` with a stable ``code``: the same code goes
-on the wire (``error {id, error: {code, message}}``) and decides the CLI's exit status. Two
-branches matter to callers: ``UserError`` ("you asked for something wrong": fix the input, do not
-retry) and ``PeerError`` ("the peer or the world misbehaved": a retry may help). Library
-exceptions (trio, sqlite3, httpx, wsproto) are translated into these at the boundary.
+Every error a user or a peer can see is a ``SwampError``. Its class decides everything else:
+the stable ``code`` that goes on the wire (``error {id, error: {code, message}}``) and the CLI's
+exit status. A class declares its code once; the table the wire decoder uses (:data:`BY_CODE`)
+is built from the classes as they are defined, never kept by hand, so
+``from_wire(e.to_wire())`` gives back the same class — and the same exit status — for every
+code, whichever route a command took.
+
+Three branches matter to callers:
+
+- :class:`UserError` — "you asked for something wrong": fix the input, do not retry; exit 2.
+- :class:`PeerError` — "the peer or the world misbehaved": a retry may help; exit 1.
+- everything else — the request was understood and failed (refused, conflicting, a method
+  that failed); exit 1.
+
+Library exceptions (trio, sqlite3, httpx, wsproto) are translated into these at the boundary.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+BY_CODE: dict[str, type[SwampError]] = {}
 
 
 class SwampError(Exception):
     """Root of every error swamp raises on purpose."""
 
-    code = "error"
-    exit_status = 1
+    code: ClassVar[str] = "error"
+    exit_status: ClassVar[int] = 1
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            owner = BY_CODE.setdefault(cls.code, cls)
+            if owner is not cls:
+                raise TypeError(f"error code {cls.code!r} is taken by {owner.__name__}")
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        if code is not None:
-            self.code = code
 
     def to_wire(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
+
+
+BY_CODE[SwampError.code] = SwampError
+
+
+# -- you asked for something wrong (exit 2) ---------------------------------------------------
 
 
 class UserError(SwampError):
@@ -34,25 +59,189 @@ class UserError(SwampError):
 
 
 class NotFound(UserError):
+    """It names something that does not exist (a worker, a token)."""
+
     code = "not_found"
 
 
+class AlreadyExists(UserError):
+    """A name that is taken (a live token, a worker's name)."""
+
+    code = "already_exists"
+
+
+class UnknownModel(UserError):
+    code = "unknown_model"
+
+
+class UnknownMethod(UserError):
+    """No such method: of a model type, or of the wire protocol."""
+
+    code = "unknown_method"
+
+
+class InvalidPredicate(UserError):
+    """A query that does not parse; the message shows a caret at the position."""
+
+    code = "invalid_predicate"
+
+    def __init__(self, message: str, source: str | None = None,
+                 position: int | None = None) -> None:
+        if source is not None and position is not None:
+            caret = f"\n  {source}\n  {' ' * position}^"
+            message = f"invalid predicate at position {position}: {message}{caret}"
+        super().__init__(message)
+        self.position = position
+
+
+class MalformedFrame(UserError):
+    """A frame or payload that is not what the protocol says (``frame_id`` when known)."""
+
+    code = "malformed_frame"
+
+    def __init__(self, message: str, *, frame_id: str | None = None) -> None:
+        super().__init__(message)
+        self.frame_id = frame_id
+
+
+class FrameTooLarge(MalformedFrame):
+    code = "frame_too_large"
+
+
+class DuplicateId(MalformedFrame):
+    code = "duplicate_id"
+
+
+class TooLarge(UserError):
+    """A data-plane body over the limit."""
+
+    code = "too_large"
+
+
+# -- refused, conflicting, or failed (exit 1) ---------------------------------------------------
+
+
 class Conflict(SwampError):
-    """The request is well-formed but collides with the current state (exists already, moved)."""
+    """Well-formed, but it collides with the current state (it moved, it is in use)."""
 
     code = "conflict"
 
 
+class IllegalTransition(Conflict):
+    code = "illegal_transition"
+
+
+class AlreadyConnected(Conflict):
+    """Another process of the same machine is connected: transient, the worker retries."""
+
+    code = "already_connected"
+
+
 class Forbidden(SwampError):
-    """The caller is not allowed to do this (wrong role, missing admin credential)."""
+    """The caller is not allowed to do this (a worker socket calling an admin frame)."""
 
     code = "forbidden"
+
+
+class Unauthorized(Forbidden):
+    """The admin credential is missing, wrong or revoked."""
+
+    code = "unauthorized"
+
+
+class DispatchEnded(Forbidden):
+    """A data-plane credential whose dispatch has ended."""
+
+    code = "dispatch_ended"
 
 
 class Rejected(SwampError):
     """An enrollment that will never succeed as presented: the worker must stop, not retry."""
 
     code = "rejected"
+
+
+class MalformedToken(Rejected):
+    code = "malformed_token"
+
+
+class TokenInvalid(Rejected):
+    """An unknown token name or a wrong secret: one answer for both (``detail`` is for logs)."""
+
+    code = "token_invalid"
+
+    def __init__(self, message: str = "the enrollment token was not accepted: its name is "
+                 "unknown or its secret does not match (check SWAMP_WORKER_TOKEN / "
+                 "--token-file)", *, name: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.name, self.detail = name, detail
+
+
+class TokenRevoked(Rejected):
+    code = "token_revoked"
+
+
+class TokenExpired(Rejected):
+    code = "token_expired"
+
+
+class AllowanceExhausted(Rejected):
+    code = "allowance_exhausted"
+
+
+class ProtocolMismatch(Rejected):
+    code = "protocol_mismatch"
+
+
+class LabelNotAllowed(Rejected):
+    code = "label_not_allowed"
+
+
+class LabelPinned(Rejected):
+    code = "label_pinned"
+
+
+class DispatchFailed(SwampError):
+    """A method ran (or tried to) and did not succeed."""
+
+    code = "dispatch_failed"
+
+
+class NoMatchingWorker(DispatchFailed):
+    code = "no_matching_worker"
+
+
+class WorkerLostError(DispatchFailed):
+    code = "worker_lost"
+
+
+class WriteThenDrop(DispatchFailed):
+    code = "write_then_drop"
+
+
+class WorkerBusy(DispatchFailed):
+    code = "worker_busy"
+
+
+class MethodFailed(DispatchFailed):
+    """Raised by a method to fail its dispatch with a message for the user."""
+
+    code = "method_failed"
+
+
+class SeamFailed(SwampError):
+    """Raised by a probe seam's check with a one-line reason."""
+
+    code = "seam_failed"
+
+
+class StoreError(SwampError):
+    """The database refused: locked, corrupt, gone."""
+
+    code = "store_error"
+
+
+# -- the peer or the world misbehaved (exit 1; a retry may help) --------------------------------
 
 
 class PeerError(SwampError):
@@ -69,51 +258,48 @@ class CallTimeout(PeerError):
     code = "timeout"
 
 
-class DispatchFailed(SwampError):
-    """A method ran (or tried to) and did not succeed."""
+class Busy(PeerError):
+    """Too many requests in flight on one socket: wait for answers, then retry."""
 
-    code = "dispatch_failed"
+    code = "busy"
+
+
+class HandlerFailed(PeerError):
+    """The peer's handler crashed (a bug on its side)."""
+
+    code = "handler_failed"
+
+
+class Cancelled(PeerError):
+    code = "cancelled"
+
+
+class DataPlaneError(PeerError):
+    """The data plane answered with something that is not a coded error."""
+
+    code = "data_plane_error"
 
 
 def from_wire(error: object) -> SwampError:
-    """Rebuild an error received in an ``error`` frame, keeping its code."""
+    """Rebuild an error received in an ``error`` frame: the class of its code, its message.
+
+    A code this version does not know (a newer peer) keeps its code on a plain
+    :class:`PeerError`, so the caller still sees it.
+    """
     if not isinstance(error, dict):
-        return PeerError(f"peer sent a malformed error: {error!r}")
-    code = str(error.get("code") or "error")
-    message = str(error.get("message") or code)
-    cls = _WIRE_CLASSES.get(code, SwampError)
-    return cls(message, code=code)
+        return PeerError(f"the peer sent a malformed error: {str(error)[:200]!r}")
+    code = error.get("code")
+    message = error.get("message")
+    code = code if isinstance(code, str) and code else "error"
+    message = message if isinstance(message, str) and message else code
+    cls = BY_CODE.get(code)
+    if cls is None:
+        unknown = PeerError(message)
+        unknown.code = code  # type: ignore[misc]  # an instance attribute, for display only
+        return unknown
+    return cls(message)
 
 
-REJECTION_CODES = frozenset(
-    {
-        "token_revoked",
-        "token_expired",
-        "token_invalid",
-        "invalid_token",
-        "protocol_mismatch",
-        "allowance_exhausted",
-        "label_not_allowed",
-        "label_pinned",
-    }
-)
-
-_WIRE_CLASSES: dict[str, type[SwampError]] = {code: Rejected for code in REJECTION_CODES}
-_WIRE_CLASSES.update(
-    {
-        "invalid_input": UserError,
-        "malformed_frame": UserError,
-        "frame_too_large": UserError,
-        "unknown_method": UserError,
-        "not_found": NotFound,
-        "conflict": Conflict,
-        "forbidden": Forbidden,
-        "unauthorized": Forbidden,
-        "dispatch_failed": DispatchFailed,
-        "no_matching_worker": DispatchFailed,
-        "write_then_drop": DispatchFailed,
-        "channel_closed": ChannelClosed,
-        "busy": PeerError,
-        "timeout": CallTimeout,
-    }
-)
+def rejection_codes() -> frozenset[str]:
+    """Codes that stop a worker for good (derived from the :class:`Rejected` branch)."""
+    return frozenset(code for code, cls in BY_CODE.items() if issubclass(cls, Rejected))

@@ -8,7 +8,7 @@ import os
 import pluggy
 
 from swamp import hooks
-from swamp.errors import NotFound, SwampError
+from swamp.errors import SwampError, UnknownModel
 from swamp.models.framework import ModelType
 
 
@@ -58,14 +58,13 @@ class ModelRegistry:
             return self.types[type_name]
         except KeyError:
             known = ", ".join(sorted(t for t, m in self.types.items() if not m.internal))
-            raise NotFound(f"unknown model type {type_name!r} (known: {known})",
-                           code="unknown_model") from None
+            raise UnknownModel(f"unknown model type {type_name!r} (known: {known})") from None
 
     def runnable(self, type_name: str) -> ModelType:
         model_type = self.get(type_name)
         if model_type.internal:
-            raise NotFound(f"model type {type_name!r} is the orchestrator's own bookkeeping and "
-                           "cannot be run", code="unknown_model")
+            raise UnknownModel(f"model type {type_name!r} is the orchestrator's own bookkeeping "
+                               "and cannot be run")
         return model_type
 
 

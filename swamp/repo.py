@@ -20,7 +20,7 @@ import tomli_w
 from swamp.domain.environment import check_names
 from swamp.domain.names import check_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
-from swamp.errors import UserError
+from swamp.errors import UnknownModel, UserError
 from swamp.store.datastore import Datastore
 
 CONFIG_FILE = "swamp.toml"
@@ -160,8 +160,8 @@ class Repo:
         if model in instances:
             return instances[model]
         known = ", ".join(sorted(instances)) or "none defined in models/"
-        raise UserError(f"no model named {model!r} (instances: {known}); pass a model type such "
-                        "as command/shell for an ad-hoc instance", code="unknown_model")
+        raise UnknownModel(f"no model named {model!r} (instances: {known}); pass a model type "
+                           "such as command/shell for an ad-hoc instance")
 
     # -- the running server's address --------------------------------------------------------
 

@@ -7,7 +7,7 @@ import time
 
 from swamp.domain.names import check_name
 from swamp.domain.tokens import hash_secret, secret_matches, split_credential
-from swamp.errors import Conflict, Forbidden, NotFound, Rejected
+from swamp.errors import AlreadyExists, NotFound, Rejected, Unauthorized
 from swamp.models.builtin import SERVER_TOKEN
 from swamp.store.datastore import Datastore, Key, iso
 
@@ -28,8 +28,8 @@ class ServerTokenBook:
 
         def decide(current):
             if current is not None and current.attributes["state"] == "active":
-                raise Conflict(f"server token {name!r} already exists: revoke it first or pick "
-                               "another name")
+                raise AlreadyExists(f"server token {name!r} already exists: revoke it first or "
+                                    "pick another name")
             return {"name": name, "state": "active", "createdAt": now,
                     "secretHash": hash_secret(secret)}
 
@@ -65,13 +65,13 @@ class ServerTokenBook:
         try:
             name, secret = split_credential(credential)
         except Rejected:
-            raise Forbidden("the server token must have the form <name>.<secret> (as printed by "
-                            "'swamp server token create')", code="unauthorized") from None
+            raise Unauthorized("the server token must have the form <name>.<secret> (as printed "
+                               "by 'swamp server token create')") from None
         record = self.store.latest(Key(TYPE, name, "token"))
         stored = record.attributes["secretHash"] if record else _NO_SUCH_TOKEN_HASH
         if not secret_matches(secret, stored) or record is None:
-            raise Forbidden(f"the server token {name!r} was not accepted: its name is unknown or "
-                            "its secret does not match", code="unauthorized")
+            raise Unauthorized(f"the server token {name!r} was not accepted: its name is unknown "
+                               "or its secret does not match")
         if record.attributes["state"] != "active":
-            raise Forbidden(f"the server token {name!r} has been revoked", code="unauthorized")
+            raise Unauthorized(f"the server token {name!r} has been revoked")
         return name

@@ -11,7 +11,7 @@ from swamp.domain.claims import ClaimPolicy
 from swamp.domain.names import check_name
 from swamp.domain.naming import worker_name_for
 from swamp.domain.tokens import Redeemed, Token
-from swamp.errors import NotFound, UserError
+from swamp.errors import AlreadyExists, NotFound
 from swamp.models.builtin import ENROLLMENT_TOKEN, WORKER
 from swamp.store.datastore import Datastore, Key, iso
 
@@ -42,9 +42,9 @@ class TokenBook:
         check_name(name, what="token name")
         owner = self.worker_names_of_others(name).get(name)
         if owner is not None:
-            raise UserError(f"the name {name!r} is already a worker of token {owner!r}; a token "
-                            "must not share its name with another token's worker: pick another "
-                            "name", code="conflict")
+            raise AlreadyExists(f"the name {name!r} is already a worker of token {owner!r}; a "
+                                "token must not share its name with another token's worker: "
+                                "pick another name")
         secret = secrets.token_hex(rules.SECRET_BYTES)
         now = self.clock()
 

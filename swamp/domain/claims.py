@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from swamp.domain.labels import MAX_LABELS, check_label_key, check_labels, format_labels
-from swamp.errors import Rejected, UserError
+from swamp.errors import LabelNotAllowed, LabelPinned, UserError
 
 FLEET_LABEL = "fleet"
 MAX_CAPACITY = 1024
@@ -93,17 +93,17 @@ def grant(policy: ClaimPolicy, *, token_name: str, fleet: bool, labels: Mapping[
     """Decide the labels and capacity of an enrolling worker, or refuse it."""
     for key, value in labels.items():
         if key in policy.pinned and policy.pinned[key] != value:
-            raise Rejected(f"token {token_name!r} pins the label {key}={policy.pinned[key]}; "
-                           f"this worker claims {key}={value}: remove it from --label / "
-                           "SWAMP_WORKER_LABELS", code="label_pinned")
+            raise LabelPinned(f"token {token_name!r} pins the label {key}={policy.pinned[key]}; "
+                              f"this worker claims {key}={value}: remove it from --label / "
+                              "SWAMP_WORKER_LABELS")
     if policy.allowed_keys is not None:
         stray = sorted(k for k in labels if k not in policy.allowed_keys
                        and not (k in policy.pinned and labels[k] == policy.pinned[k]))
         if stray:
             allowed = ", ".join(sorted(policy.allowed_keys)) or "none"
-            raise Rejected(f"token {token_name!r} does not let its workers set the label "
-                           f"{stray[0]!r} (keys they may set: {allowed}); remove it from "
-                           "--label / SWAMP_WORKER_LABELS", code="label_not_allowed")
+            raise LabelNotAllowed(f"token {token_name!r} does not let its workers set the label "
+                                  f"{stray[0]!r} (keys they may set: {allowed}); remove it from "
+                                  "--label / SWAMP_WORKER_LABELS")
     merged = {**labels, **policy.pinned}
     kept_own_fleet = False
     if fleet:
@@ -112,6 +112,6 @@ def grant(policy: ClaimPolicy, *, token_name: str, fleet: bool, labels: Mapping[
         else:
             merged[FLEET_LABEL] = token_name
     if len(merged) > MAX_LABELS:
-        raise Rejected(f"a worker may carry at most {MAX_LABELS} labels", code="label_not_allowed")
+        raise LabelNotAllowed(f"a worker may carry at most {MAX_LABELS} labels")
     cap = policy.max_concurrency or MAX_CAPACITY
     return Granted(merged, min(capacity, cap), kept_own_fleet, capacity > cap)

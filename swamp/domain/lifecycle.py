@@ -9,11 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import Enum
 
-from swamp.errors import Conflict
-
-
-class IllegalTransition(Conflict):
-    code = "illegal_transition"
+from swamp.errors import IllegalTransition
 
 
 class Lifecycle:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swamp.errors import UserError
+from swamp.errors import InvalidPredicate, UserError
 
 FIELDS = ("modelType", "modelName", "name", "version", "spec", "attributes", "createdAt", "size")
 _MISSING = object()
@@ -41,15 +41,6 @@ _TOKEN = re.compile(
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
 
 
-class QueryError(UserError):
-    code = "invalid_predicate"
-
-    def __init__(self, message: str, source: str, position: int) -> None:
-        caret = f"\n  {source}\n  {' ' * position}^"
-        super().__init__(f"invalid predicate at position {position}: {message}{caret}")
-        self.position = position
-
-
 @dataclass(frozen=True)
 class _Tok:
     kind: str
@@ -63,7 +54,7 @@ def _tokenize(source: str) -> list[_Tok]:
     while pos < len(source):
         match = _TOKEN.match(source, pos)
         if match is None:
-            raise QueryError(f"unexpected character {source[pos]!r}", source, pos)
+            raise InvalidPredicate(f"unexpected character {source[pos]!r}", source, pos)
         kind = match.lastgroup or ""
         if kind != "ws":
             tokens.append(_Tok(kind, match.group(), pos))
@@ -85,9 +76,9 @@ class _Parser:
     def tok(self) -> _Tok:
         return self.tokens[self.index]
 
-    def fail(self, message: str, tok: _Tok | None = None) -> QueryError:
+    def fail(self, message: str, tok: _Tok | None = None) -> InvalidPredicate:
         tok = tok or self.tok
-        return QueryError(message, self.source, tok.pos)
+        return InvalidPredicate(message, self.source, tok.pos)
 
     def take(self, text: str) -> bool:
         if self.tok.kind in ("op", "ident") and self.tok.text == text:

@@ -24,7 +24,8 @@ from swamp.domain.claims import ClaimPolicy, Granted, grant
 from swamp.domain.lifecycle import Lifecycle
 from swamp.domain.names import check_name
 from swamp.domain.workers import looks_like_instance_id
-from swamp.errors import Rejected, UserError
+from swamp.errors import (AllowanceExhausted, AlreadyExists, MalformedToken, TokenExpired,
+                          TokenInvalid, TokenRevoked, UserError)
 
 Unlimited = Literal["unlimited"]
 SECRET_BYTES = 32
@@ -172,10 +173,8 @@ def split_credential(text: str) -> tuple[str, str]:
     """Split ``<name>.<secret>`` at the first dot; anything else is a ``Rejected`` input."""
     name, sep, secret = (text or "").strip().partition(".")
     if not sep or not name or not secret:
-        raise Rejected(
-            "a token must have the form <name>.<secret> (as printed by 'token create')",
-            code="invalid_token",
-        )
+        raise MalformedToken(
+            "a token must have the form <name>.<secret> (as printed by 'token create')")
     return name, secret
 
 
@@ -223,11 +222,9 @@ def mint(
     if duration_seconds <= 0:
         raise UserError("a token's duration must be positive")
     if existing is not None and existing.live(now):
-        raise UserError(
+        raise AlreadyExists(
             f"token {name!r} already exists and is {existing.effective_state(now).value}: "
-            "revoke it first or pick another name",
-            code="conflict",
-        )
+            "revoke it first or pick another name")
     return Token(
         name=name,
         state=TokenState.UNUSED,
@@ -238,18 +235,6 @@ def mint(
         max_enrollments=max_enrollments,
         claims=claims or ClaimPolicy(),
     )
-
-
-class TokenNotAccepted(Rejected):
-    """An unknown token name or a wrong secret: one answer for both (``detail`` is for logs)."""
-
-    code = "token_invalid"
-
-    def __init__(self, name: str, detail: str) -> None:
-        super().__init__("the enrollment token was not accepted: its name is unknown or its "
-                         "secret does not match (check SWAMP_WORKER_TOKEN / --token-file)")
-        self.name = name
-        self.detail = detail
 
 
 _NO_SUCH_TOKEN_HASH = hash_secret("no such token")
@@ -291,23 +276,21 @@ def redeem(
     # that the token is revoked, expired or full.
     if token is None:
         secret_matches(secret, _NO_SUCH_TOKEN_HASH)
-        raise TokenNotAccepted(name, "no token has this name")
+        raise TokenInvalid(name=name, detail="no token has this name")
     if not secret_matches(secret, token.secret_hash):
-        raise TokenNotAccepted(name, "the secret does not match")
+        raise TokenInvalid(name=name, detail="the secret does not match")
     if token.state is TokenState.REVOKED:
-        raise Rejected(f"token {name!r} has been revoked", code="token_revoked")
+        raise TokenRevoked(f"token {name!r} has been revoked")
     if token.effective_state(now) is TokenState.EXPIRED:
-        raise Rejected(f"token {name!r} has expired", code="token_expired")
+        raise TokenExpired(f"token {name!r} has expired")
     granted = grant(token.claims, token_name=token.name, fleet=token.max_enrollments != 1,
                     labels=labels or {}, capacity=capacity)
     known = token.binding_for(machine_id)
     if known is not None:
         return Redeemed(token=token, binding=known, write=None, granted=granted)
     if not token.has_room():
-        raise Rejected(
-            f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})",
-            code="allowance_exhausted",
-        )
+        raise AllowanceExhausted(
+            f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})")
     binding = Binding(machine_id=machine_id, worker_name=name_new(token), enrolled_at=now_iso)
     TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
     updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))

@@ -24,7 +24,9 @@ from typing import Any
 
 import trio
 
-from swamp.errors import SwampError
+from swamp.errors import SeamFailed, SwampError
+
+__all__ = ["FLEET_PROBE", "Seam", "SeamFailed", "run_seam"]  # SeamFailed: for seam authors
 from swamp.hooks import hookimpl
 from swamp.hostinfo import local_platform
 from swamp.models.framework import Arg, Method, ModelType, ResourceSpec
@@ -32,12 +34,6 @@ from swamp.models.framework import Arg, Method, ModelType, ResourceSpec
 MARKER_ENV = "FLEET_PROBE_MARKER"
 SEAM_TIMEOUT = 20
 INSTANCE = "probe"
-
-
-class SeamFailed(SwampError):
-    """Raised by a seam check with a one-line reason."""
-
-    code = "seam_failed"
 
 
 @dataclass(frozen=True)

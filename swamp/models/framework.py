@@ -16,14 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swamp.domain.durations import parse_duration
-from swamp.errors import DispatchFailed, NotFound, UserError
+from swamp.errors import MethodFailed, UnknownMethod, UserError
+
+__all__ = ["Arg", "Method", "MethodContext", "MethodFailed", "ModelType", "ProcessResult",
+           "ResourceSpec"]  # MethodFailed is re-exported for method authors
 from swamp.store.datastore import SpecPolicy
-
-
-class MethodFailed(DispatchFailed):
-    """Raised by a method to fail its dispatch with a message for the user."""
-
-    code = "method_failed"
 
 
 _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "duration": int}
@@ -129,8 +126,8 @@ class ModelType:
             if method.name == name:
                 return method
         choices = ", ".join(m.name for m in self.methods)
-        raise NotFound(f"model type {self.type!r} has no method {name!r} (methods: {choices})",
-                       code="unknown_method")
+        raise UnknownMethod(f"model type {self.type!r} has no method {name!r} (methods: "
+                            f"{choices})")
 
     def resource(self, name: str) -> ResourceSpec:
         for spec in self.resources:

@@ -19,7 +19,7 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.tokens import parse_max_enrollments
-from swamp.errors import UserError
+from swamp.errors import NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
 from swamp.protocol.rpc import IncomingCall
@@ -132,8 +132,7 @@ class Admin:
         if name:
             members = [m for m in members if m.name == name]
             if not members:
-                raise UserError(f"no connected worker named {name!r}: see 'swamp worker list'",
-                                code="not_found")
+                raise NotFound(f"no connected worker named {name!r}: see 'swamp worker list'")
         if labels:
             members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
         verdicts: dict[str, dict] = {}

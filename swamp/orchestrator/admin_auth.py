@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass
 
 from swamp.bookkeeping.server_tokens import ServerTokenBook
-from swamp.errors import Forbidden, SwampError
+from swamp.errors import SwampError, Unauthorized
 
 LOCAL = "local"
 
@@ -33,10 +33,6 @@ class Principal:
 
     def describe(self) -> str:
         return f"server token {self.name!r}" if self.kind == "server-token" else self.kind
-
-
-class AuthRefused(Forbidden):
-    code = "unauthorized"
 
 
 def new_local_credential() -> str:
@@ -54,25 +50,25 @@ class AdminAuth:
         self.server_tokens = server_tokens
         self._local = _digest(local_credential) if local_credential else None
 
-    def identify(self, authorization: str | None) -> Principal | AuthRefused:
+    def identify(self, authorization: str | None) -> Principal | Unauthorized:
         """The principal of an ``Authorization`` header, or why it is not one (never raises)."""
         if self.mode == "none":
             return Principal("anyone", "anyone")
         if not authorization:
-            return AuthRefused(
+            return Unauthorized(
                 "admin frames need a credential: run the command in the orchestrator's repo "
                 "(or pass --repo-dir / set SWAMP_REPO_DIR; its .swamp/ holds the local "
                 "credential), or pass a server token with --server-token / SWAMP_SERVER_TOKEN")
         scheme, _, credential = authorization.partition(" ")
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
-            return AuthRefused("the Authorization header must be 'Bearer <credential>'")
+            return Unauthorized("the Authorization header must be 'Bearer <credential>'")
         if self._local is not None and hmac.compare_digest(_digest(credential), self._local):
             return Principal("local", LOCAL)
         try:
             name = self.server_tokens.authenticate(credential)
         except SwampError as exc:
-            return AuthRefused(exc.message)
+            return Unauthorized(exc.message)
         return Principal("server-token", name)
 
     def still_valid(self, principal: Principal) -> bool:

@@ -14,7 +14,8 @@ import logging
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AdminAuth, AuthRefused, Principal
+from swamp.errors import Unauthorized
+from swamp.orchestrator.admin_auth import AdminAuth, Principal
 from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
@@ -81,7 +82,7 @@ class App:
             return
         authorization = _headers(scope).get("authorization")
         identity = self.auth.identify(authorization)
-        if authorization and isinstance(identity, AuthRefused):
+        if authorization and isinstance(identity, Unauthorized):
             log.info("refused an admin credential: %s", printable(identity.message))
         await send({"type": "websocket.accept"})
         client = scope.get("client") or ("?", 0)

@@ -14,10 +14,10 @@ import logging
 import trio
 
 from swamp.concurrency import open_nursery
-from swamp.errors import Forbidden, SwampError, UserError
+from swamp.errors import Conflict, Forbidden, UnknownMethod, Unauthorized
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AuthRefused, Principal
+from swamp.orchestrator.admin_auth import Principal
 from swamp.orchestrator.admission import (ADMIN_IN_FLIGHT, CLOSE_POLICY, PENDING_FRAMES,
                                           PENDING_IN_FLIGHT, Admission, worker_in_flight)
 from swamp.orchestrator.dispatch import DispatchService
@@ -33,7 +33,7 @@ WORKER_VERBS = frozenset({"capability.queryData"})
 
 class Connection:
     def __init__(self, transport: Transport, *, gateway: Gateway, dispatch: DispatchService,
-                 admin: Admin, admission: Admission, identity: Principal | AuthRefused,
+                 admin: Admin, admission: Admission, identity: Principal | Unauthorized,
                  peer: str) -> None:
         self.gateway = gateway
         self.dispatch = dispatch
@@ -89,13 +89,13 @@ class Connection:
                 return capabilities.query_data(self.dispatch, self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
-            raise UserError(f"unknown method {method!r}", code="unknown_method")
+            raise UnknownMethod(f"unknown method {method!r}")
         if method == "worker.enroll":
             return await self._enroll(call)
         handler = self.admin.handlers.get(method)
         if handler is not None:
-            if isinstance(self.identity, AuthRefused):
-                raise AuthRefused(self.identity.message)
+            if isinstance(self.identity, Unauthorized):
+                raise Unauthorized(self.identity.message)
             if self.role is None:
                 self.role = "admin"
                 self.admission.trusted(self, self.identity)
@@ -105,14 +105,13 @@ class Connection:
         if method in WORKER_VERBS:
             raise Forbidden(f"enroll first: before enrollment a socket may only call "
                             f"worker.enroll, not {method}")
-        raise UserError(f"unknown method {method!r}", code="unknown_method")
+        raise UnknownMethod(f"unknown method {method!r}")
 
     async def _enroll(self, call: IncomingCall) -> dict:
         if self.role == "admin":
             raise Forbidden("an admin socket cannot enroll as a worker")
         if self.enrolling:
-            raise SwampError("an enrollment is already in progress on this socket",
-                             code="conflict")
+            raise Conflict("an enrollment is already in progress on this socket")
         self.enrolling = True
         self.admission.engaged(self, True)
         try:

@@ -19,7 +19,8 @@ from urllib.parse import unquote
 
 from swamp import __version__
 from swamp.domain.names import check_data_name
-from swamp.errors import SwampError, UserError
+from swamp.errors import (DispatchEnded, Forbidden, NotFound, SwampError, TooLarge,
+                          Unauthorized, UserError)
 from swamp.models.context import read_value, write_value
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService
@@ -31,10 +32,13 @@ log = logging.getLogger("swamp.dataplane")
 MAX_BODY = 16 * 1024 * 1024
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+# The HTTP status of each kind of error (the body carries its code, as on the websocket).
+_STATUS = ((TooLarge, 413), (NotFound, 404), (Unauthorized, 401), (DispatchEnded, 409),
+           (UserError, 400), (Forbidden, 403))
+
+
+def http_status(exc: SwampError) -> int:
+    return next((status for cls, status in _STATUS if isinstance(exc, cls)), 409)
 
 
 async def _respond(send, status: int, body: bytes, content_type: str = "application/json",
@@ -54,11 +58,11 @@ async def _read_body(receive) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise HttpError(400, "invalid_input", "the client went away mid-request")
+            raise UserError("the client went away mid-request")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY:
-            raise HttpError(413, "too_large", f"a resource may be at most {MAX_BODY} bytes")
+            raise TooLarge(f"a resource may be at most {MAX_BODY} bytes")
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
@@ -75,11 +79,8 @@ class DataPlane:
     async def __call__(self, scope, receive, send) -> None:
         try:
             await self._route(scope, receive, send)
-        except HttpError as exc:
-            await _json(send, exc.status, {"error": {"code": exc.code, "message": exc.message}})
         except SwampError as exc:
-            status = 400 if isinstance(exc, UserError) else 409
-            await _json(send, status, {"error": exc.to_wire()})
+            await _json(send, http_status(exc), {"error": exc.to_wire()})
 
     async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"]
@@ -93,27 +94,25 @@ class DataPlane:
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:2] != ["data", "resources"]:
-            raise HttpError(404, "not_found", f"no route {method} {path}")
+            raise NotFound(f"no route {method} {path}")
         active = self._authorize(scope)
         if method == "PUT" and len(parts) == 4:
             await self._write(active, parts[2], parts[3], scope, receive, send)
         elif method == "GET" and len(parts) == 3:
             await self._read(active, parts[2], send)
         else:
-            raise HttpError(405 if len(parts) in (3, 4) else 404, "not_found",
-                            f"no route {method} {path}")
+            raise NotFound(f"no route {method} {path}")
 
     def _authorize(self, scope):
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
         grant = self.credentials.verify(token.strip()) if scheme.lower() == "bearer" else None
         if grant is None:
-            raise HttpError(401, "unauthorized", "a valid dispatch credential is required "
-                                                 "(Authorization: Bearer <credential>)")
+            raise Unauthorized("a valid dispatch credential is required (Authorization: Bearer "
+                               "<credential>)")
         active = self.dispatch.active.get(grant.dispatch_id)
         if active is None:
-            raise HttpError(409, "dispatch_ended", "the dispatch this credential belongs to has "
-                                                   "ended")
+            raise DispatchEnded("the dispatch this credential belongs to has ended")
         return active
 
     async def _write(self, active, spec: str, name: str, scope, receive, send) -> None:
@@ -125,9 +124,9 @@ class DataPlane:
             try:
                 value = json.loads(body)
             except ValueError:
-                raise HttpError(400, "invalid_input", "the body is not valid JSON") from None
+                raise UserError("the body is not valid JSON") from None
             if not isinstance(value, dict):
-                raise HttpError(400, "invalid_input", "a JSON resource must be an object")
+                raise UserError("a JSON resource must be an object")
         else:
             value = body
         self.dispatch.record_write(active)
@@ -142,7 +141,7 @@ class DataPlane:
         record = self.dispatch.store.latest(Key(active.model_type.type, active.model_name, name))
         value = read_value(record)
         if value is None:
-            raise HttpError(404, "not_found", f"no data named {name!r} for this model yet")
+            raise NotFound(f"no data named {name!r} for this model yet")
         version = [(b"x-swamp-version", str(record.version).encode())]
         if isinstance(value, bytes):
             await _respond(send, 200, value, "application/octet-stream", version)

@@ -28,7 +28,8 @@ from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import ChannelClosed, DispatchFailed, SwampError
+from swamp.errors import (ChannelClosed, DispatchFailed, NoMatchingWorker, SwampError,
+                          WorkerLostError, WriteThenDrop)
 from swamp.models.context import LocalContext
 from swamp.models.fleet_probe import FLEET_PROBE, MARKER_ENV
 from swamp.models.fleet_probe import INSTANCE as FLEET_PROBE_INSTANCE
@@ -163,30 +164,27 @@ class DispatchService:
         if request.probe:
             member = self.pool.get(placement.target or "")
             if member is None or not member.connected:
-                raise DispatchFailed(f"worker {placement.target!r} is not connected",
-                                     code="no_matching_worker")
+                raise NoMatchingWorker(f"worker {placement.target!r} is not connected")
             try:
                 return await self._dispatch_once(member, uuid.uuid4().hex, request, model_type,
                                                  args, emit)
             except WorkerLost as exc:
-                raise DispatchFailed(f"worker {exc.worker} was lost during the probe "
-                                     f"({exc.reason})", code="worker_lost") from None
+                raise WorkerLostError(f"worker {exc.worker} was lost during the probe "
+                                      f"({exc.reason})") from None
         lost: WorkerLost | None = None
         give_up_at = 0.0
         while True:
             choice = choose_worker(placement, self.pool.views())
             if choice.worker is None:
                 if lost is None:
-                    raise DispatchFailed(self._no_worker_message(placement, choice),
-                                         code="no_matching_worker")
+                    raise NoMatchingWorker(self._no_worker_message(placement, choice))
                 with trio.move_on_at(give_up_at):
                     await self.pool.wait_changed()
                     continue
-                raise DispatchFailed(
+                raise NoMatchingWorker(
                     f"worker {lost.worker} was lost ({lost.reason}) before the step wrote "
                     f"anything, and no worker matching {placement.describe()} was free within "
-                    f"the {self.grace_seconds:g}s grace window to run it again",
-                    code="no_matching_worker")
+                    f"the {self.grace_seconds:g}s grace window to run it again")
             member = self.pool.members[choice.worker.name]
             dispatch_id = uuid.uuid4().hex
             try:
@@ -194,11 +192,10 @@ class DispatchService:
                                                  emit)
             except WorkerLost as exc:
                 if exc.has_writes:
-                    raise DispatchFailed(
+                    raise WriteThenDrop(
                         f"worker {exc.worker} disconnected after {model_type.type}."
                         f"{request.method} had written data ({exc.reason}); failing the step "
-                        "rather than running it twice (write-then-drop)",
-                        code="write_then_drop") from None
+                        "rather than running it twice (write-then-drop)") from None
                 lost = exc
                 give_up_at = trio.current_time() + self.grace_seconds
                 log.warning("worker %s lost before writing (%s): dispatching again", exc.worker,
@@ -251,8 +248,8 @@ class DispatchService:
             except SwampError as exc:
                 self.leases.end(dispatch_id, LeaseState.FAILED, error=exc.message,
                                 current=active.lease)
-                raise DispatchFailed(f"worker {member.name} refused the dispatch: {exc.message}",
-                                     code=exc.code) from None
+                raise DispatchFailed(f"worker {member.name} refused the dispatch ({exc.code}): "
+                                     f"{exc.message}") from None
             if not isinstance(result, dict) or result.get("status") not in ("succeeded",
                                                                             "failed"):
                 self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result",

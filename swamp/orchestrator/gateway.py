@@ -28,10 +28,11 @@ from swamp.concurrency import open_nursery
 from swamp.domain.claims import MAX_CAPACITY
 from swamp.domain.labels import check_labels
 from swamp.domain.text import is_printable
-from swamp.domain.tokens import TokenNotAccepted, TokenState
+from swamp.domain.tokens import TokenState
 from swamp.domain.workers import (WorkerStatus, check_instance_id, check_machine_id,
                                   check_platform_word, check_version)
-from swamp.errors import Rejected, SwampError, UserError
+from swamp.errors import (AlreadyConnected, Conflict, ProtocolMismatch, SwampError,
+                          TokenInvalid, UserError)
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import ProbeVerdict
 from swamp.orchestrator.pool import Member, Pool
@@ -88,8 +89,8 @@ class EnrollParams:
 
 
 def _instance_in_use(instance_id: str) -> SwampError:
-    return SwampError(f"instance id {instance_id} is already in use by another worker of the "
-                      "pool; each process must use a fresh one", code="conflict")
+    return Conflict(f"instance id {instance_id} is already in use by another worker of the "
+                    "pool; each process must use a fresh one")
 
 
 class Gateway:
@@ -120,17 +121,16 @@ class Gateway:
     async def enroll(self, channel: RpcChannel, raw: dict) -> tuple[dict, Member]:
         params = EnrollParams.decode(raw)
         if params.protocol_version != PROTOCOL_VERSION:
-            raise Rejected(
+            raise ProtocolMismatch(
                 f"the worker speaks protocol {params.protocol_version} but this orchestrator "
-                f"speaks {PROTOCOL_VERSION}: run the same swamp version on both",
-                code="protocol_mismatch")
+                f"speaks {PROTOCOL_VERSION}: run the same swamp version on both")
         twin = self.pool.by_instance_id(params.instance_id)
         if twin is not None and twin.machine_id != params.machine_id:
             raise _instance_in_use(params.instance_id)  # before anything is bound
         try:
             redeemed = self.tokens.redeem(params.token, machine_id=params.machine_id,
                                           labels=params.labels, capacity=params.capacity)
-        except TokenNotAccepted as exc:
+        except TokenInvalid as exc:
             log.warning("refused an enrollment with token %r: %s", exc.name, exc.detail)
             raise
         token, name, granted = redeemed.token, redeemed.binding.worker_name, redeemed.granted
@@ -145,10 +145,9 @@ class Gateway:
         existing = self.pool.get(name)
         if existing is not None and existing.connected:
             if existing.instance_id != params.instance_id:
-                raise SwampError(
+                raise AlreadyConnected(
                     f"worker {name!r} is already connected from another process; if that "
-                    "process is gone, its connection is dropped after missed heartbeats",
-                    code="already_connected")
+                    "process is gone, its connection is dropped after missed heartbeats")
             existing.channel.abort(CLOSE_REPLACED, "replaced by a newer connection")
         reconnect = existing is not None and existing.instance_id == params.instance_id
         verify = self.prober is not None

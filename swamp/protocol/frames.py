@@ -12,22 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from swamp.errors import UserError
+from swamp.errors import FrameTooLarge, MalformedFrame
 
 #: Bump when the shape of enrollment, dispatch or a capability changes.
 #: 2: no session credential (nor ``worker.session.refresh``); the reply grants ``capacity``.
 PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
-
-
-class MalformedFrame(UserError):
-    code = "malformed_frame"
-
-    def __init__(self, message: str, *, frame_id: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.frame_id = frame_id
 
 
 @dataclass(frozen=True)
@@ -84,8 +75,7 @@ def _id(obj: dict, *, required: bool = True) -> str | None:
 
 def decode(text: str | bytes) -> Frame:
     if len(text) > MAX_FRAME_BYTES:
-        raise MalformedFrame(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit",
-                             code="frame_too_large")
+        raise FrameTooLarge(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError):

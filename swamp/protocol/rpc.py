@@ -29,7 +29,8 @@ from typing import Any
 import trio
 
 from swamp.concurrency import open_nursery
-from swamp.errors import CallTimeout, ChannelClosed, SwampError, from_wire
+from swamp.errors import (Busy, CallTimeout, Cancelled, ChannelClosed, DuplicateId,
+                          FrameTooLarge, HandlerFailed, MalformedFrame, SwampError, from_wire)
 from swamp.protocol import frames
 from swamp.protocol.transport import Transport, TransportClosed
 
@@ -176,19 +177,18 @@ class RpcChannel:
                     return
             try:
                 frame = frames.decode(text)
-            except frames.MalformedFrame as exc:
+            except MalformedFrame as exc:
                 await self._send_error(exc.frame_id, exc)
                 continue
             if isinstance(frame, frames.Request):
                 if frame.id in self._incoming:
-                    await self._send_error(frame.id, SwampError(
-                        f"request id {frame.id!r} is already in flight", code="duplicate_id"))
+                    await self._send_error(frame.id, DuplicateId(
+                        f"request id {frame.id!r} is already in flight"))
                     continue
                 if len(self._incoming) >= self.max_in_flight:
-                    await self._send_error(frame.id, SwampError(
+                    await self._send_error(frame.id, Busy(
                         f"{len(self._incoming)} requests are already in flight on this socket "
-                        f"(the limit is {self.max_in_flight}); wait for their answers",
-                        code="busy"))
+                        f"(the limit is {self.max_in_flight}); wait for their answers"))
                     continue
                 scope = trio.CancelScope()
                 self._incoming[frame.id] = scope
@@ -226,14 +226,12 @@ class RpcChannel:
                     raise
                 except Exception as exc:
                     log.exception("handler for %s failed", request.method)
-                    await self._send_error(request.id, SwampError(
-                        f"{request.method} failed: {type(exc).__name__}: {exc}"[:300],
-                        code="handler_failed"))
+                    await self._send_error(request.id, HandlerFailed(
+                        f"{request.method} failed: {type(exc).__name__}: {exc}"[:300]))
                     return
                 await self._send_quietly(frames.Response(request.id, result))
             if scope.cancelled_caught and not self.closed:
-                await self._send_error(request.id, SwampError("cancelled by the caller",
-                                                              code="cancelled"))
+                await self._send_error(request.id, Cancelled("cancelled by the caller"))
         finally:
             self._incoming.pop(request.id, None)
 
@@ -244,8 +242,8 @@ class RpcChannel:
             raise ChannelClosed(f"{self.name}: {self.close_reason}")
         text = frames.encode(frame)
         if len(text) > frames.MAX_FRAME_BYTES:
-            raise SwampError(f"refusing to send a {len(text)}-byte frame (limit "
-                             f"{frames.MAX_FRAME_BYTES})", code="frame_too_large")
+            raise FrameTooLarge(f"refusing to send a {len(text)}-byte frame (limit "
+                                f"{frames.MAX_FRAME_BYTES})")
         async with self._send_lock:
             await self.transport.send(text)
 

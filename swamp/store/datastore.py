@@ -32,7 +32,7 @@ from pathlib import Path
 from swamp.domain.durations import parse_duration
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
-from swamp.errors import Conflict, SwampError
+from swamp.errors import Conflict, StoreError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS data (
@@ -112,10 +112,6 @@ class Record:
         if with_attributes:
             out["attributes"] = self.attributes
         return out
-
-
-class StoreError(SwampError):
-    code = "store_error"
 
 
 _COLUMNS = "model_type, model_name, name, version, spec, attributes, content, created_at"

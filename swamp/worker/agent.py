@@ -19,7 +19,7 @@ import trio
 
 from swamp.concurrency import open_nursery
 from swamp.domain.urls import redact
-from swamp.errors import PeerError, Rejected
+from swamp.errors import Rejected, SwampError, UserError
 from swamp.plugins import default_registry
 from swamp.worker.config import WorkerConfig
 from swamp.worker.events import Reporter
@@ -95,10 +95,10 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
                           reporter=reporter, cache_dir=cache_dir)
         try:
             reason = await session.run()
-        except Rejected as exc:
+        except (Rejected, UserError) as exc:  # it will never work as presented: stop
             reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
             return 1
-        except PeerError as exc:
+        except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at

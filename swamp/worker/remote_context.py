@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from swamp.domain.names import check_data_name
-from swamp.errors import PeerError, SwampError, UserError
+from swamp.errors import DataPlaneError, PeerError, UserError, from_wire
 from swamp.models.context import ContextBase
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 
@@ -75,8 +75,11 @@ class RemoteContext(ContextBase):
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
-                message, code = error["message"], error["code"]
             except (ValueError, KeyError, TypeError):
-                message, code = response.text[:200], "data_plane_error"
-            raise SwampError(f"data plane refused {method} {path}: {message}", code=code)
+                raise DataPlaneError(f"data plane refused {method} {path}: HTTP "
+                                     f"{response.status_code} {response.text[:200]}") from None
+            exc = from_wire(error)
+            exc.message = f"data plane refused {method} {path}: {exc.message}"
+            exc.args = (exc.message,)
+            raise exc
         return response

@@ -18,7 +18,7 @@ from swamp import __version__
 from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.domain.workers import check_worker_name
-from swamp.errors import PeerError, Rejected, REJECTION_CODES, SwampError, UserError
+from swamp.errors import PeerError, Rejected, UnknownMethod, UserError, WorkerBusy
 from swamp.hostinfo import local_platform
 from swamp.models.fleet_probe import FLEET_PROBE
 from swamp.models.runner import run_method
@@ -90,13 +90,10 @@ class Session:
         }
         try:
             reply = await channel.call("worker.enroll", params, timeout=ENROLL_TIMEOUT)
-        except SwampError as exc:
-            if exc.code in REJECTION_CODES:
-                raise Rejected(exc.message, code=exc.code) from None
-            if isinstance(exc, UserError):
-                raise Rejected(f"the orchestrator refused the enrollment: {exc.message}",
-                               code=exc.code) from None
-            raise PeerError(f"enrollment failed: {exc.message}", code=exc.code) from None
+        except Rejected:
+            raise  # permanent: the agent stops
+        except UserError as exc:  # also permanent: our own handshake is wrong
+            raise type(exc)(f"the orchestrator refused the enrollment: {exc.message}") from None
         try:
             name = check_worker_name(reply["workerName"])
             capacity = int(reply.get("capacity", self.config.concurrency))
@@ -116,12 +113,11 @@ class Session:
 
     async def _handle(self, call: IncomingCall):
         if call.method != "worker.dispatch" or self.enrollment is None:
-            raise UserError(f"unknown method {call.method!r}", code="unknown_method")
+            raise UnknownMethod(f"unknown method {call.method!r}")
         probe = call.params.get("modelType") == FLEET_PROBE.type
         capacity = self.enrollment.capacity
         if self.active >= capacity and not probe:
-            raise SwampError(f"worker is at capacity ({self.active}/{capacity} slots in use)",
-                             code="worker_busy")
+            raise WorkerBusy(f"worker is at capacity ({self.active}/{capacity} slots in use)")
         params = call.params
         try:
             dispatch_id = str(params["dispatchId"])

@@ -224,7 +224,7 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
         assert reply["type"] == "error" and reply["error"]["code"] == code, (text[:60], reply)
     for params, code in [
         ({"token": "w1"}, "invalid_input"),
-        (enroll_params("nodot"), "invalid_token"),
+        (enroll_params("nodot"), "malformed_token"),
         (enroll_params("ghost.secret"), "token_invalid"),
         (enroll_params("ghost.secret", protocolVersion=999), "protocol_mismatch"),
         (enroll_params("ghost.secret", labels={"bad key": "v"}), "invalid_input"),

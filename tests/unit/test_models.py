@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from swamp.errors import NotFound, UserError
+from swamp.errors import UnknownMethod, UnknownModel, UserError
 from swamp.models.builtin import SHELL
 from swamp.models.context import LocalContext
 from swamp.models.framework import Arg
@@ -14,9 +14,9 @@ from swamp.store.datastore import Datastore, Key
 def test_builtins_register_through_the_hook():
     registry = ModelRegistry.from_plugins(plugin_manager(load_entry_points=False))
     assert registry.runnable("command/shell") is SHELL
-    with pytest.raises(NotFound, match="bookkeeping"):
+    with pytest.raises(UnknownModel, match="bookkeeping"):
         registry.runnable("swamp/worker")
-    with pytest.raises(NotFound) as info:
+    with pytest.raises(UnknownModel) as info:
         registry.get("no/such")
     assert info.value.code == "unknown_model" and "command/shell" in info.value.message
 
@@ -31,7 +31,7 @@ def test_argument_validation():
         run.validate({"cmd": "true"})
     with pytest.raises(UserError, match="duration"):
         run.validate({"command": "true", "timeout": "soon"})
-    with pytest.raises(NotFound):
+    with pytest.raises(UnknownMethod):
         SHELL.method("walk")
 
 

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from swamp.domain.query import QueryError, parse
+from swamp.domain.query import InvalidPredicate, parse
 
 RECORD = {"modelType": "command/shell", "modelName": "default", "name": "result", "version": 3,
           "spec": "result", "createdAt": "2026-01-02T00:00:00.000Z", "size": 0,
@@ -43,7 +43,7 @@ def test_evaluation(predicate, expected):
     ("version == 1 version", 13), ("[1,", 3),
 ])
 def test_errors_point_at_the_position(predicate, position):
-    with pytest.raises(QueryError) as info:
+    with pytest.raises(InvalidPredicate) as info:
         parse(predicate)
     assert info.value.position == position
     assert f"position {position}" in info.value.message
@@ -66,9 +66,9 @@ def test_overlong_predicates_are_refused():
 def test_arbitrary_text_parses_or_fails_cleanly(text):
     try:
         predicate = parse(text)
-    except QueryError:
+    except InvalidPredicate:
         return
-    except Exception as exc:  # only QueryError/UserError may escape
+    except Exception as exc:  # only InvalidPredicate/UserError may escape
         assert type(exc).__name__ == "UserError"
         return
     predicate.matches(RECORD)

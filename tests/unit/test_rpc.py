@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from swamp.errors import CallTimeout, ChannelClosed, SwampError, UserError
+from swamp.errors import CallTimeout, ChannelClosed, SwampError, UnknownMethod, UserError
 from swamp.protocol import frames
 from swamp.protocol.rpc import RpcChannel
 from swamp.protocol.transport import TransportClosed
@@ -46,12 +46,12 @@ async def echo_handler(call):
             await call.emit({"n": i})
         return call.params
     if call.method == "fail":
-        raise UserError("bad input", code="invalid_input")
+        raise UserError("bad input")
     if call.method == "crash":
         raise RuntimeError("boom")
     if call.method == "hang":
         await trio.sleep_forever()
-    raise UserError("unknown", code="unknown_method")
+    raise UnknownMethod("unknown")
 
 
 async def test_call_response_and_streamed_events(nursery):

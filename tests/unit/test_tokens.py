@@ -161,7 +161,7 @@ def test_effective_state_shows_a_lapsed_deadline():
 def test_bad_credentials_are_rejected(text):
     with pytest.raises(Rejected) as info:
         rules.split_credential(text)
-    assert info.value.code == "invalid_token"
+    assert info.value.code == "malformed_token"
 
 
 def test_credentials_split_at_the_first_dot():
