@@ -235,6 +235,12 @@ class SeamFailed(SwampError):
     code = "seam_failed"
 
 
+class NeedsOrchestrator(SwampError):
+    """The operation needs a running ``swamp serve``, and the route taken has none."""
+
+    code = "needs_orchestrator"
+
+
 class StoreError(SwampError):
     """The database refused: locked, corrupt, gone."""
 
@@ -262,6 +268,12 @@ class Busy(PeerError):
     """Too many requests in flight on one socket: wait for answers, then retry."""
 
     code = "busy"
+
+
+class MalformedReply(PeerError):
+    """A peer answered with something that is not what the protocol says."""
+
+    code = "malformed_reply"
 
 
 class HandlerFailed(PeerError):

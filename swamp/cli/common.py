@@ -84,30 +84,15 @@ def run_async(fn, *args):
     return trio.run(fn, *args)
 
 
-def admin_credential(server: str, server_token: str | None, repo_dir: Path | None) -> str | None:
-    """The credential to present to ``server``: the explicit server token, else the local
-    credential of the repo's running server — only when ``server`` is that server."""
-    if server_token:
-        from swamp.domain.urls import redact, sends_in_clear
+def with_admin(operation: Callable, *, repo_dir: Path | None, server: str | None,
+               server_token: str | None, ca_cert: Path | None, prefer_server: bool = False):
+    """Run ``await operation(api)`` on the route the flags choose (see ``swamp.admin.routes``)
+    and return its reply: a command formats it, whichever route answered."""
+    from swamp.admin.routes import open_route
 
-        if sends_in_clear(server):
-            print(f"warning: the server token crosses the network in clear text to "
-                  f"{redact(server)}; prefer wss://", file=sys.stderr)
-        return server_token
-    from swamp.errors import UserError
-    from swamp.repo import Repo
+    async def go():
+        async with open_route(repo_dir=repo_dir, server=server, server_token=server_token,
+                              ca_cert=ca_cert, prefer_server=prefer_server) as api:
+            return await operation(api)
 
-    try:
-        return Repo.find(repo_path(repo_dir)).admin_credential_for(server)
-    except UserError:
-        return None
-
-
-def admin_call(server: str, method: str, params: dict | None = None, *, server_token=None,
-               ca_cert=None, repo_dir=None, **kwargs: Any):
-    """One admin frame to a running orchestrator, with the right credential."""
-    from swamp import client
-
-    credential = admin_credential(server, server_token, repo_dir)
-    return run_async(lambda: client.call(server, method, params or {}, server_token=credential,
-                                         ca_cert=ca_cert, **kwargs))
+    return run_async(go)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
-                              emit_json, repo_path, table)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              table, with_admin)
 
 app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -29,30 +29,22 @@ def query(
     missing field matches nothing (and != everything). The orchestrator's own bookkeeping is
     data too: modelType == "swamp/worker" lists the pool's records."""
     from swamp.domain.query import parse
+    from swamp.protocol.messages import DataQueryRequest
 
-    parsed = parse(predicate)
-    if server:
-        params = {"predicate": predicate, "allVersions": all_versions}
-        records = admin_call(server, "data.query", params, server_token=server_token,
-                             ca_cert=ca_cert, repo_dir=repo_dir)["records"]
-    else:
-        from swamp.repo import Repo
-
-        store = Repo.find(repo_path(repo_dir)).open_store()
-        try:
-            records = [r.to_json() for r in store.query(parsed, all_versions=all_versions)]
-        finally:
-            store.close()
+    parse(predicate)  # a bad predicate is refused here, with its caret, on either route
+    request = DataQueryRequest(predicate=predicate, all_versions=all_versions)
+    reply = with_admin(lambda api: api.data_query(request), repo_dir=repo_dir, server=server,
+                       server_token=server_token, ca_cert=ca_cert)
     if json_output:
-        emit_json(records)
+        emit_json([r.to_json() for r in reply.records])
         return
-    if not records:
+    if not reply.records:
         print("No records match.")
         return
-    rows = [[r["modelType"], r["modelName"], r["name"], str(r["version"]), r["createdAt"],
-             _short(r["attributes"])] for r in records]
+    rows = [[r.model_type, r.model_name, r.name, str(r.version), r.created_at,
+             _short(r.attributes)] for r in reply.records]
     print(table(["MODEL TYPE", "MODEL", "NAME", "VERSION", "CREATED", "ATTRIBUTES"], rows))
-    print(f"{len(records)} record{'s' if len(records) != 1 else ''}")
+    print(f"{len(reply.records)} record{'s' if len(reply.records) != 1 else ''}")
 
 
 def _short(attributes: dict, limit: int = 60) -> str:

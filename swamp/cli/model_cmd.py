@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
-                              emit_json, repo_path, run_async)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              with_admin)
 
 app = typer.Typer(help="Models: types, instances and running their methods.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -57,24 +57,31 @@ def types(json_output: bool = JSON) -> None:
             print(f"  {method['name']}({args}) {method['help']}")
 
 
-def _render_event(event: dict, json_output: bool) -> None:
-    if json_output:
-        print(json.dumps({"event": event}), flush=True)
-        return
+def _render_event(payload: dict, json_output: bool) -> None:
+    """One streamed event: a log line, where the run went. Events come from workers, through
+    the orchestrator: checked, and shown without interpreting any terminal escape."""
     from swamp.domain.text import printable
+    from swamp.errors import MalformedFrame
+    from swamp.protocol.messages import Dispatched, LogLine, Redispatched, decode_event
 
-    # Lines come from a worker's command: shown, never interpreted (no terminal escapes).
-    kind = event.get("kind")
-    where = printable(event.get("worker") or "orchestrator")
-    if kind == "log":
-        stream = sys.stderr if event.get("stream") == "stderr" else sys.stdout
-        print(f"[{where}] {printable(event.get('line', ''), keep_tab=True)}", file=stream,
+    try:
+        event = decode_event(payload)
+    except MalformedFrame as exc:
+        print(f"warning: ignored a malformed event: {printable(exc.message)}", file=sys.stderr,
               flush=True)
-    elif kind == "dispatched":
-        print(f"→ dispatched to {where} ({printable(event['dispatchId'][:8])})",
+        return
+    if json_output:
+        print(json.dumps({"event": event.to_json()}), flush=True)
+        return
+    where = printable(getattr(event, "worker", None) or "orchestrator")
+    if isinstance(event, LogLine):
+        stream = sys.stderr if event.stream == "stderr" else sys.stdout
+        print(f"[{where}] {printable(event.line, keep_tab=True)}", file=stream, flush=True)
+    elif isinstance(event, Dispatched):
+        print(f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})",
               file=sys.stderr, flush=True)
-    elif kind == "redispatch":
-        print(f"↻ worker {where} was lost ({printable(event['reason'])}); dispatching again",
+    elif isinstance(event, Redispatched):
+        print(f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again",
               file=sys.stderr, flush=True)
 
 
@@ -105,74 +112,38 @@ def run(
     Logs stream as they happen. Exit 0 when the method succeeded, 1 when it failed. Example:
     swamp model method run command/shell run --arg command='uname -a' --label gpu=true
     """
+    from swamp.domain.environment import check_names
     from swamp.domain.labels import parse_labels
     from swamp.domain.placement import Placement
-    from swamp.errors import UserError
+    from swamp.protocol.messages import MethodRunRequest, PlacementSpec
 
-    from swamp.domain.environment import check_names
-
-    args = parse_args(arg or [])
-    env_names = check_names(env or [], source="--env")
     placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
-    if not server and placement.is_remote():
-        from swamp.repo import Repo
-
-        try:
-            server = Repo.find(repo_path(repo_dir)).running_server()
-        except UserError:
-            server = None
-        if not server:
-            raise UserError(f"running on a worker ({placement.describe()}) needs a running "
-                            "orchestrator: pass --server URL or set SWAMP_SERVE_URL")
+    request = MethodRunRequest(
+        model=model, method=method, args=parse_args(arg or []),
+        placement=PlacementSpec(target=target, labels=placement.labels, platform=platform),
+        env=list(check_names(env or [], source="--env")))
 
     async def on_event(event: dict) -> None:
         _render_event(event, json_output)
 
-    if server:
-        params = {"model": model, "method": method, "args": args,
-                  "placement": placement.to_json(), "env": list(env_names)}
-        result = admin_call(server, "model.method.run", params, server_token=server_token,
-                            ca_cert=ca_cert, repo_dir=repo_dir, timeout=None,
-                            on_event=on_event)
-    else:
-        result = run_async(_run_here, repo_dir, model, method, args, on_event)
+    result = with_admin(lambda api: api.method_run(request, on_event), repo_dir=repo_dir,
+                        server=server, server_token=server_token, ca_cert=ca_cert,
+                        prefer_server=placement.is_remote())
     _render_result(result, json_output)
-    raise typer.Exit(0 if result["status"] == "succeeded" else 1)
+    raise typer.Exit(0 if result.status == "succeeded" else 1)
 
 
-async def _run_here(repo_dir, model, method, args, on_event) -> dict:
-    from swamp.domain.placement import Placement
-    from swamp.orchestrator.credentials import Credentials
-    from swamp.orchestrator.dispatch import DispatchService, RunRequest
-    from swamp.orchestrator.pool import Pool
-    from swamp.plugins import default_registry
-    from swamp.repo import Repo
-
-    repo = Repo.find(repo_path(repo_dir))
-    store = repo.open_store()
-    try:
-        service = DispatchService(store, default_registry(), Pool(), Credentials(),
-                                  grace_seconds=0)
-        request = RunRequest(repo.resolve_model(model), method, args, Placement())
-        result = await service.run(request, on_event)
-        return dict(result, model=request.model.name, modelType=request.model.type,
-                    method=method)
-    finally:
-        store.close()
-
-
-def _render_result(result: dict, json_output: bool) -> None:
+def _render_result(result, json_output: bool) -> None:
     if json_output:
-        print(json.dumps({"result": result}), flush=True)
+        print(json.dumps({"result": result.to_json()}), flush=True)
         return
     from swamp.domain.text import printable
 
-    where = result.get("worker") or "orchestrator"
-    outputs = ", ".join(f"{o['spec']}/{o['name']} v{o['version']}" for o in result["outputs"])
-    if result["status"] == "succeeded":
-        line = (f"✓ {result['modelType']}.{result['method']} succeeded on {where} in "
-                f"{result['durationMs']}ms" + (f"; wrote {outputs}" if outputs else ""))
+    where = result.worker or "orchestrator"
+    outputs = ", ".join(f"{o.spec}/{o.name} v{o.version}" for o in result.outputs)
+    if result.status == "succeeded":
+        line = (f"✓ {result.model_type}.{result.method} succeeded on {where} in "
+                f"{result.duration_ms}ms" + (f"; wrote {outputs}" if outputs else ""))
     else:
-        line = (f"✗ {result['modelType']}.{result['method']} failed on {where}: "
-                f"{result.get('error')}")
+        line = f"✗ {result.model_type}.{result.method} failed on {where}: {result.error}"
     print(printable(line), file=sys.stderr)

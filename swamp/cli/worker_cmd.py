@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, admin_call, command,
-                              emit_json, repo_path, run_async, table)
+from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
+                              run_async, table, with_admin)
 from swamp.domain.labels import format_labels
 from swamp.domain.text import printable
 
@@ -87,20 +86,6 @@ def connect(
     raise typer.Exit(status)
 
 
-def _list_via(server, server_token, ca_cert, repo_dir, all_workers: bool) -> dict:
-    if server:
-        return admin_call(server, "worker.list", {"all": all_workers},
-                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
-    from swamp.bookkeeping.workers import WorkerBook, worker_items
-    from swamp.repo import Repo
-
-    store = Repo.find(repo_path(repo_dir)).open_store()
-    try:
-        return worker_items(WorkerBook(store).all(), show_all=all_workers)
-    finally:
-        store.close()
-
-
 @app.command("list", short_help="The pool: workers, status, slots, labels.")
 @command
 def list_workers(
@@ -113,26 +98,28 @@ def list_workers(
     Reads the running orchestrator with --server (live slot counts), else the repo's records.
     Disconnected workers are hidden unless --all.
     """
+    from swamp.protocol.messages import WorkerListRequest
 
-    data = _list_via(server, server_token, ca_cert, repo_dir, all_workers)
+    reply = with_admin(lambda api: api.worker_list(WorkerListRequest(all=all_workers)),
+                       repo_dir=repo_dir, server=server, server_token=server_token,
+                       ca_cert=ca_cert)
     if json_output:
-        emit_json(data)
+        emit_json(reply.to_json())
         return
-    rows = [[w["name"], w["status"], f"{len(w.get('activeDispatchIds', []))}/{w['capacity']}",
-             format_labels(w.get("labels", {})), f"{w['platform']}/{w['arch']}",
-             w.get("lastSeenAt", "-")] for w in data["workers"]]
+    rows = [[w.name, w.status, f"{len(w.active_dispatch_ids)}/{w.capacity}",
+             format_labels(w.labels), f"{w.platform}/{w.arch}", w.last_seen_at or "-"]
+            for w in reply.workers]
     if rows:
         print(table(["NAME", "STATUS", "SLOTS", "LABELS", "PLATFORM/ARCH", "LAST SEEN"], rows))
     else:
-        print("No connected workers." if data["hiddenDisconnected"] else "No workers yet: "
+        print("No connected workers." if reply.hidden_disconnected else "No workers yet: "
               "mint a token with 'swamp worker token create NAME --duration 1h' and connect one.")
-    for worker in data["workers"]:
-        if worker["status"] == "unverified":
-            print(printable(f"{worker['name']} is unverified: "
-                            f"{worker.get('verifyFailureReason', '?')}"))
-    if any(w["status"] == "unverified" for w in data["workers"]):
+    unverified = [w for w in reply.workers if w.status == "unverified"]
+    for worker in unverified:
+        print(printable(f"{worker.name} is unverified: {worker.verify_failure_reason or '?'}"))
+    if unverified:
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
-    hidden = data["hiddenDisconnected"]
+    hidden = reply.hidden_disconnected
     if hidden:
         print(f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
               "'swamp worker list --all' shows them.")
@@ -159,48 +146,33 @@ def verify(
     Needs a running orchestrator (--server, SWAMP_SERVE_URL, or the repo's .swamp/serve.json).
     """
     from swamp.domain.labels import parse_labels
-    from swamp.errors import UserError
+    from swamp.protocol.messages import VerifyRequest
 
     labels = parse_labels(label or [])
-    server = server or _running_server(repo_dir)
-    if not server:
-        raise UserError("worker verify needs a running orchestrator: pass --server URL or set "
-                        "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)")
-    params = {"labels": labels, **({"name": name} if name else {})}
-    data = admin_call(server, "worker.verify", params, timeout=180,
-                      server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
+    report = with_admin(lambda api: api.worker_verify(VerifyRequest(name=name, labels=labels)),
+                        repo_dir=repo_dir, server=server, server_token=server_token,
+                        ca_cert=ca_cert, prefer_server=True)
     if json_output:
-        emit_json(data)
-    elif data["workers"]:
+        emit_json(report.to_json())
+    elif report.workers:
         marks = {"pass": "✓ pass", "fail": "✗ fail", "error": "! error"}
-        rows = [[v["name"], marks.get(v["status"], v["status"]),
-                 f"{v.get('platform') or '-'}/{v.get('arch') or '-'}",
-                 v.get("error") or "; ".join(v["failures"]) or
-                 f"{len(v['seams'])} seams ok ({', '.join(v['seams'])})"]
-                for v in data["workers"]]
+        rows = [[v.name, marks[v.status], f"{v.platform or '-'}/{v.arch or '-'}",
+                 v.error or "; ".join(v.failures) or
+                 f"{len(v.seams)} seams ok ({', '.join(v.seams)})"]
+                for v in report.workers]
         print(table(["WORKER", "RESULT", "PLATFORM/ARCH", "DETAILS"], rows))
         print()
-        if data["passed"] == data["total"]:
-            print(f"All {data['total']} worker(s) passed verification.")
+        if report.passed == report.total:
+            print(f"All {report.total} worker(s) passed verification.")
         else:
-            parts = [f"{data['failed']} failed" if data["failed"] else "",
-                     f"{data['errors']} gave no verdict" if data["errors"] else ""]
-            print(f"{' and '.join(p for p in parts if p)} of {data['total']} worker(s).")
+            parts = [f"{report.failed} failed" if report.failed else "",
+                     f"{report.errors} gave no verdict" if report.errors else ""]
+            print(f"{' and '.join(p for p in parts if p)} of {report.total} worker(s).")
     else:
         selection = f" matching {format_labels(labels)}" if labels else ""
         print(f"No connected workers{selection} to verify.", file=sys.stderr)
-    if not data["workers"] or data["passed"] != data["total"]:
+    if not report.workers or report.passed != report.total:
         raise typer.Exit(1)
-
-
-def _running_server(repo_dir) -> str | None:
-    from swamp.errors import UserError
-    from swamp.repo import Repo
-
-    try:
-        return Repo.find(repo_path(repo_dir)).running_server()
-    except UserError:
-        return None
 
 
 # -- tokens -------------------------------------------------------------------------------------
@@ -245,42 +217,30 @@ def token_create(
     from swamp.domain.durations import parse_duration
     from swamp.domain.labels import parse_labels
     from swamp.domain.tokens import parse_max_enrollments
+    from swamp.protocol.messages import TokenCreateRequest
 
-    seconds = parse_duration(duration, what="--duration")
-    allowance = parse_max_enrollments(max_enrollments)
+    parse_duration(duration, what="--duration")  # bad input is refused here, on either route
     allowed = None if allow_labels is None else [k.strip() for k in allow_labels.split(",")
                                                  if k.strip()]
     claims = ClaimPolicy.build(pinned=parse_labels(label or []), allowed_keys=allowed,
                                max_concurrency=max_concurrency)
-    if server:
-        params = {"name": name, "duration": duration, "maxEnrollments": allowance,
-                  "labels": dict(claims.pinned), "maxConcurrency": claims.max_concurrency,
-                  "allowLabels": None if allowed is None else sorted(claims.allowed_keys)}
-        item = admin_call(server, "worker.token.create", params,
-                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
-    else:
-        from swamp.bookkeeping.tokens import TokenBook, token_item
-        from swamp.repo import Repo
-
-        store = Repo.find(repo_path(repo_dir)).open_store()
-        try:
-            token, credential = TokenBook(store).mint(name, duration_seconds=seconds,
-                                                      max_enrollments=allowance, claims=claims)
-        finally:
-            store.close()
-        item = dict(token_item(token, time.time()), token=credential)
+    request = TokenCreateRequest(
+        name=name, duration=duration, max_enrollments=parse_max_enrollments(max_enrollments),
+        labels=dict(claims.pinned), allow_labels=allowed, max_concurrency=max_concurrency)
+    item = with_admin(lambda api: api.token_create(request), repo_dir=repo_dir, server=server,
+                      server_token=server_token, ca_cert=ca_cert)
     if json_output:
-        emit_json(item)
+        emit_json(item.to_json())
         return
-    print(f"token {item['name']} expires {item['expiresAt']}")
-    if item["maxEnrollments"] != 1:
-        print(f"fleet token: up to {item['maxEnrollments']} machines, each labelled "
-              f"fleet={item['name']}")
-    limits = ClaimPolicy.from_attributes(item).describe()
+    print(f"token {item.name} expires {item.expires_at}")
+    if item.max_enrollments != 1:
+        print(f"fleet token: up to {item.max_enrollments} machines, each labelled "
+              f"fleet={item.name}")
+    limits = ClaimPolicy.from_attributes(item.to_json()).describe()
     if limits:
         print(f"its workers: {limits}")
     print()
-    print(f"  {item['token']}")
+    print(f"  {item.token}")
     print()
     print("This is shown once and never again: store it now. Give it to a worker with "
           "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL")
@@ -293,32 +253,19 @@ def token_list(
     repo_dir: Path = REPO_DIR, json_output: bool = JSON,
 ) -> None:
     """Every enrollment token: state, deadline, enrollments used / allowed."""
-    if server:
-        items = admin_call(server, "worker.token.list", {},
-                           server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
-        items = items["tokens"]
-    else:
-        from swamp.bookkeeping.tokens import TokenBook, token_item
-        from swamp.repo import Repo
+    from swamp.domain.claims import ClaimPolicy
 
-        store = Repo.find(repo_path(repo_dir)).open_store()
-        try:
-            now = time.time()
-            items = [token_item(t, now) for t in TokenBook(store).all()]
-        finally:
-            store.close()
+    reply = with_admin(lambda api: api.token_list(), repo_dir=repo_dir, server=server,
+                       server_token=server_token, ca_cert=ca_cert)
     if json_output:
-        emit_json(items)
+        emit_json([t.to_json() for t in reply.tokens])
         return
-    if not items:
+    if not reply.tokens:
         print("No enrollment tokens: mint one with 'swamp worker token create NAME "
               "--duration 1h'.")
         return
-    from swamp.domain.claims import ClaimPolicy
-
-    rows = [[t["name"], t["state"], t["expiresAt"], f"{t['enrollments']} / "
-             f"{t['maxEnrollments']}", ClaimPolicy.from_attributes(t).describe() or "-"]
-            for t in items]
+    rows = [[t.name, t.state, t.expires_at, f"{t.enrollments} / {t.max_enrollments}",
+             ClaimPolicy.from_attributes(t.to_json()).describe() or "-"] for t in reply.tokens]
     print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS", "WORKER LIMITS"], rows))
 
 
@@ -332,23 +279,14 @@ def token_revoke(
     """Revoke a token: its connected workers are disconnected within a second and can never
     enroll with it again. Works through a running server or straight on the repo (a running
     server notices the change)."""
-    if server:
-        item = admin_call(server, "worker.token.revoke", {"name": name},
-                          server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
-    else:
-        from swamp.bookkeeping.tokens import TokenBook, token_item
-        from swamp.repo import Repo
+    from swamp.protocol.messages import TokenRevokeRequest
 
-        store = Repo.find(repo_path(repo_dir)).open_store()
-        try:
-            token, revoked = TokenBook(store).revoke(name)
-        finally:
-            store.close()
-        item = dict(token_item(token, time.time()), alreadyRevoked=not revoked)
+    item = with_admin(lambda api: api.token_revoke(TokenRevokeRequest(name)),
+                      repo_dir=repo_dir, server=server, server_token=server_token,
+                      ca_cert=ca_cert)
     if json_output:
-        emit_json(item)
-        return
-    if item["alreadyRevoked"]:
-        print(f"token {name} was already {item['state']}")
+        emit_json(item.to_json())
+    elif item.already_revoked:
+        print(f"token {name} was already {item.state}")
     else:
-        print(f"token {name} revoked at {item.get('revokedAt')}")
+        print(f"token {name} revoked at {item.revoked_at}")

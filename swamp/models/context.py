@@ -18,6 +18,7 @@ from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
 from swamp.errors import UserError
 from swamp.models.framework import ModelType, ProcessResult
+from swamp.protocol.messages import LogLine
 from swamp.store.datastore import Datastore, Key
 
 class ContextBase(abc.ABC):
@@ -121,7 +122,7 @@ class LocalContext(ContextBase):
         self.emit = emit
 
     async def log(self, line: str, *, stream: str = "log") -> None:
-        await self.emit({"kind": "log", "stream": stream, "line": line})
+        await self.emit(LogLine(line=line, stream=stream).to_json())
 
     async def query_data(self, predicate: str) -> list[dict]:
         parsed = parse_predicate(predicate)

@@ -11,6 +11,7 @@ import trio
 
 from swamp.errors import SwampError
 from swamp.models.framework import Method
+from swamp.protocol.messages import DispatchResult, OutputHandle
 
 log = logging.getLogger("swamp.runner")
 
@@ -23,13 +24,11 @@ class Outcome:
     outputs: list[dict] = field(default_factory=list)
     duration_ms: int = 0
 
-    def to_json(self) -> dict:
-        out = {"status": self.status, "outputs": self.outputs, "durationMs": self.duration_ms}
-        if self.error:
-            out["error"] = self.error
-        if self.result is not None:
-            out["result"] = self.result
-        return out
+    def to_message(self) -> DispatchResult:
+        return DispatchResult(
+            status=self.status, duration_ms=self.duration_ms, error=self.error or None,
+            result=self.result, outputs=[OutputHandle(o["spec"], o["name"], o["version"])
+                                         for o in self.outputs])
 
 
 async def run_method(method: Method, args: dict[str, Any], ctx) -> Outcome:

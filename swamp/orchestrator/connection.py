@@ -108,6 +108,7 @@ class Connection:
         raise UnknownMethod(f"unknown method {method!r}")
 
     async def _enroll(self, call: IncomingCall) -> dict:
+        """The first call of a worker socket (its payload is decoded by the gateway)."""
         if self.role == "admin":
             raise Forbidden("an admin socket cannot enroll as a worker")
         if self.enrolling:
@@ -126,4 +127,4 @@ class Connection:
         self.channel.max_in_flight = worker_in_flight(member.capacity)
         self.channel.frame_budget = None
         self.channel.name = f"worker {member.name}"
-        return result
+        return result.to_json()

@@ -17,7 +17,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -28,8 +28,8 @@ from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import (ChannelClosed, DispatchFailed, NoMatchingWorker, SwampError,
-                          WorkerLostError, WriteThenDrop)
+from swamp.errors import (ChannelClosed, DispatchFailed, MalformedFrame, NoMatchingWorker,
+                          SwampError, WorkerLostError, WriteThenDrop)
 from swamp.models.context import LocalContext
 from swamp.models.fleet_probe import FLEET_PROBE, MARKER_ENV
 from swamp.models.fleet_probe import INSTANCE as FLEET_PROBE_INSTANCE
@@ -38,6 +38,9 @@ from swamp.models.runner import run_method
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
 from swamp.plugins import ModelRegistry
+from swamp.protocol.messages import (DispatchRequest, DispatchResult, Dispatched, LogLine,
+                                     OutputHandle, Redispatched, RunResult, Started, Verdict,
+                                     decode_event)
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record
 
@@ -63,32 +66,6 @@ class RunRequest:
 
     def scope(self) -> ReadScope:
         return self.read_scope or ReadScope.of(self.model.type, self.model.name)
-
-
-@dataclass(frozen=True)
-class ProbeVerdict:
-    """One worker's verification: ``pass``, ``fail`` (a seam broke) or ``error`` (no verdict)."""
-
-    name: str
-    status: str
-    platform: str | None = None
-    arch: str | None = None
-    seams: dict | None = None
-    failures: tuple[str, ...] = ()
-    error: str | None = None
-
-    @property
-    def reason(self) -> str:
-        if self.status == "error":
-            return self.error or "the probe gave no verdict"
-        return "; ".join(self.failures) or "the probe failed"
-
-    def to_json(self) -> dict:
-        out = {"name": self.name, "status": self.status, "platform": self.platform,
-               "arch": self.arch, "seams": self.seams or {}, "failures": list(self.failures)}
-        if self.error:
-            out["error"] = self.error
-        return out
 
 
 @dataclass
@@ -141,25 +118,27 @@ class DispatchService:
         args = method.validate({**request.model.args, **request.args})
         return model_type, args
 
-    async def run(self, request: RunRequest, emit: Emit) -> dict:
+    async def run(self, request: RunRequest, emit: Emit) -> RunResult:
         model_type, args = self.prepare(request)
         if not request.placement.is_remote():
-            return await self._run_local(request, model_type, args, emit)
-        return await self._run_remote(request, model_type, args, emit)
+            result = await self._run_local(request, model_type, args, emit)
+            worker = dispatch_id = None
+        else:
+            result, worker, dispatch_id = await self._run_remote(request, model_type, args,
+                                                                 emit)
+        return RunResult(status=result.status, model=request.model.name,
+                         model_type=model_type.type, method=request.method,
+                         duration_ms=result.duration_ms, outputs=result.outputs, worker=worker,
+                         dispatch_id=dispatch_id, error=result.error, result=result.result)
 
     async def _run_local(self, request: RunRequest, model_type: ModelType, args: dict,
-                         emit: Emit) -> dict:
-        ctx = LocalContext(store=self.store, emit=emit, model_type=model_type,
-                           model_name=request.model.name, method=request.method,
-                           dispatch_id=None, env=self.environ)
-        await _safe_emit(emit, {"kind": "started", "where": "orchestrator"})
-        outcome = await run_method(model_type.method(request.method), args, ctx)
-        return dict(outcome.to_json(), worker=None)
+                         emit: Emit) -> DispatchResult:
+        return await run_here(self.store, model_type, request, args, emit, env=self.environ)
 
     # -- remote ------------------------------------------------------------------------------
 
     async def _run_remote(self, request: RunRequest, model_type: ModelType, args: dict,
-                          emit: Emit) -> dict:
+                          emit: Emit) -> tuple[DispatchResult, str, str]:
         placement = request.placement
         if request.probe:
             member = self.pool.get(placement.target or "")
@@ -200,11 +179,12 @@ class DispatchService:
                 give_up_at = trio.current_time() + self.grace_seconds
                 log.warning("worker %s lost before writing (%s): dispatching again", exc.worker,
                             exc.reason)
-                await _safe_emit(emit, {"kind": "redispatch", "worker": exc.worker,
-                                        "reason": exc.reason})
+                await _safe_emit(emit, Redispatched(worker=exc.worker,
+                                                    reason=exc.reason).to_json())
 
     async def _dispatch_once(self, member: Member, dispatch_id: str, request: RunRequest,
-                             model_type: ModelType, args: dict, emit: Emit) -> dict:
+                             model_type: ModelType, args: dict, emit: Emit
+                             ) -> tuple[DispatchResult, str, str]:
         active = ActiveDispatch(dispatch_id, member, model_type, request.model.name,
                                 read_scope=request.scope())
         credential = None
@@ -219,24 +199,23 @@ class DispatchService:
                 self._set_busy(member)
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             self.active[dispatch_id] = active
-            params = {
-                "dispatchId": dispatch_id, "modelType": model_type.type,
-                "modelName": request.model.name, "method": request.method, "args": args,
-                "environment": {**environment.ship(self.environ,
-                                                   request.shipped_names(self.ship_env)),
-                                **request.environment},
-                "credential": credential,
-            }
-            await _safe_emit(emit, {"kind": "dispatched", "worker": member.name,
-                                    "dispatchId": dispatch_id})
+            params = DispatchRequest(
+                dispatch_id=dispatch_id, model_type=model_type.type,
+                model_name=request.model.name, method=request.method, args=args,
+                environment={**environment.ship(self.environ,
+                                                request.shipped_names(self.ship_env)),
+                             **request.environment},
+                credential=credential, takes_slot=not request.probe).to_json()
+            await _safe_emit(emit, Dispatched(worker=member.name,
+                                              dispatch_id=dispatch_id).to_json())
             try:
                 channel = member.channel
                 if channel is None:
                     raise ChannelClosed("the worker disconnected before the dispatch was sent")
                 active.credential = credential
-                result = await channel.call(
+                reply = await channel.call(
                     "worker.dispatch", params, timeout=None,
-                    on_event=lambda event: _safe_emit(emit, dict(event, worker=member.name)))
+                    on_event=lambda event: _relay(emit, event, member.name))
             except ChannelClosed as exc:
                 if active.has_writes:
                     self.leases.end(dispatch_id, LeaseState.FAILED, current=active.lease,
@@ -250,19 +229,22 @@ class DispatchService:
                                 current=active.lease)
                 raise DispatchFailed(f"worker {member.name} refused the dispatch ({exc.code}): "
                                      f"{exc.message}") from None
-            if not isinstance(result, dict) or result.get("status") not in ("succeeded",
-                                                                            "failed"):
+            try:
+                result = DispatchResult.decode(reply)
+            except MalformedFrame as exc:
                 self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result",
                                 current=active.lease)
-                raise DispatchFailed(f"worker {member.name} sent a malformed result")
-            if result["status"] == "succeeded":
+                raise DispatchFailed(f"worker {member.name} sent a malformed result: "
+                                     f"{exc.message}") from None
+            if result.status == "succeeded":
                 self.leases.end(dispatch_id, LeaseState.COMPLETED, current=active.lease)
             else:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.get("error")),
+                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.error),
                                 current=active.lease)
             self.completed += 1
-            result["outputs"] = active.outputs or result.get("outputs", [])
-            return dict(result, worker=member.name, dispatchId=dispatch_id)
+            if active.outputs:  # what the data plane saw written is the truth
+                result = replace(result, outputs=[OutputHandle(**o) for o in active.outputs])
+            return result, member.name, dispatch_id
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 self.leases.end(dispatch_id, LeaseState.FAILED, error="dispatch cancelled",
@@ -278,7 +260,7 @@ class DispatchService:
                     self._set_status(member, WorkerStatus.IDLE.value)
                 self.pool.changed()
 
-    async def probe(self, name: str, *, timeout: float = PROBE_TIMEOUT) -> ProbeVerdict:
+    async def probe(self, name: str, *, timeout: float = PROBE_TIMEOUT) -> Verdict:
         """Run the fleet probe on one worker through the ordinary dispatch path."""
         marker = secrets.token_hex(8)
         request = RunRequest(
@@ -293,17 +275,19 @@ class DispatchService:
             with trio.fail_after(timeout):
                 result = await self.run(request, ignore)
         except trio.TooSlowError:
-            return ProbeVerdict(name, "error", error=f"the probe got no answer within {timeout:g}s")
+            return Verdict(name, "error", error=f"the probe got no answer within {timeout:g}s")
         except SwampError as exc:
-            return ProbeVerdict(name, "error", error=exc.message)
-        summary = result.get("result")
-        if result["status"] != "succeeded" or not isinstance(summary, dict):
-            return ProbeVerdict(name, "error", error=result.get("error") or
-                                "the probe returned no verdict")
-        return ProbeVerdict(
-            name, "pass" if summary.get("ok") else "fail", platform=summary.get("platform"),
-            arch=summary.get("arch"), seams=summary.get("seams"),
-            failures=tuple(summary.get("failures") or ()))
+            return Verdict(name, "error", error=exc.message)
+        summary = result.result
+        if result.status != "succeeded" or not isinstance(summary, dict):
+            return Verdict(name, "error", error=result.error or "the probe returned no verdict")
+        try:
+            return Verdict.decode({
+                "name": name, "status": "pass" if summary.get("ok") is True else "fail",
+                "platform": summary.get("platform"), "arch": summary.get("arch"),
+                "seams": summary.get("seams") or {}, "failures": summary.get("failures") or []})
+        except MalformedFrame as exc:
+            return Verdict(name, "error", error=f"the probe's verdict is malformed: {exc.message}")
 
     def _no_worker_message(self, placement: Placement, choice) -> str:
         member = self.pool.get(placement.target or "")
@@ -353,6 +337,30 @@ def _no_worker_message(placement: Placement, choice) -> str:
                 "are busy (every slot in use); retry when one frees up")
     return (f"no connected worker matches {placement.describe()}: see 'swamp worker list' "
             "for the pool and its labels")
+
+
+async def run_here(store: Datastore, model_type: ModelType, request: RunRequest, args: dict,
+                   emit: Emit, *, env: dict[str, str]) -> DispatchResult:
+    """Run a method in this process (the orchestrator's, or the CLI's on a repo)."""
+    ctx = LocalContext(store=store, emit=emit, model_type=model_type,
+                       model_name=request.model.name, method=request.method, dispatch_id=None,
+                       env=env)
+    await _safe_emit(emit, Started(where="orchestrator").to_json())
+    outcome = await run_method(model_type.method(request.method), args, ctx)
+    return outcome.to_message()
+
+
+async def _relay(emit: Emit, event: object, worker: str) -> None:
+    """A worker's log line, checked, with the worker's name, to whoever runs the step (a worker
+    has nothing else to say mid-dispatch)."""
+    try:
+        decoded = decode_event(event)
+        if not isinstance(decoded, LogLine):
+            raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")
+    except MalformedFrame as exc:
+        log.warning("dropped a malformed event from worker %s: %s", worker, exc.message)
+        return
+    await _safe_emit(emit, replace(decoded, worker=worker).to_json())
 
 
 async def _safe_emit(emit: Emit, event: dict) -> None:

@@ -17,7 +17,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 
@@ -34,10 +33,10 @@ from swamp.domain.workers import (WorkerStatus, check_instance_id, check_machine
 from swamp.errors import (AlreadyConnected, Conflict, ProtocolMismatch, SwampError,
                           TokenInvalid, UserError)
 from swamp.orchestrator.credentials import Credentials
-from swamp.orchestrator.dispatch import ProbeVerdict
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.timers import Deadlines
 from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.protocol.messages import EnrollReply, EnrollRequest, Verdict
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Datastore, iso
 
@@ -50,42 +49,28 @@ CLOSE_SHUTDOWN = 1001
 REPO_WATCH_INTERVAL = 0.25
 
 
-@dataclass(frozen=True)
-class EnrollParams:
-    """The enrollment handshake, checked field by field with full matches: everything here ends
-    up in the pool, in records, in terminals and in logs."""
-
-    token: str
-    instance_id: str
-    machine_id: str
-    protocol_version: int
-    version: str
-    platform: str
-    arch: str
-    labels: dict[str, str]
-    capacity: int
-
-    @classmethod
-    def decode(cls, params: dict) -> "EnrollParams":
-        version = params.get("protocolVersion")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise UserError("enrollment needs 'protocolVersion': an integer")
-        token = params.get("token")
-        if not isinstance(token, str) or not 0 < len(token) <= 512 or not is_printable(token):
-            raise UserError("enrollment needs 'token': <name>.<secret>, at most 512 characters")
-        capacity = params.get("capacity", 1)
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or \
-                not 1 <= capacity <= MAX_CAPACITY:
-            raise UserError(f"enrollment 'capacity' must be an integer from 1 to {MAX_CAPACITY}")
-        return cls(
-            token=token, instance_id=check_instance_id(params.get("instanceId")),
-            machine_id=check_machine_id(params.get("machineId")), protocol_version=version,
-            version=check_version(params.get("version")),
-            platform=check_platform_word(params.get("platform"), "platform"),
-            arch=check_platform_word(params.get("arch"), "arch"),
-            labels=check_labels(params.get("labels", {}), source="enrollment labels"),
-            capacity=capacity,
-        )
+def check_enrollment(raw: dict) -> EnrollRequest:
+    """Decode the handshake, then check every value with full matches: all of it ends up in the
+    pool, in records, in terminals and in logs. The protocol version is checked first, so a
+    worker of another version is told that, whatever else changed in its handshake."""
+    version = raw.get("protocolVersion") if isinstance(raw, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and \
+            version != PROTOCOL_VERSION:
+        raise ProtocolMismatch(
+            f"the worker speaks protocol {version} but this orchestrator speaks "
+            f"{PROTOCOL_VERSION}: run the same swamp version on both")
+    request = EnrollRequest.decode(raw)
+    if not 0 < len(request.token) <= 512 or not is_printable(request.token):
+        raise UserError("enrollment needs 'token': <name>.<secret>, at most 512 characters")
+    if not 1 <= request.capacity <= MAX_CAPACITY:
+        raise UserError(f"enrollment 'capacity' must be an integer from 1 to {MAX_CAPACITY}")
+    check_instance_id(request.instance_id)
+    check_machine_id(request.machine_id)
+    check_version(request.version)
+    check_platform_word(request.platform, "platform")
+    check_platform_word(request.arch, "arch")
+    check_labels(request.labels, source="enrollment labels")
+    return request
 
 
 def _instance_in_use(instance_id: str) -> SwampError:
@@ -96,7 +81,7 @@ def _instance_in_use(instance_id: str) -> SwampError:
 class Gateway:
     def __init__(self, store: Datastore, pool: Pool, credentials: Credentials, *,
                  grace_seconds: float, heartbeat_seconds: float, clock=time.time,
-                 prober: Callable[[str], Awaitable[ProbeVerdict]] | None = None) -> None:
+                 prober: Callable[[str], Awaitable[Verdict]] | None = None) -> None:
         self.store = store
         self.tokens = TokenBook(store, clock=clock)
         self.workers = WorkerBook(store, clock=clock)
@@ -118,12 +103,8 @@ class Gateway:
 
     # -- enrollment --------------------------------------------------------------------------
 
-    async def enroll(self, channel: RpcChannel, raw: dict) -> tuple[dict, Member]:
-        params = EnrollParams.decode(raw)
-        if params.protocol_version != PROTOCOL_VERSION:
-            raise ProtocolMismatch(
-                f"the worker speaks protocol {params.protocol_version} but this orchestrator "
-                f"speaks {PROTOCOL_VERSION}: run the same swamp version on both")
+    async def enroll(self, channel: RpcChannel, raw: dict) -> tuple[EnrollReply, Member]:
+        params = check_enrollment(raw)
         twin = self.pool.by_instance_id(params.instance_id)
         if twin is not None and twin.machine_id != params.machine_id:
             raise _instance_in_use(params.instance_id)  # before anything is bound
@@ -172,13 +153,11 @@ class Gateway:
         log.info("worker %s enrolled (%s) platform=%s/%s capacity=%d", name,
                  "reconnect" if reconnect else "first connect", params.platform, params.arch,
                  granted.capacity)
-        return {
-            "workerName": name, "capacity": granted.capacity,
-            "labels": granted.labels, "tokenExpiresAt": token.expires_at,
-            "tokenExpiresAtEpoch": token.expires_at_epoch, "reconnect": reconnect,
-            "heartbeatSeconds": self.heartbeat_seconds, "protocolVersion": PROTOCOL_VERSION,
-            "orchestratorVersion": __version__,
-        }, member
+        return EnrollReply(
+            worker_name=name, capacity=granted.capacity, labels=granted.labels,
+            token_expires_at=token.expires_at, token_expires_at_epoch=token.expires_at_epoch,
+            reconnect=reconnect, heartbeat_seconds=self.heartbeat_seconds,
+            protocol_version=PROTOCOL_VERSION, orchestrator_version=__version__), member
 
     # -- disconnects and the grace window ----------------------------------------------------
 
@@ -263,6 +242,10 @@ class Gateway:
                 log.warning("could not re-check tokens after a repo change: %s", exc)
                 seen = None
 
+    def arm_token_deadline(self, token) -> None:
+        """Store the token ``expired`` (and cut off its workers) when its deadline passes."""
+        self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
+
     def arm_token_deadlines(self) -> None:
         """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
         whether or not a worker ever used it (tokens may be minted by the CLI on the repo)."""
@@ -292,7 +275,7 @@ class Gateway:
             verdict = await self.prober(member.name)
         except Exception as exc:  # a bug in probing must not take the orchestrator down
             log.exception("verifying %s failed unexpectedly", member.name)
-            verdict = ProbeVerdict(member.name, "error", error=f"the probe crashed: {exc}")
+            verdict = Verdict(member.name, "error", error=f"the probe crashed: {exc}")
         if self.pool.get(member.name) is not member or not member.connected:
             return  # it left (or reconnected) meanwhile: this verdict is about nobody
         if verdict.status == "pass":

@@ -13,8 +13,10 @@ from typing import Any
 import httpx
 
 from swamp.domain.names import check_data_name
-from swamp.errors import DataPlaneError, PeerError, UserError, from_wire
+from swamp.errors import (DataPlaneError, MalformedFrame, MalformedReply, PeerError, UserError,
+                          from_wire)
 from swamp.models.context import ContextBase
+from swamp.protocol.messages import LogLine, QueryDataReply, QueryDataRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 
 
@@ -30,12 +32,15 @@ class RemoteContext(ContextBase):
         self.headers = {"Authorization": f"Bearer {credential}"}
 
     async def log(self, line: str, *, stream: str = "log") -> None:
-        await self.call.emit({"kind": "log", "stream": stream, "line": line})
+        await self.call.emit(LogLine(line=line, stream=stream).to_json())
 
     async def query_data(self, predicate: str) -> list[dict]:
-        result = await self.channel.call(
-            "capability.queryData", {"dispatchId": self.dispatch_id, "predicate": predicate})
-        return result["records"]
+        request = QueryDataRequest(dispatch_id=self.dispatch_id, predicate=predicate)
+        answer = await self.channel.call("capability.queryData", request.to_json())
+        try:
+            return QueryDataReply.decode(answer).records
+        except MalformedFrame as exc:
+            raise MalformedReply(f"queryData: {exc.message}") from None
 
     async def write_resource(self, spec: str, name: str, value: Any) -> dict:
         self._check_write(spec, name)

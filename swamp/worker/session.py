@@ -18,12 +18,12 @@ from swamp import __version__
 from swamp.concurrency import open_nursery
 from swamp.domain import environment
 from swamp.domain.workers import check_worker_name
-from swamp.errors import PeerError, Rejected, UnknownMethod, UserError, WorkerBusy
+from swamp.errors import MalformedReply, Rejected, UnknownMethod, UserError, WorkerBusy
 from swamp.hostinfo import local_platform
-from swamp.models.fleet_probe import FLEET_PROBE
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from swamp.protocol.messages import DispatchRequest, EnrollReply, EnrollRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
@@ -81,31 +81,31 @@ class Session:
 
     async def _enroll(self, channel: RpcChannel) -> None:
         system, arch = local_platform()
-        params = {
-            "token": self.config.token, "instanceId": self.instance_id,
-            "machineId": self.machine_id,
-            "protocolVersion": self.config.protocol_version or PROTOCOL_VERSION,
-            "version": __version__, "platform": system, "arch": arch,
-            "labels": self.config.labels, "capacity": self.config.concurrency,
-        }
+        request = EnrollRequest(
+            token=self.config.token, instance_id=self.instance_id, machine_id=self.machine_id,
+            protocol_version=self.config.protocol_version or PROTOCOL_VERSION,
+            version=__version__, platform=system, arch=arch, labels=self.config.labels,
+            capacity=self.config.concurrency)
         try:
-            reply = await channel.call("worker.enroll", params, timeout=ENROLL_TIMEOUT)
+            answer = await channel.call("worker.enroll", request.to_json(),
+                                        timeout=ENROLL_TIMEOUT)
         except Rejected:
             raise  # permanent: the agent stops
         except UserError as exc:  # also permanent: our own handshake is wrong
             raise type(exc)(f"the orchestrator refused the enrollment: {exc.message}") from None
         try:
-            name = check_worker_name(reply["workerName"])
-            capacity = int(reply.get("capacity", self.config.concurrency))
-            self.enrollment = Enrollment(name, float(reply["tokenExpiresAtEpoch"]),
-                                         bool(reply.get("reconnect")),
-                                         max(1, min(capacity, self.config.concurrency)))
-            channel.heartbeat = float(reply.get("heartbeatSeconds") or channel.heartbeat)
-        except (KeyError, TypeError, ValueError, UserError):
-            raise PeerError("the orchestrator sent a malformed enrollment reply") from None
+            reply = EnrollReply.decode(answer)
+            name = check_worker_name(reply.worker_name)
+        except UserError as exc:
+            raise MalformedReply(f"the orchestrator sent a malformed enrollment reply: "
+                                 f"{exc.message}") from None
+        self.enrollment = Enrollment(name, reply.token_expires_at_epoch, reply.reconnect,
+                                     max(1, min(reply.capacity, self.config.concurrency)))
+        if reply.heartbeat_seconds > 0:
+            channel.heartbeat = reply.heartbeat_seconds
         capped = self.enrollment.capacity < self.config.concurrency
         self.reporter.emit("enrolled", workerName=name, reconnect=self.enrollment.reconnect,
-                           tokenExpiresAt=reply.get("tokenExpiresAt"),
+                           tokenExpiresAt=reply.token_expires_at,
                            capacity=self.enrollment.capacity,
                            **({"requestedCapacity": self.config.concurrency} if capped else {}))
 
@@ -114,23 +114,14 @@ class Session:
     async def _handle(self, call: IncomingCall):
         if call.method != "worker.dispatch" or self.enrollment is None:
             raise UnknownMethod(f"unknown method {call.method!r}")
-        probe = call.params.get("modelType") == FLEET_PROBE.type
+        request = DispatchRequest.decode(call.params)
         capacity = self.enrollment.capacity
-        if self.active >= capacity and not probe:
+        if request.takes_slot and self.active >= capacity:
             raise WorkerBusy(f"worker is at capacity ({self.active}/{capacity} slots in use)")
-        params = call.params
-        try:
-            dispatch_id = str(params["dispatchId"])
-            model_type = self.registry.runnable(str(params["modelType"]))
-            method = model_type.method(str(params["method"]))
-            args = method.validate(params.get("args") or {})
-            credential = str(params["credential"])
-            shipped = params.get("environment") or {}
-            model_name = str(params["modelName"])
-        except KeyError as exc:
-            raise UserError(f"a dispatch needs {exc.args[0]!r}") from None
-        if not isinstance(shipped, dict):
-            raise UserError("a dispatch's environment must be an object")
+        model_type = self.registry.runnable(request.model_type)
+        method = model_type.method(request.method)
+        args = method.validate(request.args)
+        dispatch_id = request.dispatch_id
         self.active += 1
         started = time.monotonic()
         self.reporter.emit("dispatch_started", dispatchId=dispatch_id,
@@ -138,9 +129,9 @@ class Session:
         try:
             ctx = RemoteContext(
                 call=call, channel=call.channel, http=self.http,
-                data_plane=self.config.data_plane(), credential=credential,
-                model_type=model_type, model_name=model_name, method=method.name,
-                dispatch_id=dispatch_id, env=environment.overlay(os.environ, shipped),
+                data_plane=self.config.data_plane(), credential=request.credential,
+                model_type=model_type, model_name=request.model_name, method=method.name,
+                dispatch_id=dispatch_id, env=environment.overlay(os.environ, request.environment),
                 cache_dir=self.cache_dir)
             outcome = await run_method(method, args, ctx)
         finally:
@@ -149,5 +140,5 @@ class Session:
         self.reporter.emit("dispatch_finished", dispatchId=dispatch_id, status=outcome.status,
                            durationMs=round((time.monotonic() - started) * 1000),
                            error=outcome.error)
-        return outcome.to_json()
+        return outcome.to_message().to_json()
 

@@ -90,7 +90,7 @@ def test_named_environment_is_shipped_and_swamp_credentials_never(cluster):
 def test_without_placement_it_runs_in_the_orchestrator_or_here(cluster):
     cluster.serve()
     code, lines = cluster.run("command/shell", "run", "--arg", "command=echo in-serve")
-    assert code == 0 and result_of(lines)["worker"] is None
+    assert code == 0 and result_of(lines).get("worker") is None
     assert "in-serve" in logs_of(lines)
     result = cluster.cli("model", "method", "run", "command/shell", "run", "--arg",
                          "command=echo here", "--repo-dir", str(cluster.repo))

@@ -132,7 +132,7 @@ def test_worker_verify_selects_and_reports_every_seam(cluster):
 
 def test_verify_needs_a_running_orchestrator(cluster):
     result = cluster.cli("worker", "verify", "--repo-dir", str(cluster.repo))
-    assert result.returncode == 2 and "needs a running orchestrator" in result.stderr
+    assert result.returncode == 1 and "needs a running orchestrator" in result.stderr
 
 
 def test_verify_on_enroll_keeps_broken_workers_out(cluster):

@@ -223,7 +223,7 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
         reply = await ws.next_frame()
         assert reply["type"] == "error" and reply["error"]["code"] == code, (text[:60], reply)
     for params, code in [
-        ({"token": "w1"}, "invalid_input"),
+        ({"token": "w1"}, "malformed_frame"),
         (enroll_params("nodot"), "malformed_token"),
         (enroll_params("ghost.secret"), "token_invalid"),
         (enroll_params("ghost.secret", protocolVersion=999), "protocol_mismatch"),
@@ -241,6 +241,9 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
                               "args": {"command": 5}}, "invalid_input"),
         ("model.method.run", {"model": "command/shell", "method": "run",
                               "args": {"command": "true"}, "placement": {"labels": {"a": 1}}},
+         "malformed_frame"),
+        ("model.method.run", {"model": "command/shell", "method": "run",
+                              "args": {"command": "true"}, "placement": {"labels": {"a b": "1"}}},
          "invalid_input"),
         ("model.method.run", {"model": "command/shell", "method": "run",
                               "args": {"command": "true"}, "env": ["PATH"]}, "invalid_input"),
@@ -249,6 +252,8 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
         ("worker.token.create", {"name": "Bad.Name", "duration": "1h"}, "invalid_input"),
         ("worker.token.create", {"name": "x", "duration": "1h", "maxConcurrency": 0},
          "invalid_input"),
+        ("worker.token.create", {"name": "x"}, "malformed_frame"),
+        ("worker.list", {"all": "yes"}, "malformed_frame"),
     ]:
         reply = await ws.request(method, params)
         assert reply["error"]["code"] == code, (method, params, reply)

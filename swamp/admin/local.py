@@ -1,0 +1,179 @@
+"""The admin operations, performed on a repo: the one implementation of each.
+
+The CLI uses it straight on a repo (``gateway`` and ``dispatch`` absent); ``swamp serve`` uses it
+for every admin frame, handing it the live orchestrator. What only a running orchestrator can do
+— place a method on a worker, probe workers — says so in one line on the other route. What the
+live orchestrator does besides (arm a new token's deadline, cut off a revoked token's workers at
+once) a running server also does for a change made straight on the repo, when its repo watcher
+notices it (within a second), so the observable result is the same on both routes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.bookkeeping.tokens import TokenBook, token_item
+from swamp.bookkeeping.workers import WorkerBook, worker_items
+from swamp.concurrency import open_nursery
+from swamp.domain.claims import ClaimPolicy
+from swamp.domain.durations import parse_duration
+from swamp.domain.environment import check_names
+from swamp.domain.labels import check_labels
+from swamp.domain.placement import Placement
+from swamp.domain.query import parse as parse_predicate
+from swamp.domain.tokens import parse_max_enrollments
+from swamp.errors import NeedsOrchestrator, NotFound
+from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
+from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
+from swamp.plugins import ModelRegistry, default_registry
+from swamp.protocol.messages import (DataQueryRequest, Empty, MethodRunRequest, NameRequest,
+                                     QueryReply, RecordItem, RunResult, ServerTokenItem,
+                                     ServerTokenListReply, TokenCreateRequest, TokenItem,
+                                     TokenListReply, TokenRevokeRequest, Verdict, VerifyReport,
+                                     VerifyRequest, WorkerListReply, WorkerListRequest)
+from swamp.repo import Repo
+from swamp.store.datastore import Datastore, iso
+
+EventSink = Callable[[dict], Awaitable[None]]
+
+
+async def _ignore(event: dict) -> None:
+    return None
+
+
+class RepoAdmin:
+    def __init__(self, repo: Repo, store: Datastore, *, gateway: Gateway | None = None,
+                 dispatch: DispatchService | None = None,
+                 registry: ModelRegistry | None = None, clock=time.time) -> None:
+        self.repo = repo
+        self.store = store
+        self.gateway = gateway
+        self.dispatch = dispatch
+        self._registry = registry
+        self.tokens = TokenBook(store, clock=clock)
+        self.clock = clock
+
+    def __repr__(self) -> str:
+        return f"<RepoAdmin {self.repo.root} {'live' if self.dispatch else 'on the repo'}>"
+
+    @property
+    def registry(self) -> ModelRegistry:
+        if self._registry is None:
+            self._registry = self.dispatch.registry if self.dispatch else default_registry()
+        return self._registry
+
+    # -- tokens --------------------------------------------------------------------------------
+
+    async def token_create(self, request: TokenCreateRequest) -> TokenItem:
+        seconds = parse_duration(request.duration, what="--duration")
+        allowance = parse_max_enrollments(request.max_enrollments)
+        claims = ClaimPolicy.build(pinned=check_labels(request.labels, source="--label"),
+                                   allowed_keys=request.allow_labels,
+                                   max_concurrency=request.max_concurrency)
+        token, credential = self.tokens.mint(request.name, duration_seconds=seconds,
+                                             max_enrollments=allowance, claims=claims)
+        if self.gateway is not None:
+            self.gateway.arm_token_deadline(token)
+        return TokenItem.decode(dict(token_item(token, self.clock()), token=credential))
+
+    async def token_list(self, request: Empty = Empty()) -> TokenListReply:
+        now = self.clock()
+        return TokenListReply([TokenItem.decode(token_item(t, now)) for t in self.tokens.all()])
+
+    async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
+        token, revoked = self.tokens.revoke(request.name)
+        if self.gateway is not None:
+            await self.gateway.disconnect_token(request.name, CLOSE_REVOKED,
+                                                f"token {request.name!r} has been revoked")
+        return TokenItem.decode(dict(token_item(token, self.clock()), alreadyRevoked=not revoked))
+
+    # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
+
+    async def server_token_create(self, request: NameRequest) -> ServerTokenItem:
+        attrs, credential = ServerTokenBook(self.store).create(request.name)
+        return ServerTokenItem.decode(dict(attrs, token=credential))
+
+    async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
+        return ServerTokenListReply([ServerTokenItem.decode(a)
+                                     for a in ServerTokenBook(self.store).all()])
+
+    async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
+        return ServerTokenItem.decode(ServerTokenBook(self.store).revoke(request.name))
+
+    # -- workers -------------------------------------------------------------------------------
+
+    async def worker_list(self, request: WorkerListRequest) -> WorkerListReply:
+        live = None
+        if self.gateway is not None:
+            live = {m.name: m.to_json() for m in self.gateway.pool.members.values()}
+        return WorkerListReply.decode(worker_items(WorkerBook(self.store).all(), live,
+                                                   show_all=request.all))
+
+    async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
+        """Probe the selected connected workers, concurrently, through the dispatch path."""
+        if self.gateway is None or self.dispatch is None:
+            raise NeedsOrchestrator(
+                "worker verify needs a running orchestrator: pass --server URL or set "
+                "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)")
+        labels = check_labels(request.labels, source="labels")
+        members = [m for m in self.gateway.pool.members.values() if m.connected]
+        if request.name:
+            members = [m for m in members if m.name == request.name]
+            if not members:
+                raise NotFound(f"no connected worker named {request.name!r}: see "
+                               "'swamp worker list'")
+        if labels:
+            members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
+        verdicts: dict[str, Verdict] = {}
+
+        async def probe(member_name: str) -> None:
+            verdicts[member_name] = await self.dispatch.probe(member_name)
+
+        async with open_nursery() as nursery:
+            for member in members:
+                nursery.start_soon(probe, member.name)
+        ordered = [verdicts[m.name] for m in sorted(members, key=lambda m: m.name)]
+        return VerifyReport(workers=ordered, total=len(ordered),
+                            passed=sum(v.status == "pass" for v in ordered),
+                            failed=sum(v.status == "fail" for v in ordered),
+                            errors=sum(v.status == "error" for v in ordered))
+
+    # -- data and runs -------------------------------------------------------------------------
+
+    async def data_query(self, request: DataQueryRequest) -> QueryReply:
+        predicate = parse_predicate(request.predicate)
+        records = self.store.query(predicate, all_versions=request.all_versions)
+        return QueryReply([RecordItem.decode(r.to_json()) for r in records])
+
+    async def method_run(self, request: MethodRunRequest,
+                         on_event: EventSink | None = None) -> RunResult:
+        emit = on_event or _ignore
+        spec = request.placement
+        placement = Placement(target=spec.target,
+                              labels=check_labels(spec.labels, source="placement labels"),
+                              platform=spec.platform)
+        model = self.repo.resolve_model(request.model)
+        run = RunRequest(model, request.method, request.args, placement,
+                         env_names=check_names(request.env, source="--env"),
+                         read_scope=self.repo.read_scope(model))
+        started = iso(self.clock())
+        if self.dispatch is not None:
+            result = await self.dispatch.run(run, emit)
+        else:
+            if placement.is_remote():
+                raise NeedsOrchestrator(
+                    f"running on a worker ({placement.describe()}) needs a running "
+                    "orchestrator: pass --server URL or set SWAMP_SERVE_URL")
+            model_type = self.registry.runnable(model.type)
+            args = model_type.method(run.method).validate({**model.args, **run.args})
+            outcome = await run_here(self.store, model_type, run, args, emit,
+                                     env=dict(os.environ))
+            result = RunResult(status=outcome.status, model=model.name,
+                               model_type=model_type.type, method=run.method,
+                               duration_ms=outcome.duration_ms, outputs=outcome.outputs,
+                               error=outcome.error, result=outcome.result)
+        return replace(result, started_at=started)

@@ -1,0 +1,77 @@
+"""The admin operations, sent over the websocket to a running ``swamp serve``.
+
+Each method sends its request message as an admin frame and returns the reply — the reply the
+server's own :class:`~swamp.admin.local.RepoAdmin` produced — checked for shape. Errors come back
+as the same classes (``swamp.errors`` decodes them by code), so a command fails with the same
+message and exit status as straight on the repo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from swamp import client
+from swamp.errors import MalformedFrame, MalformedReply
+from swamp.protocol.messages import (DataQueryRequest, Empty, Message, MethodRunRequest,
+                                     QueryReply, RunResult, TokenCreateRequest, TokenItem,
+                                     TokenListReply, TokenRevokeRequest, VerifyReport,
+                                     VerifyRequest, WorkerListReply, WorkerListRequest)
+from swamp.protocol.rpc import RpcChannel
+
+EventSink = Callable[[dict], Awaitable[None]]
+M = TypeVar("M", bound=Message)
+DEFAULT_TIMEOUT = 60
+VERIFY_TIMEOUT = 180
+
+
+class RemoteAdmin:
+    def __init__(self, channel: RpcChannel, url: str) -> None:
+        self.channel = channel
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"<RemoteAdmin {self.url}>"
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, *, credential: str | None = None,
+                      ca_cert: Path | None = None) -> AsyncIterator["RemoteAdmin"]:
+        async with client.connect(url, server_token=credential, ca_cert=ca_cert) as channel:
+            yield cls(channel, url)
+
+    async def _call(self, method: str, request: Message, reply: type[M], *,
+                    timeout=DEFAULT_TIMEOUT, on_event: EventSink | None = None) -> M:
+        answer = await self.channel.call(method, request.to_json(), timeout=timeout,
+                                         on_event=on_event)
+        try:
+            return reply.decode(answer, where=f"the reply to {method}")
+        except MalformedFrame as exc:
+            raise MalformedReply(f"the orchestrator at {self.url} sent a malformed reply: "
+                                 f"{exc.message}") from None
+
+    async def token_create(self, request: TokenCreateRequest) -> TokenItem:
+        return await self._call("worker.token.create", request, TokenItem)
+
+    async def token_list(self, request: Empty = Empty()) -> TokenListReply:
+        return await self._call("worker.token.list", request, TokenListReply)
+
+    async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
+        return await self._call("worker.token.revoke", request, TokenItem)
+
+    async def worker_list(self, request: WorkerListRequest) -> WorkerListReply:
+        return await self._call("worker.list", request, WorkerListReply)
+
+    async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
+        return await self._call("worker.verify", request, VerifyReport,
+                                timeout=VERIFY_TIMEOUT)
+
+    async def data_query(self, request: DataQueryRequest) -> QueryReply:
+        return await self._call("data.query", request, QueryReply)
+
+    async def method_run(self, request: MethodRunRequest,
+                         on_event: EventSink | None = None) -> RunResult:
+        return await self._call("model.method.run", request, RunResult, timeout=None,
+                                on_event=on_event)

@@ -1,0 +1,58 @@
+"""Which route an admin command takes: a running server, or the repo itself."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from swamp.admin.api import AdminApi
+from swamp.admin.local import RepoAdmin
+from swamp.admin.remote import RemoteAdmin
+from swamp.domain.urls import redact, sends_in_clear
+from swamp.errors import UserError
+from swamp.repo import Repo
+
+
+def admin_credential(server: str, server_token: str | None, repo_dir: Path | None) -> str | None:
+    """The credential to present to ``server``: the explicit server token, else the local
+    credential of the repo's running server — only when ``server`` is that server."""
+    if server_token:
+        if sends_in_clear(server):
+            print(f"warning: the server token crosses the network in clear text to "
+                  f"{redact(server)}; prefer wss://", file=sys.stderr)
+        return server_token
+    try:
+        return Repo.find(repo_dir).admin_credential_for(server)
+    except UserError:
+        return None
+
+
+def running_server(repo_dir: Path | None) -> str | None:
+    try:
+        return Repo.find(repo_dir).running_server()
+    except UserError:
+        return None
+
+
+@asynccontextmanager
+async def open_route(*, repo_dir: Path | None, server: str | None = None,
+                     server_token: str | None = None, ca_cert: Path | None = None,
+                     prefer_server: bool = False) -> AsyncIterator[AdminApi]:
+    """``--server`` (or ``SWAMP_SERVE_URL``) means the server route. ``prefer_server`` — for
+    what only a running orchestrator can do (placing a method, probing workers) — also takes
+    the server the repo's ``.swamp/serve.json`` announces. Otherwise, the repo itself."""
+    if not server and prefer_server:
+        server = running_server(repo_dir)
+    if server:
+        credential = admin_credential(server, server_token, repo_dir)
+        async with RemoteAdmin.connect(server, credential=credential, ca_cert=ca_cert) as api:
+            yield api
+        return
+    repo = Repo.find(repo_dir)
+    store = repo.open_store()
+    try:
+        yield RepoAdmin(repo, store)
+    finally:
+        store.close()

@@ -1,0 +1,514 @@
+"""The payloads of the protocol, decoded once at the edge into frozen values (h11's ``_events``).
+
+Every request, reply and streamed event that crosses a socket is one :class:`Message` subclass.
+``decode(payload)`` checks the JSON shape field by field — presence, type, the element types of
+lists and maps — and turns anything else into one :class:`~swamp.errors.MalformedFrame` naming
+the message and the field; ``to_json()`` is its inverse. Both ends use the same classes, so a
+field means one thing everywhere. What a field's *value* must be (a well-formed label, a known
+model) is the domain's to check afterwards, as an ``invalid_input``.
+
+Wire names are the fields' names in camelCase; ``None`` means "absent" and is not sent.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Literal, Union
+
+from swamp.errors import MalformedFrame
+
+JSON = Any  # any JSON value
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _describe(hint) -> str:
+    origin = typing.get_origin(hint)
+    if hint is str:
+        return "a string"
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is dict or origin is dict:
+        return "an object"
+    if origin is list:
+        return "a list"
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(hint))
+    if isinstance(hint, type) and issubclass(hint, Message):
+        return f"an object ({hint.__name__})"
+    return "a value"
+
+
+def _check(hint, value, where: str):
+    """``value`` if it has the JSON shape ``hint`` describes, else :class:`MalformedFrame`."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check(option, value, where)
+            except MalformedFrame:
+                continue
+        raise MalformedFrame(f"{where}: expected "
+                             f"{' or '.join(_describe(o) for o in options if o is not type(None))}")
+    if origin is Literal:
+        if value in typing.get_args(hint) and type(value) in (str, int):
+            return value
+        raise MalformedFrame(f"{where}: expected {_describe(hint)}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                math.isfinite(value):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif hint is dict:
+        if isinstance(value, dict):
+            return value
+    elif origin is dict:
+        _, value_hint = typing.get_args(hint)
+        if isinstance(value, dict):
+            return {str(k): _check(value_hint, v, f"{where}.{k}") for k, v in value.items()}
+    elif origin is list:
+        (item_hint,) = typing.get_args(hint)
+        if isinstance(value, list):
+            return [_check(item_hint, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif isinstance(hint, type) and issubclass(hint, Message):
+        return hint.decode(value, where=where)
+    raise MalformedFrame(f"{where}: expected {_describe(hint)}")
+
+
+def _dump(value):
+    if isinstance(value, Message):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every payload. Subclasses are frozen dataclasses; see the module docstring."""
+
+    _hints: ClassVar[dict[str, Any]]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._hints = {}  # resolved lazily: annotations are strings until every class exists
+
+    @classmethod
+    def _resolved(cls) -> dict[str, Any]:
+        if not cls._hints:
+            cls._hints = typing.get_type_hints(cls, globalns=globals())
+        return cls._hints
+
+    @classmethod
+    def decode(cls, payload: object, *, where: str | None = None):
+        where = where or cls.__name__
+        if not isinstance(payload, dict):
+            raise MalformedFrame(f"{where}: expected an object")
+        hints = cls._resolved()
+        values = {}
+        for f in fields(cls):
+            key = _camel(f.name)
+            if key not in payload or payload[key] is None:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise MalformedFrame(f"{where}: '{key}' is missing")
+                continue
+            values[f.name] = _check(hints[f.name], payload[key], f"{where}.{key}")
+        return cls(**values)
+
+    def to_json(self) -> dict:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_camel(f.name)] = _dump(value)
+        return out
+
+
+# -- enrollment ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnrollRequest(Message):
+    """``worker.enroll``: who the worker says it is (the orchestrator checks every value)."""
+
+    token: str
+    instance_id: str
+    machine_id: str
+    protocol_version: int
+    platform: str
+    arch: str
+    version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: int = 1
+
+
+@dataclass(frozen=True)
+class EnrollReply(Message):
+    """What the worker is admitted as."""
+
+    worker_name: str
+    capacity: int
+    token_expires_at: str
+    token_expires_at_epoch: float
+    heartbeat_seconds: float
+    protocol_version: int
+    labels: dict[str, str] = field(default_factory=dict)
+    reconnect: bool = False
+    orchestrator_version: str = ""
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DispatchRequest(Message):
+    """``worker.dispatch``: one run of one method. ``takes_slot`` is false for the fleet probe,
+    which runs beside the worker's dispatches without counting against its slots."""
+
+    dispatch_id: str
+    model_type: str
+    model_name: str
+    method: str
+    credential: str
+    args: dict = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+    takes_slot: bool = True
+
+
+@dataclass(frozen=True)
+class OutputHandle(Message):
+    """A resource a method wrote."""
+
+    spec: str
+    name: str
+    version: int
+
+
+@dataclass(frozen=True)
+class DispatchResult(Message):
+    """The reply to ``worker.dispatch`` (and, enriched, to ``model.method.run``)."""
+
+    status: Literal["succeeded", "failed"]
+    duration_ms: int = 0
+    outputs: list[OutputHandle] = field(default_factory=list)
+    error: str | None = None
+    result: JSON = None
+
+
+@dataclass(frozen=True)
+class RunResult(Message):
+    """The reply to ``model.method.run``: the method's result, where it ran, what it wrote."""
+
+    status: Literal["succeeded", "failed"]
+    model: str
+    model_type: str
+    method: str
+    duration_ms: int = 0
+    outputs: list[OutputHandle] = field(default_factory=list)
+    worker: str | None = None
+    dispatch_id: str | None = None
+    error: str | None = None
+    result: JSON = None
+    started_at: str | None = None
+
+
+# -- streamed events of a run --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogLine(Message):
+    """A line a method logged (or its command printed); ``worker`` once relayed by the
+    orchestrator."""
+
+    line: str
+    stream: Literal["log", "stdout", "stderr"] = "log"
+    worker: str | None = None
+    kind: Literal["log"] = "log"
+
+
+@dataclass(frozen=True)
+class Dispatched(Message):
+    worker: str
+    dispatch_id: str
+    kind: Literal["dispatched"] = "dispatched"
+
+
+@dataclass(frozen=True)
+class Redispatched(Message):
+    worker: str
+    reason: str
+    kind: Literal["redispatch"] = "redispatch"
+
+
+@dataclass(frozen=True)
+class Started(Message):
+    where: str
+    kind: Literal["started"] = "started"
+
+
+Event = LogLine | Dispatched | Redispatched | Started
+_EVENTS = {"log": LogLine, "dispatched": Dispatched, "redispatch": Redispatched,
+           "started": Started}
+
+
+def decode_event(payload: object) -> Event:
+    if not isinstance(payload, dict):
+        raise MalformedFrame("event: expected an object")
+    cls = _EVENTS.get(payload.get("kind"))
+    if cls is None:
+        raise MalformedFrame(f"event: unknown kind {str(payload.get('kind'))[:40]!r}")
+    return cls.decode(payload)
+
+
+# -- capabilities ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryDataRequest(Message):
+    """``capability.queryData``: a predicate over what the running dispatch may read."""
+
+    dispatch_id: str
+    predicate: str
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class QueryDataReply(Message):
+    records: list[dict] = field(default_factory=list)
+
+
+# -- admin -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlacementSpec(Message):
+    target: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    platform: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenCreateRequest(Message):
+    name: str
+    duration: str
+    max_enrollments: int | Literal["unlimited"] = 1
+    labels: dict[str, str] = field(default_factory=dict)
+    allow_labels: list[str] | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenRevokeRequest(Message):
+    name: str
+
+
+@dataclass(frozen=True)
+class WorkerListRequest(Message):
+    all: bool = False
+
+
+@dataclass(frozen=True)
+class DataQueryRequest(Message):
+    predicate: str
+    all_versions: bool = False
+
+
+@dataclass(frozen=True)
+class MethodRunRequest(Message):
+    model: str
+    method: str
+    args: dict = field(default_factory=dict)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    env: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VerifyRequest(Message):
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Empty(Message):
+    """A request without parameters."""
+
+
+#: The payload of each request method (what ``IncomingCall.params`` must decode as).
+REQUESTS: dict[str, type[Message]] = {
+    "worker.enroll": EnrollRequest,
+    "worker.dispatch": DispatchRequest,
+    "capability.queryData": QueryDataRequest,
+    "server.info": Empty,
+    "worker.list": WorkerListRequest,
+    "worker.token.create": TokenCreateRequest,
+    "worker.token.list": Empty,
+    "worker.token.revoke": TokenRevokeRequest,
+    "model.method.run": MethodRunRequest,
+    "data.query": DataQueryRequest,
+    "worker.verify": VerifyRequest,
+}
+
+
+# -- admin replies -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BindingItem(Message):
+    machine_id: str
+    worker_name: str
+    enrolled_at: str
+
+
+@dataclass(frozen=True)
+class TokenItem(Message):
+    """An enrollment token as listed; ``token`` (the credential) only in the reply to a create,
+    ``already_revoked`` only in the reply to a revoke."""
+
+    name: str
+    state: str
+    created_at: str
+    expires_at: str
+    max_enrollments: int | Literal["unlimited"]
+    enrollments: int
+    stored_state: str | None = None
+    bindings: list[BindingItem] = field(default_factory=list)
+    revoked_at: str | None = None
+    pinned_labels: dict[str, str] | None = None
+    allowed_label_keys: list[str] | None = None
+    max_concurrency: int | None = None
+    token: str | None = None
+    already_revoked: bool | None = None
+
+
+@dataclass(frozen=True)
+class TokenListReply(Message):
+    tokens: list[TokenItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkerItem(Message):
+    """A worker as listed: its record, with the live pool's view when a server answers."""
+
+    name: str
+    status: str
+    capacity: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+    platform: str = "?"
+    arch: str = "?"
+    active_dispatch_ids: list[str] = field(default_factory=list)
+    last_seen_at: str | None = None
+    enrolled_at: str | None = None
+    instance_id: str | None = None
+    token_name: str | None = None
+    swamp_version: str | None = None
+    disconnected_at: str | None = None
+    disconnect_reason: str | None = None
+    verify_failure_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerListReply(Message):
+    workers: list[WorkerItem] = field(default_factory=list)
+    count: int = 0
+    hidden_disconnected: int = 0
+
+
+@dataclass(frozen=True)
+class SeamResult(Message):
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict(Message):
+    """One worker's verification: ``pass``, ``fail`` (a seam broke) or ``error`` (no verdict)."""
+
+    name: str
+    status: Literal["pass", "fail", "error"]
+    platform: str | None = None
+    arch: str | None = None
+    seams: dict[str, SeamResult] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.status == "error":
+            return self.error or "the probe gave no verdict"
+        return "; ".join(self.failures) or "the probe failed"
+
+
+@dataclass(frozen=True)
+class VerifyReport(Message):
+    workers: list[Verdict] = field(default_factory=list)
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class RecordItem(Message):
+    """One version of one data item."""
+
+    model_type: str
+    model_name: str
+    name: str
+    version: int
+    spec: str
+    created_at: str
+    size: int = 0
+    attributes: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueryReply(Message):
+    records: list[RecordItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServerTokenItem(Message):
+    """An admin server token as listed (``token``, the credential, only when created)."""
+
+    name: str
+    state: str
+    created_at: str
+    revoked_at: str | None = None
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerTokenListReply(Message):
+    tokens: list[ServerTokenItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NameRequest(Message):
+    name: str
