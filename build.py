@@ -2,7 +2,9 @@
 """Project tasks on a fresh machine with nothing but python3 and access to PyPI.
 
     python3 build.py demo      # run `swamp demo` (the main job)
-    python3 build.py test      # run the whole test suite
+    python3 build.py test      # run the whole test suite (add -m "not integration" for the
+                               # fast loop: the pure core, the store, the protocol; seconds)
+    python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
     python3 build.py bench     # run the dispatch benchmark
     python3 build.py lock      # refresh constraints.txt from a clean resolve
 
@@ -34,7 +36,7 @@ def _fingerprint() -> str:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - build.py runs on whatever python3 is
         sys.exit(f"swamp needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     if not PY.exists():
         print("creating .venv ...", flush=True)
@@ -77,6 +79,9 @@ def main(argv: list[str]) -> int:
         return run("-m", "swamp", "demo", *rest)
     if task == "test":
         return run("-m", "pytest", *rest)
+    if task == "lint":
+        return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check",
+                                                              ".")
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
     print(f"unknown task {task!r}\n{__doc__}", file=sys.stderr)

@@ -40,7 +40,7 @@ async def main(args) -> dict:
     procs: list = []
     try:
         serve, serve_lines, url = await start_serve(repo.root, env=env,
-                                                    stderr=open(root / "serve.log", "wb"))
+                                                    stderr=open(root / "serve.log", "wb"))  # noqa: SIM115
         procs.append(serve)
         store = repo.open_store()
         readers = []
@@ -48,7 +48,7 @@ async def main(args) -> dict:
             _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
             worker, reader = await start_worker(
                 url, credential, "--label", "role=bench", "--concurrency", str(args.concurrency),
-                env=env, stderr=open(root / f"worker-{i}.log", "wb"))
+                env=env, stderr=open(root / f"worker-{i}.log", "wb"))  # noqa: SIM115
             procs.append(worker)
             readers.append(reader)
         store.close()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import UnknownMethod, UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
@@ -34,7 +34,7 @@ async def connect(url: str, *, server_token: str | None = None,
     async with open_websocket(url, ssl_context=ssl_context, extra_headers=headers,
                               max_message_size=MAX_FRAME_BYTES * 2) as ws:
         channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
-        async with open_nursery() as nursery:
+        async with open_unwrapping_nursery() as nursery:
             await nursery.start(channel.serve)
             yield channel
             nursery.cancel_scope.cancel()

@@ -16,7 +16,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 @asynccontextmanager
-async def open_nursery() -> AsyncIterator[trio.Nursery]:
+async def open_unwrapping_nursery() -> AsyncIterator[trio.Nursery]:
     """A nursery whose single failure surfaces as itself, not wrapped in an exception group.
 
     Trio wraps whatever a nursery body or child raises in a group; callers here catch typed

@@ -310,8 +310,3 @@ def from_wire(error: object) -> SwampError:
         unknown.code = code  # type: ignore[misc]  # an instance attribute, for display only
         return unknown
     return cls(message)
-
-
-def rejection_codes() -> frozenset[str]:
-    """Codes that stop a worker for good (derived from the :class:`Rejected` branch)."""
-    return frozenset(code for code, cls in BY_CODE.items() if issubclass(cls, Rejected))

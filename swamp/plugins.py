@@ -44,7 +44,7 @@ class ModelRegistry:
         self.types = types
 
     @classmethod
-    def from_plugins(cls, pm: pluggy.PluginManager) -> "ModelRegistry":
+    def from_plugins(cls, pm: pluggy.PluginManager) -> ModelRegistry:
         types: dict[str, ModelType] = {}
         for contributed in pm.hook.swamp_model_types():
             for model_type in contributed or ():

@@ -62,7 +62,7 @@ class Repo:
         return self.state_dir / "serve.json"
 
     @classmethod
-    def init(cls, root: Path) -> tuple["Repo", bool]:
+    def init(cls, root: Path) -> tuple[Repo, bool]:
         """Create (or complete) a repo; returns it and whether anything was created."""
         root = root.resolve()
         created = False
@@ -86,7 +86,7 @@ class Repo:
         return repo, created
 
     @classmethod
-    def find(cls, root: Path | str | None) -> "Repo":
+    def find(cls, root: Path | str | None) -> Repo:
         path = Path(root or ".").resolve()
         if not (path / CONFIG_FILE).is_file():
             raise UserError(

@@ -5,10 +5,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from swamp.protocol.messages import (DataQueryRequest, Empty, Message, MethodRunRequest,
-                                     QueryReply, RunResult, TokenCreateRequest, TokenItem,
-                                     TokenListReply, TokenRevokeRequest, VerifyReport,
-                                     VerifyRequest, WorkerListReply, WorkerListRequest)
+from swamp.protocol.messages import (
+    DataQueryRequest,
+    Empty,
+    Message,
+    MethodRunRequest,
+    QueryReply,
+    RunResult,
+    TokenCreateRequest,
+    TokenItem,
+    TokenListReply,
+    TokenRevokeRequest,
+    VerifyReport,
+    VerifyRequest,
+    WorkerListReply,
+    WorkerListRequest,
+)
 
 EventSink = Callable[[dict], Awaitable[None]]
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.claims import ClaimPolicy
 from swamp.domain.durations import parse_duration
 from swamp.domain.environment import check_names
@@ -30,11 +30,26 @@ from swamp.errors import NeedsOrchestrator, NotFound
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
 from swamp.plugins import ModelRegistry, default_registry
-from swamp.protocol.messages import (DataQueryRequest, Empty, MethodRunRequest, NameRequest,
-                                     QueryReply, RecordItem, RunResult, ServerTokenItem,
-                                     ServerTokenListReply, TokenCreateRequest, TokenItem,
-                                     TokenListReply, TokenRevokeRequest, Verdict, VerifyReport,
-                                     VerifyRequest, WorkerListReply, WorkerListRequest)
+from swamp.protocol.messages import (
+    DataQueryRequest,
+    Empty,
+    MethodRunRequest,
+    NameRequest,
+    QueryReply,
+    RecordItem,
+    RunResult,
+    ServerTokenItem,
+    ServerTokenListReply,
+    TokenCreateRequest,
+    TokenItem,
+    TokenListReply,
+    TokenRevokeRequest,
+    Verdict,
+    VerifyReport,
+    VerifyRequest,
+    WorkerListReply,
+    WorkerListRequest,
+)
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso
 
@@ -133,7 +148,7 @@ class RepoAdmin:
         async def probe(member_name: str) -> None:
             verdicts[member_name] = await self.dispatch.probe(member_name)
 
-        async with open_nursery() as nursery:
+        async with open_unwrapping_nursery() as nursery:
             for member in members:
                 nursery.start_soon(probe, member.name)
         ordered = [verdicts[m.name] for m in sorted(members, key=lambda m: m.name)]

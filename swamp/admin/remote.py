@@ -15,10 +15,22 @@ from typing import TypeVar
 
 from swamp import client
 from swamp.errors import MalformedFrame, MalformedReply
-from swamp.protocol.messages import (DataQueryRequest, Empty, Message, MethodRunRequest,
-                                     QueryReply, RunResult, TokenCreateRequest, TokenItem,
-                                     TokenListReply, TokenRevokeRequest, VerifyReport,
-                                     VerifyRequest, WorkerListReply, WorkerListRequest)
+from swamp.protocol.messages import (
+    DataQueryRequest,
+    Empty,
+    Message,
+    MethodRunRequest,
+    QueryReply,
+    RunResult,
+    TokenCreateRequest,
+    TokenItem,
+    TokenListReply,
+    TokenRevokeRequest,
+    VerifyReport,
+    VerifyRequest,
+    WorkerListReply,
+    WorkerListRequest,
+)
 from swamp.protocol.rpc import RpcChannel
 
 EventSink = Callable[[dict], Awaitable[None]]
@@ -38,7 +50,7 @@ class RemoteAdmin:
     @classmethod
     @asynccontextmanager
     async def connect(cls, url: str, *, credential: str | None = None,
-                      ca_cert: Path | None = None) -> AsyncIterator["RemoteAdmin"]:
+                      ca_cert: Path | None = None) -> AsyncIterator[RemoteAdmin]:
         async with client.connect(url, server_token=credential, ca_cert=ca_cert) as channel:
             yield cls(channel, url)
 

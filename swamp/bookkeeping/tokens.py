@@ -9,8 +9,8 @@ from collections.abc import Callable, Collection
 from swamp.domain import tokens as rules
 from swamp.domain.claims import ClaimPolicy
 from swamp.domain.names import check_name
-from swamp.domain.naming import worker_name_for
 from swamp.domain.tokens import Redeemed, Token
+from swamp.domain.worker_names import worker_name_for
 from swamp.errors import AlreadyExists, NotFound
 from swamp.models.builtin import ENROLLMENT_TOKEN, WORKER
 from swamp.store.datastore import Datastore, Key, iso

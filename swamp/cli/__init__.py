@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from swamp.cli import data_cmd, demo_cmd, model_cmd, repo_cmd, server_cmd, serve_cmd, worker_cmd
+from swamp.cli import data_cmd, demo_cmd, model_cmd, repo_cmd, serve_cmd, server_cmd, worker_cmd
 
 app = typer.Typer(
     name="swamp",

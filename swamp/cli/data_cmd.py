@@ -7,8 +7,17 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              table, with_admin)
+from swamp.cli.common import (
+    CA_CERT,
+    JSON,
+    REPO_DIR,
+    SERVER,
+    SERVER_TOKEN,
+    command,
+    emit_json,
+    table,
+    with_admin,
+)
 
 app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
                   no_args_is_help=True, rich_markup_mode=None)

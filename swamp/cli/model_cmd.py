@@ -9,8 +9,16 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              with_admin)
+from swamp.cli.common import (
+    CA_CERT,
+    JSON,
+    REPO_DIR,
+    SERVER,
+    SERVER_TOKEN,
+    command,
+    emit_json,
+    with_admin,
+)
 
 app = typer.Typer(help="Models: types, instances and running their methods.",
                   no_args_is_help=True, rich_markup_mode=None)

@@ -83,7 +83,8 @@ def serve(
     import trio
 
     from swamp.domain.durations import parse_duration
-    from swamp.orchestrator.server import ServeOptions, serve as run
+    from swamp.orchestrator.server import ServeOptions
+    from swamp.orchestrator.server import serve as run
     from swamp.repo import Repo
 
     repo = Repo.find(repo_path(repo_dir))

@@ -7,8 +7,18 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import (CA_CERT, JSON, REPO_DIR, SERVER, SERVER_TOKEN, command, emit_json,
-                              run_async, table, with_admin)
+from swamp.cli.common import (
+    CA_CERT,
+    JSON,
+    REPO_DIR,
+    SERVER,
+    SERVER_TOKEN,
+    command,
+    emit_json,
+    run_async,
+    table,
+    with_admin,
+)
 from swamp.domain.labels import format_labels
 from swamp.domain.text import printable
 

@@ -36,7 +36,7 @@ class ClaimPolicy:
     @classmethod
     def build(cls, *, pinned: Mapping[str, str] | None = None,
               allowed_keys: Iterable[str] | None = None,
-              max_concurrency: int | None = None) -> "ClaimPolicy":
+              max_concurrency: int | None = None) -> ClaimPolicy:
         """Validate what an operator asked for (flags or an admin frame)."""
         labels = check_labels(dict(pinned or {}), source="--label")
         keys = None
@@ -52,7 +52,7 @@ class ClaimPolicy:
         return cls(labels, keys, max_concurrency)
 
     @classmethod
-    def from_attributes(cls, attrs: Mapping) -> "ClaimPolicy":
+    def from_attributes(cls, attrs: Mapping) -> ClaimPolicy:
         keys = attrs.get("allowedLabelKeys")
         return cls(dict(attrs.get("pinnedLabels") or {}),
                    frozenset(keys) if keys is not None else None, attrs.get("maxConcurrency"))

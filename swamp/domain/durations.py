@@ -21,13 +21,3 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
     if amount <= 0:
         raise UserError(f"invalid {what} {text!r}: it must be positive ({HINT})")
     return amount * _UNITS[match.group(2)]
-
-
-def format_duration(seconds: float) -> str:
-    """The inverse for display: the largest unit that divides evenly."""
-    whole = int(seconds)
-    for unit in ("w", "d", "h", "m"):
-        size = _UNITS[unit]
-        if whole >= size and whole % size == 0:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"

@@ -61,7 +61,7 @@ class ReadScope:
 
     @classmethod
     def of(cls, model_type: str, model_name: str, *, also: Iterable[tuple[str, str]] = (),
-           type_patterns: Iterable[str] = ()) -> "ReadScope":
+           type_patterns: Iterable[str] = ()) -> ReadScope:
         return cls(frozenset({(model_type, model_name), *also}), tuple(type_patterns))
 
     def allows(self, model_type: str, model_name: str) -> bool:

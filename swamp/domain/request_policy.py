@@ -70,7 +70,7 @@ class RequestPolicy:
 
     @classmethod
     def build(cls, *, loopback: bool, bind_host: str = "", allow_origins: Iterable[str] = (),
-              trusted_hosts: Iterable[str] = ()) -> "RequestPolicy":
+              trusted_hosts: Iterable[str] = ()) -> RequestPolicy:
         hosts = set()
         for host in trusted_hosts:
             name = host.strip().lower()

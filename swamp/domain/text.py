@@ -32,8 +32,3 @@ def printable(text: object, *, keep_tab: bool = False) -> str:
 
 def is_printable(text: str) -> bool:
     return _UNSAFE.search(text) is None
-
-
-def full_match(pattern: re.Pattern, value: object) -> bool:
-    """True when ``value`` is a string that ``pattern`` matches entirely."""
-    return isinstance(value, str) and pattern.fullmatch(value) is not None

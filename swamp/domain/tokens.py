@@ -24,8 +24,15 @@ from swamp.domain.claims import ClaimPolicy, Granted, grant
 from swamp.domain.lifecycle import Lifecycle
 from swamp.domain.names import check_name
 from swamp.domain.workers import looks_like_instance_id
-from swamp.errors import (AllowanceExhausted, AlreadyExists, MalformedToken, TokenExpired,
-                          TokenInvalid, TokenRevoked, UserError)
+from swamp.errors import (
+    AllowanceExhausted,
+    AlreadyExists,
+    MalformedToken,
+    TokenExpired,
+    TokenInvalid,
+    TokenRevoked,
+    UserError,
+)
 
 Unlimited = Literal["unlimited"]
 SECRET_BYTES = 32
@@ -79,7 +86,7 @@ class Token:
     # -- reading and writing the stored shape ------------------------------------------------
 
     @classmethod
-    def from_attributes(cls, attrs: dict) -> "Token":
+    def from_attributes(cls, attrs: dict) -> Token:
         """Read a stored record, including the legacy single-machine shape.
 
         A legacy record has ``boundMachineId`` (+ ``enrolledAt``) and no ``bindings``; it reads as

@@ -41,9 +41,6 @@ def is_schedulable(status: str) -> bool:
     return status in SCHEDULABLE
 
 
-def status_for(active: int) -> WorkerStatus:
-    return WorkerStatus.BUSY if active > 0 else WorkerStatus.IDLE
-
 
 # -- what a worker says about itself at enrollment ------------------------------------------------
 # Checked with full matches: these strings end up in the pool, in records, in terminals and logs.

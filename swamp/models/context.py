@@ -13,13 +13,14 @@ from typing import Any
 
 import trio
 
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
 from swamp.errors import UserError
 from swamp.models.framework import ModelType, ProcessResult
 from swamp.protocol.messages import LogLine
 from swamp.store.datastore import Datastore, Key
+
 
 class ContextBase(abc.ABC):
     """Everything but the data access: identity, environment, logging, subprocesses."""
@@ -67,7 +68,7 @@ class ContextBase(abc.ABC):
         timed_out = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:
-                async with open_nursery() as nursery:
+                async with open_unwrapping_nursery() as nursery:
                     nursery.start_soon(self._pump, process.stdout, "stdout", tails["stdout"])
                     nursery.start_soon(self._pump, process.stderr, "stderr", tails["stderr"])
                 await process.wait()

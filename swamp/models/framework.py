@@ -10,7 +10,6 @@ same method code runs in both places.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,7 +20,6 @@ from swamp.errors import MethodFailed, UnknownMethod, UserError
 __all__ = ["Arg", "Method", "MethodContext", "MethodFailed", "ModelType", "ProcessResult",
            "ResourceSpec"]  # MethodFailed is re-exported for method authors
 from swamp.store.datastore import SpecPolicy
-
 
 _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "duration": int}
 
@@ -168,7 +166,3 @@ class MethodContext(Protocol):
         self, argv: Sequence[str] | str, *, cwd: str | None = None, timeout: float | None = None,
         tail: int = 20,
     ) -> ProcessResult: ...
-
-
-def default_cwd() -> str:
-    return os.getcwd()

@@ -13,8 +13,8 @@ import logging
 
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
-from swamp.orchestrator.admin import Admin
 from swamp.errors import Unauthorized
+from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, Principal
 from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
 from swamp.orchestrator.connection import Connection
@@ -45,7 +45,6 @@ class App:
         self.auth = auth
         self.policy = policy
         self.admission = admission or Admission()
-        self.refused = 0
         dataplane.is_admin = self._is_admin
         gateway.repo_listeners.append(self.close_revoked_admins)
 
@@ -54,7 +53,6 @@ class App:
         if kind in ("http", "websocket"):
             reason = self.policy.refusal(_headers(scope))
             if reason is not None:
-                self.refused += 1
                 client = scope.get("client") or ("?", 0)
                 log.warning("refused a %s request from %s: %s", kind, client[0],
                             printable(reason))

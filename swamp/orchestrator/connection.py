@@ -13,13 +13,19 @@ import logging
 
 import trio
 
-from swamp.concurrency import open_nursery
-from swamp.errors import Conflict, Forbidden, UnknownMethod, Unauthorized
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.errors import Conflict, Forbidden, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import Principal
-from swamp.orchestrator.admission import (ADMIN_IN_FLIGHT, CLOSE_POLICY, PENDING_FRAMES,
-                                          PENDING_IN_FLIGHT, Admission, worker_in_flight)
+from swamp.orchestrator.admission import (
+    ADMIN_IN_FLIGHT,
+    CLOSE_POLICY,
+    PENDING_FRAMES,
+    PENDING_IN_FLIGHT,
+    Admission,
+    worker_in_flight,
+)
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.pool import Member
@@ -60,7 +66,7 @@ class Connection:
             evicted.channel.abort(CLOSE_POLICY, "too many connections are waiting to enroll or "
                                                 "authenticate; this one was the oldest")
         try:
-            async with open_nursery() as nursery:
+            async with open_unwrapping_nursery() as nursery:
                 nursery.start_soon(self._pending_deadline)
                 await self.channel.serve()
                 nursery.cancel_scope.cancel()

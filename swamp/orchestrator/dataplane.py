@@ -19,8 +19,15 @@ from urllib.parse import unquote
 
 from swamp import __version__
 from swamp.domain.names import check_data_name
-from swamp.errors import (DispatchEnded, Forbidden, NotFound, SwampError, TooLarge,
-                          Unauthorized, UserError)
+from swamp.errors import (
+    DispatchEnded,
+    Forbidden,
+    NotFound,
+    SwampError,
+    TooLarge,
+    Unauthorized,
+    UserError,
+)
 from swamp.models.context import read_value, write_value
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService

@@ -28,8 +28,15 @@ from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import (ChannelClosed, DispatchFailed, MalformedFrame, NoMatchingWorker,
-                          SwampError, WorkerLostError, WriteThenDrop)
+from swamp.errors import (
+    ChannelClosed,
+    DispatchFailed,
+    MalformedFrame,
+    NoMatchingWorker,
+    SwampError,
+    WorkerLostError,
+    WriteThenDrop,
+)
 from swamp.models.context import LocalContext
 from swamp.models.fleet_probe import FLEET_PROBE, MARKER_ENV
 from swamp.models.fleet_probe import INSTANCE as FLEET_PROBE_INSTANCE
@@ -38,9 +45,18 @@ from swamp.models.runner import run_method
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
 from swamp.plugins import ModelRegistry
-from swamp.protocol.messages import (DispatchRequest, DispatchResult, Dispatched, LogLine,
-                                     OutputHandle, Redispatched, RunResult, Started, Verdict,
-                                     decode_event)
+from swamp.protocol.messages import (
+    Dispatched,
+    DispatchRequest,
+    DispatchResult,
+    LogLine,
+    OutputHandle,
+    Redispatched,
+    RunResult,
+    Started,
+    Verdict,
+    decode_event,
+)
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record
 

@@ -23,15 +23,26 @@ import trio
 from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.claims import MAX_CAPACITY
 from swamp.domain.labels import check_labels
 from swamp.domain.text import is_printable
 from swamp.domain.tokens import TokenState
-from swamp.domain.workers import (WorkerStatus, check_instance_id, check_machine_id,
-                                  check_platform_word, check_version)
-from swamp.errors import (AlreadyConnected, Conflict, ProtocolMismatch, SwampError,
-                          TokenInvalid, UserError)
+from swamp.domain.workers import (
+    WorkerStatus,
+    check_instance_id,
+    check_machine_id,
+    check_platform_word,
+    check_version,
+)
+from swamp.errors import (
+    AlreadyConnected,
+    Conflict,
+    ProtocolMismatch,
+    SwampError,
+    TokenInvalid,
+    UserError,
+)
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.timers import Deadlines
@@ -256,7 +267,7 @@ class Gateway:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.arm_token_deadlines()
-        async with open_nursery() as nursery:
+        async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             nursery.start_soon(self._watch_repo)

@@ -23,11 +23,11 @@ from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
-from swamp.domain.naming import is_fleet
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
+from swamp.domain.worker_names import is_fleet
 from swamp.errors import SwampError, UserError
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
@@ -242,10 +242,10 @@ async def serve(repo: Repo, options: ServeOptions, *,
         stop.set()
 
     try:
-        async with open_nursery() as nursery:
+        async with open_unwrapping_nursery() as nursery:
             await nursery.start(gateway.run)
             await nursery.start(dispatch.keep_credentials_fresh)
-            async with open_nursery() as server:
+            async with open_unwrapping_nursery() as server:
                 binds = await server.start(lambda task_status: hypercorn.trio.serve(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status))
                 address = binds[0].split("://", 1)[1]

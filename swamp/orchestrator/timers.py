@@ -7,8 +7,7 @@ or until a deadline is added or cancelled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 
 import trio
 

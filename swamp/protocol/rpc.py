@@ -28,9 +28,19 @@ from typing import Any
 
 import trio
 
-from swamp.concurrency import open_nursery
-from swamp.errors import (Busy, CallTimeout, Cancelled, ChannelClosed, DuplicateId,
-                          FrameTooLarge, HandlerFailed, MalformedFrame, SwampError, from_wire)
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.errors import (
+    Busy,
+    CallTimeout,
+    Cancelled,
+    ChannelClosed,
+    DuplicateId,
+    FrameTooLarge,
+    HandlerFailed,
+    MalformedFrame,
+    SwampError,
+    from_wire,
+)
 from swamp.protocol import frames
 from swamp.protocol.transport import Transport, TransportClosed
 
@@ -42,7 +52,7 @@ EventSink = Callable[[dict], Awaitable[None]]
 class IncomingCall:
     """One request being handled: its params, and a way to stream events back to the caller."""
 
-    def __init__(self, channel: "RpcChannel", request: frames.Request) -> None:
+    def __init__(self, channel: RpcChannel, request: frames.Request) -> None:
         self.channel = channel
         self.id = request.id
         self.method = request.method
@@ -96,7 +106,7 @@ class RpcChannel:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> str:
         """Run until the socket closes (or :meth:`close`); returns why it ended."""
         try:
-            async with open_nursery() as nursery:
+            async with open_unwrapping_nursery() as nursery:
                 self._scope = nursery.cancel_scope
                 self._last_heard = trio.current_time()
                 if self.heartbeat and math.isfinite(self.heartbeat):

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import trio
 import trio_websocket
 
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import ChannelClosed
 
 
@@ -176,7 +176,7 @@ async def open_websocket(url: str, *, ssl_context: ssl.SSLContext | None,
                         ) from None
     except OSError as exc:
         raise PeerError(f"cannot connect to {host_header}: {exc}") from None
-    async with open_nursery() as nursery:
+    async with open_unwrapping_nursery() as nursery:
         try:
             with trio.fail_after(connect_timeout):
                 ws = await trio_websocket.wrap_client_stream(

@@ -26,7 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from swamp.domain.durations import parse_duration
@@ -56,7 +56,7 @@ MAX_CAS_RETRIES = 64
 
 
 def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace(
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace(
         "+00:00", "Z"
     )
 

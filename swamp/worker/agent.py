@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.urls import redact
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.plugins import default_registry
@@ -59,7 +59,7 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         iid = instance_id()
         registry = default_registry()
         outcome: list[int] = []
-        async with open_nursery() as nursery:
+        async with open_unwrapping_nursery() as nursery:
             async def stop_on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from swamp.domain.text import printable
 
@@ -16,7 +16,7 @@ class Reporter:
 
     def emit(self, event: str, **fields) -> None:
         if self.json_lines:
-            record = {"event": event, "time": datetime.now(timezone.utc).isoformat(
+            record = {"event": event, "time": datetime.now(UTC).isoformat(
                 timespec="milliseconds").replace("+00:00", "Z"), **fields}
             line = json.dumps(record)
         else:

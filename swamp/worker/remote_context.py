@@ -13,8 +13,14 @@ from typing import Any
 import httpx
 
 from swamp.domain.names import check_data_name
-from swamp.errors import (DataPlaneError, MalformedFrame, MalformedReply, PeerError, UserError,
-                          from_wire)
+from swamp.errors import (
+    DataPlaneError,
+    MalformedFrame,
+    MalformedReply,
+    PeerError,
+    UserError,
+    from_wire,
+)
 from swamp.models.context import ContextBase
 from swamp.protocol.messages import LogLine, QueryDataReply, QueryDataRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel

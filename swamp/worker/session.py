@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from swamp import __version__
-from swamp.concurrency import open_nursery
+from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
 from swamp.domain.workers import check_worker_name
 from swamp.errors import MalformedReply, Rejected, UnknownMethod, UserError, WorkerBusy
@@ -72,7 +72,7 @@ class Session:
             self.http = http
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
-            async with open_nursery() as nursery:
+            async with open_unwrapping_nursery() as nursery:
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
                 await channel.wait_closed()

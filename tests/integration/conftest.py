@@ -36,7 +36,7 @@ class Proc:
     def __init__(self, args: list[str], *, env: dict, log: Path) -> None:
         self.args = args
         self.log = log
-        self.stderr = open(log, "wb")
+        self.stderr = open(log, "wb")  # noqa: SIM115 - open for the child's whole life
         self.p = subprocess.Popen([sys.executable, "-m", "swamp", *args], env=env,
                                   stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         self.lines: list[str] = []
@@ -188,6 +188,14 @@ def wait_until(check, *, timeout: float = TIMEOUT, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def pytest_collection_modifyitems(items):
+    """Every test here starts real processes: ``-m "not integration"`` is the fast loop."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture

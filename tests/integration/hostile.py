@@ -13,8 +13,16 @@ from urllib.parse import urlsplit
 
 import trio
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import (AcceptConnection, CloseConnection, Message, Ping, RejectConnection,
-                            RejectData, Request, TextMessage)
+from wsproto.events import (
+    AcceptConnection,
+    CloseConnection,
+    Message,
+    Ping,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
 
 from swamp.protocol.frames import PROTOCOL_VERSION
 
@@ -40,7 +48,7 @@ class RawSocket:
 
     @classmethod
     async def open(cls, url: str, *, host: str | None = None,
-                   headers: list[tuple[str, str]] = ()) -> "RawSocket":
+                   headers: list[tuple[str, str]] = ()) -> RawSocket:
         """Upgrade; raises :class:`Refused` if the server answers with an HTTP status."""
         parts = urlsplit(url)
         stream = await trio.open_tcp_stream(parts.hostname, parts.port)

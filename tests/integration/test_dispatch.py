@@ -17,7 +17,7 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
     assert code == 0
     assert result_of(lines)["worker"] == "alpha"
     assert "on-alpha" in logs_of(lines)
-    dispatched = [l["event"] for l in lines if l.get("event", {}).get("kind") == "dispatched"]
+    dispatched = [e["event"] for e in lines if e.get("event", {}).get("kind") == "dispatched"]
     assert dispatched[0]["worker"] == "alpha"
 
     code, lines = cluster.run("command/shell", "run", "--arg", "command=echo gpu-job",
@@ -30,7 +30,7 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
     assert len(records) == 1 and records[0]["attributes"]["exitCode"] == 0
     # ...and so is the lease and every worker status change.
     leases = cluster.query('modelType == "swamp/step-lease" && attributes.state == "completed"')
-    assert {l["attributes"]["workerName"] for l in leases} == {"alpha", "beta"}
+    assert {e["attributes"]["workerName"] for e in leases} == {"alpha", "beta"}
     statuses = cluster.cli_json("data", "query", 'modelType == "swamp/worker" && '
                                 'modelName == "alpha"', "--all-versions", "--repo-dir",
                                 str(cluster.repo))

@@ -23,17 +23,17 @@ def test_a_worker_killed_before_writing_is_redispatched(cluster):
                "echo first-run; sleep 60; fi")
     run = _run_in_background(cluster, "command/shell", "run", "--arg", f"command={command}",
                              "--label", "pool=x")
-    first = run.wait_for(lambda l: l.get("event", {}).get("line") == "first-run")["event"]
+    first = run.wait_for(lambda e: e.get("event", {}).get("line") == "first-run")["event"]
     workers[first["worker"]].p.kill()  # SIGKILL mid-dispatch, nothing written yet
     assert run.wait_exit() == 0
     lines = run.events()
-    redispatch = [l["event"] for l in lines if l.get("event", {}).get("kind") == "redispatch"]
+    redispatch = [e["event"] for e in lines if e.get("event", {}).get("kind") == "redispatch"]
     assert redispatch and redispatch[0]["worker"] == first["worker"]
     result = result_of(lines)
     assert result["status"] == "succeeded" and result["worker"] != first["worker"]
     assert "second-run" in logs_of(lines)
-    leases = {l["attributes"]["workerName"]: l["attributes"]
-              for l in cluster.query('modelType == "swamp/step-lease"')}
+    leases = {e["attributes"]["workerName"]: e["attributes"]
+              for e in cluster.query('modelType == "swamp/step-lease"')}
     assert leases[first["worker"]]["state"] == "expired"
     assert "before writing" in leases[first["worker"]]["error"]
     assert leases[result["worker"]]["state"] == "completed"
@@ -44,7 +44,7 @@ def test_a_worker_killed_after_writing_fails_the_step(cluster):
     workers = {name: cluster.worker(cluster.mint(name), "--label", "pool=x")
                for name in ("w1", "w2")}
     run = _run_in_background(cluster, "test/steps", "write_then_wait", "--label", "pool=x")
-    wrote = run.wait_for(lambda l: l.get("event", {}).get("line") == "wrote")["event"]
+    wrote = run.wait_for(lambda e: e.get("event", {}).get("line") == "wrote")["event"]
     workers[wrote["worker"]].p.kill()
     assert run.wait_exit() == 1
     error = result_error(run)
@@ -64,7 +64,7 @@ def test_a_lost_target_with_no_other_match_fails_after_the_grace_window(cluster)
     cluster.serve()
     worker = cluster.worker(cluster.mint("only"))
     run = _run_in_background(cluster, "test/steps", "wait", "--target", "only")
-    run.wait_for(lambda l: l.get("event", {}).get("line") == "waiting")
+    run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
     worker.p.kill()
     assert run.wait_exit(timeout=40) == 1
     assert "grace window" in result_error(run)
@@ -75,7 +75,7 @@ def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(clu
     port = cluster.url.rsplit(":", 1)[1]
     worker = cluster.worker(cluster.mint("w1"), cache_dir=cluster.tmp / "cache")
     run = _run_in_background(cluster, "test/steps", "wait", "--target", "w1")
-    run.wait_for(lambda l: l.get("event", {}).get("line") == "waiting")
+    run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
     serve.p.kill()  # a crash: nothing is cleaned up
     serve.wait_exit()
     assert run.wait_exit() != 0

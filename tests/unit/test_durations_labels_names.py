@@ -1,7 +1,8 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from swamp.domain.durations import format_duration, parse_duration
+from swamp.domain.durations import parse_duration
 from swamp.domain.labels import check_labels, format_labels, parse_label, parse_labels
 from swamp.domain.names import check_data_name, check_name
 from swamp.errors import UserError
@@ -20,11 +21,6 @@ def test_bad_durations_are_rejected_with_a_hint(text):
     assert "--duration" in info.value.message
     assert "30s, 15m, 2h, 7d, 1w" in info.value.message
 
-
-@given(st.integers(min_value=1, max_value=10**6), st.sampled_from("smhdw"))
-def test_duration_round_trip(amount, unit):
-    seconds = parse_duration(f"{amount}{unit}")
-    assert parse_duration(format_duration(seconds)) == seconds
 
 
 def test_labels_parse_and_later_entries_win():
@@ -96,3 +92,9 @@ def test_bad_names(name):
 def test_data_names_cannot_escape(name):
     with pytest.raises(UserError):
         check_data_name(name)
+
+
+@given(st.integers(min_value=1, max_value=10**6), st.sampled_from("smhdw"))
+def test_every_positive_amount_and_unit_parses(amount, unit):
+    factor = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    assert parse_duration(f"{amount}{unit}") == amount * factor

@@ -5,16 +5,21 @@ import json
 import pytest
 import trio
 
+# importing the whole package makes sure no module defines a stray code of its own
+import swamp.cli
 import swamp.errors as errors
-from swamp.errors import (BY_CODE, PeerError, Rejected, SwampError, UserError, from_wire,
-                          rejection_codes)
+import swamp.orchestrator.server
+import swamp.worker.agent  # noqa: F401
+from swamp.errors import (
+    BY_CODE,
+    PeerError,
+    Rejected,
+    SwampError,
+    UserError,
+    from_wire,
+)
 from swamp.protocol.rpc import RpcChannel
 from tests.unit.test_rpc import pair
-
-# importing the whole package makes sure no module defines a stray code of its own
-import swamp.cli  # noqa: F401,E402
-import swamp.orchestrator.server  # noqa: F401,E402
-import swamp.worker.agent  # noqa: F401,E402
 
 CODES = sorted(BY_CODE)
 
@@ -64,7 +69,8 @@ def test_unknown_codes_and_malformed_errors_stay_readable():
         assert isinstance(from_wire(bad), SwampError)
 
 
-def test_rejections_are_derived_from_the_branch():
-    assert rejection_codes() == {c for c, cls in BY_CODE.items() if issubclass(cls, Rejected)}
-    assert {"token_invalid", "token_revoked", "label_pinned", "protocol_mismatch"} <= \
-        rejection_codes()
+def test_what_stops_a_worker_is_the_rejected_branch():
+    stops = {c for c, cls in BY_CODE.items() if issubclass(cls, Rejected)}
+    assert {"token_invalid", "token_revoked", "label_pinned", "protocol_mismatch",
+            "allowance_exhausted", "malformed_token"} <= stops
+    assert "already_connected" not in stops and "busy" not in stops

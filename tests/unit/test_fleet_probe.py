@@ -5,8 +5,7 @@ import trio
 
 from swamp.errors import PeerError
 from swamp.models import fleet_probe
-from swamp.models.fleet_probe import (BUILTIN_SEAMS, MARKER_ENV, Seam, SeamFailed, ordered,
-                                      run_seam)
+from swamp.models.fleet_probe import BUILTIN_SEAMS, MARKER_ENV, Seam, SeamFailed, ordered, run_seam
 
 
 class StandInContext:

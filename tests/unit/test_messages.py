@@ -11,8 +11,13 @@ from hypothesis import strategies as st
 
 from swamp.errors import MalformedFrame
 from swamp.protocol import messages
-from swamp.protocol.messages import (DispatchRequest, LogLine, Message, MethodRunRequest,
-                                     decode_event)
+from swamp.protocol.messages import (
+    DispatchRequest,
+    LogLine,
+    Message,
+    MethodRunRequest,
+    decode_event,
+)
 
 MESSAGES = sorted((cls for cls in vars(messages).values()
                    if isinstance(cls, type) and issubclass(cls, Message) and cls is not Message),

@@ -4,8 +4,13 @@ import pytest
 
 from swamp.domain.request_policy import RequestPolicy, host_name, normalize_origin
 from swamp.domain.text import printable
-from swamp.domain.workers import (check_instance_id, check_machine_id, check_platform_word,
-                                  check_version, looks_like_instance_id)
+from swamp.domain.workers import (
+    check_instance_id,
+    check_machine_id,
+    check_platform_word,
+    check_version,
+    looks_like_instance_id,
+)
 from swamp.errors import UserError
 
 

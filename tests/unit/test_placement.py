@@ -2,8 +2,7 @@ import uuid
 
 import pytest
 
-from swamp.domain.placement import (Placement, WorkerView, choose_worker, matches,
-                                    resolve_target)
+from swamp.domain.placement import Placement, WorkerView, choose_worker, matches, resolve_target
 from swamp.domain.workers import is_schedulable
 
 

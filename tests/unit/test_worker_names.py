@@ -5,8 +5,8 @@ import hashlib
 import pytest
 
 from swamp.domain import tokens as rules
-from swamp.domain.naming import worker_name_for
 from swamp.domain.tokens import Binding, Token, TokenState
+from swamp.domain.worker_names import worker_name_for
 
 # Two machine ids whose SHA-256 digests share their first 8 hex digits (found by search).
 CLASH_A, CLASH_B = "clash-machine-00022136", "clash-machine-00080544"
