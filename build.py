@@ -46,8 +46,7 @@ def ensure_venv() -> None:
     print("installing dependencies into .venv (pinned by constraints.txt) ...", flush=True)
     pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"],
-                   check=True)
+    subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"], check=True)
     STAMP.write_text(_fingerprint())
 
 
@@ -65,12 +64,19 @@ def main(argv: list[str]) -> int:
         lock_env = ROOT / ".venv-lock"
         venv.EnvBuilder(with_pip=True, clear=True).create(lock_env)
         lock_py = lock_env / BIN.name / PY.name
-        subprocess.run([str(lock_py), "-m", "pip", "install", "--quiet", f"{ROOT}[test]",
-                        "shiv"], check=True)
-        frozen = subprocess.run([str(lock_py), "-m", "pip", "freeze", "--exclude", "swamp"],
-                                check=True, capture_output=True, text=True).stdout
-        header = ("# Exact versions the virtualenv and the zipapp are built from (build.py uses "
-                  "this file).\n# Regenerate with: python3 build.py lock\n")
+        subprocess.run(
+            [str(lock_py), "-m", "pip", "install", "--quiet", f"{ROOT}[test]", "shiv"], check=True
+        )
+        frozen = subprocess.run(
+            [str(lock_py), "-m", "pip", "freeze", "--exclude", "swamp"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        header = (
+            "# Exact versions the virtualenv and the zipapp are built from (build.py uses "
+            "this file).\n# Regenerate with: python3 build.py lock\n"
+        )
         (ROOT / "constraints.txt").write_text(header + frozen)
         print("constraints.txt updated")
         return 0
@@ -80,8 +86,7 @@ def main(argv: list[str]) -> int:
     if task == "test":
         return run("-m", "pytest", *rest)
     if task == "lint":
-        return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check",
-                                                              ".")
+        return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
     print(f"unknown task {task!r}\n{__doc__}", file=sys.stderr)

@@ -11,6 +11,7 @@ Measures what a client sees for ``swamp/echo`` dispatched by label through ``swa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -38,17 +39,30 @@ async def main(args) -> dict:
     repo, _ = Repo.init(root / "repo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     procs: list = []
+    logs = contextlib.ExitStack()  # every process's stderr, kept in the temp dir
+
+    def log_file(name: str):
+        return logs.enter_context(open(root / name, "wb"))
+
     try:
-        serve, serve_lines, url = await start_serve(repo.root, env=env,
-                                                    stderr=open(root / "serve.log", "wb"))  # noqa: SIM115
+        serve, serve_lines, url = await start_serve(
+            repo.root, env=env, stderr=log_file("serve.log")
+        )
         procs.append(serve)
         store = repo.open_store()
         readers = []
         for i in range(args.workers):
             _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
             worker, reader = await start_worker(
-                url, credential, "--label", "role=bench", "--concurrency", str(args.concurrency),
-                env=env, stderr=open(root / f"worker-{i}.log", "wb"))  # noqa: SIM115
+                url,
+                credential,
+                "--label",
+                "role=bench",
+                "--concurrency",
+                str(args.concurrency),
+                env=env,
+                stderr=log_file(f"worker-{i}.log"),
+            )
             procs.append(worker)
             readers.append(reader)
         store.close()
@@ -61,6 +75,7 @@ async def main(args) -> dict:
         return result
     finally:
         await stop_all(procs)
+        logs.close()
         if not os.environ.get("SWAMP_BENCH_KEEP"):
             shutil.rmtree(root, ignore_errors=True)
         else:
@@ -69,8 +84,12 @@ async def main(args) -> dict:
 
 async def measure(url: str, admin: str | None, args) -> dict:
     """Sequential latency on one client, then throughput with every slot kept busy."""
-    params = {"model": "swamp/echo", "method": "echo", "args": {},
-              "placement": {"labels": {"role": "bench"}}}
+    params = {
+        "model": "swamp/echo",
+        "method": "echo",
+        "args": {},
+        "placement": {"labels": {"role": "bench"}},
+    }
     async with connect(url, server_token=admin) as channel:
         for _ in range(50):  # warm up
             await channel.call("model.method.run", params)
@@ -99,13 +118,20 @@ async def measure(url: str, admin: str | None, args) -> dict:
             nursery.start_soon(client, per_client)
     elapsed = time.perf_counter() - started
     return {
-        "workers": args.workers, "concurrency": args.concurrency,
-        "sequential": {"count": len(latencies), "p50_ms": round(percentile(latencies, 50), 3),
-                       "p99_ms": round(percentile(latencies, 99), 3),
-                       "mean_ms": round(statistics.mean(latencies), 3)},
-        "throughput": {"in_flight": in_flight, "dispatches": done,
-                       "seconds": round(elapsed, 2),
-                       "dispatches_per_second": round(done / elapsed, 1)},
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "sequential": {
+            "count": len(latencies),
+            "p50_ms": round(percentile(latencies, 50), 3),
+            "p99_ms": round(percentile(latencies, 99), 3),
+            "mean_ms": round(statistics.mean(latencies), 3),
+        },
+        "throughput": {
+            "in_flight": in_flight,
+            "dispatches": done,
+            "seconds": round(elapsed, 2),
+            "dispatches_per_second": round(done / elapsed, 1),
+        },
     }
 
 

@@ -19,8 +19,9 @@ async def _no_requests(call: IncomingCall):
 
 
 @asynccontextmanager
-async def connect(url: str, *, server_token: str | None = None,
-                  ca_cert: Path | None = None) -> AsyncIterator[RpcChannel]:
+async def connect(
+    url: str, *, server_token: str | None = None, ca_cert: Path | None = None
+) -> AsyncIterator[RpcChannel]:
     """An admin channel to the orchestrator at ``url``; closed on exit."""
     if not url.startswith(("ws://", "wss://")):
         raise UserError(f"the server URL must start with ws:// or wss:// (got {url!r})")
@@ -31,8 +32,9 @@ async def connect(url: str, *, server_token: str | None = None,
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"cannot load --ca-cert {ca_cert}: {exc}") from exc
     headers = [(b"authorization", f"Bearer {server_token}".encode())] if server_token else None
-    async with open_websocket(url, ssl_context=ssl_context, extra_headers=headers,
-                              max_message_size=MAX_FRAME_BYTES * 2) as ws:
+    async with open_websocket(
+        url, ssl_context=ssl_context, extra_headers=headers, max_message_size=MAX_FRAME_BYTES * 2
+    ) as ws:
         channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(channel.serve)
@@ -40,7 +42,15 @@ async def connect(url: str, *, server_token: str | None = None,
             nursery.cancel_scope.cancel()
 
 
-async def call(url: str, method: str, params: dict | None = None, *, server_token=None,
-               ca_cert=None, timeout: float | None = 60, on_event=None):
+async def call(
+    url: str,
+    method: str,
+    params: dict | None = None,
+    *,
+    server_token=None,
+    ca_cert=None,
+    timeout: float | None = 60,
+    on_event=None,
+):
     async with connect(url, server_token=server_token, ca_cert=ca_cert) as channel:
         return await channel.call(method, params or {}, timeout=timeout, on_event=on_event)

@@ -71,17 +71,32 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
                 lines.append(event["line"])
                 say(f"     [{event.get('worker')}] {event['line']}")
 
-        result = await client.call(url, "model.method.run", {
-            "model": "command/shell", "method": "run",
-            "args": {"command": command}, "placement": placement}, timeout=60,
-            on_event=on_event, server_token=admin)
-        report["runs"].append({"placement": placement, "worker": result["worker"],
-                               "status": result["status"], "output": lines})
+        result = await client.call(
+            url,
+            "model.method.run",
+            {
+                "model": "command/shell",
+                "method": "run",
+                "args": {"command": command},
+                "placement": placement,
+            },
+            timeout=60,
+            on_event=on_event,
+            server_token=admin,
+        )
+        report["runs"].append(
+            {
+                "placement": placement,
+                "worker": result["worker"],
+                "status": result["status"],
+                "output": lines,
+            }
+        )
         return result
 
     say("5. command/shell run on each worker by target:")
     for name in names:
-        result = await run({"target": name}, "echo \"hello from pid $PPID on $(uname -sm)\"")
+        result = await run({"target": name}, 'echo "hello from pid $PPID on $(uname -sm)"')
         say(f"   ran on {result['worker']}: {result['status']} in {result['durationMs']}ms")
     say("6. and once by the fleet label fleet=demo (the least-loaded member):")
     result = await run({"labels": {"fleet": "demo"}}, "echo picked by label")
@@ -97,8 +112,9 @@ async def _demo_body(repo, env, count, processes, report, say, drains) -> None:
     report["verify"] = verified
     say("8. swamp worker verify (the fleet probe, every seam):")
     for verdict in verified["workers"]:
-        seams = ", ".join(f"{name} {'ok' if r['ok'] else 'FAILED'}"
-                          for name, r in verdict["seams"].items())
+        seams = ", ".join(
+            f"{name} {'ok' if r['ok'] else 'FAILED'}" for name, r in verdict["seams"].items()
+        )
         say(f"   {verdict['name']:<16} {verdict['status']:<5} {seams}")
     records = len([1 for r in report["runs"] if r["status"] == "succeeded"])
     report["succeeded"] = records

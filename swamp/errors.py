@@ -85,8 +85,9 @@ class InvalidPredicate(UserError):
 
     code = "invalid_predicate"
 
-    def __init__(self, message: str, source: str | None = None,
-                 position: int | None = None) -> None:
+    def __init__(
+        self, message: str, source: str | None = None, position: int | None = None
+    ) -> None:
         if source is not None and position is not None:
             caret = f"\n  {source}\n  {' ' * position}^"
             message = f"invalid predicate at position {position}: {message}{caret}"
@@ -170,9 +171,15 @@ class TokenInvalid(Rejected):
 
     code = "token_invalid"
 
-    def __init__(self, message: str = "the enrollment token was not accepted: its name is "
-                 "unknown or its secret does not match (check SWAMP_WORKER_TOKEN / "
-                 "--token-file)", *, name: str = "", detail: str = "") -> None:
+    def __init__(
+        self,
+        message: str = "the enrollment token was not accepted: its name is "
+        "unknown or its secret does not match (check SWAMP_WORKER_TOKEN / "
+        "--token-file)",
+        *,
+        name: str = "",
+        detail: str = "",
+    ) -> None:
         super().__init__(message)
         self.name, self.detail = name, detail
 

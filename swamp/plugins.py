@@ -25,8 +25,9 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise SwampError(f"cannot load plugin {module_name!r} named in SWAMP_PLUGINS: "
-                             f"{exc}") from exc
+            raise SwampError(
+                f"cannot load plugin {module_name!r} named in SWAMP_PLUGINS: {exc}"
+            ) from exc
         if not pm.is_registered(module):
             pm.register(module, name=module_name)
     return pm
@@ -63,8 +64,9 @@ class ModelRegistry:
     def runnable(self, type_name: str) -> ModelType:
         model_type = self.get(type_name)
         if model_type.internal:
-            raise UnknownModel(f"model type {type_name!r} is the orchestrator's own bookkeeping "
-                               "and cannot be run")
+            raise UnknownModel(
+                f"model type {type_name!r} is the orchestrator's own bookkeeping and cannot be run"
+            )
         return model_type
 
 
@@ -92,5 +94,10 @@ def default_seams() -> list:
     """Every fleet-probe seam of this process: the built-ins first, then plugins' by name."""
     from swamp.models.fleet_probe import ordered
 
-    return ordered([seam for contributed in default_manager().hook.swamp_probe_seams()
-                    for seam in contributed or ()])
+    return ordered(
+        [
+            seam
+            for contributed in default_manager().hook.swamp_probe_seams()
+            for seam in contributed or ()
+        ]
+    )

@@ -54,24 +54,32 @@ def swamp_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "swamp", *args]
 
 
-async def start_serve(repo_root: Path, *, env: dict, stderr=subprocess.DEVNULL,
-                      timeout: float = 30) -> tuple[trio.Process, LineReader, str]:
+async def start_serve(
+    repo_root: Path, *, env: dict, stderr=subprocess.DEVNULL, timeout: float = 30
+) -> tuple[trio.Process, LineReader, str]:
     """Start ``swamp serve`` on a free port; returns the process, its reader and its URL."""
     process = await trio.lowlevel.open_process(
         swamp_argv("serve", "--repo-dir", str(repo_root), "--port", "0", "--json"),
-        stdout=subprocess.PIPE, stderr=stderr, env=env)
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
     reader = LineReader(process.stdout)
     with trio.fail_after(timeout):
         url = (await reader.until(lambda e: "url" in e))["url"]
     return process, reader, url
 
 
-async def start_worker(url: str, token: str, *args: str, env: dict,
-                       stderr=subprocess.DEVNULL) -> tuple[trio.Process, LineReader]:
+async def start_worker(
+    url: str, token: str, *args: str, env: dict, stderr=subprocess.DEVNULL
+) -> tuple[trio.Process, LineReader]:
     """Start ``swamp worker connect`` with the token in its environment (never in argv)."""
     process = await trio.lowlevel.open_process(
-        swamp_argv("worker", "connect", url, "--json", *args), stdout=subprocess.PIPE,
-        stderr=stderr, env=dict(env, SWAMP_WORKER_TOKEN=token))
+        swamp_argv("worker", "connect", url, "--json", *args),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=dict(env, SWAMP_WORKER_TOKEN=token),
+    )
     return process, LineReader(process.stdout)
 
 

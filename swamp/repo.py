@@ -73,10 +73,14 @@ class Repo:
                 created = True
         config = root / CONFIG_FILE
         if not config.exists():
-            config.write_text(tomli_w.dumps({
-                "swamp": {"version": 1},
-                "serve": {"host": "127.0.0.1", "port": 7420},
-            }))
+            config.write_text(
+                tomli_w.dumps(
+                    {
+                        "swamp": {"version": 1},
+                        "serve": {"host": "127.0.0.1", "port": 7420},
+                    }
+                )
+            )
             created = True
         repo = cls(root)
         if not repo.db_path.exists():
@@ -123,8 +127,10 @@ class Repo:
                 raise UserError(f"{path}: 'args' must be a table")
             unknown = sorted(set(data) - set(_MODEL_KEYS))
             if unknown:
-                raise UserError(f"{path}: unknown key {unknown[0]!r} (a model file has "
-                                f"{', '.join(_MODEL_KEYS)})")
+                raise UserError(
+                    f"{path}: unknown key {unknown[0]!r} (a model file has "
+                    f"{', '.join(_MODEL_KEYS)})"
+                )
             for key in ("env", "reads"):
                 if not isinstance(data.get(key, []), list):
                     raise UserError(f"{path}: {key!r} must be a list of strings")
@@ -145,8 +151,10 @@ class Repo:
             elif entry.instance in instances:
                 also.append((instances[entry.instance].type, entry.instance))
             else:
-                raise UserError(f"{model.source}: reads names {entry.instance!r}, which is not a "
-                                f"model in models/ (instances: {', '.join(sorted(instances))})")
+                raise UserError(
+                    f"{model.source}: reads names {entry.instance!r}, which is not a "
+                    f"model in models/ (instances: {', '.join(sorted(instances))})"
+                )
         return ReadScope.of(model.type, model.name, also=also, type_patterns=patterns)
 
     def resolve_model(self, model: str) -> ModelInstance:
@@ -160,13 +168,16 @@ class Repo:
         if model in instances:
             return instances[model]
         known = ", ".join(sorted(instances)) or "none defined in models/"
-        raise UnknownModel(f"no model named {model!r} (instances: {known}); pass a model type "
-                           "such as command/shell for an ad-hoc instance")
+        raise UnknownModel(
+            f"no model named {model!r} (instances: {known}); pass a model type "
+            "such as command/shell for an ad-hoc instance"
+        )
 
     # -- the running server's address --------------------------------------------------------
 
-    def write_serve_file(self, url: str, data_plane_url: str, *,
-                         admin_credential: str | None = None) -> None:
+    def write_serve_file(
+        self, url: str, data_plane_url: str, *, admin_credential: str | None = None
+    ) -> None:
         """Announce the running server: its URL and (readable by the repo's owner only) the
         local admin credential the CLI presents to it."""
         info = {"url": url, "dataPlaneUrl": data_plane_url, "pid": os.getpid()}

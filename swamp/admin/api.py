@@ -41,8 +41,9 @@ class AdminApi(Protocol):
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply: ...
 
-    async def method_run(self, request: MethodRunRequest,
-                         on_event: EventSink | None = None) -> RunResult: ...
+    async def method_run(
+        self, request: MethodRunRequest, on_event: EventSink | None = None
+    ) -> RunResult: ...
 
 
 #: wire method → (API method, request message). The server's admin frames are exactly these.

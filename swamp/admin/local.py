@@ -61,9 +61,16 @@ async def _ignore(event: dict) -> None:
 
 
 class RepoAdmin:
-    def __init__(self, repo: Repo, store: Datastore, *, gateway: Gateway | None = None,
-                 dispatch: DispatchService | None = None,
-                 registry: ModelRegistry | None = None, clock=time.time) -> None:
+    def __init__(
+        self,
+        repo: Repo,
+        store: Datastore,
+        *,
+        gateway: Gateway | None = None,
+        dispatch: DispatchService | None = None,
+        registry: ModelRegistry | None = None,
+        clock=time.time,
+    ) -> None:
         self.repo = repo
         self.store = store
         self.gateway = gateway
@@ -86,11 +93,14 @@ class RepoAdmin:
     async def token_create(self, request: TokenCreateRequest) -> TokenItem:
         seconds = parse_duration(request.duration, what="--duration")
         allowance = parse_max_enrollments(request.max_enrollments)
-        claims = ClaimPolicy.build(pinned=check_labels(request.labels, source="--label"),
-                                   allowed_keys=request.allow_labels,
-                                   max_concurrency=request.max_concurrency)
-        token, credential = self.tokens.mint(request.name, duration_seconds=seconds,
-                                             max_enrollments=allowance, claims=claims)
+        claims = ClaimPolicy.build(
+            pinned=check_labels(request.labels, source="--label"),
+            allowed_keys=request.allow_labels,
+            max_concurrency=request.max_concurrency,
+        )
+        token, credential = self.tokens.mint(
+            request.name, duration_seconds=seconds, max_enrollments=allowance, claims=claims
+        )
         if self.gateway is not None:
             self.gateway.arm_token_deadline(token)
         return TokenItem.decode(dict(token_item(token, self.clock()), token=credential))
@@ -102,8 +112,9 @@ class RepoAdmin:
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
         token, revoked = self.tokens.revoke(request.name)
         if self.gateway is not None:
-            await self.gateway.disconnect_token(request.name, CLOSE_REVOKED,
-                                                f"token {request.name!r} has been revoked")
+            await self.gateway.disconnect_token(
+                request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
+            )
         return TokenItem.decode(dict(token_item(token, self.clock()), alreadyRevoked=not revoked))
 
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
@@ -113,8 +124,9 @@ class RepoAdmin:
         return ServerTokenItem.decode(dict(attrs, token=credential))
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
-        return ServerTokenListReply([ServerTokenItem.decode(a)
-                                     for a in ServerTokenBook(self.store).all()])
+        return ServerTokenListReply(
+            [ServerTokenItem.decode(a) for a in ServerTokenBook(self.store).all()]
+        )
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
         return ServerTokenItem.decode(ServerTokenBook(self.store).revoke(request.name))
@@ -125,22 +137,25 @@ class RepoAdmin:
         live = None
         if self.gateway is not None:
             live = {m.name: m.to_json() for m in self.gateway.pool.members.values()}
-        return WorkerListReply.decode(worker_items(WorkerBook(self.store).all(), live,
-                                                   show_all=request.all))
+        return WorkerListReply.decode(
+            worker_items(WorkerBook(self.store).all(), live, show_all=request.all)
+        )
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
         """Probe the selected connected workers, concurrently, through the dispatch path."""
         if self.gateway is None or self.dispatch is None:
             raise NeedsOrchestrator(
                 "worker verify needs a running orchestrator: pass --server URL or set "
-                "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)")
+                "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)"
+            )
         labels = check_labels(request.labels, source="labels")
         members = [m for m in self.gateway.pool.members.values() if m.connected]
         if request.name:
             members = [m for m in members if m.name == request.name]
             if not members:
-                raise NotFound(f"no connected worker named {request.name!r}: see "
-                               "'swamp worker list'")
+                raise NotFound(
+                    f"no connected worker named {request.name!r}: see 'swamp worker list'"
+                )
         if labels:
             members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
         verdicts: dict[str, Verdict] = {}
@@ -152,10 +167,13 @@ class RepoAdmin:
             for member in members:
                 nursery.start_soon(probe, member.name)
         ordered = [verdicts[m.name] for m in sorted(members, key=lambda m: m.name)]
-        return VerifyReport(workers=ordered, total=len(ordered),
-                            passed=sum(v.status == "pass" for v in ordered),
-                            failed=sum(v.status == "fail" for v in ordered),
-                            errors=sum(v.status == "error" for v in ordered))
+        return VerifyReport(
+            workers=ordered,
+            total=len(ordered),
+            passed=sum(v.status == "pass" for v in ordered),
+            failed=sum(v.status == "fail" for v in ordered),
+            errors=sum(v.status == "error" for v in ordered),
+        )
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -164,17 +182,25 @@ class RepoAdmin:
         records = self.store.query(predicate, all_versions=request.all_versions)
         return QueryReply([RecordItem.decode(r.to_json()) for r in records])
 
-    async def method_run(self, request: MethodRunRequest,
-                         on_event: EventSink | None = None) -> RunResult:
+    async def method_run(
+        self, request: MethodRunRequest, on_event: EventSink | None = None
+    ) -> RunResult:
         emit = on_event or _ignore
         spec = request.placement
-        placement = Placement(target=spec.target,
-                              labels=check_labels(spec.labels, source="placement labels"),
-                              platform=spec.platform)
+        placement = Placement(
+            target=spec.target,
+            labels=check_labels(spec.labels, source="placement labels"),
+            platform=spec.platform,
+        )
         model = self.repo.resolve_model(request.model)
-        run = RunRequest(model, request.method, request.args, placement,
-                         env_names=check_names(request.env, source="--env"),
-                         read_scope=self.repo.read_scope(model))
+        run = RunRequest(
+            model,
+            request.method,
+            request.args,
+            placement,
+            env_names=check_names(request.env, source="--env"),
+            read_scope=self.repo.read_scope(model),
+        )
         started = iso(self.clock())
         if self.dispatch is not None:
             result = await self.dispatch.run(run, emit)
@@ -182,13 +208,19 @@ class RepoAdmin:
             if placement.is_remote():
                 raise NeedsOrchestrator(
                     f"running on a worker ({placement.describe()}) needs a running "
-                    "orchestrator: pass --server URL or set SWAMP_SERVE_URL")
+                    "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
+                )
             model_type = self.registry.runnable(model.type)
             args = model_type.method(run.method).validate({**model.args, **run.args})
-            outcome = await run_here(self.store, model_type, run, args, emit,
-                                     env=dict(os.environ))
-            result = RunResult(status=outcome.status, model=model.name,
-                               model_type=model_type.type, method=run.method,
-                               duration_ms=outcome.duration_ms, outputs=outcome.outputs,
-                               error=outcome.error, result=outcome.result)
+            outcome = await run_here(self.store, model_type, run, args, emit, env=dict(os.environ))
+            result = RunResult(
+                status=outcome.status,
+                model=model.name,
+                model_type=model_type.type,
+                method=run.method,
+                duration_ms=outcome.duration_ms,
+                outputs=outcome.outputs,
+                error=outcome.error,
+                result=outcome.result,
+            )
         return replace(result, started_at=started)

@@ -49,20 +49,30 @@ class RemoteAdmin:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, url: str, *, credential: str | None = None,
-                      ca_cert: Path | None = None) -> AsyncIterator[RemoteAdmin]:
+    async def connect(
+        cls, url: str, *, credential: str | None = None, ca_cert: Path | None = None
+    ) -> AsyncIterator[RemoteAdmin]:
         async with client.connect(url, server_token=credential, ca_cert=ca_cert) as channel:
             yield cls(channel, url)
 
-    async def _call(self, method: str, request: Message, reply: type[M], *,
-                    timeout=DEFAULT_TIMEOUT, on_event: EventSink | None = None) -> M:
-        answer = await self.channel.call(method, request.to_json(), timeout=timeout,
-                                         on_event=on_event)
+    async def _call(
+        self,
+        method: str,
+        request: Message,
+        reply: type[M],
+        *,
+        timeout=DEFAULT_TIMEOUT,
+        on_event: EventSink | None = None,
+    ) -> M:
+        answer = await self.channel.call(
+            method, request.to_json(), timeout=timeout, on_event=on_event
+        )
         try:
             return reply.decode(answer, where=f"the reply to {method}")
         except MalformedFrame as exc:
-            raise MalformedReply(f"the orchestrator at {self.url} sent a malformed reply: "
-                                 f"{exc.message}") from None
+            raise MalformedReply(
+                f"the orchestrator at {self.url} sent a malformed reply: {exc.message}"
+            ) from None
 
     async def token_create(self, request: TokenCreateRequest) -> TokenItem:
         return await self._call("worker.token.create", request, TokenItem)
@@ -77,13 +87,14 @@ class RemoteAdmin:
         return await self._call("worker.list", request, WorkerListReply)
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
-        return await self._call("worker.verify", request, VerifyReport,
-                                timeout=VERIFY_TIMEOUT)
+        return await self._call("worker.verify", request, VerifyReport, timeout=VERIFY_TIMEOUT)
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply:
         return await self._call("data.query", request, QueryReply)
 
-    async def method_run(self, request: MethodRunRequest,
-                         on_event: EventSink | None = None) -> RunResult:
-        return await self._call("model.method.run", request, RunResult, timeout=None,
-                                on_event=on_event)
+    async def method_run(
+        self, request: MethodRunRequest, on_event: EventSink | None = None
+    ) -> RunResult:
+        return await self._call(
+            "model.method.run", request, RunResult, timeout=None, on_event=on_event
+        )

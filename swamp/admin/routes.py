@@ -20,8 +20,11 @@ def admin_credential(server: str, server_token: str | None, repo_dir: Path | Non
     credential of the repo's running server — only when ``server`` is that server."""
     if server_token:
         if sends_in_clear(server):
-            print(f"warning: the server token crosses the network in clear text to "
-                  f"{redact(server)}; prefer wss://", file=sys.stderr)
+            print(
+                f"warning: the server token crosses the network in clear text to "
+                f"{redact(server)}; prefer wss://",
+                file=sys.stderr,
+            )
         return server_token
     try:
         return Repo.find(repo_dir).admin_credential_for(server)
@@ -37,9 +40,14 @@ def running_server(repo_dir: Path | None) -> str | None:
 
 
 @asynccontextmanager
-async def open_route(*, repo_dir: Path | None, server: str | None = None,
-                     server_token: str | None = None, ca_cert: Path | None = None,
-                     prefer_server: bool = False) -> AsyncIterator[AdminApi]:
+async def open_route(
+    *,
+    repo_dir: Path | None,
+    server: str | None = None,
+    server_token: str | None = None,
+    ca_cert: Path | None = None,
+    prefer_server: bool = False,
+) -> AsyncIterator[AdminApi]:
     """``--server`` (or ``SWAMP_SERVE_URL``) means the server route. ``prefer_server`` — for
     what only a running orchestrator can do (placing a method, probing workers) — also takes
     the server the repo's ``.swamp/serve.json`` announces. Otherwise, the repo itself."""

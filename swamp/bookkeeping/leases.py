@@ -23,24 +23,39 @@ class LeaseBook:
         self.store = store
         self.clock = clock
 
-    def acquire(self, *, lease_id: str, worker: str, model_type: str, model_name: str,
-                method: str) -> Record:
+    def acquire(
+        self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
+    ) -> Record:
         attrs = {
-            "leaseId": lease_id, "dispatchId": lease_id, "workerName": worker,
-            "modelType": model_type, "modelName": model_name, "methodName": method,
-            "state": LeaseState.ACTIVE.value, "hasWrites": False,
+            "leaseId": lease_id,
+            "dispatchId": lease_id,
+            "workerName": worker,
+            "modelType": model_type,
+            "modelName": model_name,
+            "methodName": method,
+            "state": LeaseState.ACTIVE.value,
+            "hasWrites": False,
             "createdAt": iso(self.clock()),
         }
         return self.store.write(key(lease_id), attrs, policy=POLICY, expected_version=0)
 
     def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None:
         record, _ = self.store.transition(
-            key(lease_id), lambda cur: rules.mark_writes(cur.attributes) if cur else None,
-            policy=POLICY, current=current)
+            key(lease_id),
+            lambda cur: rules.mark_writes(cur.attributes) if cur else None,
+            policy=POLICY,
+            current=current,
+        )
         return record
 
-    def end(self, lease_id: str, state: LeaseState, *, error: str | None = None,
-            current: Record | None = None) -> None:
+    def end(
+        self,
+        lease_id: str,
+        state: LeaseState,
+        *,
+        error: str | None = None,
+        current: Record | None = None,
+    ) -> None:
         now = iso(self.clock())
 
         def decide(current):
@@ -55,8 +70,9 @@ class LeaseBook:
         count = 0
         for record in self.store.latest_of_type(TYPE, model_name=INSTANCE):
             if record.attributes.get("state") == LeaseState.ACTIVE.value:
-                self.end(record.attributes["leaseId"], LeaseState.EXPIRED,
-                         error="orchestrator restart")
+                self.end(
+                    record.attributes["leaseId"], LeaseState.EXPIRED, error="orchestrator restart"
+                )
                 count += 1
         return count
 
@@ -64,7 +80,8 @@ class LeaseBook:
         """Delete ended leases whose end is older than the retention (the store stays bounded)."""
         cutoff = iso(self.clock() - older_than_seconds)
         stale = [
-            r.key for r in self.store.latest_of_type(TYPE, model_name=INSTANCE)
+            r.key
+            for r in self.store.latest_of_type(TYPE, model_name=INSTANCE)
             if r.attributes.get("state") != LeaseState.ACTIVE.value
             and r.attributes.get("endedAt", "") < cutoff
         ]

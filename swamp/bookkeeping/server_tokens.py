@@ -28,10 +28,15 @@ class ServerTokenBook:
 
         def decide(current):
             if current is not None and current.attributes["state"] == "active":
-                raise AlreadyExists(f"server token {name!r} already exists: revoke it first or "
-                                    "pick another name")
-            return {"name": name, "state": "active", "createdAt": now,
-                    "secretHash": hash_secret(secret)}
+                raise AlreadyExists(
+                    f"server token {name!r} already exists: revoke it first or pick another name"
+                )
+            return {
+                "name": name,
+                "state": "active",
+                "createdAt": now,
+                "secretHash": hash_secret(secret),
+            }
 
         record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
         return record.attributes, f"{name}.{secret}"
@@ -65,13 +70,17 @@ class ServerTokenBook:
         try:
             name, secret = split_credential(credential)
         except Rejected:
-            raise Unauthorized("the server token must have the form <name>.<secret> (as printed "
-                               "by 'swamp server token create')") from None
+            raise Unauthorized(
+                "the server token must have the form <name>.<secret> (as printed "
+                "by 'swamp server token create')"
+            ) from None
         record = self.store.latest(Key(TYPE, name, "token"))
         stored = record.attributes["secretHash"] if record else _NO_SUCH_TOKEN_HASH
         if not secret_matches(secret, stored) or record is None:
-            raise Unauthorized(f"the server token {name!r} was not accepted: its name is unknown "
-                               "or its secret does not match")
+            raise Unauthorized(
+                f"the server token {name!r} was not accepted: its name is unknown "
+                "or its secret does not match"
+            )
         if record.attributes["state"] != "active":
             raise Unauthorized(f"the server token {name!r} has been revoked")
         return name

@@ -36,24 +36,38 @@ class TokenBook:
     def all(self) -> list[Token]:
         return [Token.from_attributes(r.attributes) for r in self.store.latest_of_type(TYPE)]
 
-    def mint(self, name: str, *, duration_seconds: int, max_enrollments: int | str = 1,
-             claims: ClaimPolicy | None = None) -> tuple[Token, str]:
+    def mint(
+        self,
+        name: str,
+        *,
+        duration_seconds: int,
+        max_enrollments: int | str = 1,
+        claims: ClaimPolicy | None = None,
+    ) -> tuple[Token, str]:
         """Returns the record and the credential ``<name>.<secret>`` (shown once, never stored)."""
         check_name(name, what="token name")
         owner = self.worker_names_of_others(name).get(name)
         if owner is not None:
-            raise AlreadyExists(f"the name {name!r} is already a worker of token {owner!r}; a "
-                                "token must not share its name with another token's worker: "
-                                "pick another name")
+            raise AlreadyExists(
+                f"the name {name!r} is already a worker of token {owner!r}; a "
+                "token must not share its name with another token's worker: "
+                "pick another name"
+            )
         secret = secrets.token_hex(rules.SECRET_BYTES)
         now = self.clock()
 
         def decide(current):
             existing = Token.from_attributes(current.attributes) if current else None
             return rules.mint(
-                name, secret=secret, now=now, now_iso=iso(now),
-                expires_iso=iso(now + duration_seconds), duration_seconds=duration_seconds,
-                existing=existing, max_enrollments=max_enrollments, claims=claims,
+                name,
+                secret=secret,
+                now=now,
+                now_iso=iso(now),
+                expires_iso=iso(now + duration_seconds),
+                duration_seconds=duration_seconds,
+                existing=existing,
+                max_enrollments=max_enrollments,
+                claims=claims,
             ).to_attributes()
 
         record, _ = self.store.transition(_key(name), decide, policy=POLICY)
@@ -85,8 +99,9 @@ class TokenBook:
         _, wrote = self.store.transition(_key(name), decide, policy=POLICY)
         return wrote
 
-    def redeem(self, credential: str, *, machine_id: str, labels: dict | None = None,
-               capacity: int = 1) -> Redeemed:
+    def redeem(
+        self, credential: str, *, machine_id: str, labels: dict | None = None, capacity: int = 1
+    ) -> Redeemed:
         """Admit a machine, or raise ``Rejected``. An unknown name reads and writes nothing else.
 
         A new binding is named by :func:`worker_name_for`, avoiding every name another machine
@@ -102,8 +117,15 @@ class TokenBook:
         def decide(current):
             token = Token.from_attributes(current.attributes) if current else None
             decision = rules.redeem(
-                token, name=name, secret=secret, machine_id=machine_id, now=now,
-                now_iso=iso(now), name_new=name_new, labels=labels, capacity=capacity,
+                token,
+                name=name,
+                secret=secret,
+                machine_id=machine_id,
+                now=now,
+                now_iso=iso(now),
+                name_new=name_new,
+                labels=labels,
+                capacity=capacity,
             )
             outcome[:] = [decision]
             return decision.write.to_attributes() if decision.write else None
@@ -145,9 +167,12 @@ class TokenBook:
 def token_item(token: Token, now: float) -> dict:
     """The listing shape shared by the CLI (straight to the repo) and the server."""
     return {
-        "name": token.name, "state": token.effective_state(now).value,
-        "storedState": token.state.value, "createdAt": token.created_at,
-        "expiresAt": token.expires_at, "maxEnrollments": token.max_enrollments,
+        "name": token.name,
+        "state": token.effective_state(now).value,
+        "storedState": token.state.value,
+        "createdAt": token.created_at,
+        "expiresAt": token.expires_at,
+        "maxEnrollments": token.max_enrollments,
         "enrollments": len(token.bindings),
         "bindings": [b.to_json() for b in token.bindings],
         **({"revokedAt": token.revoked_at} if token.revoked_at else {}),

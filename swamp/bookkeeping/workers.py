@@ -13,8 +13,10 @@ TYPE = WORKER.type
 POLICY = WORKER.resources[0].policy
 _KNOWN = frozenset(s.value for s in WorkerStatus)
 # The reason a status carries, and the field it is kept in (cleared on any other status).
-_REASON_FIELD = {WorkerStatus.DISCONNECTED.value: "disconnectReason",
-                 WorkerStatus.UNVERIFIED.value: "verifyFailureReason"}
+_REASON_FIELD = {
+    WorkerStatus.DISCONNECTED.value: "disconnectReason",
+    WorkerStatus.UNVERIFIED.value: "verifyFailureReason",
+}
 
 
 def key(name: str) -> Key:
@@ -26,26 +28,55 @@ class WorkerBook:
         self.store = store
         self.clock = clock
 
-    def enrolled(self, *, name: str, instance_id: str, machine_id: str, token: str,
-                 labels: dict, platform: str, arch: str, capacity: int, version: str,
-                 status: str = WorkerStatus.IDLE.value, reason: str | None = None) -> Record:
+    def enrolled(
+        self,
+        *,
+        name: str,
+        instance_id: str,
+        machine_id: str,
+        token: str,
+        labels: dict,
+        platform: str,
+        arch: str,
+        capacity: int,
+        version: str,
+        status: str = WorkerStatus.IDLE.value,
+        reason: str | None = None,
+    ) -> Record:
         """A full record for a (re-)enrollment: ``idle``, or ``unverified`` while it is probed."""
         now = iso(self.clock())
         previous = self.store.latest(key(name))
         attrs = {
-            "name": name, "instanceId": instance_id, "machineId": machine_id, "tokenName": token,
-            "status": status, "labels": labels, "platform": platform,
-            "arch": arch, "capacity": capacity, "activeDispatchIds": [], "swampVersion": version,
-            "enrolledAt": previous.attributes.get("enrolledAt", now) if previous and
-            previous.attributes.get("machineId") == machine_id else now,
-            "connectedAt": now, "lastSeenAt": now,
+            "name": name,
+            "instanceId": instance_id,
+            "machineId": machine_id,
+            "tokenName": token,
+            "status": status,
+            "labels": labels,
+            "platform": platform,
+            "arch": arch,
+            "capacity": capacity,
+            "activeDispatchIds": [],
+            "swampVersion": version,
+            "enrolledAt": previous.attributes.get("enrolledAt", now)
+            if previous and previous.attributes.get("machineId") == machine_id
+            else now,
+            "connectedAt": now,
+            "lastSeenAt": now,
         }
         if reason:
             attrs["verifyFailureReason"] = reason
         return self.store.write(key(name), attrs, policy=POLICY)
 
-    def set_status(self, name: str, status: str, *, active: list[str] | None = None,
-                   reason: str | None = None, current: Record | None = None) -> Record | None:
+    def set_status(
+        self,
+        name: str,
+        status: str,
+        *,
+        active: list[str] | None = None,
+        reason: str | None = None,
+        current: Record | None = None,
+    ) -> Record | None:
         """A new version with the status; no write if nothing changed."""
         now = iso(self.clock())
 
@@ -56,8 +87,11 @@ class WorkerBook:
             ids = list(active) if active is not None else attrs.get("activeDispatchIds", [])
             if status in (WorkerStatus.IDLE.value, WorkerStatus.DISCONNECTED.value):
                 ids = []
-            if attrs.get("status") == status and attrs.get("activeDispatchIds") == ids and \
-                    attrs.get(_REASON_FIELD.get(status, ""), reason) == reason:
+            if (
+                attrs.get("status") == status
+                and attrs.get("activeDispatchIds") == ids
+                and attrs.get(_REASON_FIELD.get(status, ""), reason) == reason
+            ):
                 return None  # nothing changed: no new version
             if attrs.get("status") in _KNOWN and status in _KNOWN:
                 WORKER_LIFECYCLE.check(WorkerStatus(attrs["status"]), WorkerStatus(status))
@@ -79,9 +113,13 @@ class WorkerBook:
     def stale(self, *, older_than_seconds: float, live: Collection[str]) -> list[dict]:
         """Workers disconnected for longer than the retention and not in the live pool."""
         cutoff = iso(self.clock() - older_than_seconds)
-        return [a for a in self.all()
-                if a.get("status") == WorkerStatus.DISCONNECTED.value and a["name"] not in live
-                and a.get("disconnectedAt", a.get("lastSeenAt", "")) < cutoff]
+        return [
+            a
+            for a in self.all()
+            if a.get("status") == WorkerStatus.DISCONNECTED.value
+            and a["name"] not in live
+            and a.get("disconnectedAt", a.get("lastSeenAt", "")) < cutoff
+        ]
 
     def forget(self, names: Collection[str]) -> int:
         return self.store.delete_items([key(n) for n in names]) if names else 0
@@ -91,19 +129,35 @@ class WorkerBook:
         count = 0
         for attrs in self.all():
             if attrs.get("status") != WorkerStatus.DISCONNECTED.value:
-                self.set_status(attrs["name"], WorkerStatus.DISCONNECTED.value,
-                                reason="orchestrator restart")
+                self.set_status(
+                    attrs["name"], WorkerStatus.DISCONNECTED.value, reason="orchestrator restart"
+                )
                 count += 1
         return count
 
 
-_ITEM_FIELDS = ("name", "status", "labels", "platform", "arch", "capacity", "activeDispatchIds",
-                "lastSeenAt", "enrolledAt", "instanceId", "tokenName", "swampVersion",
-                "disconnectedAt", "disconnectReason", "verifyFailureReason")
+_ITEM_FIELDS = (
+    "name",
+    "status",
+    "labels",
+    "platform",
+    "arch",
+    "capacity",
+    "activeDispatchIds",
+    "lastSeenAt",
+    "enrolledAt",
+    "instanceId",
+    "tokenName",
+    "swampVersion",
+    "disconnectedAt",
+    "disconnectReason",
+    "verifyFailureReason",
+)
 
 
-def worker_items(records: list[dict], live: dict[str, dict] | None = None, *,
-                 show_all: bool = False) -> dict:
+def worker_items(
+    records: list[dict], live: dict[str, dict] | None = None, *, show_all: bool = False
+) -> dict:
     """The listing shape shared by the CLI and the server: live state wins over records."""
     merged = {r["name"]: r for r in records}
     merged.update(live or {})

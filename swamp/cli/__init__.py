@@ -10,9 +10,9 @@ from swamp.cli import data_cmd, demo_cmd, model_cmd, repo_cmd, serve_cmd, server
 app = typer.Typer(
     name="swamp",
     help="An orchestrator and its worker fleets. Start with 'swamp demo', or: swamp init; "
-         "swamp serve; swamp worker token create NAME --duration 1h; swamp worker connect URL "
-         "--token NAME.SECRET; swamp model method run command/shell run --arg command='uname -a' "
-         "--target NAME.",
+    "swamp serve; swamp worker token create NAME --duration 1h; swamp worker connect URL "
+    "--token NAME.SECRET; swamp model method run command/shell run --arg command='uname -a' "
+    "--target NAME.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -22,7 +22,8 @@ app = typer.Typer(
 app.command("init", short_help="Create a repo (swamp.toml, models/, database).")(repo_cmd.init)
 app.command("serve", short_help="Run the orchestrator.")(serve_cmd.serve)
 app.command("demo", short_help="See it work: an orchestrator, two workers, dispatches.")(
-    demo_cmd.demo)
+    demo_cmd.demo
+)
 app.add_typer(worker_cmd.app, name="worker")
 app.add_typer(server_cmd.app, name="server")
 app.add_typer(data_cmd.app, name="data")

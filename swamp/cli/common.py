@@ -12,19 +12,36 @@ from typing import Any
 import typer
 
 REPO_DIR = typer.Option(
-    None, "--repo-dir", envvar="SWAMP_REPO_DIR", show_default=False,
-    help="The repo to act on (default: the current directory).")
+    None,
+    "--repo-dir",
+    envvar="SWAMP_REPO_DIR",
+    show_default=False,
+    help="The repo to act on (default: the current directory).",
+)
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON instead of text.")
 SERVER = typer.Option(
-    None, "--server", envvar="SWAMP_SERVE_URL", show_default=False,
-    help="Go through a running orchestrator (ws://host:port) instead of the repo")
+    None,
+    "--server",
+    envvar="SWAMP_SERVE_URL",
+    show_default=False,
+    help="Go through a running orchestrator (ws://host:port) instead of the repo",
+)
 SERVER_TOKEN = typer.Option(
-    None, "--server-token", envvar="SWAMP_SERVER_TOKEN", show_default=False,
+    None,
+    "--server-token",
+    envvar="SWAMP_SERVER_TOKEN",
+    show_default=False,
     help="Admin server token <name.secret> (swamp server token create). Not needed in the "
-         "orchestrator's repo: there the CLI presents the local credential from .swamp/.")
+    "orchestrator's repo: there the CLI presents the local credential from .swamp/.",
+)
 CA_CERT = typer.Option(
-    None, "--ca-cert", envvar="SWAMP_CA_CERT", show_default=False, exists=False,
-    help="PEM file of the CA that signed the orchestrator's TLS certificate.")
+    None,
+    "--ca-cert",
+    envvar="SWAMP_CA_CERT",
+    show_default=False,
+    exists=False,
+    help="PEM file of the CA that signed the orchestrator's TLS certificate.",
+)
 
 
 def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):
@@ -47,8 +64,12 @@ def command(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except SwampError as exc:
-            fail(exc.message, code=exc.code, status=exc.exit_status,
-                 as_json=bool(kwargs.get("json_output")))
+            fail(
+                exc.message,
+                code=exc.code,
+                status=exc.exit_status,
+                as_json=bool(kwargs.get("json_output")),
+            )
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
@@ -66,8 +87,9 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     from swamp.domain.text import printable
 
     rows = [[printable(cell) for cell in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -84,15 +106,27 @@ def run_async(fn, *args):
     return trio.run(fn, *args)
 
 
-def with_admin(operation: Callable, *, repo_dir: Path | None, server: str | None,
-               server_token: str | None, ca_cert: Path | None, prefer_server: bool = False):
+def with_admin(
+    operation: Callable,
+    *,
+    repo_dir: Path | None,
+    server: str | None,
+    server_token: str | None,
+    ca_cert: Path | None,
+    prefer_server: bool = False,
+):
     """Run ``await operation(api)`` on the route the flags choose (see ``swamp.admin.routes``)
     and return its reply: a command formats it, whichever route answered."""
     from swamp.admin.routes import open_route
 
     async def go():
-        async with open_route(repo_dir=repo_dir, server=server, server_token=server_token,
-                              ca_cert=ca_cert, prefer_server=prefer_server) as api:
+        async with open_route(
+            repo_dir=repo_dir,
+            server=server,
+            server_token=server_token,
+            ca_cert=ca_cert,
+            prefer_server=prefer_server,
+        ) as api:
             return await operation(api)
 
     return run_async(go)

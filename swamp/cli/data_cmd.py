@@ -19,19 +19,27 @@ from swamp.cli.common import (
     with_admin,
 )
 
-app = typer.Typer(help="Data: the versioned records methods (and the orchestrator) write.",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(
+    help="Data: the versioned records methods (and the orchestrator) write.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 @app.command("query", short_help="Select records with a predicate.")
 @command
 def query(
-    predicate: str = typer.Argument(..., help='e.g. modelType == "command/shell" && '
-                                              'attributes.exitCode != 0'),
-    all_versions: bool = typer.Option(False, "--all-versions",
-                                      help="Match every version, not only the latest."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    predicate: str = typer.Argument(
+        ..., help='e.g. modelType == "command/shell" && attributes.exitCode != 0'
+    ),
+    all_versions: bool = typer.Option(
+        False, "--all-versions", help="Match every version, not only the latest."
+    ),
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Select records with a predicate over modelType, modelName, name, version, spec,
     createdAt, size and attributes.* using ==, !=, <, <=, >, >=, in, &&, ||, !, has(). A
@@ -42,16 +50,23 @@ def query(
 
     parse(predicate)  # a bad predicate is refused here, with its caret, on either route
     request = DataQueryRequest(predicate=predicate, all_versions=all_versions)
-    reply = with_admin(lambda api: api.data_query(request), repo_dir=repo_dir, server=server,
-                       server_token=server_token, ca_cert=ca_cert)
+    reply = with_admin(
+        lambda api: api.data_query(request),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
     if json_output:
         emit_json([r.to_json() for r in reply.records])
         return
     if not reply.records:
         print("No records match.")
         return
-    rows = [[r.model_type, r.model_name, r.name, str(r.version), r.created_at,
-             _short(r.attributes)] for r in reply.records]
+    rows = [
+        [r.model_type, r.model_name, r.name, str(r.version), r.created_at, _short(r.attributes)]
+        for r in reply.records
+    ]
     print(table(["MODEL TYPE", "MODEL", "NAME", "VERSION", "CREATED", "ATTRIBUTES"], rows))
     print(f"{len(reply.records)} record{'s' if len(reply.records) != 1 else ''}")
 

@@ -9,10 +9,12 @@ from swamp.cli.common import JSON, command
 
 @command
 def demo(
-    workers: int = typer.Option(2, "--workers", min=1, max=8, help="How many worker processes "
-                                                                   "to start."),
-    keep: bool = typer.Option(False, "--keep", help="Keep the temporary repo afterwards and "
-                                                    "print its path."),
+    workers: int = typer.Option(
+        2, "--workers", min=1, max=8, help="How many worker processes to start."
+    ),
+    keep: bool = typer.Option(
+        False, "--keep", help="Keep the temporary repo afterwards and print its path."
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Start an orchestrator on a free port in a temporary repo, mint one fleet token, start

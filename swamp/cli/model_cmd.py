@@ -20,10 +20,12 @@ from swamp.cli.common import (
     with_admin,
 )
 
-app = typer.Typer(help="Models: types, instances and running their methods.",
-                  no_args_is_help=True, rich_markup_mode=None)
-method_app = typer.Typer(help="Run a model's method.", no_args_is_help=True,
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="Models: types, instances and running their methods.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+method_app = typer.Typer(help="Run a model's method.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(method_app, name="method")
 
 _ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.S)
@@ -48,20 +50,35 @@ def types(json_output: bool = JSON) -> None:
     from swamp.plugins import default_registry
 
     registry = default_registry()
-    items = [{"type": t.type, "description": t.description,
-              "methods": [{"name": m.name, "help": m.help,
-                           "args": [{"name": a.name, "type": a.type, "required": a.required,
-                                     "help": a.help} for a in m.args]} for m in t.methods],
-              "resources": [s.name for s in t.resources]}
-             for t in sorted(registry.types.values(), key=lambda t: t.type) if not t.internal]
+    items = [
+        {
+            "type": t.type,
+            "description": t.description,
+            "methods": [
+                {
+                    "name": m.name,
+                    "help": m.help,
+                    "args": [
+                        {"name": a.name, "type": a.type, "required": a.required, "help": a.help}
+                        for a in m.args
+                    ],
+                }
+                for m in t.methods
+            ],
+            "resources": [s.name for s in t.resources],
+        }
+        for t in sorted(registry.types.values(), key=lambda t: t.type)
+        if not t.internal
+    ]
     if json_output:
         emit_json(items)
         return
     for item in items:
         print(f"{item['type']}: {item['description']}")
         for method in item["methods"]:
-            args = ", ".join(f"{a['name']}{'' if a['required'] else '?'}:{a['type']}"
-                             for a in method["args"])
+            args = ", ".join(
+                f"{a['name']}{'' if a['required'] else '?'}:{a['type']}" for a in method["args"]
+            )
             print(f"  {method['name']}({args}) {method['help']}")
 
 
@@ -75,8 +92,11 @@ def _render_event(payload: dict, json_output: bool) -> None:
     try:
         event = decode_event(payload)
     except MalformedFrame as exc:
-        print(f"warning: ignored a malformed event: {printable(exc.message)}", file=sys.stderr,
-              flush=True)
+        print(
+            f"warning: ignored a malformed event: {printable(exc.message)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     if json_output:
         print(json.dumps({"event": event.to_json()}), flush=True)
@@ -86,33 +106,51 @@ def _render_event(payload: dict, json_output: bool) -> None:
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         print(f"[{where}] {printable(event.line, keep_tab=True)}", file=stream, flush=True)
     elif isinstance(event, Dispatched):
-        print(f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})",
-              file=sys.stderr, flush=True)
+        print(
+            f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})",
+            file=sys.stderr,
+            flush=True,
+        )
     elif isinstance(event, Redispatched):
-        print(f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again",
-              file=sys.stderr, flush=True)
+        print(
+            f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @method_app.command("run", short_help="Run a method here or on a worker.")
 @command
 def run(
-    model: str = typer.Argument(..., help="A model instance from models/*.toml, or a model type "
-                                          "such as command/shell (an ad-hoc instance)."),
+    model: str = typer.Argument(
+        ...,
+        help="A model instance from models/*.toml, or a model type "
+        "such as command/shell (an ad-hoc instance).",
+    ),
     method: str = typer.Argument(..., help="The method, e.g. run."),
     arg: list[str] = typer.Option(None, "--arg", help="name=value for the method; repeatable."),
-    target: str = typer.Option(None, "--target", help="Run on this worker (name or instance "
-                                                      "id)."),
-    label: list[str] = typer.Option(None, "--label", help="Run on a worker with this k=v label; "
-                                                          "repeatable (all must match)."),
-    platform: str = typer.Option(None, "--platform", help="Run on a worker of this os or "
-                                                          "os/arch, e.g. linux/x86_64."),
-    env: list[str] = typer.Option(None, "--env", metavar="NAME", show_default=False,
-                                  help="Ship this variable of the orchestrator's environment "
-                                       "to the worker; repeatable. Nothing is shipped unless "
-                                       "named here, by the model (env = [...]) or by serve "
-                                       "--ship-env."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    target: str = typer.Option(None, "--target", help="Run on this worker (name or instance id)."),
+    label: list[str] = typer.Option(
+        None, "--label", help="Run on a worker with this k=v label; repeatable (all must match)."
+    ),
+    platform: str = typer.Option(
+        None, "--platform", help="Run on a worker of this os or os/arch, e.g. linux/x86_64."
+    ),
+    env: list[str] = typer.Option(
+        None,
+        "--env",
+        metavar="NAME",
+        show_default=False,
+        help="Ship this variable of the orchestrator's environment "
+        "to the worker; repeatable. Nothing is shipped unless "
+        "named here, by the model (env = [...]) or by serve "
+        "--ship-env.",
+    ),
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Run a method. With --target/--label/--platform it runs on the least-loaded matching
     worker; without, in the orchestrator's own process (or here, with no --server).
@@ -127,16 +165,24 @@ def run(
 
     placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
     request = MethodRunRequest(
-        model=model, method=method, args=parse_args(arg or []),
+        model=model,
+        method=method,
+        args=parse_args(arg or []),
         placement=PlacementSpec(target=target, labels=placement.labels, platform=platform),
-        env=list(check_names(env or [], source="--env")))
+        env=list(check_names(env or [], source="--env")),
+    )
 
     async def on_event(event: dict) -> None:
         _render_event(event, json_output)
 
-    result = with_admin(lambda api: api.method_run(request, on_event), repo_dir=repo_dir,
-                        server=server, server_token=server_token, ca_cert=ca_cert,
-                        prefer_server=placement.is_remote())
+    result = with_admin(
+        lambda api: api.method_run(request, on_event),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+        prefer_server=placement.is_remote(),
+    )
     _render_result(result, json_output)
     raise typer.Exit(0 if result.status == "succeeded" else 1)
 
@@ -150,8 +196,10 @@ def _render_result(result, json_output: bool) -> None:
     where = result.worker or "orchestrator"
     outputs = ", ".join(f"{o.spec}/{o.name} v{o.version}" for o in result.outputs)
     if result.status == "succeeded":
-        line = (f"✓ {result.model_type}.{result.method} succeeded on {where} in "
-                f"{result.duration_ms}ms" + (f"; wrote {outputs}" if outputs else ""))
+        line = (
+            f"✓ {result.model_type}.{result.method} succeeded on {where} in "
+            f"{result.duration_ms}ms" + (f"; wrote {outputs}" if outputs else "")
+        )
     else:
         line = f"✗ {result.model_type}.{result.method} failed on {where}: {result.error}"
     print(printable(line), file=sys.stderr)

@@ -11,8 +11,9 @@ from swamp.cli.common import JSON, command, emit_json
 
 @command
 def init(
-    directory: Path = typer.Argument(Path("."), help="Where to create the repo (created if "
-                                                   "missing)."),
+    directory: Path = typer.Argument(
+        Path("."), help="Where to create the repo (created if missing)."
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Create a repo: swamp.toml, models/, workflows/ and the database in .swamp/swamp.db.

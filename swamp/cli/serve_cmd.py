@@ -24,49 +24,78 @@ class EscapingFormatter(logging.Formatter):
 @command
 def serve(
     repo_dir: Path = REPO_DIR,
-    host: str = typer.Option("127.0.0.1", "--host", envvar="SWAMP_SERVE_HOST",
-                             help="Address to listen on. Anything but loopback needs --auth "
-                                  "token."),
-    port: int = typer.Option(7420, "--port", envvar="SWAMP_SERVE_PORT",
-                             help="Port to listen on; 0 picks a free one."),
-    auth: str = typer.Option("token", "--auth", envvar="SWAMP_SERVE_AUTH",
-                             help="token: admin frames need a credential — the local one this "
-                                  "server writes to .swamp/serve.json (the CLI in the repo "
-                                  "finds it), or a server token (swamp server token create "
-                                  "NAME). none: anyone who can reach the port is an admin "
-                                  "(loopback only)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        envvar="SWAMP_SERVE_HOST",
+        help="Address to listen on. Anything but loopback needs --auth token.",
+    ),
+    port: int = typer.Option(
+        7420, "--port", envvar="SWAMP_SERVE_PORT", help="Port to listen on; 0 picks a free one."
+    ),
+    auth: str = typer.Option(
+        "token",
+        "--auth",
+        envvar="SWAMP_SERVE_AUTH",
+        help="token: admin frames need a credential — the local one this "
+        "server writes to .swamp/serve.json (the CLI in the repo "
+        "finds it), or a server token (swamp server token create "
+        "NAME). none: anyone who can reach the port is an admin "
+        "(loopback only).",
+    ),
     allow_origin: list[str] = typer.Option(
-        None, "--allow-origin", metavar="URL", show_default=False,
+        None,
+        "--allow-origin",
+        metavar="URL",
+        show_default=False,
         help="Admit requests from web pages of this origin (https://host[:port]); repeatable. "
-             "By default any request that carries an Origin header — every browser's — is "
-             "refused."),
+        "By default any request that carries an Origin header — every browser's — is "
+        "refused.",
+    ),
     trusted_host: list[str] = typer.Option(
-        None, "--trusted-host", metavar="NAME", show_default=False,
+        None,
+        "--trusted-host",
+        metavar="NAME",
+        show_default=False,
         help="Another name clients may use for this server in the Host header (loopback "
-             "binds accept only localhost and IP addresses otherwise: a DNS rebinding guard); "
-             "repeatable."),
+        "binds accept only localhost and IP addresses otherwise: a DNS rebinding guard); "
+        "repeatable.",
+    ),
     ship_env: str = typer.Option(
-        None, "--ship-env", envvar="SWAMP_SHIP_ENV", metavar="NAME,...", show_default=False,
+        None,
+        "--ship-env",
+        envvar="SWAMP_SHIP_ENV",
+        metavar="NAME,...",
+        show_default=False,
         help="Variables of this process every dispatch carries to its worker. Nothing else is "
-             "shipped unless a model (env = [...] in models/*.toml) or a run (--env NAME) "
-             "names it."),
-    tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate: serve wss:// and "
-                                                          "https://."),
+        "shipped unless a model (env = [...] in models/*.toml) or a run (--env NAME) "
+        "names it.",
+    ),
+    tls_cert: Path = typer.Option(
+        None, "--tls-cert", help="PEM certificate: serve wss:// and https://."
+    ),
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert."),
-    grace_window: str = typer.Option("60s", "--grace-window",
-                                     help="How long a disconnected worker keeps its place in "
-                                          "the pool, e.g. 60s."),
-    heartbeat: str = typer.Option("5s", "--heartbeat",
-                                  help="Heartbeat interval; a peer silent for three is "
-                                       "dropped."),
+    grace_window: str = typer.Option(
+        "60s",
+        "--grace-window",
+        help="How long a disconnected worker keeps its place in the pool, e.g. 60s.",
+    ),
+    heartbeat: str = typer.Option(
+        "5s", "--heartbeat", help="Heartbeat interval; a peer silent for three is dropped."
+    ),
     worker_retention: str = typer.Option(
-        "24h", "--worker-retention",
+        "24h",
+        "--worker-retention",
         help="Forget workers disconnected for longer than this, and release their fleet "
-             "token slots, e.g. 24h."),
+        "token slots, e.g. 24h.",
+    ),
     verify_on_enroll: bool = typer.Option(
-        False, "--verify-on-enroll", envvar="SWAMP_VERIFY_ON_ENROLL",
+        False,
+        "--verify-on-enroll",
+        envvar="SWAMP_VERIFY_ON_ENROLL",
         help="Probe every enrolling worker (first connect and reconnect) before it gets work; "
-             "one that fails stays 'unverified' with its reason in 'swamp worker list'."),
+        "one that fails stays 'unverified' with its reason in 'swamp worker list'.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -89,14 +118,20 @@ def serve(
 
     repo = Repo.find(repo_path(repo_dir))
     options = ServeOptions(
-        host=host, port=port, auth=auth, tls_cert=tls_cert, tls_key=tls_key,
+        host=host,
+        port=port,
+        auth=auth,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
         grace_seconds=parse_duration(grace_window, what="--grace-window"),
         heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
         worker_retention=parse_duration(worker_retention, what="--worker-retention"),
         verify_on_enroll=verify_on_enroll,
-        allow_origins=tuple(allow_origin or ()), trusted_hosts=tuple(trusted_host or ()),
+        allow_origins=tuple(allow_origin or ()),
+        trusted_hosts=tuple(trusted_host or ()),
         ship_env=tuple(n.strip() for n in (ship_env or "").split(",") if n.strip()),
-        json=json_output)
+        json=json_output,
+    )
     handler = logging.StreamHandler()
     handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -8,25 +8,30 @@ import typer
 
 from swamp.cli.common import JSON, REPO_DIR, command, emit_json, table, with_admin
 
-app = typer.Typer(help="The orchestrator's admin credentials.", no_args_is_help=True,
-                  rich_markup_mode=None)
-token_app = typer.Typer(help="Admin server tokens: what operators' CLIs elsewhere present to "
-                             "a running orchestrator.", no_args_is_help=True,
-                        rich_markup_mode=None)
+app = typer.Typer(
+    help="The orchestrator's admin credentials.", no_args_is_help=True, rich_markup_mode=None
+)
+token_app = typer.Typer(
+    help="Admin server tokens: what operators' CLIs elsewhere present to a running orchestrator.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(token_app, name="token")
 
 
 def _on_repo(operation, repo_dir):
     """Server tokens are managed straight on the repo: whoever holds admin credentials' keys
     owns the orchestrator's directory (a running server notices changes within a second)."""
-    return with_admin(operation, repo_dir=repo_dir, server=None, server_token=None,
-                      ca_cert=None)
+    return with_admin(operation, repo_dir=repo_dir, server=None, server_token=None, ca_cert=None)
 
 
 @token_app.command("create", short_help="Mint an admin server token.")
 @command
-def create(name: str = typer.Argument(..., help="Token name."), repo_dir: Path = REPO_DIR,
-           json_output: bool = JSON) -> None:
+def create(
+    name: str = typer.Argument(..., help="Token name."),
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
+) -> None:
     """Mint an admin token on the repo; prints NAME.SECRET once (only a hash is stored)."""
     from swamp.protocol.messages import NameRequest
 
@@ -46,16 +51,23 @@ def list_tokens(repo_dir: Path = REPO_DIR, json_output: bool = JSON) -> None:
     if json_output:
         emit_json([t.to_json() for t in reply.tokens])
     elif reply.tokens:
-        print(table(["NAME", "STATE", "CREATED"],
-                    [[t.name, t.state, t.created_at] for t in reply.tokens]))
+        print(
+            table(
+                ["NAME", "STATE", "CREATED"],
+                [[t.name, t.state, t.created_at] for t in reply.tokens],
+            )
+        )
     else:
         print("No server tokens: create one with 'swamp server token create NAME'.")
 
 
 @token_app.command("revoke", short_help="Revoke an admin server token.")
 @command
-def revoke(name: str = typer.Argument(..., help="Token name."), repo_dir: Path = REPO_DIR,
-           json_output: bool = JSON) -> None:
+def revoke(
+    name: str = typer.Argument(..., help="Token name."),
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
+) -> None:
     """Revoke an admin token: new connections presenting it are refused, and a running server
     closes the ones already open within a second."""
     from swamp.protocol.messages import NameRequest

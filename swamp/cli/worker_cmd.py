@@ -22,50 +22,91 @@ from swamp.cli.common import (
 from swamp.domain.labels import format_labels
 from swamp.domain.text import printable
 
-app = typer.Typer(help="Workers: connect one, list the pool, manage enrollment tokens.",
-                  no_args_is_help=True, rich_markup_mode=None)
-token_app = typer.Typer(help="Enrollment tokens: what a worker presents to join the pool.",
-                        no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(
+    help="Workers: connect one, list the pool, manage enrollment tokens.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+token_app = typer.Typer(
+    help="Enrollment tokens: what a worker presents to join the pool.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(token_app, name="token")
 
 
 @app.command("connect", short_help="Enroll a worker and run what it is sent.")
 @command
 def connect(
-    url: str = typer.Argument(None, envvar="SWAMP_ORCHESTRATOR_URL", show_default=False,
-                              help="The orchestrator's ws:// or wss:// URL"),
-    token: str = typer.Option(None, "--token", envvar="SWAMP_WORKER_TOKEN", show_default=False,
-                              help="Enrollment token <name.secret>. Prefer the variable or a "
-                                   "file: argv is visible to every user of the machine"),
-    token_file: Path = typer.Option(None, "--token-file", envvar="SWAMP_WORKER_TOKEN_FILE",
-                                    show_default=False,
-                                    help="Read the token from this file, e.g. a Kubernetes or "
-                                         "Docker secret mount; a trailing newline is trimmed. "
-                                         "Not with --token."),
-    label: list[str] = typer.Option(None, "--label", show_default=False,
-                                    help="A k=v label placements can match; repeatable. Merged "
-                                         "with SWAMP_WORKER_LABELS (k=v,k2=v2); the flag wins "
-                                         "for the same key."),
-    cache_dir: Path = typer.Option(None, "--cache-dir", envvar="SWAMP_WORKER_CACHE_DIR",
-                                   show_default=False,
-                                   help="Keeps the machine id across restarts, so a restarted "
-                                        "worker re-enrolls as itself (default: a fresh temp dir: "
-                                        "every process is a new machine)."),
+    url: str = typer.Argument(
+        None,
+        envvar="SWAMP_ORCHESTRATOR_URL",
+        show_default=False,
+        help="The orchestrator's ws:// or wss:// URL",
+    ),
+    token: str = typer.Option(
+        None,
+        "--token",
+        envvar="SWAMP_WORKER_TOKEN",
+        show_default=False,
+        help="Enrollment token <name.secret>. Prefer the variable or a "
+        "file: argv is visible to every user of the machine",
+    ),
+    token_file: Path = typer.Option(
+        None,
+        "--token-file",
+        envvar="SWAMP_WORKER_TOKEN_FILE",
+        show_default=False,
+        help="Read the token from this file, e.g. a Kubernetes or "
+        "Docker secret mount; a trailing newline is trimmed. "
+        "Not with --token.",
+    ),
+    label: list[str] = typer.Option(
+        None,
+        "--label",
+        show_default=False,
+        help="A k=v label placements can match; repeatable. Merged "
+        "with SWAMP_WORKER_LABELS (k=v,k2=v2); the flag wins "
+        "for the same key.",
+    ),
+    cache_dir: Path = typer.Option(
+        None,
+        "--cache-dir",
+        envvar="SWAMP_WORKER_CACHE_DIR",
+        show_default=False,
+        help="Keeps the machine id across restarts, so a restarted "
+        "worker re-enrolls as itself (default: a fresh temp dir: "
+        "every process is a new machine).",
+    ),
     ca_cert: Path = CA_CERT,
-    concurrency: int = typer.Option(1, "--concurrency", envvar="SWAMP_WORKER_CONCURRENCY",
-                                    help="Dispatch slots: how many methods run at once"),
-    data_plane_url: str = typer.Option(None, "--data-plane-url", envvar="SWAMP_DATA_PLANE_URL",
-                                       show_default=False,
-                                       help="Base URL of the data plane, for split deployments "
-                                            "(default: the connect URL's host over http/https)"),
+    concurrency: int = typer.Option(
+        1,
+        "--concurrency",
+        envvar="SWAMP_WORKER_CONCURRENCY",
+        help="Dispatch slots: how many methods run at once",
+    ),
+    data_plane_url: str = typer.Option(
+        None,
+        "--data-plane-url",
+        envvar="SWAMP_DATA_PLANE_URL",
+        show_default=False,
+        help="Base URL of the data plane, for split deployments "
+        "(default: the connect URL's host over http/https)",
+    ),
     insecure: bool = typer.Option(
-        False, "--insecure", envvar="SWAMP_WORKER_INSECURE",
+        False,
+        "--insecure",
+        envvar="SWAMP_WORKER_INSECURE",
         help="Allow plain ws:// and http:// to a host other than this one: the token and "
-             "dispatch credentials then cross the network unencrypted. Without it the worker "
-             "refuses, and asks for wss://."),
-    protocol_version: int = typer.Option(None, "--protocol-version", hidden=True,
-                                         help="Announce another protocol version (for "
-                                              "compatibility testing)."),
+        "dispatch credentials then cross the network unencrypted. Without it the worker "
+        "refuses, and asks for wss://.",
+    ),
+    protocol_version: int = typer.Option(
+        None,
+        "--protocol-version",
+        hidden=True,
+        help="Announce another protocol version (for compatibility testing).",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Enroll with the orchestrator and run what it dispatches, until stopped.
@@ -87,11 +128,17 @@ def connect(
     from swamp.worker.events import Reporter
 
     config = WorkerConfig(
-        url=url or "", token=read_token(token, token_file),
+        url=url or "",
+        token=read_token(token, token_file),
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
-        cache_dir=cache_dir, ca_cert=ca_cert, concurrency=concurrency,
-        data_plane_url=data_plane_url, json=json_output, protocol_version=protocol_version,
-        insecure=insecure)
+        cache_dir=cache_dir,
+        ca_cert=ca_cert,
+        concurrency=concurrency,
+        data_plane_url=data_plane_url,
+        json=json_output,
+        protocol_version=protocol_version,
+        insecure=insecure,
+    )
     status = run_async(run_worker, config, Reporter(json_lines=json_output))
     raise typer.Exit(status)
 
@@ -100,8 +147,11 @@ def connect(
 @command
 def list_workers(
     all_workers: bool = typer.Option(False, "--all", help="Include disconnected workers."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """The pool: every enrolled worker with its status, slots and labels.
 
@@ -110,20 +160,36 @@ def list_workers(
     """
     from swamp.protocol.messages import WorkerListRequest
 
-    reply = with_admin(lambda api: api.worker_list(WorkerListRequest(all=all_workers)),
-                       repo_dir=repo_dir, server=server, server_token=server_token,
-                       ca_cert=ca_cert)
+    reply = with_admin(
+        lambda api: api.worker_list(WorkerListRequest(all=all_workers)),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
     if json_output:
         emit_json(reply.to_json())
         return
-    rows = [[w.name, w.status, f"{len(w.active_dispatch_ids)}/{w.capacity}",
-             format_labels(w.labels), f"{w.platform}/{w.arch}", w.last_seen_at or "-"]
-            for w in reply.workers]
+    rows = [
+        [
+            w.name,
+            w.status,
+            f"{len(w.active_dispatch_ids)}/{w.capacity}",
+            format_labels(w.labels),
+            f"{w.platform}/{w.arch}",
+            w.last_seen_at or "-",
+        ]
+        for w in reply.workers
+    ]
     if rows:
         print(table(["NAME", "STATUS", "SLOTS", "LABELS", "PLATFORM/ARCH", "LAST SEEN"], rows))
     else:
-        print("No connected workers." if reply.hidden_disconnected else "No workers yet: "
-              "mint a token with 'swamp worker token create NAME --duration 1h' and connect one.")
+        print(
+            "No connected workers."
+            if reply.hidden_disconnected
+            else "No workers yet: "
+            "mint a token with 'swamp worker token create NAME --duration 1h' and connect one."
+        )
     unverified = [w for w in reply.workers if w.status == "unverified"]
     for worker in unverified:
         print(printable(f"{worker.name} is unverified: {worker.verify_failure_reason or '?'}"))
@@ -131,20 +197,29 @@ def list_workers(
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
     hidden = reply.hidden_disconnected
     if hidden:
-        print(f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
-              "'swamp worker list --all' shows them.")
+        print(
+            f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
+            "'swamp worker list --all' shows them."
+        )
 
 
 @app.command("verify", short_help="Probe workers end to end, seam by seam.")
 @command
 def verify(
-    name: str = typer.Argument(None, show_default=False,
-                               help="Verify only this worker (default: every connected one)."),
-    label: list[str] = typer.Option(None, "--label", show_default=False,
-                                    help="Verify only workers with this k=v label; repeatable "
-                                         "(all must match)."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    name: str = typer.Argument(
+        None, show_default=False, help="Verify only this worker (default: every connected one)."
+    ),
+    label: list[str] = typer.Option(
+        None,
+        "--label",
+        show_default=False,
+        help="Verify only workers with this k=v label; repeatable (all must match).",
+    ),
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Prove each worker end to end: run the fleet probe on it through the normal dispatch path
     and check every seam — the dispatch's environment arrives (env), a query over the control
@@ -159,24 +234,38 @@ def verify(
     from swamp.protocol.messages import VerifyRequest
 
     labels = parse_labels(label or [])
-    report = with_admin(lambda api: api.worker_verify(VerifyRequest(name=name, labels=labels)),
-                        repo_dir=repo_dir, server=server, server_token=server_token,
-                        ca_cert=ca_cert, prefer_server=True)
+    report = with_admin(
+        lambda api: api.worker_verify(VerifyRequest(name=name, labels=labels)),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+        prefer_server=True,
+    )
     if json_output:
         emit_json(report.to_json())
     elif report.workers:
         marks = {"pass": "✓ pass", "fail": "✗ fail", "error": "! error"}
-        rows = [[v.name, marks[v.status], f"{v.platform or '-'}/{v.arch or '-'}",
-                 v.error or "; ".join(v.failures) or
-                 f"{len(v.seams)} seams ok ({', '.join(v.seams)})"]
-                for v in report.workers]
+        rows = [
+            [
+                v.name,
+                marks[v.status],
+                f"{v.platform or '-'}/{v.arch or '-'}",
+                v.error
+                or "; ".join(v.failures)
+                or f"{len(v.seams)} seams ok ({', '.join(v.seams)})",
+            ]
+            for v in report.workers
+        ]
         print(table(["WORKER", "RESULT", "PLATFORM/ARCH", "DETAILS"], rows))
         print()
         if report.passed == report.total:
             print(f"All {report.total} worker(s) passed verification.")
         else:
-            parts = [f"{report.failed} failed" if report.failed else "",
-                     f"{report.errors} gave no verdict" if report.errors else ""]
+            parts = [
+                f"{report.failed} failed" if report.failed else "",
+                f"{report.errors} gave no verdict" if report.errors else "",
+            ]
             print(f"{' and '.join(p for p in parts if p)} of {report.total} worker(s).")
     else:
         selection = f" matching {format_labels(labels)}" if labels else ""
@@ -192,26 +281,44 @@ def verify(
 @command
 def token_create(
     name: str = typer.Argument(..., help="Token name: lowercase letters, digits, - and _."),
-    duration: str = typer.Option(..., "--duration", help="How long it admits and keeps workers: "
-                                                         "30s, 15m, 2h, 7d, 1w."),
+    duration: str = typer.Option(
+        ..., "--duration", help="How long it admits and keeps workers: 30s, 15m, 2h, 7d, 1w."
+    ),
     max_enrollments: str = typer.Option(
-        "1", "--max-enrollments", metavar="N|unlimited",
+        "1",
+        "--max-enrollments",
+        metavar="N|unlimited",
         help="How many machines may enroll with it. 1: one worker named after the token. More "
-             "(or unlimited): a fleet; each machine is named <token>-<hash of its machine id> "
-             "and labelled fleet=<token>."),
+        "(or unlimited): a fleet; each machine is named <token>-<hash of its machine id> "
+        "and labelled fleet=<token>.",
+    ),
     label: list[str] = typer.Option(
-        None, "--label", show_default=False,
+        None,
+        "--label",
+        show_default=False,
         help="Pin a k=v label on every worker of this token; repeatable. A worker that claims "
-             "another value for the key is refused."),
+        "another value for the key is refused.",
+    ),
     allow_labels: str = typer.Option(
-        None, "--allow-labels", metavar="KEY,...", show_default=False,
+        None,
+        "--allow-labels",
+        metavar="KEY,...",
+        show_default=False,
         help="The only label keys a worker may set itself (default: any). An empty value "
-             "allows none; a worker setting another key is refused."),
+        "allows none; a worker setting another key is refused.",
+    ),
     max_concurrency: int = typer.Option(
-        None, "--max-concurrency", metavar="N", show_default=False,
-        help="At most N slots per worker; a worker asking for more gets N."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+        None,
+        "--max-concurrency",
+        metavar="N",
+        show_default=False,
+        help="At most N slots per worker; a worker asking for more gets N.",
+    ),
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Mint an enrollment token and print NAME.SECRET once (only a hash is stored).
 
@@ -230,52 +337,82 @@ def token_create(
     from swamp.protocol.messages import TokenCreateRequest
 
     parse_duration(duration, what="--duration")  # bad input is refused here, on either route
-    allowed = None if allow_labels is None else [k.strip() for k in allow_labels.split(",")
-                                                 if k.strip()]
-    claims = ClaimPolicy.build(pinned=parse_labels(label or []), allowed_keys=allowed,
-                               max_concurrency=max_concurrency)
+    allowed = (
+        None if allow_labels is None else [k.strip() for k in allow_labels.split(",") if k.strip()]
+    )
+    claims = ClaimPolicy.build(
+        pinned=parse_labels(label or []), allowed_keys=allowed, max_concurrency=max_concurrency
+    )
     request = TokenCreateRequest(
-        name=name, duration=duration, max_enrollments=parse_max_enrollments(max_enrollments),
-        labels=dict(claims.pinned), allow_labels=allowed, max_concurrency=max_concurrency)
-    item = with_admin(lambda api: api.token_create(request), repo_dir=repo_dir, server=server,
-                      server_token=server_token, ca_cert=ca_cert)
+        name=name,
+        duration=duration,
+        max_enrollments=parse_max_enrollments(max_enrollments),
+        labels=dict(claims.pinned),
+        allow_labels=allowed,
+        max_concurrency=max_concurrency,
+    )
+    item = with_admin(
+        lambda api: api.token_create(request),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
     if json_output:
         emit_json(item.to_json())
         return
     print(f"token {item.name} expires {item.expires_at}")
     if item.max_enrollments != 1:
-        print(f"fleet token: up to {item.max_enrollments} machines, each labelled "
-              f"fleet={item.name}")
+        print(
+            f"fleet token: up to {item.max_enrollments} machines, each labelled fleet={item.name}"
+        )
     limits = ClaimPolicy.from_attributes(item.to_json()).describe()
     if limits:
         print(f"its workers: {limits}")
     print()
     print(f"  {item.token}")
     print()
-    print("This is shown once and never again: store it now. Give it to a worker with "
-          "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL")
+    print(
+        "This is shown once and never again: store it now. Give it to a worker with "
+        "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL"
+    )
 
 
 @token_app.command("list", short_help="Tokens: state, deadline, enrollments.")
 @command
 def token_list(
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Every enrollment token: state, deadline, enrollments used / allowed."""
     from swamp.domain.claims import ClaimPolicy
 
-    reply = with_admin(lambda api: api.token_list(), repo_dir=repo_dir, server=server,
-                       server_token=server_token, ca_cert=ca_cert)
+    reply = with_admin(
+        lambda api: api.token_list(),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
     if json_output:
         emit_json([t.to_json() for t in reply.tokens])
         return
     if not reply.tokens:
-        print("No enrollment tokens: mint one with 'swamp worker token create NAME "
-              "--duration 1h'.")
+        print("No enrollment tokens: mint one with 'swamp worker token create NAME --duration 1h'.")
         return
-    rows = [[t.name, t.state, t.expires_at, f"{t.enrollments} / {t.max_enrollments}",
-             ClaimPolicy.from_attributes(t.to_json()).describe() or "-"] for t in reply.tokens]
+    rows = [
+        [
+            t.name,
+            t.state,
+            t.expires_at,
+            f"{t.enrollments} / {t.max_enrollments}",
+            ClaimPolicy.from_attributes(t.to_json()).describe() or "-",
+        ]
+        for t in reply.tokens
+    ]
     print(table(["NAME", "STATE", "EXPIRES", "ENROLLMENTS", "WORKER LIMITS"], rows))
 
 
@@ -283,17 +420,24 @@ def token_list(
 @command
 def token_revoke(
     name: str = typer.Argument(..., help="The token to revoke."),
-    server: str = SERVER, server_token: str = SERVER_TOKEN, ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR, json_output: bool = JSON,
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
 ) -> None:
     """Revoke a token: its connected workers are disconnected within a second and can never
     enroll with it again. Works through a running server or straight on the repo (a running
     server notices the change)."""
     from swamp.protocol.messages import TokenRevokeRequest
 
-    item = with_admin(lambda api: api.token_revoke(TokenRevokeRequest(name)),
-                      repo_dir=repo_dir, server=server, server_token=server_token,
-                      ca_cert=ca_cert)
+    item = with_admin(
+        lambda api: api.token_revoke(TokenRevokeRequest(name)),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
     if json_output:
         emit_json(item.to_json())
     elif item.already_revoked:

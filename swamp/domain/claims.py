@@ -34,9 +34,13 @@ class ClaimPolicy:
     max_concurrency: int | None = None  # None: up to MAX_CAPACITY
 
     @classmethod
-    def build(cls, *, pinned: Mapping[str, str] | None = None,
-              allowed_keys: Iterable[str] | None = None,
-              max_concurrency: int | None = None) -> ClaimPolicy:
+    def build(
+        cls,
+        *,
+        pinned: Mapping[str, str] | None = None,
+        allowed_keys: Iterable[str] | None = None,
+        max_concurrency: int | None = None,
+    ) -> ClaimPolicy:
         """Validate what an operator asked for (flags or an admin frame)."""
         labels = check_labels(dict(pinned or {}), source="--label")
         keys = None
@@ -45,17 +49,23 @@ class ClaimPolicy:
             if len(keys) > MAX_LABELS:
                 raise UserError(f"--allow-labels names {len(keys)} keys (at most {MAX_LABELS})")
         if max_concurrency is not None and (
-                isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
-                or not 1 <= max_concurrency <= MAX_CAPACITY):
-            raise UserError(f"invalid --max-concurrency {max_concurrency!r}: expected 1-"
-                            f"{MAX_CAPACITY}")
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or not 1 <= max_concurrency <= MAX_CAPACITY
+        ):
+            raise UserError(
+                f"invalid --max-concurrency {max_concurrency!r}: expected 1-{MAX_CAPACITY}"
+            )
         return cls(labels, keys, max_concurrency)
 
     @classmethod
     def from_attributes(cls, attrs: Mapping) -> ClaimPolicy:
         keys = attrs.get("allowedLabelKeys")
-        return cls(dict(attrs.get("pinnedLabels") or {}),
-                   frozenset(keys) if keys is not None else None, attrs.get("maxConcurrency"))
+        return cls(
+            dict(attrs.get("pinnedLabels") or {}),
+            frozenset(keys) if keys is not None else None,
+            attrs.get("maxConcurrency"),
+        )
 
     def to_attributes(self) -> dict:
         out: dict = {}
@@ -88,22 +98,31 @@ class Granted:
     capacity_capped: bool  # it asked for more slots than the token allows
 
 
-def grant(policy: ClaimPolicy, *, token_name: str, fleet: bool, labels: Mapping[str, str],
-          capacity: int) -> Granted:
+def grant(
+    policy: ClaimPolicy, *, token_name: str, fleet: bool, labels: Mapping[str, str], capacity: int
+) -> Granted:
     """Decide the labels and capacity of an enrolling worker, or refuse it."""
     for key, value in labels.items():
         if key in policy.pinned and policy.pinned[key] != value:
-            raise LabelPinned(f"token {token_name!r} pins the label {key}={policy.pinned[key]}; "
-                              f"this worker claims {key}={value}: remove it from --label / "
-                              "SWAMP_WORKER_LABELS")
+            raise LabelPinned(
+                f"token {token_name!r} pins the label {key}={policy.pinned[key]}; "
+                f"this worker claims {key}={value}: remove it from --label / "
+                "SWAMP_WORKER_LABELS"
+            )
     if policy.allowed_keys is not None:
-        stray = sorted(k for k in labels if k not in policy.allowed_keys
-                       and not (k in policy.pinned and labels[k] == policy.pinned[k]))
+        stray = sorted(
+            k
+            for k in labels
+            if k not in policy.allowed_keys
+            and not (k in policy.pinned and labels[k] == policy.pinned[k])
+        )
         if stray:
             allowed = ", ".join(sorted(policy.allowed_keys)) or "none"
-            raise LabelNotAllowed(f"token {token_name!r} does not let its workers set the label "
-                                  f"{stray[0]!r} (keys they may set: {allowed}); remove it from "
-                                  "--label / SWAMP_WORKER_LABELS")
+            raise LabelNotAllowed(
+                f"token {token_name!r} does not let its workers set the label "
+                f"{stray[0]!r} (keys they may set: {allowed}); remove it from "
+                "--label / SWAMP_WORKER_LABELS"
+            )
     merged = {**labels, **policy.pinned}
     kept_own_fleet = False
     if fleet:

@@ -8,8 +8,9 @@ from swamp.errors import UserError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PATTERN = re.compile(r"(-?\d+)([smhdw])")
-HINT = ("a duration is a positive whole number followed by s, m, h, d or w, "
-        "e.g. 30s, 15m, 2h, 7d, 1w")
+HINT = (
+    "a duration is a positive whole number followed by s, m, h, d or w, e.g. 30s, 15m, 2h, 7d, 1w"
+)
 
 
 def parse_duration(text: str, *, what: str = "duration") -> int:

@@ -21,9 +21,29 @@ from swamp.errors import UserError
 
 DENY_EXACT = frozenset(
     {
-        "HOME", "USER", "USERNAME", "USERPROFILE", "LOGNAME", "SHELL", "PATH", "PWD", "OLDPWD",
-        "TMPDIR", "TEMP", "TMP", "HOSTNAME", "TERM", "LANG", "LC_ALL", "SHLVL", "MAIL",
-        "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "SSH_AUTH_SOCK", "DISPLAY",
+        "HOME",
+        "USER",
+        "USERNAME",
+        "USERPROFILE",
+        "LOGNAME",
+        "SHELL",
+        "PATH",
+        "PWD",
+        "OLDPWD",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "HOSTNAME",
+        "TERM",
+        "LANG",
+        "LC_ALL",
+        "SHLVL",
+        "MAIL",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "SSH_AUTH_SOCK",
+        "DISPLAY",
     }
 )
 DENY_PREFIXES = ("XDG_", "SWAMP_", "SSH_", "LC_")
@@ -42,11 +62,15 @@ def check_names(names: Iterable[object], *, source: str) -> tuple[str, ...]:
     out: dict[str, None] = {}
     for name in names:
         if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-            raise UserError(f"invalid variable name {name!r} in {source}: letters, digits and "
-                            "'_', not starting with a digit")
+            raise UserError(
+                f"invalid variable name {name!r} in {source}: letters, digits and "
+                "'_', not starting with a digit"
+            )
         if denied(name):
-            raise UserError(f"{name} in {source} can never be shipped to workers: it describes "
-                            "the orchestrator's own machine or holds swamp's credentials")
+            raise UserError(
+                f"{name} in {source} can never be shipped to workers: it describes "
+                "the orchestrator's own machine or holds swamp's credentials"
+            )
         out[name] = None
     if len(out) > MAX_NAMES:
         raise UserError(f"{source} names {len(out)} variables (at most {MAX_NAMES})")

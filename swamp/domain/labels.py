@@ -59,8 +59,10 @@ def check_labels(labels: object, *, source: str = "labels") -> dict[str, str]:
 
 def check_label_key(key: object, *, source: str = "label keys") -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise UserError(f"invalid label key {key!r} in {source}: 1-63 letters, digits, '.', '_', "
-                        "'/' or '-', starting with a letter or digit")
+        raise UserError(
+            f"invalid label key {key!r} in {source}: 1-63 letters, digits, '.', '_', "
+            "'/' or '-', starting with a letter or digit"
+        )
     return key
 
 
@@ -68,11 +70,13 @@ def format_labels(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
 
 
-def merge_labels(env_text: str | None, flag_items: Iterable[str], *,
-                 env_name: str = "SWAMP_WORKER_LABELS") -> dict[str, str]:
+def merge_labels(
+    env_text: str | None, flag_items: Iterable[str], *, env_name: str = "SWAMP_WORKER_LABELS"
+) -> dict[str, str]:
     """Labels from the environment (``k=v,k2=v2``; empty entries skipped) merged with ``--label``
     flags; a flag wins over the variable for the same key. Errors name the entry and its source."""
-    labels = parse_labels((e.strip() for e in (env_text or "").split(",") if e.strip()),
-                          source=env_name)
+    labels = parse_labels(
+        (e.strip() for e in (env_text or "").split(",") if e.strip()), source=env_name
+    )
     labels.update(parse_labels(flag_items, source="--label"))
     return _bounded(labels, f"{env_name} and --label")

@@ -49,4 +49,3 @@ def mark_writes(attrs: dict) -> dict | None:
     if attrs.get("hasWrites"):
         return None
     return dict(attrs, hasWrites=True)
-

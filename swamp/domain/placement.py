@@ -128,4 +128,3 @@ def choose_worker(placement: Placement, workers: Iterable[WorkerView]) -> Choice
         if best is None or (-worker.free, worker.name) < (-best.free, best.name):
             best = worker
     return Choice(worker=best, matching=matching, full=full)
-

@@ -21,8 +21,13 @@ from swamp.errors import UserError
 
 # Model types whose data a dispatched method can never read: credentials and the pool.
 INFRASTRUCTURE_TYPES = frozenset(
-    {"swamp/enrollment-token", "swamp/server-token", "swamp/worker", "swamp/step-lease",
-     "swamp/pending-dispatch"}
+    {
+        "swamp/enrollment-token",
+        "swamp/server-token",
+        "swamp/worker",
+        "swamp/step-lease",
+        "swamp/pending-dispatch",
+    }
 )
 _TYPE_PATTERN = re.compile(r"[a-z0-9*][a-z0-9_*-]*(/[a-z0-9*][a-z0-9_*-]*)*")
 _INSTANCE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -39,15 +44,16 @@ class ReadEntry:
 def parse_reads(entries: Iterable[object], *, source: str) -> tuple[ReadEntry, ...]:
     out = []
     for entry in entries:
-        if isinstance(entry, str) and entry.startswith("@") and \
-                _TYPE_PATTERN.fullmatch(entry[1:]):
+        if isinstance(entry, str) and entry.startswith("@") and _TYPE_PATTERN.fullmatch(entry[1:]):
             out.append(ReadEntry(type_pattern=entry[1:]))
         elif isinstance(entry, str) and _INSTANCE.fullmatch(entry):
             out.append(ReadEntry(instance=entry))
         else:
-            raise UserError(f"invalid reads entry {entry!r} in {source}: a model instance name "
-                            "(build-cache), or @ and a model type, '*' matching any part "
-                            "(@command/shell, @test/*)")
+            raise UserError(
+                f"invalid reads entry {entry!r} in {source}: a model instance name "
+                "(build-cache), or @ and a model type, '*' matching any part "
+                "(@command/shell, @test/*)"
+            )
     return tuple(out)
 
 
@@ -60,8 +66,14 @@ class ReadScope:
     excluded_types: frozenset[str] = INFRASTRUCTURE_TYPES
 
     @classmethod
-    def of(cls, model_type: str, model_name: str, *, also: Iterable[tuple[str, str]] = (),
-           type_patterns: Iterable[str] = ()) -> ReadScope:
+    def of(
+        cls,
+        model_type: str,
+        model_name: str,
+        *,
+        also: Iterable[tuple[str, str]] = (),
+        type_patterns: Iterable[str] = (),
+    ) -> ReadScope:
         return cls(frozenset({(model_type, model_name), *also}), tuple(type_patterns))
 
     def allows(self, model_type: str, model_name: str) -> bool:
@@ -70,5 +82,6 @@ class ReadScope:
             return False
         if (model_type, model_name) in self.items:
             return True
-        return any(re.fullmatch(re.escape(p).replace(r"\*", ".*"), model_type)
-                   for p in self.type_patterns)
+        return any(
+            re.fullmatch(re.escape(p).replace(r"\*", ".*"), model_type) for p in self.type_patterns
+        )

@@ -30,10 +30,18 @@ def normalize_origin(text: str) -> str:
         port = parts.port
     except ValueError:
         raise UserError(f"invalid --allow-origin {text!r}: expected scheme://host[:port]") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
-            or parts.query or parts.fragment or parts.username:
-        raise UserError(f"invalid --allow-origin {text!r}: expected http(s)://host[:port], "
-                        "e.g. https://ops.example.com")
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username
+    ):
+        raise UserError(
+            f"invalid --allow-origin {text!r}: expected http(s)://host[:port], "
+            "e.g. https://ops.example.com"
+        )
     host = parts.hostname.lower()
     if ":" in host:
         host = f"[{host}]"
@@ -69,17 +77,29 @@ class RequestPolicy:
     bind_host: str = ""
 
     @classmethod
-    def build(cls, *, loopback: bool, bind_host: str = "", allow_origins: Iterable[str] = (),
-              trusted_hosts: Iterable[str] = ()) -> RequestPolicy:
+    def build(
+        cls,
+        *,
+        loopback: bool,
+        bind_host: str = "",
+        allow_origins: Iterable[str] = (),
+        trusted_hosts: Iterable[str] = (),
+    ) -> RequestPolicy:
         hosts = set()
         for host in trusted_hosts:
             name = host.strip().lower()
             if not name or any(c in name for c in "/ :@") and not _is_ip(name.strip("[]")):
-                raise UserError(f"invalid --trusted-host {host!r}: expected a host name such as "
-                                "orchestrator.internal")
+                raise UserError(
+                    f"invalid --trusted-host {host!r}: expected a host name such as "
+                    "orchestrator.internal"
+                )
             hosts.add(name.strip("[]"))
-        return cls(loopback, frozenset(normalize_origin(o) for o in allow_origins),
-                   frozenset(hosts), bind_host.lower().strip("[]"))
+        return cls(
+            loopback,
+            frozenset(normalize_origin(o) for o in allow_origins),
+            frozenset(hosts),
+            bind_host.lower().strip("[]"),
+        )
 
     def refusal(self, headers: Mapping[str, str]) -> str | None:
         """Why this request must be refused (a one-line reason), or ``None`` to let it in.
@@ -93,17 +113,21 @@ class RequestPolicy:
             except UserError:
                 normalized = None
             if normalized not in self.allowed_origins:
-                return (f"requests from web pages (Origin {origin[:100]!r}) are refused: browsers "
-                        "are not clients of this orchestrator (serve --allow-origin admits one)")
+                return (
+                    f"requests from web pages (Origin {origin[:100]!r}) are refused: browsers "
+                    "are not clients of this orchestrator (serve --allow-origin admits one)"
+                )
         host = headers.get("host")
         if host is not None:
             name = host_name(host)
             if name is None:
                 return f"malformed Host header {host[:100]!r}"
             if not self._host_allowed(name):
-                return (f"Host {name[:100]!r} is not this orchestrator's name (DNS rebinding "
-                        "guard): connect by IP or localhost, or start serve with "
-                        f"--trusted-host {name[:100]}")
+                return (
+                    f"Host {name[:100]!r} is not this orchestrator's name (DNS rebinding "
+                    "guard): connect by IP or localhost, or start serve with "
+                    f"--trusted-host {name[:100]}"
+                )
         return None
 
     def _host_allowed(self, name: str) -> bool:

@@ -15,8 +15,9 @@ import re
 # C0 and C1 controls, DEL, and the Unicode line/paragraph separators and bidirectional
 # overrides that can make text render as something other than what it is.
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_KEEP_TAB = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f"
-                              "\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_KEEP_TAB = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def _escape(match: re.Match) -> str:

@@ -110,7 +110,8 @@ class Token:
             state=TokenState(attrs["state"]),
             created_at=attrs["createdAt"],
             expires_at=attrs["expiresAt"],
-            expires_at_epoch=float(attrs["expiresAtEpoch"]) if "expiresAtEpoch" in attrs
+            expires_at_epoch=float(attrs["expiresAtEpoch"])
+            if "expiresAtEpoch" in attrs
             else _epoch(attrs["expiresAt"]),
             secret_hash=attrs["secretHash"],
             max_enrollments=attrs.get("maxEnrollments", 1),
@@ -181,7 +182,8 @@ def split_credential(text: str) -> tuple[str, str]:
     name, sep, secret = (text or "").strip().partition(".")
     if not sep or not name or not secret:
         raise MalformedToken(
-            "a token must have the form <name>.<secret> (as printed by 'token create')")
+            "a token must have the form <name>.<secret> (as printed by 'token create')"
+        )
     return name, secret
 
 
@@ -224,14 +226,17 @@ def mint(
     """A new token; a name still live is refused, a revoked or expired one may be minted again."""
     check_name(name, what="token name")
     if looks_like_instance_id(name):
-        raise UserError(f"invalid token name {name!r}: it looks like a worker instance id (a "
-                        "UUID), which --target must never confuse with a name; pick another")
+        raise UserError(
+            f"invalid token name {name!r}: it looks like a worker instance id (a "
+            "UUID), which --target must never confuse with a name; pick another"
+        )
     if duration_seconds <= 0:
         raise UserError("a token's duration must be positive")
     if existing is not None and existing.live(now):
         raise AlreadyExists(
             f"token {name!r} already exists and is {existing.effective_state(now).value}: "
-            "revoke it first or pick another name")
+            "revoke it first or pick another name"
+        )
     return Token(
         name=name,
         state=TokenState.UNUSED,
@@ -290,14 +295,20 @@ def redeem(
         raise TokenRevoked(f"token {name!r} has been revoked")
     if token.effective_state(now) is TokenState.EXPIRED:
         raise TokenExpired(f"token {name!r} has expired")
-    granted = grant(token.claims, token_name=token.name, fleet=token.max_enrollments != 1,
-                    labels=labels or {}, capacity=capacity)
+    granted = grant(
+        token.claims,
+        token_name=token.name,
+        fleet=token.max_enrollments != 1,
+        labels=labels or {},
+        capacity=capacity,
+    )
     known = token.binding_for(machine_id)
     if known is not None:
         return Redeemed(token=token, binding=known, write=None, granted=granted)
     if not token.has_room():
         raise AllowanceExhausted(
-            f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})")
+            f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})"
+        )
     binding = Binding(machine_id=machine_id, worker_name=name_new(token), enrolled_at=now_iso)
     TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
     updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))

@@ -30,8 +30,11 @@ WORKER_LIFECYCLE = Lifecycle(
         WorkerStatus.BUSY: {WorkerStatus.IDLE, WorkerStatus.DISCONNECTED, WorkerStatus.BUSY},
         WorkerStatus.DISCONNECTED: {WorkerStatus.IDLE, WorkerStatus.BUSY},
         # a probe never demotes a worker: only an enrollment starts unverified
-        WorkerStatus.UNVERIFIED: {WorkerStatus.IDLE, WorkerStatus.UNVERIFIED,
-                                  WorkerStatus.DISCONNECTED},
+        WorkerStatus.UNVERIFIED: {
+            WorkerStatus.IDLE,
+            WorkerStatus.UNVERIFIED,
+            WorkerStatus.DISCONNECTED,
+        },
     },
 )
 
@@ -39,7 +42,6 @@ WORKER_LIFECYCLE = Lifecycle(
 def is_schedulable(status: str) -> bool:
     """Unknown statuses (from a newer orchestrator) are treated as not schedulable."""
     return status in SCHEDULABLE
-
 
 
 # -- what a worker says about itself at enrollment ------------------------------------------------

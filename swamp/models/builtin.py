@@ -14,8 +14,9 @@ from swamp.models.framework import Arg, Method, MethodFailed, ModelType, Resourc
 
 async def _shell_run(ctx, args: dict[str, Any]) -> dict:
     started = time.monotonic()
-    result = await ctx.run_process(args["command"], cwd=args.get("cwd"),
-                                   timeout=args.get("timeout"))
+    result = await ctx.run_process(
+        args["command"], cwd=args.get("cwd"), timeout=args.get("timeout")
+    )
     summary = {
         "exitCode": result.exit_code,
         "stdoutTail": "\n".join(result.stdout_tail),
@@ -47,8 +48,11 @@ SHELL = ModelType(
             help="Run the command; a non-zero exit fails the dispatch.",
         ),
     ),
-    resources=(ResourceSpec("result", garbage_collection=20,
-                            help="{exitCode, stdoutTail, stderrTail, durationMs}"),),
+    resources=(
+        ResourceSpec(
+            "result", garbage_collection=20, help="{exitCode, stdoutTail, stderrTail, durationMs}"
+        ),
+    ),
 )
 
 # -- swamp/echo: the smallest possible method (benchmarks, smoke tests of placement) ------------
@@ -63,26 +67,40 @@ async def _echo(ctx, args: dict[str, Any]) -> dict:
 ECHO = ModelType(
     "swamp/echo",
     description="Do nothing but echo a message: for smoke tests and benchmarks.",
-    methods=(Method("echo", _echo, args=(Arg("message", help="a line to log"),),
-                    help="Log the message (if any) and succeed."),),
+    methods=(
+        Method(
+            "echo",
+            _echo,
+            args=(Arg("message", help="a line to log"),),
+            help="Log the message (if any) and succeed.",
+        ),
+    ),
 )
 
 # -- the orchestrator's own bookkeeping: data, but never runnable --------------------------------
 
 ENROLLMENT_TOKEN = ModelType(
-    "swamp/enrollment-token", methods=(), internal=True,
+    "swamp/enrollment-token",
+    methods=(),
+    internal=True,
     resources=(ResourceSpec("token", garbage_collection=10),),
 )
 SERVER_TOKEN = ModelType(
-    "swamp/server-token", methods=(), internal=True,
+    "swamp/server-token",
+    methods=(),
+    internal=True,
     resources=(ResourceSpec("token", garbage_collection=10),),
 )
 WORKER = ModelType(
-    "swamp/worker", methods=(), internal=True,
+    "swamp/worker",
+    methods=(),
+    internal=True,
     resources=(ResourceSpec("state", garbage_collection=20),),
 )
 STEP_LEASE = ModelType(
-    "swamp/step-lease", methods=(), internal=True,
+    "swamp/step-lease",
+    methods=(),
+    internal=True,
     resources=(ResourceSpec("lease", garbage_collection=10),),
 )
 

@@ -25,8 +25,16 @@ from swamp.store.datastore import Datastore, Key
 class ContextBase(abc.ABC):
     """Everything but the data access: identity, environment, logging, subprocesses."""
 
-    def __init__(self, *, model_type: ModelType, model_name: str, method: str,
-                 dispatch_id: str | None, env: Mapping[str, str], cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model_type: ModelType,
+        model_name: str,
+        method: str,
+        dispatch_id: str | None,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+    ) -> None:
         self.model = model_type
         self.model_type = model_type.type
         self.model_name = model_name
@@ -45,7 +53,11 @@ class ContextBase(abc.ABC):
         check_data_name(name)
 
     async def run_process(
-        self, argv: Sequence[str] | str, *, cwd: str | None = None, timeout: float | None = None,
+        self,
+        argv: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
         tail: int = 20,
     ) -> ProcessResult:
         """Run a subprocess with the shipped environment, streaming its lines as log events.
@@ -58,9 +70,12 @@ class ContextBase(abc.ABC):
         tails = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
         try:
             process = await trio.lowlevel.open_process(
-                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self.env, cwd=cwd or self.cwd,
+                env=self.env,
+                cwd=cwd or self.cwd,
                 start_new_session=sys.platform != "win32",
             )
         except OSError as exc:
@@ -131,8 +146,12 @@ class LocalContext(ContextBase):
 
     async def write_resource(self, spec: str, name: str, value: Any) -> dict:
         self._check_write(spec, name)
-        record = write_value(self.store, Key(self.model_type, self.model_name, name),
-                             self.model.resource(spec).policy, value)
+        record = write_value(
+            self.store,
+            Key(self.model_type, self.model_name, name),
+            self.model.resource(spec).policy,
+            value,
+        )
         handle = {"spec": spec, "name": name, "version": record.version}
         self.outputs.append(handle)
         return handle

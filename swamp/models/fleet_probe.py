@@ -81,8 +81,10 @@ def ordered(seams: list[Seam]) -> list[Seam]:
     unique = {}
     for seam in seams:
         unique.setdefault(seam.name, seam)
-    return sorted(unique.values(), key=lambda s: (builtin.index(s.name) if s.name in builtin
-                                                  else len(builtin), s.name))
+    return sorted(
+        unique.values(),
+        key=lambda s: (builtin.index(s.name) if s.name in builtin else len(builtin), s.name),
+    )
 
 
 async def run_seam(seam: Seam, ctx, args: dict) -> dict:
@@ -106,8 +108,13 @@ async def _verify(ctx, args: dict) -> dict:
         seams[seam.name] = await run_seam(seam, ctx, args)
     system, arch = local_platform()
     failures = [f"{name}: {r['detail']}" for name, r in seams.items() if not r["ok"]]
-    summary = {"platform": system, "arch": arch, "ok": not failures, "seams": seams,
-               "failures": failures}
+    summary = {
+        "platform": system,
+        "arch": arch,
+        "ok": not failures,
+        "seams": seams,
+        "failures": failures,
+    }
     try:
         await ctx.write_resource("result", "result", summary)
     except SwampError:
@@ -118,10 +125,20 @@ async def _verify(ctx, args: dict) -> dict:
 FLEET_PROBE = ModelType(
     "swamp/fleet-probe",
     description="Check every seam of a worker: environment, capability RPC, data plane, plugins.",
-    methods=(Method("verify", _verify, args=(
-        Arg("marker", required=True, help="the value the orchestrator also put in "
-                                          f"{MARKER_ENV}"),),
-        help="Run every seam; report each one's verdict."),),
+    methods=(
+        Method(
+            "verify",
+            _verify,
+            args=(
+                Arg(
+                    "marker",
+                    required=True,
+                    help=f"the value the orchestrator also put in {MARKER_ENV}",
+                ),
+            ),
+            help="Run every seam; report each one's verdict.",
+        ),
+    ),
     resources=(ResourceSpec("result", lifetime="ephemeral", garbage_collection=1),),
 )
 

@@ -17,8 +17,15 @@ from typing import Any, Protocol
 from swamp.domain.durations import parse_duration
 from swamp.errors import MethodFailed, UnknownMethod, UserError
 
-__all__ = ["Arg", "Method", "MethodContext", "MethodFailed", "ModelType", "ProcessResult",
-           "ResourceSpec"]  # MethodFailed is re-exported for method authors
+__all__ = [
+    "Arg",
+    "Method",
+    "MethodContext",
+    "MethodFailed",
+    "ModelType",
+    "ProcessResult",
+    "ResourceSpec",
+]  # MethodFailed is re-exported for method authors
 from swamp.store.datastore import SpecPolicy
 
 _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "duration": int}
@@ -124,16 +131,16 @@ class ModelType:
             if method.name == name:
                 return method
         choices = ", ".join(m.name for m in self.methods)
-        raise UnknownMethod(f"model type {self.type!r} has no method {name!r} (methods: "
-                            f"{choices})")
+        raise UnknownMethod(f"model type {self.type!r} has no method {name!r} (methods: {choices})")
 
     def resource(self, name: str) -> ResourceSpec:
         for spec in self.resources:
             if spec.name == name:
                 return spec
         choices = ", ".join(s.name for s in self.resources) or "none"
-        raise UserError(f"model type {self.type!r} declares no resource spec {name!r} "
-                        f"(specs: {choices})")
+        raise UserError(
+            f"model type {self.type!r} declares no resource spec {name!r} (specs: {choices})"
+        )
 
 
 @dataclass
@@ -163,6 +170,10 @@ class MethodContext(Protocol):
     async def read_resource(self, name: str) -> Any: ...
 
     async def run_process(
-        self, argv: Sequence[str] | str, *, cwd: str | None = None, timeout: float | None = None,
+        self,
+        argv: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
         tail: int = 20,
     ) -> ProcessResult: ...

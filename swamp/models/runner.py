@@ -26,9 +26,12 @@ class Outcome:
 
     def to_message(self) -> DispatchResult:
         return DispatchResult(
-            status=self.status, duration_ms=self.duration_ms, error=self.error or None,
-            result=self.result, outputs=[OutputHandle(o["spec"], o["name"], o["version"])
-                                         for o in self.outputs])
+            status=self.status,
+            duration_ms=self.duration_ms,
+            error=self.error or None,
+            result=self.result,
+            outputs=[OutputHandle(o["spec"], o["name"], o["version"]) for o in self.outputs],
+        )
 
 
 async def run_method(method: Method, args: dict[str, Any], ctx) -> Outcome:
@@ -49,8 +52,13 @@ async def run_method(method: Method, args: dict[str, Any], ctx) -> Outcome:
         result, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
     if result is not None and not _jsonable(result):
         result = None
-    return Outcome(status=status, error=error, result=result, outputs=list(ctx.outputs),
-                   duration_ms=round((time.monotonic() - started) * 1000))
+    return Outcome(
+        status=status,
+        error=error,
+        result=result,
+        outputs=list(ctx.outputs),
+        duration_ms=round((time.monotonic() - started) * 1000),
+    )
 
 
 def _jsonable(value: Any) -> bool:

@@ -23,8 +23,9 @@ class Admin:
         self.gateway = gateway
         self.dispatch = dispatch
         self.api = RepoAdmin(repo, dispatch.store, gateway=gateway, dispatch=dispatch)
-        self.handlers = {method: self._frame(name, request)
-                         for method, (name, request) in OPERATIONS.items()}
+        self.handlers = {
+            method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()
+        }
         self.handlers["server.info"] = self.server_info
 
     def _frame(self, name: str, request_type: type[Message]):
@@ -41,6 +42,9 @@ class Admin:
 
     async def server_info(self, call: IncomingCall) -> dict:
         Empty.decode(call.params)
-        return {"repo": str(self.repo.root), "pool": self.gateway.pool.statistics(),
-                "activeDispatches": len(self.dispatch.active),
-                "completedDispatches": self.dispatch.completed}
+        return {
+            "repo": str(self.repo.root),
+            "pool": self.gateway.pool.statistics(),
+            "activeDispatches": len(self.dispatch.active),
+            "completedDispatches": self.dispatch.completed,
+        }

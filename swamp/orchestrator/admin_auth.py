@@ -44,8 +44,9 @@ def _digest(text: str) -> bytes:
 
 
 class AdminAuth:
-    def __init__(self, *, mode: str, server_tokens: ServerTokenBook,
-                 local_credential: str | None) -> None:
+    def __init__(
+        self, *, mode: str, server_tokens: ServerTokenBook, local_credential: str | None
+    ) -> None:
         self.mode = mode  # token | none
         self.server_tokens = server_tokens
         self._local = _digest(local_credential) if local_credential else None
@@ -58,7 +59,8 @@ class AdminAuth:
             return Unauthorized(
                 "admin frames need a credential: run the command in the orchestrator's repo "
                 "(or pass --repo-dir / set SWAMP_REPO_DIR; its .swamp/ holds the local "
-                "credential), or pass a server token with --server-token / SWAMP_SERVER_TOKEN")
+                "credential), or pass a server token with --server-token / SWAMP_SERVER_TOKEN"
+            )
         scheme, _, credential = authorization.partition(" ")
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:

@@ -44,8 +44,9 @@ def worker_in_flight(capacity: int) -> int:
 
 
 class Admission:
-    def __init__(self, *, max_pending: int = MAX_PENDING,
-                 deadline: float = PENDING_DEADLINE) -> None:
+    def __init__(
+        self, *, max_pending: int = MAX_PENDING, deadline: float = PENDING_DEADLINE
+    ) -> None:
         self.max_pending = max_pending
         self.deadline = deadline
         self._pending: dict[Connection, None] = {}  # insertion order = age
@@ -58,8 +59,12 @@ class Admission:
         return f"<Admission pending={len(self._pending)} admins={len(self._admins)}>"
 
     def statistics(self) -> dict:
-        return {"pending": len(self._pending), "admins": len(self._admins),
-                "evicted": self.evicted, "timedOut": self.timed_out}
+        return {
+            "pending": len(self._pending),
+            "admins": len(self._admins),
+            "evicted": self.evicted,
+            "timedOut": self.timed_out,
+        }
 
     def arrived(self, connection: Connection) -> Connection | None:
         """A new socket is pending; returns the oldest pending one to evict, if over the cap."""

@@ -35,9 +35,17 @@ def _headers(scope) -> dict[str, str]:
 
 
 class App:
-    def __init__(self, *, gateway: Gateway, dispatch: DispatchService, admin: Admin,
-                 dataplane: DataPlane, auth: AdminAuth, policy: RequestPolicy,
-                 admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        gateway: Gateway,
+        dispatch: DispatchService,
+        admin: Admin,
+        dataplane: DataPlane,
+        auth: AdminAuth,
+        policy: RequestPolicy,
+        admission: Admission | None = None,
+    ) -> None:
         self.gateway = gateway
         self.dispatch = dispatch
         self.admin = admin
@@ -54,8 +62,7 @@ class App:
             reason = self.policy.refusal(_headers(scope))
             if reason is not None:
                 client = scope.get("client") or ("?", 0)
-                log.warning("refused a %s request from %s: %s", kind, client[0],
-                            printable(reason))
+                log.warning("refused a %s request from %s: %s", kind, client[0], printable(reason))
                 await _refuse(kind, receive, send, reason)
                 return
         if kind == "http":
@@ -85,9 +92,14 @@ class App:
         await send({"type": "websocket.accept"})
         client = scope.get("client") or ("?", 0)
         connection = Connection(
-            AsgiTransport(receive, send), gateway=self.gateway, dispatch=self.dispatch,
-            admin=self.admin, admission=self.admission, identity=identity,
-            peer=f"{client[0]}:{client[1]}")
+            AsgiTransport(receive, send),
+            gateway=self.gateway,
+            dispatch=self.dispatch,
+            admin=self.admin,
+            admission=self.admission,
+            identity=identity,
+            peer=f"{client[0]}:{client[1]}",
+        )
         await connection.serve()
 
     def close_revoked_admins(self) -> None:
@@ -100,8 +112,7 @@ class App:
 
 async def _refuse(kind: str, receive, send, reason: str) -> None:
     body = json.dumps({"error": {"code": "forbidden", "message": reason}}).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if kind == "http":
         await send({"type": "http.response.start", "status": 403, "headers": headers})
         await send({"type": "http.response.body", "body": body})

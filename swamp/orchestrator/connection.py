@@ -38,9 +38,17 @@ WORKER_VERBS = frozenset({"capability.queryData"})
 
 
 class Connection:
-    def __init__(self, transport: Transport, *, gateway: Gateway, dispatch: DispatchService,
-                 admin: Admin, admission: Admission, identity: Principal | Unauthorized,
-                 peer: str) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        gateway: Gateway,
+        dispatch: DispatchService,
+        admin: Admin,
+        admission: Admission,
+        identity: Principal | Unauthorized,
+        peer: str,
+    ) -> None:
         self.gateway = gateway
         self.dispatch = dispatch
         self.admin = admin
@@ -51,8 +59,13 @@ class Connection:
         self.member: Member | None = None
         self.enrolling = False
         self._enrolled_or_failed = trio.Event()
-        self.channel = RpcChannel(transport, self.handle, heartbeat=gateway.heartbeat_seconds,
-                                  name=f"client {peer}", max_in_flight=PENDING_IN_FLIGHT)
+        self.channel = RpcChannel(
+            transport,
+            self.handle,
+            heartbeat=gateway.heartbeat_seconds,
+            name=f"client {peer}",
+            max_in_flight=PENDING_IN_FLIGHT,
+        )
         self.channel.frame_budget = PENDING_FRAMES
 
     def __repr__(self) -> str:
@@ -61,10 +74,14 @@ class Connection:
     async def serve(self) -> None:
         evicted = self.admission.arrived(self)
         if evicted is not None:
-            log.warning("evicting %s: too many sockets waiting to enroll or authenticate",
-                        evicted.peer)
-            evicted.channel.abort(CLOSE_POLICY, "too many connections are waiting to enroll or "
-                                                "authenticate; this one was the oldest")
+            log.warning(
+                "evicting %s: too many sockets waiting to enroll or authenticate", evicted.peer
+            )
+            evicted.channel.abort(
+                CLOSE_POLICY,
+                "too many connections are waiting to enroll or "
+                "authenticate; this one was the oldest",
+            )
         try:
             async with open_unwrapping_nursery() as nursery:
                 nursery.start_soon(self._pending_deadline)
@@ -83,10 +100,15 @@ class Connection:
             await self._enrolled_or_failed.wait()
         if self.admission.is_pending(self):
             self.admission.timed_out += 1
-            log.info("closing %s: it neither enrolled nor authenticated within %gs", self.peer,
-                     self.admission.deadline)
-            self.channel.abort(CLOSE_POLICY, f"enroll or authenticate within "
-                                             f"{self.admission.deadline:g}s of connecting")
+            log.info(
+                "closing %s: it neither enrolled nor authenticated within %gs",
+                self.peer,
+                self.admission.deadline,
+            )
+            self.channel.abort(
+                CLOSE_POLICY,
+                f"enroll or authenticate within {self.admission.deadline:g}s of connecting",
+            )
 
     async def handle(self, call: IncomingCall):
         method = call.method
@@ -109,8 +131,10 @@ class Connection:
                 self.channel.name = f"admin {self.peer} ({self.identity.describe()})"
             return await handler(call)
         if method in WORKER_VERBS:
-            raise Forbidden(f"enroll first: before enrollment a socket may only call "
-                            f"worker.enroll, not {method}")
+            raise Forbidden(
+                f"enroll first: before enrollment a socket may only call "
+                f"worker.enroll, not {method}"
+            )
         raise UnknownMethod(f"unknown method {method!r}")
 
     async def _enroll(self, call: IncomingCall) -> dict:

@@ -40,19 +40,38 @@ MAX_BODY = 16 * 1024 * 1024
 
 
 # The HTTP status of each kind of error (the body carries its code, as on the websocket).
-_STATUS = ((TooLarge, 413), (NotFound, 404), (Unauthorized, 401), (DispatchEnded, 409),
-           (UserError, 400), (Forbidden, 403))
+_STATUS = (
+    (TooLarge, 413),
+    (NotFound, 404),
+    (Unauthorized, 401),
+    (DispatchEnded, 409),
+    (UserError, 400),
+    (Forbidden, 403),
+)
 
 
 def http_status(exc: SwampError) -> int:
     return next((status for cls, status in _STATUS if isinstance(exc, cls)), 409)
 
 
-async def _respond(send, status: int, body: bytes, content_type: str = "application/json",
-                   headers: list | None = None) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
-        *(headers or [])]})
+async def _respond(
+    send,
+    status: int,
+    body: bytes,
+    content_type: str = "application/json",
+    headers: list | None = None,
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -95,8 +114,11 @@ class DataPlane:
             # Anyone may learn that it is up; only an admin learns what it runs and how big it is.
             body: dict = {"status": "ok"}
             if self.is_admin(scope):
-                body.update(version=__version__, protocolVersion=PROTOCOL_VERSION,
-                            pool=self.pool.statistics())
+                body.update(
+                    version=__version__,
+                    protocolVersion=PROTOCOL_VERSION,
+                    pool=self.pool.statistics(),
+                )
             await _json(send, 200, body)
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
@@ -115,8 +137,9 @@ class DataPlane:
         scheme, _, token = header.partition(" ")
         grant = self.credentials.verify(token.strip()) if scheme.lower() == "bearer" else None
         if grant is None:
-            raise Unauthorized("a valid dispatch credential is required (Authorization: Bearer "
-                               "<credential>)")
+            raise Unauthorized(
+                "a valid dispatch credential is required (Authorization: Bearer <credential>)"
+            )
         active = self.dispatch.active.get(grant.dispatch_id)
         if active is None:
             raise DispatchEnded("the dispatch this credential belongs to has ended")

@@ -108,10 +108,18 @@ class WorkerLost(Exception):
 
 
 class DispatchService:
-    def __init__(self, store: Datastore, registry: ModelRegistry, pool: Pool,
-                 credentials: Credentials, *, grace_seconds: float,
-                 environ: dict[str, str] | None = None, ship_env: tuple[str, ...] = (),
-                 clock=time.time) -> None:
+    def __init__(
+        self,
+        store: Datastore,
+        registry: ModelRegistry,
+        pool: Pool,
+        credentials: Credentials,
+        *,
+        grace_seconds: float,
+        environ: dict[str, str] | None = None,
+        ship_env: tuple[str, ...] = (),
+        clock=time.time,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.pool = pool
@@ -140,32 +148,43 @@ class DispatchService:
             result = await self._run_local(request, model_type, args, emit)
             worker = dispatch_id = None
         else:
-            result, worker, dispatch_id = await self._run_remote(request, model_type, args,
-                                                                 emit)
-        return RunResult(status=result.status, model=request.model.name,
-                         model_type=model_type.type, method=request.method,
-                         duration_ms=result.duration_ms, outputs=result.outputs, worker=worker,
-                         dispatch_id=dispatch_id, error=result.error, result=result.result)
+            result, worker, dispatch_id = await self._run_remote(request, model_type, args, emit)
+        return RunResult(
+            status=result.status,
+            model=request.model.name,
+            model_type=model_type.type,
+            method=request.method,
+            duration_ms=result.duration_ms,
+            outputs=result.outputs,
+            worker=worker,
+            dispatch_id=dispatch_id,
+            error=result.error,
+            result=result.result,
+        )
 
-    async def _run_local(self, request: RunRequest, model_type: ModelType, args: dict,
-                         emit: Emit) -> DispatchResult:
+    async def _run_local(
+        self, request: RunRequest, model_type: ModelType, args: dict, emit: Emit
+    ) -> DispatchResult:
         return await run_here(self.store, model_type, request, args, emit, env=self.environ)
 
     # -- remote ------------------------------------------------------------------------------
 
-    async def _run_remote(self, request: RunRequest, model_type: ModelType, args: dict,
-                          emit: Emit) -> tuple[DispatchResult, str, str]:
+    async def _run_remote(
+        self, request: RunRequest, model_type: ModelType, args: dict, emit: Emit
+    ) -> tuple[DispatchResult, str, str]:
         placement = request.placement
         if request.probe:
             member = self.pool.get(placement.target or "")
             if member is None or not member.connected:
                 raise NoMatchingWorker(f"worker {placement.target!r} is not connected")
             try:
-                return await self._dispatch_once(member, uuid.uuid4().hex, request, model_type,
-                                                 args, emit)
+                return await self._dispatch_once(
+                    member, uuid.uuid4().hex, request, model_type, args, emit
+                )
             except WorkerLost as exc:
-                raise WorkerLostError(f"worker {exc.worker} was lost during the probe "
-                                      f"({exc.reason})") from None
+                raise WorkerLostError(
+                    f"worker {exc.worker} was lost during the probe ({exc.reason})"
+                ) from None
         lost: WorkerLost | None = None
         give_up_at = 0.0
         while True:
@@ -179,92 +198,129 @@ class DispatchService:
                 raise NoMatchingWorker(
                     f"worker {lost.worker} was lost ({lost.reason}) before the step wrote "
                     f"anything, and no worker matching {placement.describe()} was free within "
-                    f"the {self.grace_seconds:g}s grace window to run it again")
+                    f"the {self.grace_seconds:g}s grace window to run it again"
+                )
             member = self.pool.members[choice.worker.name]
             dispatch_id = uuid.uuid4().hex
             try:
-                return await self._dispatch_once(member, dispatch_id, request, model_type, args,
-                                                 emit)
+                return await self._dispatch_once(
+                    member, dispatch_id, request, model_type, args, emit
+                )
             except WorkerLost as exc:
                 if exc.has_writes:
                     raise WriteThenDrop(
                         f"worker {exc.worker} disconnected after {model_type.type}."
                         f"{request.method} had written data ({exc.reason}); failing the step "
-                        "rather than running it twice (write-then-drop)") from None
+                        "rather than running it twice (write-then-drop)"
+                    ) from None
                 lost = exc
                 give_up_at = trio.current_time() + self.grace_seconds
-                log.warning("worker %s lost before writing (%s): dispatching again", exc.worker,
-                            exc.reason)
-                await _safe_emit(emit, Redispatched(worker=exc.worker,
-                                                    reason=exc.reason).to_json())
+                log.warning(
+                    "worker %s lost before writing (%s): dispatching again", exc.worker, exc.reason
+                )
+                await _safe_emit(emit, Redispatched(worker=exc.worker, reason=exc.reason).to_json())
 
-    async def _dispatch_once(self, member: Member, dispatch_id: str, request: RunRequest,
-                             model_type: ModelType, args: dict, emit: Emit
-                             ) -> tuple[DispatchResult, str, str]:
-        active = ActiveDispatch(dispatch_id, member, model_type, request.model.name,
-                                read_scope=request.scope())
+    async def _dispatch_once(
+        self,
+        member: Member,
+        dispatch_id: str,
+        request: RunRequest,
+        model_type: ModelType,
+        args: dict,
+        emit: Emit,
+    ) -> tuple[DispatchResult, str, str]:
+        active = ActiveDispatch(
+            dispatch_id, member, model_type, request.model.name, read_scope=request.scope()
+        )
         credential = None
         if not request.probe:
             member.active.add(dispatch_id)  # reserve the slot now: decide, then act
         try:
-            active.lease = self.leases.acquire(lease_id=dispatch_id, worker=member.name,
-                                               model_type=model_type.type,
-                                               model_name=request.model.name,
-                                               method=request.method)
+            active.lease = self.leases.acquire(
+                lease_id=dispatch_id,
+                worker=member.name,
+                model_type=model_type.type,
+                model_name=request.model.name,
+                method=request.method,
+            )
             if not request.probe:  # a probe never changes a worker's scheduling status
                 self._set_busy(member)
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             self.active[dispatch_id] = active
             params = DispatchRequest(
-                dispatch_id=dispatch_id, model_type=model_type.type,
-                model_name=request.model.name, method=request.method, args=args,
-                environment={**environment.ship(self.environ,
-                                                request.shipped_names(self.ship_env)),
-                             **request.environment},
-                credential=credential, takes_slot=not request.probe).to_json()
-            await _safe_emit(emit, Dispatched(worker=member.name,
-                                              dispatch_id=dispatch_id).to_json())
+                dispatch_id=dispatch_id,
+                model_type=model_type.type,
+                model_name=request.model.name,
+                method=request.method,
+                args=args,
+                environment={
+                    **environment.ship(self.environ, request.shipped_names(self.ship_env)),
+                    **request.environment,
+                },
+                credential=credential,
+                takes_slot=not request.probe,
+            ).to_json()
+            await _safe_emit(
+                emit, Dispatched(worker=member.name, dispatch_id=dispatch_id).to_json()
+            )
             try:
                 channel = member.channel
                 if channel is None:
                     raise ChannelClosed("the worker disconnected before the dispatch was sent")
                 active.credential = credential
                 reply = await channel.call(
-                    "worker.dispatch", params, timeout=None,
-                    on_event=lambda event: _relay(emit, event, member.name))
+                    "worker.dispatch",
+                    params,
+                    timeout=None,
+                    on_event=lambda event: _relay(emit, event, member.name),
+                )
             except ChannelClosed as exc:
                 if active.has_writes:
-                    self.leases.end(dispatch_id, LeaseState.FAILED, current=active.lease,
-                                    error="worker disconnected after writing (write-then-drop)")
+                    self.leases.end(
+                        dispatch_id,
+                        LeaseState.FAILED,
+                        current=active.lease,
+                        error="worker disconnected after writing (write-then-drop)",
+                    )
                 else:
-                    self.leases.end(dispatch_id, LeaseState.EXPIRED, current=active.lease,
-                                    error=f"worker lost before writing: {exc.message}")
+                    self.leases.end(
+                        dispatch_id,
+                        LeaseState.EXPIRED,
+                        current=active.lease,
+                        error=f"worker lost before writing: {exc.message}",
+                    )
                 raise WorkerLost(member.name, exc.message, active.has_writes) from None
             except SwampError as exc:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error=exc.message,
-                                current=active.lease)
-                raise DispatchFailed(f"worker {member.name} refused the dispatch ({exc.code}): "
-                                     f"{exc.message}") from None
+                self.leases.end(
+                    dispatch_id, LeaseState.FAILED, error=exc.message, current=active.lease
+                )
+                raise DispatchFailed(
+                    f"worker {member.name} refused the dispatch ({exc.code}): {exc.message}"
+                ) from None
             try:
                 result = DispatchResult.decode(reply)
             except MalformedFrame as exc:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error="malformed result",
-                                current=active.lease)
-                raise DispatchFailed(f"worker {member.name} sent a malformed result: "
-                                     f"{exc.message}") from None
+                self.leases.end(
+                    dispatch_id, LeaseState.FAILED, error="malformed result", current=active.lease
+                )
+                raise DispatchFailed(
+                    f"worker {member.name} sent a malformed result: {exc.message}"
+                ) from None
             if result.status == "succeeded":
                 self.leases.end(dispatch_id, LeaseState.COMPLETED, current=active.lease)
             else:
-                self.leases.end(dispatch_id, LeaseState.FAILED, error=str(result.error),
-                                current=active.lease)
+                self.leases.end(
+                    dispatch_id, LeaseState.FAILED, error=str(result.error), current=active.lease
+                )
             self.completed += 1
             if active.outputs:  # what the data plane saw written is the truth
                 result = replace(result, outputs=[OutputHandle(**o) for o in active.outputs])
             return result, member.name, dispatch_id
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                self.leases.end(dispatch_id, LeaseState.FAILED, error="dispatch cancelled",
-                                current=active.lease)
+                self.leases.end(
+                    dispatch_id, LeaseState.FAILED, error="dispatch cancelled", current=active.lease
+                )
             raise
         finally:
             if credential is not None:
@@ -281,8 +337,12 @@ class DispatchService:
         marker = secrets.token_hex(8)
         request = RunRequest(
             model=ModelInstance(FLEET_PROBE_INSTANCE, FLEET_PROBE.type, {}, "built-in"),
-            method="verify", args={"marker": marker}, placement=Placement(target=name),
-            environment={MARKER_ENV: marker}, probe=True)
+            method="verify",
+            args={"marker": marker},
+            placement=Placement(target=name),
+            environment={MARKER_ENV: marker},
+            probe=True,
+        )
 
         async def ignore(event: dict) -> None:
             return None
@@ -298,21 +358,31 @@ class DispatchService:
         if result.status != "succeeded" or not isinstance(summary, dict):
             return Verdict(name, "error", error=result.error or "the probe returned no verdict")
         try:
-            return Verdict.decode({
-                "name": name, "status": "pass" if summary.get("ok") is True else "fail",
-                "platform": summary.get("platform"), "arch": summary.get("arch"),
-                "seams": summary.get("seams") or {}, "failures": summary.get("failures") or []})
+            return Verdict.decode(
+                {
+                    "name": name,
+                    "status": "pass" if summary.get("ok") is True else "fail",
+                    "platform": summary.get("platform"),
+                    "arch": summary.get("arch"),
+                    "seams": summary.get("seams") or {},
+                    "failures": summary.get("failures") or [],
+                }
+            )
         except MalformedFrame as exc:
             return Verdict(name, "error", error=f"the probe's verdict is malformed: {exc.message}")
 
     def _no_worker_message(self, placement: Placement, choice) -> str:
         member = self.pool.get(placement.target or "")
         if member is not None and member.status == WorkerStatus.UNVERIFIED.value:
-            return (f"worker {member.name!r} is unverified ({member.verify_failure_reason}); it "
-                    f"gets no work until it passes: see 'swamp worker verify {member.name}'")
+            return (
+                f"worker {member.name!r} is unverified ({member.verify_failure_reason}); it "
+                f"gets no work until it passes: see 'swamp worker verify {member.name}'"
+            )
         if member is not None and not member.connected:
-            return (f"worker {member.name!r} is disconnected (it keeps its place for the grace "
-                    "window); retry when it is back")
+            return (
+                f"worker {member.name!r} is disconnected (it keeps its place for the grace "
+                "window); retry when it is back"
+            )
         return _no_worker_message(placement, choice)
 
     def _set_busy(self, member: Member) -> None:
@@ -322,8 +392,9 @@ class DispatchService:
     def _set_status(self, member: Member, status: str) -> None:
         member.status = status
         try:
-            record = self.workers.set_status(member.name, status, active=sorted(member.active),
-                                             current=member.record)
+            record = self.workers.set_status(
+                member.name, status, active=sorted(member.active), current=member.record
+            )
             if record is not None:
                 member.record = record
                 member.last_seen_at = record.attributes["lastSeenAt"]
@@ -349,18 +420,35 @@ class DispatchService:
 
 def _no_worker_message(placement: Placement, choice) -> str:
     if choice.matching and choice.full == choice.matching:
-        return (f"all {choice.matching} connected worker(s) matching {placement.describe()} "
-                "are busy (every slot in use); retry when one frees up")
-    return (f"no connected worker matches {placement.describe()}: see 'swamp worker list' "
-            "for the pool and its labels")
+        return (
+            f"all {choice.matching} connected worker(s) matching {placement.describe()} "
+            "are busy (every slot in use); retry when one frees up"
+        )
+    return (
+        f"no connected worker matches {placement.describe()}: see 'swamp worker list' "
+        "for the pool and its labels"
+    )
 
 
-async def run_here(store: Datastore, model_type: ModelType, request: RunRequest, args: dict,
-                   emit: Emit, *, env: dict[str, str]) -> DispatchResult:
+async def run_here(
+    store: Datastore,
+    model_type: ModelType,
+    request: RunRequest,
+    args: dict,
+    emit: Emit,
+    *,
+    env: dict[str, str],
+) -> DispatchResult:
     """Run a method in this process (the orchestrator's, or the CLI's on a repo)."""
-    ctx = LocalContext(store=store, emit=emit, model_type=model_type,
-                       model_name=request.model.name, method=request.method, dispatch_id=None,
-                       env=env)
+    ctx = LocalContext(
+        store=store,
+        emit=emit,
+        model_type=model_type,
+        model_name=request.model.name,
+        method=request.method,
+        dispatch_id=None,
+        env=env,
+    )
     await _safe_emit(emit, Started(where="orchestrator").to_json())
     outcome = await run_method(model_type.method(request.method), args, ctx)
     return outcome.to_message()

@@ -65,11 +65,11 @@ def check_enrollment(raw: dict) -> EnrollRequest:
     pool, in records, in terminals and in logs. The protocol version is checked first, so a
     worker of another version is told that, whatever else changed in its handshake."""
     version = raw.get("protocolVersion") if isinstance(raw, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and \
-            version != PROTOCOL_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version != PROTOCOL_VERSION:
         raise ProtocolMismatch(
             f"the worker speaks protocol {version} but this orchestrator speaks "
-            f"{PROTOCOL_VERSION}: run the same swamp version on both")
+            f"{PROTOCOL_VERSION}: run the same swamp version on both"
+        )
     request = EnrollRequest.decode(raw)
     if not 0 < len(request.token) <= 512 or not is_printable(request.token):
         raise UserError("enrollment needs 'token': <name>.<secret>, at most 512 characters")
@@ -85,14 +85,24 @@ def check_enrollment(raw: dict) -> EnrollRequest:
 
 
 def _instance_in_use(instance_id: str) -> SwampError:
-    return Conflict(f"instance id {instance_id} is already in use by another worker of the "
-                    "pool; each process must use a fresh one")
+    return Conflict(
+        f"instance id {instance_id} is already in use by another worker of the "
+        "pool; each process must use a fresh one"
+    )
 
 
 class Gateway:
-    def __init__(self, store: Datastore, pool: Pool, credentials: Credentials, *,
-                 grace_seconds: float, heartbeat_seconds: float, clock=time.time,
-                 prober: Callable[[str], Awaitable[Verdict]] | None = None) -> None:
+    def __init__(
+        self,
+        store: Datastore,
+        pool: Pool,
+        credentials: Credentials,
+        *,
+        grace_seconds: float,
+        heartbeat_seconds: float,
+        clock=time.time,
+        prober: Callable[[str], Awaitable[Verdict]] | None = None,
+    ) -> None:
         self.store = store
         self.tokens = TokenBook(store, clock=clock)
         self.workers = WorkerBook(store, clock=clock)
@@ -120,18 +130,31 @@ class Gateway:
         if twin is not None and twin.machine_id != params.machine_id:
             raise _instance_in_use(params.instance_id)  # before anything is bound
         try:
-            redeemed = self.tokens.redeem(params.token, machine_id=params.machine_id,
-                                          labels=params.labels, capacity=params.capacity)
+            redeemed = self.tokens.redeem(
+                params.token,
+                machine_id=params.machine_id,
+                labels=params.labels,
+                capacity=params.capacity,
+            )
         except TokenInvalid as exc:
             log.warning("refused an enrollment with token %r: %s", exc.name, exc.detail)
             raise
         token, name, granted = redeemed.token, redeemed.binding.worker_name, redeemed.granted
         if granted.kept_own_fleet:
-            log.warning("worker %s supplies its own fleet label %r; keeping it instead of "
-                        "fleet=%s", name, params.labels["fleet"], token.name)
+            log.warning(
+                "worker %s supplies its own fleet label %r; keeping it instead of fleet=%s",
+                name,
+                params.labels["fleet"],
+                token.name,
+            )
         if granted.capacity_capped:
-            log.info("worker %s asked for %d slots; token %s allows %d", name, params.capacity,
-                     token.name, granted.capacity)
+            log.info(
+                "worker %s asked for %d slots; token %s allows %d",
+                name,
+                params.capacity,
+                token.name,
+                granted.capacity,
+            )
         if twin is not None and twin.name != name:
             raise _instance_in_use(params.instance_id)
         existing = self.pool.get(name)
@@ -139,36 +162,67 @@ class Gateway:
             if existing.instance_id != params.instance_id:
                 raise AlreadyConnected(
                     f"worker {name!r} is already connected from another process; if that "
-                    "process is gone, its connection is dropped after missed heartbeats")
+                    "process is gone, its connection is dropped after missed heartbeats"
+                )
             existing.channel.abort(CLOSE_REPLACED, "replaced by a newer connection")
         reconnect = existing is not None and existing.instance_id == params.instance_id
         verify = self.prober is not None
         status = WorkerStatus.UNVERIFIED.value if verify else WorkerStatus.IDLE.value
         pending = "verification in progress" if verify else None
         record = self.workers.enrolled(
-            name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token=token.name, labels=granted.labels, platform=params.platform, arch=params.arch,
-            capacity=granted.capacity, version=params.version, status=status, reason=pending)
+            name=name,
+            instance_id=params.instance_id,
+            machine_id=params.machine_id,
+            token=token.name,
+            labels=granted.labels,
+            platform=params.platform,
+            arch=params.arch,
+            capacity=granted.capacity,
+            version=params.version,
+            status=status,
+            reason=pending,
+        )
         self.grace.cancel(name)
         member = Member(
-            name=name, instance_id=params.instance_id, machine_id=params.machine_id,
-            token_name=token.name, labels=granted.labels, platform=params.platform,
-            arch=params.arch, capacity=granted.capacity, version=params.version, channel=channel,
+            name=name,
+            instance_id=params.instance_id,
+            machine_id=params.machine_id,
+            token_name=token.name,
+            labels=granted.labels,
+            platform=params.platform,
+            arch=params.arch,
+            capacity=granted.capacity,
+            version=params.version,
+            channel=channel,
             enrolled_at=record.attributes["enrolledAt"],
-            last_seen_at=record.attributes["lastSeenAt"], record=record, status=status,
-            verify_failure_reason=pending)
+            last_seen_at=record.attributes["lastSeenAt"],
+            record=record,
+            status=status,
+            verify_failure_reason=pending,
+        )
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
         if verify:
             self._to_verify_send.send_nowait(member)
-        log.info("worker %s enrolled (%s) platform=%s/%s capacity=%d", name,
-                 "reconnect" if reconnect else "first connect", params.platform, params.arch,
-                 granted.capacity)
+        log.info(
+            "worker %s enrolled (%s) platform=%s/%s capacity=%d",
+            name,
+            "reconnect" if reconnect else "first connect",
+            params.platform,
+            params.arch,
+            granted.capacity,
+        )
         return EnrollReply(
-            worker_name=name, capacity=granted.capacity, labels=granted.labels,
-            token_expires_at=token.expires_at, token_expires_at_epoch=token.expires_at_epoch,
-            reconnect=reconnect, heartbeat_seconds=self.heartbeat_seconds,
-            protocol_version=PROTOCOL_VERSION, orchestrator_version=__version__), member
+            worker_name=name,
+            capacity=granted.capacity,
+            labels=granted.labels,
+            token_expires_at=token.expires_at,
+            token_expires_at_epoch=token.expires_at_epoch,
+            reconnect=reconnect,
+            heartbeat_seconds=self.heartbeat_seconds,
+            protocol_version=PROTOCOL_VERSION,
+            orchestrator_version=__version__,
+        ), member
 
     # -- disconnects and the grace window ----------------------------------------------------
 
@@ -181,8 +235,11 @@ class Gateway:
         member.last_seen_at = iso(self.clock())
         try:
             member.record = self.workers.set_status(
-                member.name, WorkerStatus.DISCONNECTED.value, reason=channel.close_reason,
-                current=member.record)
+                member.name,
+                WorkerStatus.DISCONNECTED.value,
+                reason=channel.close_reason,
+                current=member.record,
+            )
         except SwampError as exc:
             log.warning("could not record %s as disconnected: %s", member.name, exc)
         self.grace.set(member.name, trio.current_time() + self.grace_seconds)
@@ -194,8 +251,9 @@ class Gateway:
         if member is not None and not member.connected:
             self.pool.remove(name)
             self.credentials.revoke_worker(name)
-            log.info("worker %s left the pool (grace window of %ss lapsed)", name,
-                     self.grace_seconds)
+            log.info(
+                "worker %s left the pool (grace window of %ss lapsed)", name, self.grace_seconds
+            )
 
     # -- tokens enforced live ----------------------------------------------------------------
 
@@ -261,8 +319,10 @@ class Gateway:
         """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
         whether or not a worker ever used it (tokens may be minted by the CLI on the repo)."""
         for token in self.tokens.all():
-            if token.state in (TokenState.UNUSED, TokenState.ENROLLED) and \
-                    token.name not in self.token_deadlines:
+            if (
+                token.state in (TokenState.UNUSED, TokenState.ENROLLED)
+                and token.name not in self.token_deadlines
+            ):
                 self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -294,12 +354,16 @@ class Gateway:
             log.info("worker %s passed verification: now schedulable", member.name)
         else:
             member.verify_failure_reason = verdict.reason
-            log.warning("worker %s failed verification, kept unverified: %s", member.name,
-                        verdict.reason)
+            log.warning(
+                "worker %s failed verification, kept unverified: %s", member.name, verdict.reason
+            )
         try:
             member.record = self.workers.set_status(
-                member.name, member.status, reason=member.verify_failure_reason,
-                current=member.record)
+                member.name,
+                member.status,
+                reason=member.verify_failure_reason,
+                current=member.record,
+            )
         except SwampError as exc:
             log.warning("could not record the verdict for %s: %s", member.name, exc)
         if verdict.status == "pass":

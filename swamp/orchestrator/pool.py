@@ -41,19 +41,37 @@ class Member:
         return self.channel is not None and not self.channel.closed
 
     def view(self) -> WorkerView:
-        return WorkerView(self.name, self.instance_id, self.labels, self.platform, self.arch,
-                          self.status, self.connected, self.capacity, len(self.active))
+        return WorkerView(
+            self.name,
+            self.instance_id,
+            self.labels,
+            self.platform,
+            self.arch,
+            self.status,
+            self.connected,
+            self.capacity,
+            len(self.active),
+        )
 
     def to_json(self) -> dict:
         return {
-            "name": self.name, "instanceId": self.instance_id, "tokenName": self.token_name,
+            "name": self.name,
+            "instanceId": self.instance_id,
+            "tokenName": self.token_name,
             "status": self.status if self.connected else WorkerStatus.DISCONNECTED.value,
-            "labels": dict(self.labels), "platform": self.platform, "arch": self.arch,
-            "capacity": self.capacity, "activeDispatchIds": sorted(self.active),
-            "enrolledAt": self.enrolled_at, "lastSeenAt": self.last_seen_at,
+            "labels": dict(self.labels),
+            "platform": self.platform,
+            "arch": self.arch,
+            "capacity": self.capacity,
+            "activeDispatchIds": sorted(self.active),
+            "enrolledAt": self.enrolled_at,
+            "lastSeenAt": self.last_seen_at,
             "swampVersion": self.version,
-            **({"verifyFailureReason": self.verify_failure_reason}
-               if self.status == WorkerStatus.UNVERIFIED.value and self.connected else {}),
+            **(
+                {"verifyFailureReason": self.verify_failure_reason}
+                if self.status == WorkerStatus.UNVERIFIED.value and self.connected
+                else {}
+            ),
         }
 
 
@@ -99,7 +117,8 @@ class Pool:
     def statistics(self) -> dict:
         connected = [m for m in self.members.values() if m.connected]
         return {
-            "members": len(self.members), "connected": len(connected),
+            "members": len(self.members),
+            "connected": len(connected),
             "slots": sum(m.capacity for m in connected),
             "busySlots": sum(len(m.active) for m in connected),
         }

@@ -75,7 +75,8 @@ def check_options(options: ServeOptions) -> RequestPolicy:
             f"refusing to serve on {options.host} with --auth none: anyone who can reach it "
             "could run commands. Drop --auth none (admin frames then need a credential: the "
             "local one in .swamp/, or a server token from 'swamp server token create NAME'), "
-            "or bind to 127.0.0.1")
+            "or bind to 127.0.0.1"
+        )
     environment.check_names(options.ship_env, source="--ship-env")
     if bool(options.tls_cert) != bool(options.tls_key):
         raise UserError("--tls-cert and --tls-key go together: pass both or neither")
@@ -85,14 +86,18 @@ def check_options(options: ServeOptions) -> RequestPolicy:
     if options.tls_cert:
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-                options.tls_cert, options.tls_key)
+                options.tls_cert, options.tls_key
+            )
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"cannot load the TLS certificate/key: {exc}") from exc
     if not 0 <= options.port <= 65535:
         raise UserError(f"invalid --port {options.port}: expected 0-65535")
-    return RequestPolicy.build(loopback=is_loopback(options.host), bind_host=options.host,
-                               allow_origins=options.allow_origins,
-                               trusted_hosts=options.trusted_hosts)
+    return RequestPolicy.build(
+        loopback=is_loopback(options.host),
+        bind_host=options.host,
+        allow_origins=options.allow_origins,
+        trusted_hosts=options.trusted_hosts,
+    )
 
 
 def raise_file_limit() -> None:
@@ -166,9 +171,16 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
 
 
 def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
-    info = {"event": "listening", "url": url, "dataPlaneUrl": data_plane,
-            "repo": str(repo.root), "auth": options.auth, "reconciled": swept,
-            "verifyOnEnroll": options.verify_on_enroll, "shipEnv": list(options.ship_env)}
+    info = {
+        "event": "listening",
+        "url": url,
+        "dataPlaneUrl": data_plane,
+        "repo": str(repo.root),
+        "auth": options.auth,
+        "reconciled": swept,
+        "verifyOnEnroll": options.verify_on_enroll,
+        "shipEnv": list(options.ship_env),
+    }
     if options.json:
         print(json.dumps(info), flush=True)
     else:
@@ -176,19 +188,25 @@ def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swep
         if options.verify_on_enroll:
             print("  verify on enroll: each worker is probed before it gets work", flush=True)
         if options.auth == "none":
-            print("  auth: none — anyone who can reach this port is an admin (loopback only)",
-                  flush=True)
+            print(
+                "  auth: none — anyone who can reach this port is an admin (loopback only)",
+                flush=True,
+            )
         else:
-            print(f"  admin: the CLI in this repo uses the local credential in "
-                  f"{repo.serve_file}; elsewhere pass --server-token", flush=True)
+            print(
+                f"  admin: the CLI in this repo uses the local credential in "
+                f"{repo.serve_file}; elsewhere pass --server-token",
+                flush=True,
+            )
         if options.ship_env:
             print(f"  every dispatch ships: {', '.join(options.ship_env)}", flush=True)
-        print(f"  workers connect with: SWAMP_WORKER_TOKEN=<name.secret> swamp worker connect "
-              f"{url}", flush=True)
+        print(
+            f"  workers connect with: SWAMP_WORKER_TOKEN=<name.secret> swamp worker connect {url}",
+            flush=True,
+        )
 
 
-async def serve(repo: Repo, options: ServeOptions, *,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     import hypercorn.config
     import hypercorn.trio
 
@@ -197,26 +215,46 @@ async def serve(repo: Repo, options: ServeOptions, *,
     store = repo.open_store(orchestrator=True)
     swept = {"leases": LeaseBook(store).reconcile(), "workers": WorkerBook(store).reconcile()}
     if any(swept.values()):
-        log.info("boot reconciliation: expired %d lease(s), disconnected %d worker(s)",
-                 swept["leases"], swept["workers"])
+        log.info(
+            "boot reconciliation: expired %d lease(s), disconnected %d worker(s)",
+            swept["leases"],
+            swept["workers"],
+        )
     registry = default_registry()
     pool = Pool()
     credentials = Credentials()
-    gateway = Gateway(store, pool, credentials, grace_seconds=options.grace_seconds,
-                      heartbeat_seconds=options.heartbeat_seconds)
-    dispatch = DispatchService(store, registry, pool, credentials,
-                               grace_seconds=options.grace_seconds, ship_env=options.ship_env)
+    gateway = Gateway(
+        store,
+        pool,
+        credentials,
+        grace_seconds=options.grace_seconds,
+        heartbeat_seconds=options.heartbeat_seconds,
+    )
+    dispatch = DispatchService(
+        store,
+        registry,
+        pool,
+        credentials,
+        grace_seconds=options.grace_seconds,
+        ship_env=options.ship_env,
+    )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
     if unset:
-        log.warning("--ship-env names variables this process does not have: %s",
-                    ", ".join(unset))
+        log.warning("--ship-env names variables this process does not have: %s", ", ".join(unset))
     if options.verify_on_enroll:
         gateway.prober = dispatch.probe
     local_credential = new_local_credential() if options.auth == "token" else None
-    auth = AdminAuth(mode=options.auth, server_tokens=ServerTokenBook(store),
-                     local_credential=local_credential)
-    app = App(gateway=gateway, dispatch=dispatch, admin=Admin(repo, gateway, dispatch),
-              dataplane=DataPlane(dispatch, credentials, pool), auth=auth, policy=policy)
+    auth = AdminAuth(
+        mode=options.auth, server_tokens=ServerTokenBook(store), local_credential=local_credential
+    )
+    app = App(
+        gateway=gateway,
+        dispatch=dispatch,
+        admin=Admin(repo, gateway, dispatch),
+        dataplane=DataPlane(dispatch, credentials, pool),
+        auth=auth,
+        policy=policy,
+    )
 
     config = hypercorn.config.Config()
     host = f"[{options.host}]" if ":" in options.host else options.host
@@ -246,8 +284,11 @@ async def serve(repo: Repo, options: ServeOptions, *,
             await nursery.start(gateway.run)
             await nursery.start(dispatch.keep_credentials_fresh)
             async with open_unwrapping_nursery() as server:
-                binds = await server.start(lambda task_status: hypercorn.trio.serve(
-                    app, config, shutdown_trigger=stop.wait, task_status=task_status))
+                binds = await server.start(
+                    lambda task_status: hypercorn.trio.serve(
+                        app, config, shutdown_trigger=stop.wait, task_status=task_status
+                    )
+                )
                 address = binds[0].split("://", 1)[1]
                 scheme = "wss" if options.tls_cert else "ws"
                 url = f"{scheme}://{address}"

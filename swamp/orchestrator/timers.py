@@ -35,8 +35,9 @@ class Deadlines:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._due
 
-    async def run(self, on_due: Callable[[Hashable], Awaitable[None]], *,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, on_due: Callable[[Hashable], Awaitable[None]], *, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
         task_status.started()
         while True:
             if self._changed.is_set():

@@ -125,8 +125,9 @@ def _dump(obj: dict) -> str:
 
 def encode(frame: Frame) -> str:
     if isinstance(frame, Request):
-        return _dump({"type": "request", "id": frame.id, "method": frame.method,
-                      "params": frame.params})
+        return _dump(
+            {"type": "request", "id": frame.id, "method": frame.method, "params": frame.params}
+        )
     if isinstance(frame, Response):
         return _dump({"type": "response", "id": frame.id, "result": frame.result})
     if isinstance(frame, Error):

@@ -65,8 +65,9 @@ def _check(hint, value, where: str):
                 return _check(option, value, where)
             except MalformedFrame:
                 continue
-        raise MalformedFrame(f"{where}: expected "
-                             f"{' or '.join(_describe(o) for o in options if o is not type(None))}")
+        raise MalformedFrame(
+            f"{where}: expected {' or '.join(_describe(o) for o in options if o is not type(None))}"
+        )
     if origin is Literal:
         if value in typing.get_args(hint) and type(value) in (str, int):
             return value
@@ -78,8 +79,7 @@ def _check(hint, value, where: str):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-                math.isfinite(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif hint is str:
         if isinstance(value, str):
@@ -274,8 +274,7 @@ class Started(Message):
 
 
 Event = LogLine | Dispatched | Redispatched | Started
-_EVENTS = {"log": LogLine, "dispatched": Dispatched, "redispatch": Redispatched,
-           "started": Started}
+_EVENTS = {"log": LogLine, "dispatched": Dispatched, "redispatch": Redispatched, "started": Started}
 
 
 def decode_event(payload: object) -> Event:

@@ -76,8 +76,16 @@ class _Pending:
 
 
 class RpcChannel:
-    def __init__(self, transport: Transport, handler: Handler, *, heartbeat: float = 5.0,
-                 missed: int = 3, name: str = "peer", max_in_flight: int = 1024) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        handler: Handler,
+        *,
+        heartbeat: float = 5.0,
+        missed: int = 3,
+        name: str = "peer",
+        max_in_flight: int = 1024,
+    ) -> None:
         self.transport = transport
         self.handler = handler
         self.heartbeat = heartbeat
@@ -98,8 +106,10 @@ class RpcChannel:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return (f"<RpcChannel {self.name} {state} pending={len(self._pending)} "
-                f"handling={len(self._incoming)}>")
+        return (
+            f"<RpcChannel {self.name} {state} pending={len(self._pending)} "
+            f"handling={len(self._incoming)}>"
+        )
 
     # -- running ----------------------------------------------------------------------------
 
@@ -120,8 +130,9 @@ class RpcChannel:
         finally:
             self._mark_closed(self.close_reason or "channel stopped")
             with trio.CancelScope(shield=True):
-                await self.transport.aclose(self._close_code, self.close_reason
-                                            if self._close_code != 1000 else "")
+                await self.transport.aclose(
+                    self._close_code, self.close_reason if self._close_code != 1000 else ""
+                )
         return self.close_reason
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
@@ -192,13 +203,18 @@ class RpcChannel:
                 continue
             if isinstance(frame, frames.Request):
                 if frame.id in self._incoming:
-                    await self._send_error(frame.id, DuplicateId(
-                        f"request id {frame.id!r} is already in flight"))
+                    await self._send_error(
+                        frame.id, DuplicateId(f"request id {frame.id!r} is already in flight")
+                    )
                     continue
                 if len(self._incoming) >= self.max_in_flight:
-                    await self._send_error(frame.id, Busy(
-                        f"{len(self._incoming)} requests are already in flight on this socket "
-                        f"(the limit is {self.max_in_flight}); wait for their answers"))
+                    await self._send_error(
+                        frame.id,
+                        Busy(
+                            f"{len(self._incoming)} requests are already in flight on this socket "
+                            f"(the limit is {self.max_in_flight}); wait for their answers"
+                        ),
+                    )
                     continue
                 scope = trio.CancelScope()
                 self._incoming[frame.id] = scope
@@ -236,8 +252,12 @@ class RpcChannel:
                     raise
                 except Exception as exc:
                     log.exception("handler for %s failed", request.method)
-                    await self._send_error(request.id, HandlerFailed(
-                        f"{request.method} failed: {type(exc).__name__}: {exc}"[:300]))
+                    await self._send_error(
+                        request.id,
+                        HandlerFailed(
+                            f"{request.method} failed: {type(exc).__name__}: {exc}"[:300]
+                        ),
+                    )
                     return
                 await self._send_quietly(frames.Response(request.id, result))
             if scope.cancelled_caught and not self.closed:
@@ -252,8 +272,9 @@ class RpcChannel:
             raise ChannelClosed(f"{self.name}: {self.close_reason}")
         text = frames.encode(frame)
         if len(text) > frames.MAX_FRAME_BYTES:
-            raise FrameTooLarge(f"refusing to send a {len(text)}-byte frame (limit "
-                                f"{frames.MAX_FRAME_BYTES})")
+            raise FrameTooLarge(
+                f"refusing to send a {len(text)}-byte frame (limit {frames.MAX_FRAME_BYTES})"
+            )
         async with self._send_lock:
             await self.transport.send(text)
 
@@ -269,8 +290,14 @@ class RpcChannel:
     async def _send_error(self, frame_id: str | None, exc: SwampError) -> None:
         await self._send_quietly(frames.Error(frame_id, exc.to_wire()))
 
-    async def call(self, method: str, params: dict | None = None, *,
-                   timeout: float | None = 30.0, on_event: EventSink | None = None) -> Any:
+    async def call(
+        self,
+        method: str,
+        params: dict | None = None,
+        *,
+        timeout: float | None = 30.0,
+        on_event: EventSink | None = None,
+    ) -> Any:
         """Send a request and wait for its answer; ``timeout=None`` waits as long as it takes.
 
         On timeout, or if the caller is cancelled, the peer is told to cancel its handler.

@@ -129,8 +129,9 @@ class AsgiTransport:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(2):
                 try:
-                    await self._send({"type": "websocket.close", "code": code,
-                                      "reason": _close_reason(reason)})
+                    await self._send(
+                        {"type": "websocket.close", "code": code, "reason": _close_reason(reason)}
+                    )
                 except Exception:  # already gone: nothing left to close
                     return
             with trio.move_on_after(DRAIN_MAX):
@@ -142,9 +143,14 @@ class AsgiTransport:
 
 
 @asynccontextmanager
-async def open_websocket(url: str, *, ssl_context: ssl.SSLContext | None,
-                         extra_headers: list[tuple[bytes, bytes]] | None = None,
-                         max_message_size: int, connect_timeout: float = 10):
+async def open_websocket(
+    url: str,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+    max_message_size: int,
+    connect_timeout: float = 10,
+):
     """A client websocket to ``url``, with TLS errors reported as TLS errors.
 
     trio-websocket turns a failed TLS handshake into a silent wait and then a timeout; doing
@@ -163,31 +169,44 @@ async def open_websocket(url: str, *, ssl_context: ssl.SSLContext | None,
         with trio.fail_after(connect_timeout):
             stream = await trio.open_tcp_stream(host, port)
             if secure:
-                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(),
-                                        server_hostname=host, https_compatible=True)
+                stream = trio.SSLStream(
+                    stream,
+                    ssl_context or ssl.create_default_context(),
+                    server_hostname=host,
+                    https_compatible=True,
+                )
                 try:
                     await stream.do_handshake()
                 except trio.BrokenResourceError as exc:
-                    raise PeerError(f"TLS handshake with {host_header} failed: "
-                                    f"{exc.__cause__ or exc} (pass --ca-cert if the server "
-                                    "uses a private CA)") from None
+                    raise PeerError(
+                        f"TLS handshake with {host_header} failed: "
+                        f"{exc.__cause__ or exc} (pass --ca-cert if the server "
+                        "uses a private CA)"
+                    ) from None
     except trio.TooSlowError:
-        raise PeerError(f"connecting to {host_header} timed out after {connect_timeout:g}s"
-                        ) from None
+        raise PeerError(
+            f"connecting to {host_header} timed out after {connect_timeout:g}s"
+        ) from None
     except OSError as exc:
         raise PeerError(f"cannot connect to {host_header}: {exc}") from None
     async with open_unwrapping_nursery() as nursery:
         try:
             with trio.fail_after(connect_timeout):
                 ws = await trio_websocket.wrap_client_stream(
-                    nursery, stream, host_header, resource, extra_headers=extra_headers,
-                    max_message_size=max_message_size)
+                    nursery,
+                    stream,
+                    host_header,
+                    resource,
+                    extra_headers=extra_headers,
+                    max_message_size=max_message_size,
+                )
         except trio.TooSlowError:
             await stream.aclose()
             raise PeerError(f"the websocket handshake with {host_header} timed out") from None
         except trio_websocket.HandshakeError as exc:
-            raise PeerError(f"the websocket handshake with {host_header} failed: "
-                            f"{describe(exc)}") from None
+            raise PeerError(
+                f"the websocket handshake with {host_header} failed: {describe(exc)}"
+            ) from None
         try:
             yield ws
         finally:

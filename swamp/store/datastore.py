@@ -56,8 +56,8 @@ MAX_CAS_RETRIES = 64
 
 
 def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
 
 
@@ -131,8 +131,9 @@ def _scope_sql(scope: ReadScope) -> tuple[str, list]:
         allowed.append("model_type GLOB ?")
         params.append(pattern)
     excluded = sorted(scope.excluded_types)
-    clause = (f"model_type NOT IN ({','.join('?' * len(excluded))}) AND "
-              f"({' OR '.join(allowed) or '0'})")
+    clause = (
+        f"model_type NOT IN ({','.join('?' * len(excluded))}) AND ({' OR '.join(allowed) or '0'})"
+    )
     return clause, excluded + params
 
 
@@ -195,8 +196,14 @@ class Datastore:
         ).fetchall()
         return [_row(r) for r in rows]
 
-    def query(self, predicate: Predicate, *, all_versions: bool = False, limit: int | None = None,
-              scope: ReadScope | None = None) -> list[Record]:
+    def query(
+        self,
+        predicate: Predicate,
+        *,
+        all_versions: bool = False,
+        limit: int | None = None,
+        scope: ReadScope | None = None,
+    ) -> list[Record]:
         """Records matching a predicate; the latest version of each item unless ``all_versions``.
 
         With a ``scope`` only the records it allows are considered at all (in SQL, before the
@@ -207,8 +214,12 @@ class Datastore:
             clause, scope_params = _scope_sql(scope)
             clauses.append(clause)
             params.extend(scope_params)
-        for field, column in (("modelType", "model_type"), ("modelName", "model_name"),
-                              ("name", "name"), ("spec", "spec")):
+        for field, column in (
+            ("modelType", "model_type"),
+            ("modelName", "model_name"),
+            ("name", "name"),
+            ("spec", "spec"),
+        ):
             if field in predicate.equalities:
                 clauses.append(f"{column} = ?")
                 params.append(predicate.equalities[field])
@@ -252,8 +263,14 @@ class Datastore:
         lifetime = policy.lifetime_seconds()
         encoded = json.dumps(attributes, separators=(",", ":"), sort_keys=True)
         item = (key.model_type, key.model_name, key.name)
-        row = (policy.name, encoded, content, created_at, now,
-               None if lifetime is None else now + lifetime)
+        row = (
+            policy.name,
+            encoded,
+            content,
+            created_at,
+            now,
+            None if lifetime is None else now + lifetime,
+        )
         # One statement, so one atomic write transaction: SQLite takes the write lock before it
         # evaluates MAX(version), which makes the check and the insert indivisible across
         # processes without a BEGIN/COMMIT round trip.
@@ -262,30 +279,43 @@ class Datastore:
                 inserted = self.db.execute(
                     "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,? "
                     "FROM data WHERE model_type=? AND model_name=? AND name=? RETURNING version",
-                    (*item, *row, *item)).fetchall()
+                    (*item, *row, *item),
+                ).fetchall()
             else:
                 inserted = self.db.execute(
                     "INSERT INTO data SELECT ?,?,?,?,?,?,?,?,?,? WHERE (SELECT COALESCE("
                     "MAX(version),0) FROM data WHERE model_type=? AND model_name=? AND name=?)=? "
                     "RETURNING version",
-                    (*item, expected_version + 1, *row, *item, expected_version)).fetchall()
+                    (*item, expected_version + 1, *row, *item, expected_version),
+                ).fetchall()
         except sqlite3.IntegrityError:
             inserted = []
         except sqlite3.Error as exc:
             raise StoreError(f"the datastore refused a write: {exc}") from exc
         if not inserted:
-            raise Conflict(f"{key.model_type}/{key.model_name}/{key.name} moved past version "
-                           f"{expected_version}")
+            raise Conflict(
+                f"{key.model_type}/{key.model_name}/{key.name} moved past version "
+                f"{expected_version}"
+            )
         version = inserted[0][0]
         if policy.garbage_collection is not None and version > policy.garbage_collection:
             self.db.execute(
                 "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? AND version<=?",
-                (*item, version - policy.garbage_collection))
+                (*item, version - policy.garbage_collection),
+            )
         self.writes += 1
         if self.on_write is not None:
             self.on_write()
-        return Record(key.model_type, key.model_name, key.name, version, policy.name,
-                      attributes, content, created_at)
+        return Record(
+            key.model_type,
+            key.model_name,
+            key.name,
+            version,
+            policy.name,
+            attributes,
+            content,
+            created_at,
+        )
 
     def transition(
         self,
@@ -311,7 +341,9 @@ class Datastore:
                 return current, False
             try:
                 record = self.write(
-                    key, attributes, policy=policy,
+                    key,
+                    attributes,
+                    policy=policy,
                     expected_version=current.version if current else 0,
                 )
             except Conflict:

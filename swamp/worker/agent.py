@@ -34,8 +34,9 @@ class Backoff:
     """Doubling delays with ±25 % jitter, so a fleet cut off at once (an orchestrator restart)
     does not come back in one synchronized burst."""
 
-    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
-                 jitter=random.random) -> None:
+    def __init__(
+        self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP, jitter=random.random
+    ) -> None:
         self.start, self.cap, self.delay = start, cap, start
         self.jitter = jitter
 
@@ -60,18 +61,21 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         registry = default_registry()
         outcome: list[int] = []
         async with open_unwrapping_nursery() as nursery:
+
             async def stop_on_signal() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
-                        reporter.emit("stopped", reason=f"received {signal.Signals(signum).name}",
-                                      exitCode=0)
+                        reporter.emit(
+                            "stopped", reason=f"received {signal.Signals(signum).name}", exitCode=0
+                        )
                         outcome.append(0)
                         nursery.cancel_scope.cancel()
                         return
 
             async def connect_loop() -> None:
-                outcome.append(await _connect_loop(config, reporter, mid, iid, registry,
-                                                   Path(cache_dir)))
+                outcome.append(
+                    await _connect_loop(config, reporter, mid, iid, registry, Path(cache_dir))
+                )
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_on_signal)
@@ -82,8 +86,9 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid: str,
-                        registry, cache_dir: Path) -> int:
+async def _connect_loop(
+    config: WorkerConfig, reporter: Reporter, mid: str, iid: str, registry, cache_dir: Path
+) -> int:
     backoff = Backoff()
     started = time.monotonic()
     token_deadline: float | None = None
@@ -91,8 +96,14 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
     while True:
         attempt += 1
         reporter.emit("connecting", url=redact(config.url), attempt=attempt)
-        session = Session(config, machine_id=mid, instance_id=iid, registry=registry,
-                          reporter=reporter, cache_dir=cache_dir)
+        session = Session(
+            config,
+            machine_id=mid,
+            instance_id=iid,
+            registry=registry,
+            reporter=reporter,
+            cache_dir=cache_dir,
+        )
         try:
             reason = await session.run()
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
@@ -107,12 +118,20 @@ async def _connect_loop(config: WorkerConfig, reporter: Reporter, mid: str, iid:
         delay = backoff.next()
         if token_deadline is not None:
             if time.time() + delay >= token_deadline:
-                reporter.emit("stopped", reason="the token has expired (its deadline has passed)",
-                              code="token_expired", exitCode=1)
+                reporter.emit(
+                    "stopped",
+                    reason="the token has expired (its deadline has passed)",
+                    code="token_expired",
+                    exitCode=1,
+                )
                 return 1
         elif time.monotonic() - started + delay > config.connect_timeout:
-            reporter.emit("stopped", reason=f"could not enroll within "
-                          f"{config.connect_timeout:g}s (last error: {reason})", exitCode=1)
+            reporter.emit(
+                "stopped",
+                reason=f"could not enroll within "
+                f"{config.connect_timeout:g}s (last error: {reason})",
+                exitCode=1,
+            )
             return 1
         reporter.emit("retrying", delaySeconds=delay)
         await trio.sleep(delay)

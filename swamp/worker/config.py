@@ -27,29 +27,40 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         if not self.url:
-            raise UserError("missing orchestrator URL: pass it as the first argument or set "
-                            "SWAMP_ORCHESTRATOR_URL")
+            raise UserError(
+                "missing orchestrator URL: pass it as the first argument or set "
+                "SWAMP_ORCHESTRATOR_URL"
+            )
         if not self.url.startswith(("ws://", "wss://")):
-            raise UserError(f"the orchestrator URL (argument or SWAMP_ORCHESTRATOR_URL) must "
-                            f"start with ws:// or wss:// (got {redact(self.url)!r})")
+            raise UserError(
+                f"the orchestrator URL (argument or SWAMP_ORCHESTRATOR_URL) must "
+                f"start with ws:// or wss:// (got {redact(self.url)!r})"
+            )
         if not self.token:
-            raise UserError("missing enrollment token: pass --token or --token-file, or set "
-                            "SWAMP_WORKER_TOKEN or SWAMP_WORKER_TOKEN_FILE")
+            raise UserError(
+                "missing enrollment token: pass --token or --token-file, or set "
+                "SWAMP_WORKER_TOKEN or SWAMP_WORKER_TOKEN_FILE"
+            )
         if not 1 <= self.concurrency <= 1024:
             raise UserError(f"invalid --concurrency {self.concurrency}: expected 1-1024")
         if self.ca_cert and not Path(self.ca_cert).is_file():
             raise UserError(f"--ca-cert {self.ca_cert} does not exist")
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
-            raise UserError("the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
-                            f"start with http:// or https:// (got {redact(self.data_plane_url)!r})")
+            raise UserError(
+                "the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
+                f"start with http:// or https:// (got {redact(self.data_plane_url)!r})"
+            )
         if not self.insecure:
-            for what, url in (("the enrollment token", self.url),
-                              ("dispatch credentials", self.data_plane())):
+            for what, url in (
+                ("the enrollment token", self.url),
+                ("dispatch credentials", self.data_plane()),
+            ):
                 if sends_in_clear(url):
                     raise UserError(
                         f"refusing to send {what} in clear text to {redact(url)}: use wss:// "
                         "(serve --tls-cert/--tls-key), or pass --insecure (SWAMP_WORKER_INSECURE"
-                        "=1) if the network between them is trusted")
+                        "=1) if the network between them is trusted"
+                    )
 
     def data_plane(self) -> str:
         """The HTTP base of the data plane: explicit, or the connect URL's host over HTTP(S)."""
@@ -72,15 +83,19 @@ def read_token(token: str | None, token_file: Path | None) -> str:
     """The enrollment token from ``--token`` or from a file (a Kubernetes/Docker secret mount);
     one trailing newline is trimmed. Never echoes the token in an error."""
     if token and token_file:
-        raise UserError("pass the token one way: --token/SWAMP_WORKER_TOKEN or "
-                        "--token-file/SWAMP_WORKER_TOKEN_FILE, not both")
+        raise UserError(
+            "pass the token one way: --token/SWAMP_WORKER_TOKEN or "
+            "--token-file/SWAMP_WORKER_TOKEN_FILE, not both"
+        )
     if token_file is None:
         return (token or "").strip()
     try:
         text = Path(token_file).read_text()
     except OSError as exc:
-        raise UserError(f"cannot read the token file {token_file} (--token-file or "
-                        f"SWAMP_WORKER_TOKEN_FILE): {exc.strerror}") from None
+        raise UserError(
+            f"cannot read the token file {token_file} (--token-file or "
+            f"SWAMP_WORKER_TOKEN_FILE): {exc.strerror}"
+        ) from None
     text = text.removesuffix("\n").removesuffix("\r")
     if not text.strip():
         raise UserError(f"the token file {token_file} is empty")

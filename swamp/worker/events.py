@@ -16,8 +16,11 @@ class Reporter:
 
     def emit(self, event: str, **fields) -> None:
         if self.json_lines:
-            record = {"event": event, "time": datetime.now(UTC).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"), **fields}
+            record = {
+                "event": event,
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                **fields,
+            }
             line = json.dumps(record)
         else:
             line = printable(_human(event, fields))  # reasons come from the orchestrator
@@ -29,16 +32,21 @@ def _human(event: str, f: dict) -> str:
         return f"connecting to {f['url']} (attempt {f['attempt']})"
     if event == "enrolled":
         again = " (reconnected)" if f.get("reconnect") else ""
-        capped = (f"; the token allows {f['capacity']} slot(s), not the "
-                  f"{f['requestedCapacity']} asked for") if f.get("requestedCapacity") else ""
+        capped = (
+            (
+                f"; the token allows {f['capacity']} slot(s), not the "
+                f"{f['requestedCapacity']} asked for"
+            )
+            if f.get("requestedCapacity")
+            else ""
+        )
         return f"enrolled as {f['workerName']}{again}{capped}"
     if event == "dispatch_started":
         return f"▶ dispatch {f['dispatchId'][:8]}: {f['modelType']}.{f['method']}"
     if event == "dispatch_finished":
         mark = "✓" if f["status"] == "succeeded" else "✗"
         tail = f" — {f['error']}" if f.get("error") else ""
-        return (f"{mark} dispatch {f['dispatchId'][:8]}: {f['status']} in "
-                f"{f['durationMs']}ms{tail}")
+        return f"{mark} dispatch {f['dispatchId'][:8]}: {f['status']} in {f['durationMs']}ms{tail}"
     if event == "disconnected":
         return f"disconnected: {f['reason']}"
     if event == "retrying":

@@ -27,8 +27,17 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel
 
 
 class RemoteContext(ContextBase):
-    def __init__(self, *, call: IncomingCall, channel: RpcChannel, http: httpx.AsyncClient,
-                 data_plane: str, credential: str, cache_dir=None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        call: IncomingCall,
+        channel: RpcChannel,
+        http: httpx.AsyncClient,
+        data_plane: str,
+        credential: str,
+        cache_dir=None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.cache_dir = cache_dir  # the worker's cache directory (for probe seams)
         self.call = call
@@ -56,8 +65,12 @@ class RemoteContext(ContextBase):
             body, content_type = json.dumps(value).encode(), "application/json"
         else:
             raise UserError("a resource value must be an object (dict) or bytes")
-        response = await self._request("PUT", f"/data/resources/{spec}/{name}", content=body,
-                                       headers={"Content-Type": content_type})
+        response = await self._request(
+            "PUT",
+            f"/data/resources/{spec}/{name}",
+            content=body,
+            headers={"Content-Type": content_type},
+        )
         handle = response.json()
         self.outputs.append(handle)
         return handle
@@ -71,24 +84,28 @@ class RemoteContext(ContextBase):
             return response.json()
         return response.content
 
-    async def _request(self, method: str, path: str, *, missing_ok: bool = False,
-                       **kwargs: Any) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, missing_ok: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         url = self.data_plane + path
         try:
-            response = await self.http.request(method, url, headers={**self.headers,
-                                                                      **kwargs.pop("headers", {})},
-                                               **kwargs)
+            response = await self.http.request(
+                method, url, headers={**self.headers, **kwargs.pop("headers", {})}, **kwargs
+            )
         except httpx.HTTPError as exc:
-            raise PeerError(f"the data plane at {self.data_plane} is unreachable: "
-                            f"{type(exc).__name__}: {exc}") from None
+            raise PeerError(
+                f"the data plane at {self.data_plane} is unreachable: {type(exc).__name__}: {exc}"
+            ) from None
         if response.status_code == 404 and missing_ok:
             return response
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
             except (ValueError, KeyError, TypeError):
-                raise DataPlaneError(f"data plane refused {method} {path}: HTTP "
-                                     f"{response.status_code} {response.text[:200]}") from None
+                raise DataPlaneError(
+                    f"data plane refused {method} {path}: HTTP "
+                    f"{response.status_code} {response.text[:200]}"
+                ) from None
             exc = from_wire(error)
             exc.message = f"data plane refused {method} {path}: {exc.message}"
             exc.args = (exc.message,)

@@ -43,9 +43,16 @@ class Enrollment:
 
 
 class Session:
-    def __init__(self, config: WorkerConfig, *, machine_id: str, instance_id: str,
-                 registry: ModelRegistry, reporter: Reporter, cache_dir: Path | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        machine_id: str,
+        instance_id: str,
+        registry: ModelRegistry,
+        reporter: Reporter,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.config = config
         self.cache_dir = cache_dir
         self.machine_id = machine_id
@@ -61,9 +68,12 @@ class Session:
     async def run(self) -> str:
         """Connect, enroll and serve; returns why the session ended. Raises ``Rejected`` for a
         permanent refusal and ``PeerError`` when the orchestrator cannot be reached."""
-        async with open_websocket(self.config.url, ssl_context=self.config.ssl_context(),
-                                  max_message_size=MAX_FRAME_BYTES * 2,
-                                  connect_timeout=CONNECT_TIMEOUT) as ws:
+        async with open_websocket(
+            self.config.url,
+            ssl_context=self.config.ssl_context(),
+            max_message_size=MAX_FRAME_BYTES * 2,
+            connect_timeout=CONNECT_TIMEOUT,
+        ) as ws:
             return await self._serve(WebSocketTransport(ws))
 
     async def _serve(self, transport: WebSocketTransport) -> str:
@@ -82,13 +92,18 @@ class Session:
     async def _enroll(self, channel: RpcChannel) -> None:
         system, arch = local_platform()
         request = EnrollRequest(
-            token=self.config.token, instance_id=self.instance_id, machine_id=self.machine_id,
+            token=self.config.token,
+            instance_id=self.instance_id,
+            machine_id=self.machine_id,
             protocol_version=self.config.protocol_version or PROTOCOL_VERSION,
-            version=__version__, platform=system, arch=arch, labels=self.config.labels,
-            capacity=self.config.concurrency)
+            version=__version__,
+            platform=system,
+            arch=arch,
+            labels=self.config.labels,
+            capacity=self.config.concurrency,
+        )
         try:
-            answer = await channel.call("worker.enroll", request.to_json(),
-                                        timeout=ENROLL_TIMEOUT)
+            answer = await channel.call("worker.enroll", request.to_json(), timeout=ENROLL_TIMEOUT)
         except Rejected:
             raise  # permanent: the agent stops
         except UserError as exc:  # also permanent: our own handshake is wrong
@@ -97,17 +112,26 @@ class Session:
             reply = EnrollReply.decode(answer)
             name = check_worker_name(reply.worker_name)
         except UserError as exc:
-            raise MalformedReply(f"the orchestrator sent a malformed enrollment reply: "
-                                 f"{exc.message}") from None
-        self.enrollment = Enrollment(name, reply.token_expires_at_epoch, reply.reconnect,
-                                     max(1, min(reply.capacity, self.config.concurrency)))
+            raise MalformedReply(
+                f"the orchestrator sent a malformed enrollment reply: {exc.message}"
+            ) from None
+        self.enrollment = Enrollment(
+            name,
+            reply.token_expires_at_epoch,
+            reply.reconnect,
+            max(1, min(reply.capacity, self.config.concurrency)),
+        )
         if reply.heartbeat_seconds > 0:
             channel.heartbeat = reply.heartbeat_seconds
         capped = self.enrollment.capacity < self.config.concurrency
-        self.reporter.emit("enrolled", workerName=name, reconnect=self.enrollment.reconnect,
-                           tokenExpiresAt=reply.token_expires_at,
-                           capacity=self.enrollment.capacity,
-                           **({"requestedCapacity": self.config.concurrency} if capped else {}))
+        self.reporter.emit(
+            "enrolled",
+            workerName=name,
+            reconnect=self.enrollment.reconnect,
+            tokenExpiresAt=reply.token_expires_at,
+            capacity=self.enrollment.capacity,
+            **({"requestedCapacity": self.config.concurrency} if capped else {}),
+        )
 
     # -- dispatches -------------------------------------------------------------------------
 
@@ -124,21 +148,35 @@ class Session:
         dispatch_id = request.dispatch_id
         self.active += 1
         started = time.monotonic()
-        self.reporter.emit("dispatch_started", dispatchId=dispatch_id,
-                           modelType=model_type.type, method=method.name)
+        self.reporter.emit(
+            "dispatch_started",
+            dispatchId=dispatch_id,
+            modelType=model_type.type,
+            method=method.name,
+        )
         try:
             ctx = RemoteContext(
-                call=call, channel=call.channel, http=self.http,
-                data_plane=self.config.data_plane(), credential=request.credential,
-                model_type=model_type, model_name=request.model_name, method=method.name,
-                dispatch_id=dispatch_id, env=environment.overlay(os.environ, request.environment),
-                cache_dir=self.cache_dir)
+                call=call,
+                channel=call.channel,
+                http=self.http,
+                data_plane=self.config.data_plane(),
+                credential=request.credential,
+                model_type=model_type,
+                model_name=request.model_name,
+                method=method.name,
+                dispatch_id=dispatch_id,
+                env=environment.overlay(os.environ, request.environment),
+                cache_dir=self.cache_dir,
+            )
             outcome = await run_method(method, args, ctx)
         finally:
             self.active -= 1
         self.completed += 1
-        self.reporter.emit("dispatch_finished", dispatchId=dispatch_id, status=outcome.status,
-                           durationMs=round((time.monotonic() - started) * 1000),
-                           error=outcome.error)
+        self.reporter.emit(
+            "dispatch_finished",
+            dispatchId=dispatch_id,
+            status=outcome.status,
+            durationMs=round((time.monotonic() - started) * 1000),
+            error=outcome.error,
+        )
         return outcome.to_message().to_json()
-

@@ -37,8 +37,13 @@ class Proc:
         self.args = args
         self.log = log
         self.stderr = open(log, "wb")  # noqa: SIM115 - open for the child's whole life
-        self.p = subprocess.Popen([sys.executable, "-m", "swamp", *args], env=env,
-                                  stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "swamp", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
         self.lines: list[str] = []
         self.cond = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -79,8 +84,11 @@ class Proc:
                 if remaining <= 0 or (self.p.poll() is not None and not self.reader.is_alive()):
                     raise AssertionError(
                         f"no matching line from swamp {' '.join(self.args[:2])} "
-                        f"(exit {self.p.poll()}):\n" + "\n".join(self.lines[-20:]) +
-                        "\n--- stderr ---\n" + self.log.read_text()[-3000:])
+                        f"(exit {self.p.poll()}):\n"
+                        + "\n".join(self.lines[-20:])
+                        + "\n--- stderr ---\n"
+                        + self.log.read_text()[-3000:]
+                    )
                 self.cond.wait(min(remaining, 0.5))
 
     def mark(self) -> int:
@@ -121,11 +129,18 @@ class Cluster:
         # running server's local admin credential (as in 'cd repo').
         self.env["SWAMP_REPO_DIR"] = str(self.repo)
 
-    def cli(self, *args: str, env: dict | None = None, timeout: float = 60,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "swamp", *args], env={**self.env,
-                              **(env or {})}, capture_output=True, text=True, timeout=timeout,
-                              cwd=self.tmp, input=input)
+    def cli(
+        self, *args: str, env: dict | None = None, timeout: float = 60, input: str | None = None
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "swamp", *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.tmp,
+            input=input,
+        )
 
     def cli_json(self, *args: str, **kwargs):
         result = self.cli(*args, "--json", **kwargs)
@@ -134,24 +149,40 @@ class Cluster:
 
     def spawn(self, *args: str, env: dict | None = None) -> Proc:
         self.counter += 1
-        proc = Proc(list(args), env={**self.env, **(env or {})},
-                    log=self.tmp / f"proc-{self.counter}-{args[0]}.log")
+        proc = Proc(
+            list(args),
+            env={**self.env, **(env or {})},
+            log=self.tmp / f"proc-{self.counter}-{args[0]}.log",
+        )
         self.procs.append(proc)
         return proc
 
     def serve(self, *extra: str, port: int = 0) -> Proc:
-        proc = self.spawn("serve", "--repo-dir", str(self.repo), "--port", str(port), "--json",
-                          "--heartbeat", "1s", "--grace-window", "10s", *extra)
+        proc = self.spawn(
+            "serve",
+            "--repo-dir",
+            str(self.repo),
+            "--port",
+            str(port),
+            "--json",
+            "--heartbeat",
+            "1s",
+            "--grace-window",
+            "10s",
+            *extra,
+        )
         self.url = proc.wait_for(lambda e: e.get("event") == "listening")["url"]
         self.serve_proc = proc
         return proc
 
     def mint(self, name: str, duration: str = "1h") -> str:
-        return self.cli_json("worker", "token", "create", name, "--duration", duration,
-                             "--repo-dir", str(self.repo))["token"]
+        return self.cli_json(
+            "worker", "token", "create", name, "--duration", duration, "--repo-dir", str(self.repo)
+        )["token"]
 
-    def worker(self, token: str, *extra: str, cache_dir: Path | None = None,
-               wait: bool = True) -> Proc:
+    def worker(
+        self, token: str, *extra: str, cache_dir: Path | None = None, wait: bool = True
+    ) -> Proc:
         args = ["worker", "connect", self.url, "--json", *extra]
         if cache_dir is not None:
             args += ["--cache-dir", str(cache_dir)]
@@ -162,8 +193,7 @@ class Cluster:
 
     def run(self, *args: str, env: dict | None = None) -> tuple[int, list[dict]]:
         """``swamp model method run ... --json`` against the server: (exit code, JSON lines)."""
-        result = self.cli("model", "method", "run", *args, "--server", self.url, "--json",
-                          env=env)
+        result = self.cli("model", "method", "run", *args, "--server", self.url, "--json", env=env)
         lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
         return result.returncode, lines
 
@@ -212,5 +242,8 @@ def result_of(lines: list[dict]) -> dict:
 
 
 def logs_of(lines: list[dict]) -> list[str]:
-    return [line["event"]["line"] for line in lines
-            if "event" in line and line["event"].get("kind") == "log"]
+    return [
+        line["event"]["line"]
+        for line in lines
+        if "event" in line and line["event"].get("kind") == "log"
+    ]

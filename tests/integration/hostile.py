@@ -47,14 +47,16 @@ class RawSocket:
             await self.stream.send_all(data)
 
     @classmethod
-    async def open(cls, url: str, *, host: str | None = None,
-                   headers: list[tuple[str, str]] = ()) -> RawSocket:
+    async def open(
+        cls, url: str, *, host: str | None = None, headers: list[tuple[str, str]] = ()
+    ) -> RawSocket:
         """Upgrade; raises :class:`Refused` if the server answers with an HTTP status."""
         parts = urlsplit(url)
         stream = await trio.open_tcp_stream(parts.hostname, parts.port)
         ws = WSConnection(ConnectionType.CLIENT)
-        await stream.send_all(ws.send(Request(host=host or parts.netloc, target="/",
-                                              extra_headers=list(headers))))
+        await stream.send_all(
+            ws.send(Request(host=host or parts.netloc, target="/", extra_headers=list(headers)))
+        )
         status, body = None, b""
         while True:
             data = await stream.receive_some(65536)
@@ -84,8 +86,9 @@ class RawSocket:
         """Send a request and return its reply frame (answering pings on the way)."""
         self._ids += 1
         frame_id = f"r{self._ids}"
-        await self.send({"type": "request", "id": frame_id, "method": method,
-                         "params": params or {}})
+        await self.send(
+            {"type": "request", "id": frame_id, "method": method, "params": params or {}}
+        )
         while True:
             frame = await self.next_frame()
             if frame is None:
@@ -135,9 +138,18 @@ class RawSocket:
 
 
 def enroll_params(token: str, **over) -> dict:
-    return {"token": token, "instanceId": str(uuid.uuid4()), "machineId": str(uuid.uuid4()),
-            "protocolVersion": PROTOCOL_VERSION, "version": "test", "platform": "linux",
-            "arch": "x86_64", "labels": {}, "capacity": 1, **over}
+    return {
+        "token": token,
+        "instanceId": str(uuid.uuid4()),
+        "machineId": str(uuid.uuid4()),
+        "protocolVersion": PROTOCOL_VERSION,
+        "version": "test",
+        "platform": "linux",
+        "arch": "x86_64",
+        "labels": {},
+        "capacity": 1,
+        **over,
+    }
 
 
 def rss_bytes(pid: int) -> int:

@@ -27,8 +27,9 @@ def many_files():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def test_sockets_that_never_enroll_are_closed_and_real_workers_still_enroll(cluster,
-                                                                                  many_files):
+async def test_sockets_that_never_enroll_are_closed_and_real_workers_still_enroll(
+    cluster, many_files
+):
     cluster.serve()
     token = cluster.mint("real")
     opened, closed = [], []
@@ -45,10 +46,12 @@ async def test_sockets_that_never_enroll_are_closed_and_real_workers_still_enrol
             all_open.set()
         try:
             async with trio.open_nursery() as nursery:
+
                 async def keep_pinging():
                     while True:  # the attack: look alive, never enroll
                         await ws.send({"type": "ping"})
                         await trio.sleep(0.5)
+
                 nursery.start_soon(keep_pinging)
                 code, reason = await ws.wait_closed()
                 closed.append((i, code, reason))
@@ -82,8 +85,9 @@ async def test_requests_pipelined_before_auth_do_not_grow_memory(cluster):
     pid = serve.p.pid
     before = rss_bytes(pid)
     ws = await RawSocket.open(cluster.url)
-    frame = ('{"type":"request","id":"%d","method":"worker.list","params":{"pad":"' +
-             "x" * 64 + '"}}')
+    frame = (
+        '{"type":"request","id":"%d","method":"worker.list","params":{"pad":"' + "x" * 64 + '"}}'
+    )
     sent = 0
     peak = before
     with trio.move_on_after(30):

@@ -20,17 +20,64 @@ CASES = [
     (["model", "method", "run", "nothing-here", "run"], "no model named 'nothing-here'"),
     (["model", "method", "run", "command/shell", "walk"], "has no method 'walk'"),
     (["model", "method", "run", "command/shell", "run"], "needs argument 'command'"),
-    (["model", "method", "run", "command/shell", "run", "--arg", "command"],
-     "expected name=value"),
-    (["model", "method", "run", "command/shell", "run", "--arg", "command=true", "--arg",
-      "timeout=soon"], "duration"),
-    (["model", "method", "run", "command/shell", "run", "--arg", "command=true", "--arg",
-      "colour=red"], "no argument 'colour'"),
+    (["model", "method", "run", "command/shell", "run", "--arg", "command"], "expected name=value"),
+    (
+        [
+            "model",
+            "method",
+            "run",
+            "command/shell",
+            "run",
+            "--arg",
+            "command=true",
+            "--arg",
+            "timeout=soon",
+        ],
+        "duration",
+    ),
+    (
+        [
+            "model",
+            "method",
+            "run",
+            "command/shell",
+            "run",
+            "--arg",
+            "command=true",
+            "--arg",
+            "colour=red",
+        ],
+        "no argument 'colour'",
+    ),
     (["model", "method", "run", "swamp/worker", "run"], "bookkeeping"),
-    (["model", "method", "run", "command/shell", "run", "--arg", "command=true", "--label",
-      "gpu"], "invalid label 'gpu' in --label"),
-    (["model", "method", "run", "command/shell", "run", "--arg", "command=true", "--target",
-      "w1"], "needs a running orchestrator"),
+    (
+        [
+            "model",
+            "method",
+            "run",
+            "command/shell",
+            "run",
+            "--arg",
+            "command=true",
+            "--label",
+            "gpu",
+        ],
+        "invalid label 'gpu' in --label",
+    ),
+    (
+        [
+            "model",
+            "method",
+            "run",
+            "command/shell",
+            "run",
+            "--arg",
+            "command=true",
+            "--target",
+            "w1",
+        ],
+        "needs a running orchestrator",
+    ),
     (["data", "query", "modelType =="], "position 12"),
     (["data", "query", "colour == 1"], "unknown field 'colour'"),
     (["worker", "list", "--server", "http://nope"], "must start with ws://"),
@@ -47,8 +94,11 @@ CASES = [
 @pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(c[0][:4]) for c in CASES])
 def test_bad_input_is_refused_clearly_and_writes_nothing(cluster, args, needle):
     before = _rows(cluster)
-    result = cluster.cli(*args, "--repo-dir", str(cluster.repo)) if args[0] not in (
-        "worker",) or args[1] == "list" else cluster.cli(*args)
+    result = (
+        cluster.cli(*args, "--repo-dir", str(cluster.repo))
+        if args[0] not in ("worker",) or args[1] == "list"
+        else cluster.cli(*args)
+    )
     assert result.returncode != 0
     assert needle in result.stderr, result.stderr
     assert "Traceback" not in result.stderr

@@ -47,10 +47,19 @@ def test_the_same_bad_input_gets_the_same_answer_on_both_routes(cluster):
         assert "Traceback" not in lines[0]
     # --json: the same coded error on stdout too
     on_repo = cluster.cli("worker", "token", "revoke", "ghost", "--json")
-    via_server = cluster.cli("worker", "token", "revoke", "ghost", "--json", "--server",
-                             cluster.url)
-    assert json.loads(on_repo.stdout) == json.loads(via_server.stdout) == {
-        "error": {"code": "not_found", "message": json.loads(on_repo.stdout)["error"]["message"]}}
+    via_server = cluster.cli(
+        "worker", "token", "revoke", "ghost", "--json", "--server", cluster.url
+    )
+    assert (
+        json.loads(on_repo.stdout)
+        == json.loads(via_server.stdout)
+        == {
+            "error": {
+                "code": "not_found",
+                "message": json.loads(on_repo.stdout)["error"]["message"],
+            }
+        }
+    )
 
 
 def test_server_tokens_are_told_apart_from_a_missing_one(cluster):
@@ -58,11 +67,14 @@ def test_server_tokens_are_told_apart_from_a_missing_one(cluster):
     enrollment = cluster.mint("pool")
     cluster.serve()
     elsewhere = {"SWAMP_REPO_DIR": str(cluster.tmp)}
-    for env, needle in (({}, "need a credential"),
-                        ({"SWAMP_SERVER_TOKEN": "ops." + "0" * 64}, "'ops' was not accepted"),
-                        ({"SWAMP_SERVER_TOKEN": enrollment}, "'pool' was not accepted")):
-        code, lines = _answer(cluster.cli("worker", "list", "--server", cluster.url,
-                                          env={**elsewhere, **env}))
+    for env, needle in (
+        ({}, "need a credential"),
+        ({"SWAMP_SERVER_TOKEN": "ops." + "0" * 64}, "'ops' was not accepted"),
+        ({"SWAMP_SERVER_TOKEN": enrollment}, "'pool' was not accepted"),
+    ):
+        code, lines = _answer(
+            cluster.cli("worker", "list", "--server", cluster.url, env={**elsewhere, **env})
+        )
         assert code == 1 and len(lines) == 1 and needle in lines[0], (env, lines)
 
 
@@ -76,16 +88,32 @@ def _random_json(rng: random.Random, depth: int = 0):
     if kind == 1:
         return rng.choice([True, False])
     if kind == 2:
-        return rng.randint(-2**40, 2**40)
+        return rng.randint(-(2**40), 2**40)
     if kind == 3:
         return rng.uniform(-1e9, 1e9)
     if kind in (4, 5):
         return "".join(rng.choice("ab/.-_=\n\x1b é0") for _ in range(rng.randrange(12)))
     if kind == 6:
         return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(["name", "token", "labels", "args", "x", "predicate", "placement",
-                        "model", "method", "all", "dispatchId", "capacity"]):
-            _random_json(rng, depth + 1) for _ in range(rng.randrange(5))}
+    return {
+        rng.choice(
+            [
+                "name",
+                "token",
+                "labels",
+                "args",
+                "x",
+                "predicate",
+                "placement",
+                "model",
+                "method",
+                "all",
+                "dispatchId",
+                "capacity",
+            ]
+        ): _random_json(rng, depth + 1)
+        for _ in range(rng.randrange(5))
+    }
 
 
 def _mutations(rng: random.Random, valid: dict, count: int):
@@ -120,13 +148,17 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
     await worker.aclose()
     # every admin verb, on an admin socket
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)
-    admin = await RawSocket.open(cluster.url, headers=[("authorization",
-                                                        f"Bearer {credential}")])
-    valid = {"worker.token.create": {"name": "fuzz", "duration": "1h"},
-             "worker.token.revoke": {"name": "nobody"}, "data.query": {"predicate": "1 == 1"},
-             "model.method.run": {"model": "swamp/echo", "method": "echo"},
-             "worker.verify": {"name": "nobody"}, "worker.list": {}, "worker.token.list": {},
-             "server.info": {}}
+    admin = await RawSocket.open(cluster.url, headers=[("authorization", f"Bearer {credential}")])
+    valid = {
+        "worker.token.create": {"name": "fuzz", "duration": "1h"},
+        "worker.token.revoke": {"name": "nobody"},
+        "data.query": {"predicate": "1 == 1"},
+        "model.method.run": {"model": "swamp/echo", "method": "echo"},
+        "worker.verify": {"name": "nobody"},
+        "worker.list": {},
+        "worker.token.list": {},
+        "server.info": {},
+    }
     for method in sorted(messages.REQUESTS):
         if method in ("worker.dispatch", "worker.enroll", "capability.queryData"):
             continue
@@ -140,7 +172,7 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
     payloads = list(_mutations(rng, enroll_params(token), 60))
     for start in range(0, len(payloads), 20):
         pending = await RawSocket.open(cluster.url)
-        for params in payloads[start:start + 20]:
+        for params in payloads[start : start + 20]:
             reply = await pending.request("worker.enroll", params)
             assert _coded(reply) and "error" in reply, (params, reply)
             sent += 1
@@ -155,11 +187,13 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
 # -- a server that talks nonsense ----------------------------------------------------------------
 
 
-NONSENSE = {"model.method.run": {"status": "perhaps", "outputs": 3},
-            "worker.list": {"workers": "lots"},
-            "worker.token.list": {"tokens": [{"name": 5}]},
-            "data.query": {"records": [1, 2]},
-            "worker.verify": {"workers": [{"name": "w", "status": "maybe"}]}}
+NONSENSE = {
+    "model.method.run": {"status": "perhaps", "outputs": 3},
+    "worker.list": {"workers": "lots"},
+    "worker.token.list": {"tokens": [{"name": 5}]},
+    "data.query": {"records": [1, 2]},
+    "worker.verify": {"workers": [{"name": "w", "status": "maybe"}]},
+}
 
 
 async def _nonsense_server(task_status=trio.TASK_STATUS_IGNORED):
@@ -174,34 +208,50 @@ async def _nonsense_server(task_status=trio.TASK_STATUS_IGNORED):
                 return
             if frame.get("type") != "request":
                 continue
-            for event in ({"kind": "log", "line": "a real line"}, {"kind": "log", "line": 5},
-                          {"kind": "teleported"}, "not even an object"):
-                await ws.send_message(json.dumps({"type": "stream", "id": frame["id"],
-                                                  "event": event}))
-            await ws.send_message(json.dumps({"type": "response", "id": frame["id"],
-                                              "result": NONSENSE.get(frame.get("method"))}))
+            for event in (
+                {"kind": "log", "line": "a real line"},
+                {"kind": "log", "line": 5},
+                {"kind": "teleported"},
+                "not even an object",
+            ):
+                await ws.send_message(
+                    json.dumps({"type": "stream", "id": frame["id"], "event": event})
+                )
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "response",
+                        "id": frame["id"],
+                        "result": NONSENSE.get(frame.get("method")),
+                    }
+                )
+            )
 
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(trio_websocket.serve_websocket, handler, "127.0.0.1", 0,
-                                     None)
+        server = await nursery.start(trio_websocket.serve_websocket, handler, "127.0.0.1", 0, None)
         task_status.started(f"ws://127.0.0.1:{server.port}")
 
 
 async def test_the_cli_fed_malformed_events_and_results_prints_one_line(cluster, nursery):
     url = await nursery.start(_nonsense_server)
     env = {"SWAMP_SERVER_TOKEN": "ops." + "0" * 64}
-    for args in (["model", "method", "run", "swamp/echo", "echo", "--server", url],
-                 ["worker", "list", "--server", url], ["worker", "token", "list", "--server",
-                                                       url],
-                 ["data", "query", "version > 0", "--server", url],
-                 ["worker", "verify", "--server", url]):
+    for args in (
+        ["model", "method", "run", "swamp/echo", "echo", "--server", url],
+        ["worker", "list", "--server", url],
+        ["worker", "token", "list", "--server", url],
+        ["data", "query", "version > 0", "--server", url],
+        ["worker", "verify", "--server", url],
+    ):
         result = await trio.to_thread.run_sync(lambda a=args: cluster.cli(*a, env=env))
         errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
         assert result.returncode == 1, (args, result.stderr)
         assert len(errors) == 1 and "malformed reply" in errors[0], (args, result.stderr)
         assert "Traceback" not in result.stderr
-    run = await trio.to_thread.run_sync(lambda: cluster.cli(
-        "model", "method", "run", "swamp/echo", "echo", "--server", url, env=env))
+    run = await trio.to_thread.run_sync(
+        lambda: cluster.cli(
+            "model", "method", "run", "swamp/echo", "echo", "--server", url, env=env
+        )
+    )
     assert "a real line" in run.stdout
     warnings = [line for line in run.stderr.splitlines() if line.startswith("warning: ")]
     # one line per malformed event (a stream frame whose event is not even an object is

@@ -12,16 +12,18 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
     cluster.worker(cluster.mint("alpha"), "--label", "zone=a")
     cluster.worker(cluster.mint("beta"), "--label", "zone=b", "--label", "gpu=true")
 
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=echo on-alpha",
-                              "--target", "alpha")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo on-alpha", "--target", "alpha"
+    )
     assert code == 0
     assert result_of(lines)["worker"] == "alpha"
     assert "on-alpha" in logs_of(lines)
     dispatched = [e["event"] for e in lines if e.get("event", {}).get("kind") == "dispatched"]
     assert dispatched[0]["worker"] == "alpha"
 
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=echo gpu-job",
-                              "--label", "gpu=true")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo gpu-job", "--label", "gpu=true"
+    )
     assert code == 0 and result_of(lines)["worker"] == "beta"
     assert result_of(lines)["outputs"] == [{"spec": "result", "name": "result", "version": 2}]
 
@@ -31,13 +33,19 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
     # ...and so is the lease and every worker status change.
     leases = cluster.query('modelType == "swamp/step-lease" && attributes.state == "completed"')
     assert {e["attributes"]["workerName"] for e in leases} == {"alpha", "beta"}
-    statuses = cluster.cli_json("data", "query", 'modelType == "swamp/worker" && '
-                                'modelName == "alpha"', "--all-versions", "--repo-dir",
-                                str(cluster.repo))
+    statuses = cluster.cli_json(
+        "data",
+        "query",
+        'modelType == "swamp/worker" && modelName == "alpha"',
+        "--all-versions",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     assert [r["attributes"]["status"] for r in statuses] == ["idle", "busy", "idle"]
 
-    listed = {w["name"]: w for w in cluster.cli_json("worker", "list", "--server",
-                                                     cluster.url)["workers"]}
+    listed = {
+        w["name"]: w for w in cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+    }
     assert listed["beta"]["labels"] == {"zone": "b", "gpu": "true"}
     assert listed["alpha"]["status"] == "idle" and listed["alpha"]["capacity"] == 1
     for key in ("platform", "arch", "activeDispatchIds", "lastSeenAt"):
@@ -47,8 +55,9 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
 def test_a_failing_command_fails_the_dispatch_with_its_exit_code(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=echo bad >&2; exit 7",
-                              "--target", "w1")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo bad >&2; exit 7", "--target", "w1"
+    )
     assert code == 1
     result = result_of(lines)
     assert result["status"] == "failed" and "status 7" in result["error"]
@@ -63,13 +72,20 @@ def test_remote_context_capabilities(cluster):
     assert code == 0, lines
     assert "read back 42 missing=None" in logs_of(lines)
 
-    code, lines = cluster.run("test/steps", "query", "--arg",
-                              'predicate=modelType == "test/steps"', "--target", "w1")
+    code, lines = cluster.run(
+        "test/steps", "query", "--arg", 'predicate=modelType == "test/steps"', "--target", "w1"
+    )
     assert code == 0 and "found 1" in logs_of(lines)
 
     # tokens are not data a dispatch can see (test_disclosure covers the oracle)
-    code, lines = cluster.run("test/steps", "query", "--arg",
-                              'predicate=modelType == "swamp/enrollment-token"', "--target", "w1")
+    code, lines = cluster.run(
+        "test/steps",
+        "query",
+        "--arg",
+        'predicate=modelType == "swamp/enrollment-token"',
+        "--target",
+        "w1",
+    )
     assert code == 0 and "found 0" in logs_of(lines)
 
 
@@ -80,9 +96,11 @@ def test_named_environment_is_shipped_and_swamp_credentials_never(cluster):
     worker_env_token = cluster.mint("w1")
     cluster.env.pop("SHIPPED_SETTING")
     cluster.worker(worker_env_token)
-    for name, expected in (("SHIPPED_SETTING", "from-the-orchestrator"),
-                           ("SWAMP_SECRET_THING", "<unset>"),
-                           ("SWAMP_WORKER_TOKEN", "<unset>")):
+    for name, expected in (
+        ("SHIPPED_SETTING", "from-the-orchestrator"),
+        ("SWAMP_SECRET_THING", "<unset>"),
+        ("SWAMP_WORKER_TOKEN", "<unset>"),
+    ):
         code, lines = cluster.run("test/steps", "env", "--arg", f"name={name}", "--target", "w1")
         assert code == 0 and f"{name}={expected}" in logs_of(lines)
 
@@ -92,18 +110,29 @@ def test_without_placement_it_runs_in_the_orchestrator_or_here(cluster):
     code, lines = cluster.run("command/shell", "run", "--arg", "command=echo in-serve")
     assert code == 0 and result_of(lines).get("worker") is None
     assert "in-serve" in logs_of(lines)
-    result = cluster.cli("model", "method", "run", "command/shell", "run", "--arg",
-                         "command=echo here", "--repo-dir", str(cluster.repo))
+    result = cluster.cli(
+        "model",
+        "method",
+        "run",
+        "command/shell",
+        "run",
+        "--arg",
+        "command=echo here",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     assert result.returncode == 0 and "[orchestrator] here" in result.stdout
 
 
 def test_model_instances_from_the_repo(cluster):
     (cluster.repo / "models" / "hello.toml").write_text(
-        'type = "command/shell"\n[args]\ncommand = "echo instance-$WHO"\n')
+        'type = "command/shell"\n[args]\ncommand = "echo instance-$WHO"\n'
+    )
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
-    code, lines = cluster.run("hello", "run", "--target", "w1",
-                              env={"WHO": "ignored-by-the-client"})
+    code, lines = cluster.run(
+        "hello", "run", "--target", "w1", env={"WHO": "ignored-by-the-client"}
+    )
     assert code == 0 and result_of(lines)["model"] == "hello"
     assert cluster.query('modelName == "hello"')[0]["attributes"]["exitCode"] == 0
 
@@ -111,8 +140,9 @@ def test_model_instances_from_the_repo(cluster):
 def test_no_matching_worker_is_a_clear_error_and_writes_nothing(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"), "--label", "zone=a")
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=true",
-                              "--label", "zone=mars")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=true", "--label", "zone=mars"
+    )
     assert code == 1
     assert "no connected worker matches labels zone=mars" in lines[-1]["error"]["message"]
     assert cluster.query('modelType == "swamp/step-lease"') == []

@@ -16,13 +16,17 @@ def _run_in_background(cluster, *args: str) -> Proc:
 
 def test_a_worker_killed_before_writing_is_redispatched(cluster):
     cluster.serve()
-    workers = {name: cluster.worker(cluster.mint(name), "--label", "pool=x")
-               for name in ("w1", "w2")}
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
     marker = cluster.tmp / "marker"
-    command = (f"if [ -e {marker} ]; then echo second-run; else touch {marker}; "
-               "echo first-run; sleep 60; fi")
-    run = _run_in_background(cluster, "command/shell", "run", "--arg", f"command={command}",
-                             "--label", "pool=x")
+    command = (
+        f"if [ -e {marker} ]; then echo second-run; else touch {marker}; "
+        "echo first-run; sleep 60; fi"
+    )
+    run = _run_in_background(
+        cluster, "command/shell", "run", "--arg", f"command={command}", "--label", "pool=x"
+    )
     first = run.wait_for(lambda e: e.get("event", {}).get("line") == "first-run")["event"]
     workers[first["worker"]].p.kill()  # SIGKILL mid-dispatch, nothing written yet
     assert run.wait_exit() == 0
@@ -32,8 +36,10 @@ def test_a_worker_killed_before_writing_is_redispatched(cluster):
     result = result_of(lines)
     assert result["status"] == "succeeded" and result["worker"] != first["worker"]
     assert "second-run" in logs_of(lines)
-    leases = {e["attributes"]["workerName"]: e["attributes"]
-              for e in cluster.query('modelType == "swamp/step-lease"')}
+    leases = {
+        e["attributes"]["workerName"]: e["attributes"]
+        for e in cluster.query('modelType == "swamp/step-lease"')
+    }
     assert leases[first["worker"]]["state"] == "expired"
     assert "before writing" in leases[first["worker"]]["error"]
     assert leases[result["worker"]]["state"] == "completed"
@@ -41,8 +47,9 @@ def test_a_worker_killed_before_writing_is_redispatched(cluster):
 
 def test_a_worker_killed_after_writing_fails_the_step(cluster):
     cluster.serve()
-    workers = {name: cluster.worker(cluster.mint(name), "--label", "pool=x")
-               for name in ("w1", "w2")}
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
     run = _run_in_background(cluster, "test/steps", "write_then_wait", "--label", "pool=x")
     wrote = run.wait_for(lambda e: e.get("event", {}).get("line") == "wrote")["event"]
     workers[wrote["worker"]].p.kill()
@@ -91,11 +98,18 @@ def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(clu
     assert lease["state"] == "expired" and lease["error"] == "orchestrator restart"
 
     worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark, timeout=60)
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=echo back",
-                              "--target", "w1")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo back", "--target", "w1"
+    )
     assert code == 0 and "back" in logs_of(lines)
-    history = cluster.cli_json("data", "query", 'modelType == "swamp/worker"', "--all-versions",
-                               "--repo-dir", str(cluster.repo))
+    history = cluster.cli_json(
+        "data",
+        "query",
+        'modelType == "swamp/worker"',
+        "--all-versions",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     assert "disconnected" in [r["attributes"]["status"] for r in history]
 
 
@@ -105,8 +119,10 @@ def test_a_silent_worker_is_dropped_and_rejoins_as_the_same_member(cluster):
     first = worker.wait_for(lambda e: e.get("event") == "enrolled")
     worker.signal(signal.SIGSTOP)  # alive, connected, but silent
     try:
-        wait_until(lambda: cluster.workers("--all")[0]["status"] == "disconnected",
-                   what="the orchestrator to drop the silent worker")
+        wait_until(
+            lambda: cluster.workers("--all")[0]["status"] == "disconnected",
+            what="the orchestrator to drop the silent worker",
+        )
         reason = cluster.workers("--all")[0]["disconnectReason"]
         assert "heartbeat" in reason
     finally:

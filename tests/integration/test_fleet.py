@@ -33,20 +33,39 @@ def _digest(machine_id: str) -> str:
 
 
 def _tokens(cluster):
-    return {t["name"]: t for t in cluster.cli_json("worker", "token", "list", "--repo-dir",
-                                                   str(cluster.repo))}
+    return {
+        t["name"]: t
+        for t in cluster.cli_json("worker", "token", "list", "--repo-dir", str(cluster.repo))
+    }
 
 
 def _token_versions(cluster, name):
-    return len(cluster.cli_json("data", "query", f'modelType == "swamp/enrollment-token" && '
-                                f'modelName == "{name}"', "--all-versions", "--repo-dir",
-                                str(cluster.repo)))
+    return len(
+        cluster.cli_json(
+            "data",
+            "query",
+            f'modelType == "swamp/enrollment-token" && modelName == "{name}"',
+            "--all-versions",
+            "--repo-dir",
+            str(cluster.repo),
+        )
+    )
 
 
 def test_one_token_three_named_labelled_dispatchable_members(cluster):
     cluster.serve()
-    made = cluster.cli_json("worker", "token", "create", "pool", "--duration", "1h",
-                            "--max-enrollments", "3", "--repo-dir", str(cluster.repo))
+    made = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "pool",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "3",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     assert made["maxEnrollments"] == 3
     token = made["token"]
     members = {}
@@ -62,12 +81,14 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     assert set(listed) == set(members)
     assert all(w["labels"]["fleet"] == "pool" for w in listed.values())
     for name in members:
-        code, lines = cluster.run("command/shell", "run", "--arg", f"command=echo hi-{name}",
-                                  "--target", name)
+        code, lines = cluster.run(
+            "command/shell", "run", "--arg", f"command=echo hi-{name}", "--target", name
+        )
         assert code == 0 and result_of(lines)["worker"] == name
         assert f"hi-{name}" in logs_of(lines)
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=true",
-                              "--label", "fleet=pool")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=true", "--label", "fleet=pool"
+    )
     assert code == 0 and result_of(lines)["worker"] in members
 
     # a fourth machine: refused for good
@@ -91,8 +112,7 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     again = cluster.worker(token, cache_dir=cluster.tmp / f"cache-m{index}")
     assert again.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == name
     assert _token_versions(cluster, "pool") == versions
-    assert "3 / 3" in cluster.cli("worker", "token", "list", "--repo-dir",
-                                  str(cluster.repo)).stdout
+    assert "3 / 3" in cluster.cli("worker", "token", "list", "--repo-dir", str(cluster.repo)).stdout
     members[name] = again
 
     # revoke: every member is cut off within a second, and none may come back
@@ -100,13 +120,13 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     revoked_at = time.time()
     assert result.returncode == 0
     for proc in members.values():
-        dropped = proc.wait_for(lambda e: e.get("event") == "disconnected" and
-                                "revoked" in e["reason"])
+        dropped = proc.wait_for(
+            lambda e: e.get("event") == "disconnected" and "revoked" in e["reason"]
+        )
         when = datetime.fromisoformat(dropped["time"].replace("Z", "+00:00")).timestamp()
         assert when - revoked_at <= 1.0
         assert proc.wait_exit() == 1
-        assert "revoked" in [e for e in proc.events() if e.get("event") == "stopped"][-1][
-            "reason"]
+        assert "revoked" in [e for e in proc.events() if e.get("event") == "stopped"][-1]["reason"]
 
 
 def test_a_single_machine_token_is_unchanged(cluster):
@@ -119,20 +139,41 @@ def test_a_single_machine_token_is_unchanged(cluster):
 
 def test_a_worker_keeps_its_own_fleet_label_and_the_orchestrator_warns(cluster):
     serve = cluster.serve()
-    token = cluster.cli_json("worker", "token", "create", "pool", "--duration", "1h",
-                             "--max-enrollments", "2", "--repo-dir", str(cluster.repo))["token"]
+    token = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "pool",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "2",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
     proc = cluster.worker(token, "--label", "fleet=gpus")
     name = proc.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     assert cluster.workers()[0]["labels"] == {"fleet": "gpus"}
-    wait_until(lambda: f"worker {name} supplies its own fleet label 'gpus'" in
-               serve.log.read_text(), what="the warning in the orchestrator's log")
+    wait_until(
+        lambda: f"worker {name} supplies its own fleet label 'gpus'" in serve.log.read_text(),
+        what="the warning in the orchestrator's log",
+    )
 
 
 def test_forced_suffix_clash_gives_two_distinct_stable_names(cluster):
     cluster.serve()
-    token = cluster.cli_json("worker", "token", "create", "pool", "--duration", "1h",
-                             "--max-enrollments", "unlimited",
-                             "--repo-dir", str(cluster.repo))["token"]
+    token = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "pool",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "unlimited",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
     a = cluster.worker(token, cache_dir=_cache(cluster, "a", CLASH_A))
     b = cluster.worker(token, cache_dir=_cache(cluster, "b", CLASH_B))
     name_a = a.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
@@ -157,8 +198,9 @@ def test_a_legacy_record_enrolls_its_bound_machine_and_rejects_others(cluster):
     attrs = json.loads(attrs_text)
     for key in ("bindings", "maxEnrollments", "expiresAtEpoch"):
         del attrs[key]
-    attrs.update(state="enrolled", boundMachineId="legacy-machine-1",
-                 enrolledAt="2026-01-01T00:00:00.000Z")
+    attrs.update(
+        state="enrolled", boundMachineId="legacy-machine-1", enrolledAt="2026-01-01T00:00:00.000Z"
+    )
     db.execute("UPDATE data SET attributes=? WHERE model_name='old'", (json.dumps(attrs),))
     db.commit()
     db.close()
@@ -166,32 +208,58 @@ def test_a_legacy_record_enrolls_its_bound_machine_and_rejects_others(cluster):
     assert bound.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == "old"
     other = cluster.worker(credential, cache_dir=_cache(cluster, "new"), wait=False)
     assert other.wait_exit() == 1
-    assert "allowance exhausted" in other.wait_for(lambda e: e.get("event") == "stopped")[
-        "reason"]
+    assert "allowance exhausted" in other.wait_for(lambda e: e.get("event") == "stopped")["reason"]
     # re-authenticating wrote nothing: the record is still in the legacy shape
     listed = _tokens(cluster)["old"]
-    assert listed["bindings"] == [{"machineId": "legacy-machine-1", "workerName": "old",
-                                   "enrolledAt": "2026-01-01T00:00:00.000Z"}]
+    assert listed["bindings"] == [
+        {
+            "machineId": "legacy-machine-1",
+            "workerName": "old",
+            "enrolledAt": "2026-01-01T00:00:00.000Z",
+        }
+    ]
     assert _token_versions(cluster, "old") == 1
 
 
 def test_unlimited_enrolls_twenty_machines(cluster):
     cluster.serve()
-    token = cluster.cli_json("worker", "token", "create", "swarm", "--duration", "1h",
-                             "--max-enrollments", "unlimited",
-                             "--repo-dir", str(cluster.repo))["token"]
+    token = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "swarm",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "unlimited",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
     procs = [cluster.worker(token, wait=False) for _ in range(20)]
-    names = {p.wait_for(lambda e: e.get("event") == "enrolled", timeout=90)["workerName"]
-             for p in procs}
+    names = {
+        p.wait_for(lambda e: e.get("event") == "enrolled", timeout=90)["workerName"] for p in procs
+    }
     assert len(names) == 20
-    assert "20 / unlimited" in cluster.cli("worker", "token", "list", "--repo-dir",
-                                           str(cluster.repo)).stdout
+    assert (
+        "20 / unlimited"
+        in cluster.cli("worker", "token", "list", "--repo-dir", str(cluster.repo)).stdout
+    )
 
 
 async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster):
     cluster.serve()
-    token = cluster.cli_json("worker", "token", "create", "ten", "--duration", "1h",
-                             "--max-enrollments", "10", "--repo-dir", str(cluster.repo))["token"]
+    token = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "ten",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "10",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
     outcomes = []
     go = trio.Event()
 
@@ -200,12 +268,26 @@ async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster
         while True:
             try:
                 async with trio_websocket.open_websocket_url(cluster.url) as ws:
-                    await ws.send_message(json.dumps({"type": "request", "id": "e", "method":
-                                                      "worker.enroll", "params": {
-                        "token": token, "instanceId": str(uuid.uuid4()),
-                        "machineId": f"racer-{i}", "protocolVersion": PROTOCOL_VERSION,
-                        "version": "t", "platform": "linux", "arch": "x86_64", "labels": {},
-                        "capacity": 1}}))
+                    await ws.send_message(
+                        json.dumps(
+                            {
+                                "type": "request",
+                                "id": "e",
+                                "method": "worker.enroll",
+                                "params": {
+                                    "token": token,
+                                    "instanceId": str(uuid.uuid4()),
+                                    "machineId": f"racer-{i}",
+                                    "protocolVersion": PROTOCOL_VERSION,
+                                    "version": "t",
+                                    "platform": "linux",
+                                    "arch": "x86_64",
+                                    "labels": {},
+                                    "capacity": 1,
+                                },
+                            }
+                        )
+                    )
                     while True:
                         frame = json.loads(await ws.get_message())
                         if frame.get("id") == "e":
@@ -223,15 +305,24 @@ async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster
     refused = [o for o in outcomes if o["type"] == "error"]
     assert len(enrolled) == 10 and len(refused) == 190
     assert {o["error"]["code"] for o in refused} == {"allowance_exhausted"}
-    assert all("enrollment allowance exhausted (10 / 10)" in o["error"]["message"]
-               for o in refused)
+    assert all("enrollment allowance exhausted (10 / 10)" in o["error"]["message"] for o in refused)
     assert len(_tokens(cluster)["ten"]["bindings"]) == 10
 
 
 def test_bad_max_enrollments_values(cluster):
     for value in ("0", "-1", "lots", "2.5"):
-        result = cluster.cli("worker", "token", "create", "x", "--duration", "1h",
-                             "--max-enrollments", value, "--repo-dir", str(cluster.repo))
+        result = cluster.cli(
+            "worker",
+            "token",
+            "create",
+            "x",
+            "--duration",
+            "1h",
+            "--max-enrollments",
+            value,
+            "--repo-dir",
+            str(cluster.repo),
+        )
         assert result.returncode == 2
         assert "a positive integer or unlimited" in result.stderr
     assert _tokens(cluster) == {}
@@ -239,18 +330,41 @@ def test_bad_max_enrollments_values(cluster):
 
 def test_stale_members_are_forgotten_and_their_slots_released(cluster):
     cluster.serve("--worker-retention", "2s", "--grace-window", "1s")
-    token = cluster.cli_json("worker", "token", "create", "eph", "--duration", "1h",
-                             "--max-enrollments", "1", "--repo-dir", str(cluster.repo))["token"]
-    fleet = cluster.cli_json("worker", "token", "create", "ephemeral", "--duration", "1h",
-                             "--max-enrollments", "2", "--repo-dir", str(cluster.repo))["token"]
+    token = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "eph",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "1",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
+    fleet = cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "ephemeral",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "2",
+        "--repo-dir",
+        str(cluster.repo),
+    )["token"]
     single = cluster.worker(token)
     first = cluster.worker(fleet)
     cluster.worker(fleet)
     gone = first.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     first.p.kill()
     single.p.kill()
-    wait_until(lambda: len(_tokens(cluster)["ephemeral"]["bindings"]) == 1, timeout=40,
-               what="the stale binding to be released")
+    wait_until(
+        lambda: len(_tokens(cluster)["ephemeral"]["bindings"]) == 1,
+        timeout=40,
+        what="the stale binding to be released",
+    )
     assert gone not in {w["name"] for w in cluster.workers("--all")}
     third = cluster.worker(fleet)  # the freed slot admits a new machine
     assert third.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] != gone

@@ -34,9 +34,18 @@ class Impostor:
         while (frame := await self.ws.next_frame()) is not None:
             if frame.get("type") == "request" and frame.get("method") == "worker.dispatch":
                 self.dispatches.append(frame["params"])
-                await self.ws.send({"type": "response", "id": frame["id"], "result": {
-                    "status": "succeeded", "outputs": [], "durationMs": 0,
-                    "result": {"faked": True}}})
+                await self.ws.send(
+                    {
+                        "type": "response",
+                        "id": frame["id"],
+                        "result": {
+                            "status": "succeeded",
+                            "outputs": [],
+                            "durationMs": 0,
+                            "result": {"faked": True},
+                        },
+                    }
+                )
 
 
 async def test_an_impostor_gets_none_of_its_victims_targeted_work(cluster):
@@ -44,33 +53,39 @@ async def test_an_impostor_gets_none_of_its_victims_targeted_work(cluster):
     victim = cluster.mint("victim")
     cluster.worker(victim)
     victim_id = cluster.workers()[0]["instanceId"]
-    pool = cluster.cli_json("worker", "token", "create", "pool", "--duration", "1h",
-                            "--max-enrollments", "5")["token"]
+    pool = cluster.cli_json(
+        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "5"
+    )["token"]
 
     # the victim's name as instance id: not an instance id at all
     _, refused = await Impostor.enroll(cluster.url, pool, instanceId="victim")
-    assert refused["error"]["code"] == "invalid_input" and "instanceId" in \
-        refused["error"]["message"]
+    assert (
+        refused["error"]["code"] == "invalid_input" and "instanceId" in refused["error"]["message"]
+    )
     # the victim's own instance id, copied: refused while the victim is in the pool
     _, refused = await Impostor.enroll(cluster.url, pool, instanceId=victim_id)
     assert refused["error"]["code"] == "conflict"
     # a well-formed impostor claiming the victim's fleet label and 1024 slots is admitted...
-    impostor, granted = await Impostor.enroll(cluster.url, pool, capacity=1024,
-                                              labels={"fleet": "victim"})
+    impostor, granted = await Impostor.enroll(
+        cluster.url, pool, capacity=1024, labels={"fleet": "victim"}
+    )
     assert impostor is not None and granted["capacity"] == 1024
     async with trio.open_nursery() as nursery:
         nursery.start_soon(impostor.serve)
         # ...but work for the victim, by its name or its instance id, goes to the victim
         for target in ("victim", victim_id):
             code, lines = await trio.to_thread.run_sync(
-                lambda t=target: cluster.run("command/shell", "run", "--arg",
-                                             "command=echo for-the-victim", "--target", t))
+                lambda t=target: cluster.run(
+                    "command/shell", "run", "--arg", "command=echo for-the-victim", "--target", t
+                )
+            )
             assert code == 0 and result_of(lines)["worker"] == "victim", lines
             assert "for-the-victim" in logs_of(lines)
         assert impostor.dispatches == []
         # (the control: its own unique instance id does reach it)
         code, lines = await trio.to_thread.run_sync(
-            lambda: cluster.run("swamp/echo", "echo", "--target", impostor.instance_id))
+            lambda: cluster.run("swamp/echo", "echo", "--target", impostor.instance_id)
+        )
         assert code == 0 and result_of(lines)["worker"] == impostor.name
         assert len(impostor.dispatches) == 1
         nursery.cancel_scope.cancel()
@@ -84,15 +99,32 @@ async def test_a_token_pins_and_limits_what_its_workers_claim(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("gpu"), "--label", "gpu=true")
     limited = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "5",
-        "--label", "fleet=pool", "--label", "zone=eu", "--allow-labels", "disk",
-        "--max-concurrency", "2")
+        "worker",
+        "token",
+        "create",
+        "pool",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "5",
+        "--label",
+        "fleet=pool",
+        "--label",
+        "zone=eu",
+        "--allow-labels",
+        "disk",
+        "--max-concurrency",
+        "2",
+    )
     assert limited["pinnedLabels"] == {"fleet": "pool", "zone": "eu"}
     assert limited["allowedLabelKeys"] == ["disk"] and limited["maxConcurrency"] == 2
     token = limited["token"]
     # real worker processes that claim what the token does not allow stop at once, exit 1
-    for label, code in (("fleet=gpu", "label_pinned"), ("zone=us", "label_pinned"),
-                        ("gpu=true", "label_not_allowed")):
+    for label, code in (
+        ("fleet=gpu", "label_pinned"),
+        ("zone=us", "label_pinned"),
+        ("gpu=true", "label_not_allowed"),
+    ):
         worker = cluster.worker(token, "--label", label, wait=False)
         assert worker.wait_exit() == 1
         stopped = [e for e in worker.events() if e.get("event") == "stopped"][0]
@@ -114,8 +146,9 @@ async def test_a_token_pins_and_limits_what_its_workers_claim(cluster):
     tokens = {t["name"]: t for t in cluster.cli_json("worker", "token", "list")}
     assert tokens["pool"]["enrollments"] == 2
     # gpu work never reaches the limited fleet
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=true",
-                              "--label", "gpu=true")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=true", "--label", "gpu=true"
+    )
     assert code == 0 and result_of(lines)["worker"] == "gpu"
 
 
@@ -123,12 +156,17 @@ async def test_control_characters_and_newlines_from_peers_are_refused(cluster):
     serve = cluster.serve()
     token = cluster.mint("w1")
     ws = await RawSocket.open(cluster.url)
-    for field, value in (("platform", "\x1b[2J\x1b[Hlinux"), ("arch", "x86_64\n"),
-                         ("version", "1.0\r\nINFO forged log line"),
-                         ("machineId", "m\x07"), ("instanceId", "victim\n"),
-                         ("labels", {"k": "v\n"}), ("labels", {"k\x1b[31m": "v"}),
-                         ("labels", {f"k{i}": "v" * 128 for i in range(10_000)}),
-                         ("token", "w1\x1b[2J.secret")):
+    for field, value in (
+        ("platform", "\x1b[2J\x1b[Hlinux"),
+        ("arch", "x86_64\n"),
+        ("version", "1.0\r\nINFO forged log line"),
+        ("machineId", "m\x07"),
+        ("instanceId", "victim\n"),
+        ("labels", {"k": "v\n"}),
+        ("labels", {"k\x1b[31m": "v"}),
+        ("labels", {f"k{i}": "v" * 128 for i in range(10_000)}),
+        ("token", "w1\x1b[2J.secret"),
+    ):
         reply = await ws.request("worker.enroll", {**enroll_params(token), field: value})
         assert reply["error"]["code"] in ("invalid_input", "frame_too_large"), (field, reply)
     assert cluster.workers("--all") == []
@@ -142,10 +180,21 @@ def test_what_peers_wrote_is_escaped_when_shown(cluster):
     """Records written before validation existed (or by anything else) and a command's own
     output reach the terminal escaped, never interpreted."""
     store = Datastore(cluster.repo / ".swamp" / "swamp.db")
-    store.write(Key("swamp/worker", "old", "state"), {
-        "name": "old", "status": "idle", "labels": {"k": "v"}, "platform": "\x1b[2J\x1b[H",
-        "arch": "x86_64\nfake row", "capacity": 1, "activeDispatchIds": [],
-        "lastSeenAt": "t", "tokenName": "old"}, policy=SpecPolicy("state"))
+    store.write(
+        Key("swamp/worker", "old", "state"),
+        {
+            "name": "old",
+            "status": "idle",
+            "labels": {"k": "v"},
+            "platform": "\x1b[2J\x1b[H",
+            "arch": "x86_64\nfake row",
+            "capacity": 1,
+            "activeDispatchIds": [],
+            "lastSeenAt": "t",
+            "tokenName": "old",
+        },
+        policy=SpecPolicy("state"),
+    )
     store.close()
     listed = cluster.cli("worker", "list", "--all")
     assert listed.returncode == 0
@@ -153,8 +202,17 @@ def test_what_peers_wrote_is_escaped_when_shown(cluster):
     assert "x86_64\\x0afake row" in listed.stdout
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
-    ran = cluster.cli("model", "method", "run", "command/shell", "run", "--arg",
-                      "command=printf '\\033]0;owned\\007\\033[2Jvisible\\n'", "--target", "w1")
+    ran = cluster.cli(
+        "model",
+        "method",
+        "run",
+        "command/shell",
+        "run",
+        "--arg",
+        "command=printf '\\033]0;owned\\007\\033[2Jvisible\\n'",
+        "--target",
+        "w1",
+    )
     assert ran.returncode == 0, ran.stderr
     assert "\x1b" not in ran.stdout and "\x07" not in ran.stdout
     assert "\\x1b]0;owned\\x07\\x1b[2Jvisible" in ran.stdout

@@ -35,8 +35,7 @@ def _bearer(credential: str) -> list[tuple[str, str]]:
 
 
 def _shell_run(path) -> dict:
-    return {"model": "command/shell", "method": "run",
-            "args": {"command": f"touch {path}"}}
+    return {"model": "command/shell", "method": "run", "args": {"command": f"touch {path}"}}
 
 
 # -- browsers are not clients ---------------------------------------------------------------------
@@ -75,8 +74,9 @@ async def test_the_data_plane_refuses_browsers_and_rebinding(cluster):
         for headers in ({"Origin": "https://evil.example"}, {"Host": f"evil.example:{port}"}):
             for method in ("GET", "PUT"):
                 path = "/health" if method == "GET" else "/data/resources/result/x"
-                reply = await http.request(method, base + path, headers=headers,
-                                           json={"a": 1} if method == "PUT" else None)
+                reply = await http.request(
+                    method, base + path, headers=headers, json={"a": 1} if method == "PUT" else None
+                )
                 assert reply.status_code == 403, (headers, method, reply.text)
                 assert reply.json()["error"]["code"] == "forbidden"
         allowed = await http.get(base + "/health")
@@ -85,8 +85,10 @@ async def test_the_data_plane_refuses_browsers_and_rebinding(cluster):
 
 async def test_an_allowed_origin_is_admitted(cluster):
     cluster.serve("--allow-origin", "https://ops.example.com")
-    ws = await RawSocket.open(cluster.url, headers=[("origin", "https://ops.example.com"),
-                                                    *_bearer(_local_credential(cluster))])
+    ws = await RawSocket.open(
+        cluster.url,
+        headers=[("origin", "https://ops.example.com"), *_bearer(_local_credential(cluster))],
+    )
     reply = await ws.request("worker.list")
     await ws.aclose()
     assert reply["result"]["workers"] == []
@@ -110,9 +112,18 @@ def test_the_cli_in_the_repo_needs_nothing_and_anyone_else_is_refused(cluster):
     denied = cluster.cli("worker", "list", "--server", cluster.url, env=elsewhere)
     assert denied.returncode == 1 and "need a credential" in denied.stderr
     assert "--server-token" in denied.stderr and "Traceback" not in denied.stderr
-    ran = cluster.cli("model", "method", "run", "command/shell", "run", "--arg",
-                      f"command=touch {cluster.tmp / 'pwned'}", "--server", cluster.url,
-                      env=elsewhere)
+    ran = cluster.cli(
+        "model",
+        "method",
+        "run",
+        "command/shell",
+        "run",
+        "--arg",
+        f"command=touch {cluster.tmp / 'pwned'}",
+        "--server",
+        cluster.url,
+        env=elsewhere,
+    )
     assert ran.returncode == 1 and not (cluster.tmp / "pwned").exists()
 
 
@@ -123,8 +134,9 @@ async def test_health_tells_strangers_only_that_it_is_up(cluster):
         assert (await http.get(f"{base}/health")).json() == {"status": "ok"}
         bad = await http.get(f"{base}/health", headers={"Authorization": "Bearer local.00"})
         assert bad.json() == {"status": "ok"}
-        admin = await http.get(f"{base}/health", headers={
-            "Authorization": f"Bearer {_local_credential(cluster)}"})
+        admin = await http.get(
+            f"{base}/health", headers={"Authorization": f"Bearer {_local_credential(cluster)}"}
+        )
         assert admin.json()["status"] == "ok" and "version" in admin.json()
         assert admin.json()["pool"]["connected"] == 0
 
@@ -133,18 +145,25 @@ def test_server_tokens_guard_admin_frames_but_not_enrollment(cluster):
     admin = cluster.cli_json("server", "token", "create", "ops")
     cluster.serve()
     elsewhere = {"SWAMP_REPO_DIR": str(cluster.tmp)}
-    cases = [({}, "need a credential"),
-             ({"SWAMP_SERVER_TOKEN": "ops." + "1" * 64}, "'ops' was not accepted"),
-             ({"SWAMP_SERVER_TOKEN": "ghost." + "1" * 64}, "'ghost' was not accepted"),
-             ({"SWAMP_SERVER_TOKEN": "no-dot"}, "<name>.<secret>")]
+    cases = [
+        ({}, "need a credential"),
+        ({"SWAMP_SERVER_TOKEN": "ops." + "1" * 64}, "'ops' was not accepted"),
+        ({"SWAMP_SERVER_TOKEN": "ghost." + "1" * 64}, "'ghost' was not accepted"),
+        ({"SWAMP_SERVER_TOKEN": "no-dot"}, "<name>.<secret>"),
+    ]
     for env, needle in cases:
         denied = cluster.cli("worker", "list", "--server", cluster.url, env={**elsewhere, **env})
         assert denied.returncode == 1 and needle in denied.stderr, (env, denied.stderr)
     # an unknown name and a wrong secret read the same, but for the name itself
     assert cases[1][1].replace("ops", "x") == cases[2][1].replace("ghost", "x")
     cluster.worker(cluster.mint("w1"))  # workers need only their enrollment token
-    allowed = cluster.cli_json("worker", "list", "--server", cluster.url,
-                               env={**elsewhere, "SWAMP_SERVER_TOKEN": admin["token"]})
+    allowed = cluster.cli_json(
+        "worker",
+        "list",
+        "--server",
+        cluster.url,
+        env={**elsewhere, "SWAMP_SERVER_TOKEN": admin["token"]},
+    )
     assert [w["name"] for w in allowed["workers"]] == ["w1"]
     secret = admin["token"].split(".", 1)[1].encode()
     for path in (cluster.repo / ".swamp").glob("swamp.db*"):
@@ -155,8 +174,10 @@ async def test_revoking_a_server_token_closes_the_sockets_it_opened(cluster):
     ops = cluster.cli_json("server", "token", "create", "ops")["token"]
     other = cluster.cli_json("server", "token", "create", "other")["token"]
     cluster.serve()
-    async with client.connect(cluster.url, server_token=ops) as channel, \
-            client.connect(cluster.url, server_token=other) as bystander:
+    async with (
+        client.connect(cluster.url, server_token=ops) as channel,
+        client.connect(cluster.url, server_token=other) as bystander,
+    ):
         assert (await channel.call("worker.list"))["workers"] == []
         assert (await bystander.call("worker.list"))["workers"] == []
         revoked = cluster.cli("server", "token", "revoke", "ops")
@@ -191,13 +212,18 @@ async def test_a_worker_socket_can_never_call_admin_frames(cluster):
     token = cluster.mint("w1")
     ws = await RawSocket.open(cluster.url, headers=_bearer(_local_credential(cluster)))
     before = await ws.request("capability.queryData", {"predicate": "version > 0"})
-    assert before["error"]["code"] == "forbidden" and "enroll first" in \
-        before["error"]["message"]
+    assert before["error"]["code"] == "forbidden" and "enroll first" in before["error"]["message"]
     enrolled = await ws.request("worker.enroll", enroll_params(token))
     assert enrolled["result"]["workerName"] == "w1"
     # even a socket that presented the admin credential is a worker once it enrolled
-    for method in ["worker.list", "worker.token.create", "worker.token.revoke",
-                   "model.method.run", "data.query", "worker.enroll"]:
+    for method in [
+        "worker.list",
+        "worker.token.create",
+        "worker.token.revoke",
+        "model.method.run",
+        "data.query",
+        "worker.enroll",
+    ]:
         reply = await ws.request(method, {"name": "w1"})
         assert reply["error"]["code"] == "forbidden", (method, reply)
     outside = await ws.request("capability.queryData", {"dispatchId": "x", "predicate": "1 == 1"})
@@ -211,13 +237,17 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
     cluster.serve()
     ws = await RawSocket.open(cluster.url, headers=_bearer(_local_credential(cluster)))
     for text, code in [
-        ("not json", "malformed_frame"), ("[1,2]", "malformed_frame"),
+        ("not json", "malformed_frame"),
+        ("[1,2]", "malformed_frame"),
         ('{"type":"request","id":"","method":"x"}', "malformed_frame"),
-        ('{"type":"request","id":"x","method":"worker.enroll","params":"zzz"}',
-         "malformed_frame"),
+        ('{"type":"request","id":"x","method":"worker.enroll","params":"zzz"}', "malformed_frame"),
         ('{"type":"nonsense"}', "malformed_frame"),
-        ('{"type":"request","id":"big","method":"x","params":{"p":"' +
-         "x" * (MAX_FRAME_BYTES + 10) + '"}}', "frame_too_large"),
+        (
+            '{"type":"request","id":"big","method":"x","params":{"p":"'
+            + "x" * (MAX_FRAME_BYTES + 10)
+            + '"}}',
+            "frame_too_large",
+        ),
     ]:
         await ws.send(text)
         reply = await ws.next_frame()
@@ -237,21 +267,49 @@ async def test_hostile_frames_get_coded_errors_and_the_server_survives(cluster):
     for method, params, code in [
         ("model.method.run", {"model": "no/such", "method": "run"}, "unknown_model"),
         ("model.method.run", {"model": "command/shell", "method": "walk"}, "unknown_method"),
-        ("model.method.run", {"model": "command/shell", "method": "run",
-                              "args": {"command": 5}}, "invalid_input"),
-        ("model.method.run", {"model": "command/shell", "method": "run",
-                              "args": {"command": "true"}, "placement": {"labels": {"a": 1}}},
-         "malformed_frame"),
-        ("model.method.run", {"model": "command/shell", "method": "run",
-                              "args": {"command": "true"}, "placement": {"labels": {"a b": "1"}}},
-         "invalid_input"),
-        ("model.method.run", {"model": "command/shell", "method": "run",
-                              "args": {"command": "true"}, "env": ["PATH"]}, "invalid_input"),
+        (
+            "model.method.run",
+            {"model": "command/shell", "method": "run", "args": {"command": 5}},
+            "invalid_input",
+        ),
+        (
+            "model.method.run",
+            {
+                "model": "command/shell",
+                "method": "run",
+                "args": {"command": "true"},
+                "placement": {"labels": {"a": 1}},
+            },
+            "malformed_frame",
+        ),
+        (
+            "model.method.run",
+            {
+                "model": "command/shell",
+                "method": "run",
+                "args": {"command": "true"},
+                "placement": {"labels": {"a b": "1"}},
+            },
+            "invalid_input",
+        ),
+        (
+            "model.method.run",
+            {
+                "model": "command/shell",
+                "method": "run",
+                "args": {"command": "true"},
+                "env": ["PATH"],
+            },
+            "invalid_input",
+        ),
         ("data.query", {"predicate": "version =="}, "invalid_predicate"),
         ("worker.token.create", {"name": "x", "duration": "0s"}, "invalid_input"),
         ("worker.token.create", {"name": "Bad.Name", "duration": "1h"}, "invalid_input"),
-        ("worker.token.create", {"name": "x", "duration": "1h", "maxConcurrency": 0},
-         "invalid_input"),
+        (
+            "worker.token.create",
+            {"name": "x", "duration": "1h", "maxConcurrency": 0},
+            "invalid_input",
+        ),
         ("worker.token.create", {"name": "x"}, "malformed_frame"),
         ("worker.list", {"all": "yes"}, "malformed_frame"),
     ]:
@@ -267,10 +325,14 @@ async def test_the_data_plane_refuses_without_a_dispatch_credential(cluster):
     cluster.serve()
     base = cluster.url.replace("ws://", "http://")
     async with httpx.AsyncClient() as http:
-        for headers in ({}, {"Authorization": "Bearer nonsense"},
-                        {"Authorization": f"Bearer {_local_credential(cluster)}"}):
-            reply = await http.put(f"{base}/data/resources/result/x", json={"a": 1},
-                                   headers=headers)
+        for headers in (
+            {},
+            {"Authorization": "Bearer nonsense"},
+            {"Authorization": f"Bearer {_local_credential(cluster)}"},
+        ):
+            reply = await http.put(
+                f"{base}/data/resources/result/x", json={"a": 1}, headers=headers
+            )
             assert reply.status_code == 401 and reply.json()["error"]["code"] == "unauthorized"
         missing = await http.get(f"{base}/nowhere")
         assert missing.status_code == 404
@@ -279,16 +341,43 @@ async def test_the_data_plane_refuses_without_a_dispatch_credential(cluster):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_end_to_end_with_a_private_ca(cluster):
     cert, key = cluster.tmp / "cert.pem", cluster.tmp / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     cluster.serve("--tls-cert", str(cert), "--tls-key", str(key))
     assert cluster.url.startswith("wss://")
     untrusted = cluster.worker(cluster.mint("w0"), wait=False)
-    untrusted.wait_for(lambda e: e.get("event") == "disconnected" and "CERTIFICATE" in
-                       e["reason"].upper())
+    untrusted.wait_for(
+        lambda e: e.get("event") == "disconnected" and "CERTIFICATE" in e["reason"].upper()
+    )
     untrusted.stop()
     cluster.worker(cluster.mint("w1"), "--ca-cert", str(cert))
-    code, lines = cluster.run("test/steps", "round_trip", "--arg", "value=tls", "--target", "w1",
-                              env={"SWAMP_CA_CERT": str(cert)})
+    code, lines = cluster.run(
+        "test/steps",
+        "round_trip",
+        "--arg",
+        "value=tls",
+        "--target",
+        "w1",
+        env={"SWAMP_CA_CERT": str(cert)},
+    )
     assert code == 0, lines

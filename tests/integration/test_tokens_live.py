@@ -74,8 +74,12 @@ def test_permanent_rejections_exit_1_with_a_reason(cluster, case):
     worker = cluster.worker(token, *extra, wait=False)
     assert worker.wait_exit() == 1
     stopped = [e for e in worker.events() if e.get("event") == "stopped"][0]
-    expected = {"wrong-secret": "does not match", "unknown-token": "does not match",
-                "malformed": "<name>.<secret>", "protocol": "protocol 999"}[case]
+    expected = {
+        "wrong-secret": "does not match",
+        "unknown-token": "does not match",
+        "malformed": "<name>.<secret>",
+        "protocol": "protocol 999",
+    }[case]
     assert expected in stopped["reason"]
     assert "0" * 64 not in stopped["reason"]
     if case == "unknown-token":  # nothing was written for the unknown name
@@ -89,17 +93,28 @@ def test_a_second_machine_cannot_use_a_single_machine_token(cluster):
     first = cluster.worker(token, cache_dir=cluster.tmp / "m1")
     second = cluster.worker(token, cache_dir=cluster.tmp / "m2", wait=False)
     assert second.wait_exit() == 1
-    assert "allowance exhausted" in second.wait_for(lambda e: e.get("event") == "stopped")[
-        "reason"]
+    assert "allowance exhausted" in second.wait_for(lambda e: e.get("event") == "stopped")["reason"]
     # the bound machine restarts and re-authenticates as the same worker, without a write
     first.signal(signal.SIGTERM)
     assert first.wait_exit() == 0
-    versions = cluster.cli_json("data", "query", 'modelType == "swamp/enrollment-token"',
-                                "--all-versions", "--repo-dir", str(cluster.repo))
+    versions = cluster.cli_json(
+        "data",
+        "query",
+        'modelType == "swamp/enrollment-token"',
+        "--all-versions",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     restarted = cluster.worker(token, cache_dir=cluster.tmp / "m1")
     assert restarted.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == "solo"
-    after = cluster.cli_json("data", "query", 'modelType == "swamp/enrollment-token"',
-                             "--all-versions", "--repo-dir", str(cluster.repo))
+    after = cluster.cli_json(
+        "data",
+        "query",
+        'modelType == "swamp/enrollment-token"',
+        "--all-versions",
+        "--repo-dir",
+        str(cluster.repo),
+    )
     assert len(after) == len(versions)
     listed = cluster.cli_json("worker", "token", "list", "--repo-dir", str(cluster.repo))
     assert listed[0]["enrollments"] == 1 and listed[0]["maxEnrollments"] == 1
@@ -119,8 +134,9 @@ def test_token_cli_bad_input_is_refused_and_writes_nothing(cluster):
         assert "Traceback" not in result.stderr
     assert cluster.cli_json("worker", "token", "list", "--repo-dir", str(cluster.repo)) == []
     cluster.mint("dup")
-    result = cluster.cli("worker", "token", "create", "dup", "--duration", "1h",
-                         "--repo-dir", str(cluster.repo))
+    result = cluster.cli(
+        "worker", "token", "create", "dup", "--duration", "1h", "--repo-dir", str(cluster.repo)
+    )
     assert result.returncode != 0 and "already exists" in result.stderr
 
 
@@ -128,8 +144,18 @@ def test_the_token_list_shows_state_and_enrollments(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
     cluster.mint("spare")
-    cluster.cli_json("worker", "token", "create", "gpu", "--duration", "1h", "--label",
-                     "gpu=true", "--max-concurrency", "2")
+    cluster.cli_json(
+        "worker",
+        "token",
+        "create",
+        "gpu",
+        "--duration",
+        "1h",
+        "--label",
+        "gpu=true",
+        "--max-concurrency",
+        "2",
+    )
     text = cluster.cli("worker", "token", "list", "--server", cluster.url).stdout
     header, *rows = text.strip().splitlines()
     assert header.split() == ["NAME", "STATE", "EXPIRES", "ENROLLMENTS", "WORKER", "LIMITS"]

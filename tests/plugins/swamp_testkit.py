@@ -40,15 +40,18 @@ async def env(ctx, args):
 
 @hookimpl
 def swamp_model_types():
-    return [ModelType(
-        "test/steps",
-        methods=(
-            Method("write_then_wait", write_then_wait, args=(Arg("seconds", "number",
-                                                                 default=60),)),
-            Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
-            Method("query", query, args=(Arg("predicate", required=True),)),
-            Method("round_trip", round_trip, args=(Arg("value", required=True),)),
-            Method("env", env, args=(Arg("name", required=True),)),
-        ),
-        resources=(ResourceSpec("progress"),),
-    )]
+    return [
+        ModelType(
+            "test/steps",
+            methods=(
+                Method(
+                    "write_then_wait", write_then_wait, args=(Arg("seconds", "number", default=60),)
+                ),
+                Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
+                Method("query", query, args=(Arg("predicate", required=True),)),
+                Method("round_trip", round_trip, args=(Arg("value", required=True),)),
+                Method("env", env, args=(Arg("name", required=True),)),
+            ),
+            resources=(ResourceSpec("progress"),),
+        )
+    ]

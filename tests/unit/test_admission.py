@@ -37,8 +37,11 @@ def test_a_socket_whose_enrollment_is_being_decided_is_never_evicted():
 
 def test_revoked_admins_are_checked_once_per_principal():
     admission = Admission()
-    ops, ci, local = (Principal("server-token", "ops"), Principal("server-token", "ci"),
-                      Principal("local", "local"))
+    ops, ci, local = (
+        Principal("server-token", "ops"),
+        Principal("server-token", "ci"),
+        Principal("local", "local"),
+    )
     conns = {Conn(i): p for i, p in enumerate([ops, ops, ci, local])}
     for conn, principal in conns.items():
         admission.arrived(conn)

@@ -55,11 +55,18 @@ def test_capacity_is_capped_not_refused():
     assert modest.capacity == 1 and not modest.capacity_capped
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"pinned": {"bad key": "v"}}, {"pinned": {"k": "v\n"}}, {"allowed_keys": ["ok", "no\n"]},
-    {"max_concurrency": 0}, {"max_concurrency": MAX_CAPACITY + 1}, {"max_concurrency": True},
-    {"max_concurrency": "2"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pinned": {"bad key": "v"}},
+        {"pinned": {"k": "v\n"}},
+        {"allowed_keys": ["ok", "no\n"]},
+        {"max_concurrency": 0},
+        {"max_concurrency": MAX_CAPACITY + 1},
+        {"max_concurrency": True},
+        {"max_concurrency": "2"},
+    ],
+)
 def test_bad_policies_are_input_errors(kwargs):
     with pytest.raises(UserError):
         ClaimPolicy.build(**kwargs)
@@ -67,13 +74,23 @@ def test_bad_policies_are_input_errors(kwargs):
 
 def test_the_policy_round_trips_through_the_token_record():
     policy = ClaimPolicy.build(pinned={"zone": "eu"}, allowed_keys=["disk"], max_concurrency=3)
-    token = Token(name="pool", state=TokenState.UNUSED, created_at="t0", expires_at="t1",
-                  expires_at_epoch=1.0, secret_hash=hash_secret("s"), max_enrollments=5,
-                  claims=policy)
+    token = Token(
+        name="pool",
+        state=TokenState.UNUSED,
+        created_at="t0",
+        expires_at="t1",
+        expires_at_epoch=1.0,
+        secret_hash=hash_secret("s"),
+        max_enrollments=5,
+        claims=policy,
+    )
     attrs = token.to_attributes()
     assert attrs["pinnedLabels"] == {"zone": "eu"} and attrs["allowedLabelKeys"] == ["disk"]
     assert Token.from_attributes(attrs).claims == policy
-    legacy = {k: v for k, v in attrs.items()
-              if k not in ("pinnedLabels", "allowedLabelKeys", "maxConcurrency")}
+    legacy = {
+        k: v
+        for k, v in attrs.items()
+        if k not in ("pinnedLabels", "allowedLabelKeys", "maxConcurrency")
+    }
     assert Token.from_attributes(legacy).claims == ClaimPolicy()
     assert "zone=eu pinned" in policy.describe() and "3 slot" in policy.describe()

@@ -10,8 +10,20 @@ from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.errors import UserError
 
 DOMAIN = Path(__file__).resolve().parents[2] / "swamp" / "domain"
-FORBIDDEN = {"trio", "hypercorn", "sqlite3", "pluggy", "typer", "socket", "time", "os",
-             "httpx", "trio_websocket", "asyncio", "subprocess"}
+FORBIDDEN = {
+    "trio",
+    "hypercorn",
+    "sqlite3",
+    "pluggy",
+    "typer",
+    "socket",
+    "time",
+    "os",
+    "httpx",
+    "trio_websocket",
+    "asyncio",
+    "subprocess",
+}
 
 
 def test_the_domain_is_sans_io():
@@ -27,19 +39,32 @@ def test_the_domain_is_sans_io():
 
 
 def test_only_named_variables_are_shipped():
-    orchestrator = {"HOME": "/root", "PATH": "/x", "SWAMP_WORKER_TOKEN": "t.s",
-                    "XDG_RUNTIME_DIR": "/run", "API_URL": "https://api", "AWS_SECRET": "k"}
+    orchestrator = {
+        "HOME": "/root",
+        "PATH": "/x",
+        "SWAMP_WORKER_TOKEN": "t.s",
+        "XDG_RUNTIME_DIR": "/run",
+        "API_URL": "https://api",
+        "AWS_SECRET": "k",
+    }
     assert environment.ship(orchestrator, ()) == {}
     assert environment.ship(orchestrator, ("API_URL", "MISSING")) == {"API_URL": "https://api"}
     # a denied name never ships, even if it slipped past validation
     assert environment.ship(orchestrator, ("PATH", "SWAMP_WORKER_TOKEN")) == {}
 
 
-@pytest.mark.parametrize("names,needle", [
-    (["PATH"], "can never be shipped"), (["swamp_token"], "can never be shipped"),
-    (["XDG_CONFIG_HOME"], "can never be shipped"), (["1ABC"], "invalid variable name"),
-    (["A B"], "invalid variable name"), (["OK\n"], "invalid variable name"), ([5], "invalid"),
-])
+@pytest.mark.parametrize(
+    "names,needle",
+    [
+        (["PATH"], "can never be shipped"),
+        (["swamp_token"], "can never be shipped"),
+        (["XDG_CONFIG_HOME"], "can never be shipped"),
+        (["1ABC"], "invalid variable name"),
+        (["A B"], "invalid variable name"),
+        (["OK\n"], "invalid variable name"),
+        ([5], "invalid"),
+    ],
+)
 def test_naming_a_variable_that_cannot_ship_is_an_input_error(names, needle):
     with pytest.raises(UserError, match=needle) as info:
         environment.check_names(names, source="--ship-env")
@@ -52,8 +77,12 @@ def test_check_names_keeps_order_and_drops_repeats():
 
 def test_environment_overlay():
     shipped = {"API_URL": "https://api"}
-    worker = {"HOME": "/home/w", "PATH": "/usr/bin", "SWAMP_WORKER_TOKEN": "mine.secret",
-              "API_URL": "old"}
+    worker = {
+        "HOME": "/home/w",
+        "PATH": "/usr/bin",
+        "SWAMP_WORKER_TOKEN": "mine.secret",
+        "API_URL": "old",
+    }
     merged = environment.overlay(worker, {**shipped, "SWAMP_EVIL": "1", "PATH": "/evil"})
     assert merged == {"HOME": "/home/w", "PATH": "/usr/bin", "API_URL": "https://api"}
 
@@ -70,16 +99,33 @@ def test_lease_transitions():
         mark_writes(done)
 
 
-@pytest.mark.parametrize("lifecycle,states,legal", [
-    (LEASE_LIFECYCLE, LeaseState, {("active", "completed"), ("active", "failed"),
-                                   ("active", "expired")}),
-    (WORKER_LIFECYCLE, WorkerStatus, {("idle", "busy"), ("idle", "idle"),
-                                      ("idle", "disconnected"), ("busy", "idle"),
-                                      ("busy", "busy"), ("busy", "disconnected"),
-                                      ("disconnected", "idle"), ("disconnected", "busy"),
-                                      ("unverified", "idle"), ("unverified", "unverified"),
-                                      ("unverified", "disconnected")}),
-])
+@pytest.mark.parametrize(
+    "lifecycle,states,legal",
+    [
+        (
+            LEASE_LIFECYCLE,
+            LeaseState,
+            {("active", "completed"), ("active", "failed"), ("active", "expired")},
+        ),
+        (
+            WORKER_LIFECYCLE,
+            WorkerStatus,
+            {
+                ("idle", "busy"),
+                ("idle", "idle"),
+                ("idle", "disconnected"),
+                ("busy", "idle"),
+                ("busy", "busy"),
+                ("busy", "disconnected"),
+                ("disconnected", "idle"),
+                ("disconnected", "busy"),
+                ("unverified", "idle"),
+                ("unverified", "unverified"),
+                ("unverified", "disconnected"),
+            },
+        ),
+    ],
+)
 def test_lifecycle_tables_pair_by_pair(lifecycle, states, legal):
     for a in states:
         for b in states:

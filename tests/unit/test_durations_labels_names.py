@@ -8,8 +8,10 @@ from swamp.domain.names import check_data_name, check_name
 from swamp.errors import UserError
 
 
-@pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("2h", 7200),
-                                          ("7d", 604800), ("1w", 604800), (" 5m ", 300)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("30s", 30), ("15m", 900), ("2h", 7200), ("7d", 604800), ("1w", 604800), (" 5m ", 300)],
+)
 def test_durations_parse(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -20,7 +22,6 @@ def test_bad_durations_are_rejected_with_a_hint(text):
         parse_duration(text, what="--duration")
     assert "--duration" in info.value.message
     assert "30s, 15m, 2h, 7d, 1w" in info.value.message
-
 
 
 def test_labels_parse_and_later_entries_win():

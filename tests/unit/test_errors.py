@@ -25,8 +25,9 @@ CODES = sorted(BY_CODE)
 
 
 def test_the_table_is_the_classes():
-    classes = [v for v in vars(errors).values()
-               if isinstance(v, type) and issubclass(v, SwampError)]
+    classes = [
+        v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, SwampError)
+    ]
     assert {cls.code for cls in classes} == set(BY_CODE)
     assert all(BY_CODE[cls.code] is cls for cls in classes)
     assert len(CODES) > 30
@@ -71,6 +72,12 @@ def test_unknown_codes_and_malformed_errors_stay_readable():
 
 def test_what_stops_a_worker_is_the_rejected_branch():
     stops = {c for c, cls in BY_CODE.items() if issubclass(cls, Rejected)}
-    assert {"token_invalid", "token_revoked", "label_pinned", "protocol_mismatch",
-            "allowance_exhausted", "malformed_token"} <= stops
+    assert {
+        "token_invalid",
+        "token_revoked",
+        "label_pinned",
+        "protocol_mismatch",
+        "allowance_exhausted",
+        "malformed_token",
+    } <= stops
     assert "already_connected" not in stops and "busy" not in stops

@@ -44,8 +44,9 @@ async def test_every_builtin_seam_passes_on_a_healthy_context():
         assert verdict["ok"], (seam.name, verdict)
 
 
-@pytest.mark.parametrize("env,needle", [({}, "is unset"), ({MARKER_ENV: "other"},
-                                                           "another dispatch's marker")])
+@pytest.mark.parametrize(
+    "env,needle", [({}, "is unset"), ({MARKER_ENV: "other"}, "another dispatch's marker")]
+)
 async def test_env_seam_failures(env, needle):
     verdict = await run_seam(SEAMS["env"], StandInContext(env=env), ARGS)
     assert not verdict["ok"] and needle in verdict["detail"]
@@ -73,10 +74,11 @@ async def test_a_plugin_seam_that_raises_anything_fails_only_itself():
     async def refuses(ctx, args):
         raise SeamFailed("too hot")
 
-    assert (await run_seam(Seam("x", crashes), None, ARGS)) == {"ok": False,
-                                                                "detail": "KeyError: 'boom'"}
-    assert (await run_seam(Seam("y", refuses), None, ARGS)) == {"ok": False,
-                                                                "detail": "too hot"}
+    assert (await run_seam(Seam("x", crashes), None, ARGS)) == {
+        "ok": False,
+        "detail": "KeyError: 'boom'",
+    }
+    assert (await run_seam(Seam("y", refuses), None, ARGS)) == {"ok": False, "detail": "too hot"}
 
 
 async def test_a_seam_that_hangs_times_out(monkeypatch, autojump_clock):
@@ -92,5 +94,4 @@ def test_builtin_seams_come_first_then_plugins_by_name():
         return "ok"
 
     mixed = [Seam("zeta", ok), *reversed(BUILTIN_SEAMS), Seam("alpha", ok), Seam("env", ok)]
-    assert [s.name for s in ordered(mixed)] == ["env", "capability", "data-plane", "alpha",
-                                                "zeta"]
+    assert [s.name for s in ordered(mixed)] == ["env", "capability", "data-plane", "alpha", "zeta"]

@@ -19,16 +19,26 @@ from swamp.protocol.messages import (
     decode_event,
 )
 
-MESSAGES = sorted((cls for cls in vars(messages).values()
-                   if isinstance(cls, type) and issubclass(cls, Message) and cls is not Message),
-                  key=lambda cls: cls.__name__)
+MESSAGES = sorted(
+    (
+        cls
+        for cls in vars(messages).values()
+        if isinstance(cls, type) and issubclass(cls, Message) and cls is not Message
+    ),
+    key=lambda cls: cls.__name__,
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40) |
-    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
-    max_leaves=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 def strategy_for(hint):
@@ -47,14 +57,15 @@ def strategy_for(hint):
     if hint is bool:
         return st.booleans()
     if hint is int:
-        return st.integers(-2**40, 2**40)
+        return st.integers(-(2**40), 2**40)
     if hint is float:
         return st.floats(allow_nan=False, allow_infinity=False)
     if hint is dict:
         return st.dictionaries(st.text(max_size=8), json_values, max_size=3)
     if origin is dict:
-        return st.dictionaries(st.text(max_size=8), strategy_for(typing.get_args(hint)[1]),
-                               max_size=3)
+        return st.dictionaries(
+            st.text(max_size=8), strategy_for(typing.get_args(hint)[1]), max_size=3
+        )
     if origin is list:
         return st.lists(strategy_for(typing.get_args(hint)[0]), max_size=3)
     if isinstance(hint, type) and issubclass(hint, Message):
@@ -69,9 +80,19 @@ def instances(cls):
 
 def test_there_is_a_message_per_payload():
     names = {cls.__name__ for cls in MESSAGES}
-    assert {"EnrollRequest", "EnrollReply", "DispatchRequest", "DispatchResult", "LogLine",
-            "QueryDataRequest", "QueryDataReply", "RunResult", "TokenItem",
-            "WorkerListReply", "VerifyReport"} <= names
+    assert {
+        "EnrollRequest",
+        "EnrollReply",
+        "DispatchRequest",
+        "DispatchResult",
+        "LogLine",
+        "QueryDataRequest",
+        "QueryDataReply",
+        "RunResult",
+        "TokenItem",
+        "WorkerListReply",
+        "VerifyReport",
+    } <= names
     assert set(messages.REQUESTS.values()) <= set(MESSAGES)
 
 
@@ -111,26 +132,47 @@ def test_a_valid_payload_with_one_field_broken_names_that_field(cls, data):
 
 def test_errors_name_the_message_and_the_field():
     with pytest.raises(MalformedFrame, match=r"DispatchRequest: 'credential' is missing"):
-        DispatchRequest.decode({"dispatchId": "d", "modelType": "t", "modelName": "n",
-                                "method": "m"})
-    with pytest.raises(MalformedFrame, match=r"MethodRunRequest.placement.labels.a: expected "
-                                             r"a string"):
+        DispatchRequest.decode(
+            {"dispatchId": "d", "modelType": "t", "modelName": "n", "method": "m"}
+        )
+    with pytest.raises(
+        MalformedFrame,
+        match=r"MethodRunRequest.placement.labels.a: expected "
+        r"a string",
+    ):
         MethodRunRequest.decode({"model": "m", "method": "x", "placement": {"labels": {"a": 1}}})
     with pytest.raises(MalformedFrame, match="takesSlot: expected true or false"):
-        DispatchRequest.decode({"dispatchId": "d", "modelType": "t", "modelName": "n",
-                                "method": "m", "credential": "c", "takesSlot": "no"})
+        DispatchRequest.decode(
+            {
+                "dispatchId": "d",
+                "modelType": "t",
+                "modelName": "n",
+                "method": "m",
+                "credential": "c",
+                "takesSlot": "no",
+            }
+        )
 
 
 def test_a_dispatch_says_whether_it_takes_a_slot():
     probe = DispatchRequest("d", "swamp/fleet-probe", "probe", "verify", "c", takes_slot=False)
     assert probe.to_json()["takesSlot"] is False
-    assert DispatchRequest.decode({"dispatchId": "d", "modelType": "t", "modelName": "n",
-                                   "method": "m", "credential": "c"}).takes_slot is True
+    assert (
+        DispatchRequest.decode(
+            {
+                "dispatchId": "d",
+                "modelType": "t",
+                "modelName": "n",
+                "method": "m",
+                "credential": "c",
+            }
+        ).takes_slot
+        is True
+    )
 
 
 def test_events_decode_by_kind():
     assert decode_event({"kind": "log", "line": "hi"}) == LogLine("hi")
-    for bad in ({"kind": "nope"}, {"line": "x"}, [], {"kind": "log"}, {"kind": "log",
-                                                                        "line": 5}):
+    for bad in ({"kind": "nope"}, {"line": "x"}, [], {"kind": "log"}, {"kind": "log", "line": 5}):
         with pytest.raises(MalformedFrame):
             decode_event(bad)

@@ -23,8 +23,7 @@ def test_builtins_register_through_the_hook():
 
 def test_argument_validation():
     run = SHELL.method("run")
-    assert run.validate({"command": "true", "timeout": "5m"}) == {"command": "true",
-                                                                  "timeout": 300}
+    assert run.validate({"command": "true", "timeout": "5m"}) == {"command": "true", "timeout": 300}
     with pytest.raises(UserError, match="needs argument 'command'"):
         run.validate({})
     with pytest.raises(UserError, match="no argument 'cmd'"):
@@ -35,18 +34,31 @@ def test_argument_validation():
         SHELL.method("walk")
 
 
-@pytest.mark.parametrize("arg,value,expected", [
-    (Arg("n", "integer"), "3", 3), (Arg("n", "integer"), 3, 3), (Arg("x", "number"), "0.5", 0.5),
-    (Arg("b", "boolean"), "yes", True), (Arg("b", "boolean"), False, False),
-])
+@pytest.mark.parametrize(
+    "arg,value,expected",
+    [
+        (Arg("n", "integer"), "3", 3),
+        (Arg("n", "integer"), 3, 3),
+        (Arg("x", "number"), "0.5", 0.5),
+        (Arg("b", "boolean"), "yes", True),
+        (Arg("b", "boolean"), False, False),
+    ],
+)
 def test_coercion(arg, value, expected):
     assert arg.coerce(value) == expected
 
 
-@pytest.mark.parametrize("arg,value", [
-    (Arg("n", "integer"), "3.5"), (Arg("n", "integer"), True), (Arg("n", "integer"), 2.5),
-    (Arg("x", "number"), "nan"), (Arg("b", "boolean"), "maybe"), (Arg("s"), 5),
-])
+@pytest.mark.parametrize(
+    "arg,value",
+    [
+        (Arg("n", "integer"), "3.5"),
+        (Arg("n", "integer"), True),
+        (Arg("n", "integer"), 2.5),
+        (Arg("x", "number"), "nan"),
+        (Arg("b", "boolean"), "maybe"),
+        (Arg("s"), 5),
+    ],
+)
 def test_bad_coercion(arg, value):
     with pytest.raises(UserError):
         arg.coerce(value)
@@ -60,16 +72,24 @@ def context(tmp_path):
     async def emit(event):
         events.append(event)
 
-    ctx = LocalContext(store=store, emit=emit, model_type=SHELL, model_name="t", method="run",
-                       dispatch_id=None, env={"GREETING": "hi", "PATH": "/usr/bin:/bin"})
+    ctx = LocalContext(
+        store=store,
+        emit=emit,
+        model_type=SHELL,
+        model_name="t",
+        method="run",
+        dispatch_id=None,
+        env={"GREETING": "hi", "PATH": "/usr/bin:/bin"},
+    )
     return ctx, store, events
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX shell")
 async def test_shell_streams_lines_and_writes_its_result(context):
     ctx, store, events = context
-    outcome = await run_method(SHELL.method("run"), {"command": "echo $GREETING; echo oops >&2"},
-                               ctx)
+    outcome = await run_method(
+        SHELL.method("run"), {"command": "echo $GREETING; echo oops >&2"}, ctx
+    )
     assert outcome.status == "succeeded"
     assert {"kind": "log", "stream": "stdout", "line": "hi"} in events
     assert {"kind": "log", "stream": "stderr", "line": "oops"} in events

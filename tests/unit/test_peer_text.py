@@ -25,15 +25,30 @@ def test_printable_escapes_every_control_and_bidi_character():
     assert printable("naïve ✓ 日本") == "naïve ✓ 日本"  # ordinary text is untouched
 
 
-@pytest.mark.parametrize("check,good,bad", [
-    (check_instance_id, "0b9a7c1e-1111-4222-8333-444455556666",
-     ["victim", "0B9A7C1E-1111-4222-8333-444455556666", "0b9a7c1e-1111-4222-8333-444455556666\n",
-      "", None, 5]),
-    (check_machine_id, "racer-0", ["", "a b", "m\n", "x" * 129, "-lead"]),
-    (lambda v: check_platform_word(v, "platform"), "linux",
-     ["Linux", "\x1b[2Jlinux", "linux\n", "", "x" * 33, "a b"]),
-    (check_version, "0.1.0+dev", ["", "1\n", "\x1b", "x" * 65]),
-])
+@pytest.mark.parametrize(
+    "check,good,bad",
+    [
+        (
+            check_instance_id,
+            "0b9a7c1e-1111-4222-8333-444455556666",
+            [
+                "victim",
+                "0B9A7C1E-1111-4222-8333-444455556666",
+                "0b9a7c1e-1111-4222-8333-444455556666\n",
+                "",
+                None,
+                5,
+            ],
+        ),
+        (check_machine_id, "racer-0", ["", "a b", "m\n", "x" * 129, "-lead"]),
+        (
+            lambda v: check_platform_word(v, "platform"),
+            "linux",
+            ["Linux", "\x1b[2Jlinux", "linux\n", "", "x" * 33, "a b"],
+        ),
+        (check_version, "0.1.0+dev", ["", "1\n", "\x1b", "x" * 65]),
+    ],
+)
 def test_enrollment_fields_are_full_matches(check, good, bad):
     assert check(good) == good
     for value in bad:
@@ -53,8 +68,17 @@ def test_names_shaped_like_instance_ids_are_recognised():
 LOOPBACK = RequestPolicy.build(loopback=True, bind_host="127.0.0.1")
 
 
-@pytest.mark.parametrize("origin", ["https://evil.example", "http://127.0.0.1:7420", "null",
-                                    "http://localhost:7420", "file://", ""])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://evil.example",
+        "http://127.0.0.1:7420",
+        "null",
+        "http://localhost:7420",
+        "file://",
+        "",
+    ],
+)
 def test_any_origin_is_refused_by_default(origin):
     reason = LOOPBACK.refusal({"origin": origin, "host": "127.0.0.1:7420"})
     assert reason and "browsers are not clients" in reason
@@ -67,18 +91,27 @@ def test_an_allowed_origin_is_admitted_in_any_spelling():
     assert policy.refusal({"origin": "http://ops.example.com", "host": "127.0.0.1"})
 
 
-@pytest.mark.parametrize("bad", ["ops.example.com", "ftp://x", "https://x/path", "https://u@x",
-                                 "https://"])
+@pytest.mark.parametrize(
+    "bad", ["ops.example.com", "ftp://x", "https://x/path", "https://u@x", "https://"]
+)
 def test_bad_allow_origin_values_are_input_errors(bad):
     with pytest.raises(UserError, match="--allow-origin"):
         normalize_origin(bad)
 
 
-@pytest.mark.parametrize("host,ok", [
-    ("127.0.0.1:7420", True), ("localhost:7420", True), ("[::1]:7420", True),
-    ("10.0.0.5:7420", True), ("evil.example:7420", False), ("evil.example", False),
-    ("localhost.evil.example", False), ("[::1", False),
-])
+@pytest.mark.parametrize(
+    "host,ok",
+    [
+        ("127.0.0.1:7420", True),
+        ("localhost:7420", True),
+        ("[::1]:7420", True),
+        ("10.0.0.5:7420", True),
+        ("evil.example:7420", False),
+        ("evil.example", False),
+        ("localhost.evil.example", False),
+        ("[::1", False),
+    ],
+)
 def test_a_loopback_server_accepts_only_its_own_names(host, ok):
     assert (LOOPBACK.refusal({"host": host}) is None) is ok
 
@@ -108,8 +141,14 @@ def test_the_serve_log_formatter_escapes_what_peers_sent():
 
     from swamp.cli.serve_cmd import EscapingFormatter
 
-    record = logging.LogRecord("swamp.gateway", logging.INFO, __file__, 1,
-                               "worker %s disconnected: %s", ("w1", "bye\x1b[2J\nINFO forged"),
-                               None)
+    record = logging.LogRecord(
+        "swamp.gateway",
+        logging.INFO,
+        __file__,
+        1,
+        "worker %s disconnected: %s",
+        ("w1", "bye\x1b[2J\nINFO forged"),
+        None,
+    )
     line = EscapingFormatter("%(levelname)s %(message)s").format(record)
     assert line == "INFO worker w1 disconnected: bye\\x1b[2J\\x0aINFO forged"

@@ -6,10 +6,29 @@ from swamp.domain.placement import Placement, WorkerView, choose_worker, matches
 from swamp.domain.workers import is_schedulable
 
 
-def worker(name, *, labels=None, platform="linux", arch="x86_64", status="idle",
-           connected=True, capacity=1, active=0, instance=None):
-    return WorkerView(name, instance or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-                      labels or {}, platform, arch, status, connected, capacity, active)
+def worker(
+    name,
+    *,
+    labels=None,
+    platform="linux",
+    arch="x86_64",
+    status="idle",
+    connected=True,
+    capacity=1,
+    active=0,
+    instance=None,
+):
+    return WorkerView(
+        name,
+        instance or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+        labels or {},
+        platform,
+        arch,
+        status,
+        connected,
+        capacity,
+        active,
+    )
 
 
 def test_a_target_is_the_name_the_orchestrator_gave_or_a_unique_instance_id():
@@ -43,25 +62,39 @@ def test_labels_must_all_match_exactly():
     assert not matches(Placement(labels={"ssd": "true"}), w)
 
 
-@pytest.mark.parametrize("platform,ok", [("linux", True), ("linux/x86_64", True),
-                                         ("linux/aarch64", False), ("darwin", False),
-                                         ("/x86_64", True)])
+@pytest.mark.parametrize(
+    "platform,ok",
+    [
+        ("linux", True),
+        ("linux/x86_64", True),
+        ("linux/aarch64", False),
+        ("darwin", False),
+        ("/x86_64", True),
+    ],
+)
 def test_platform_matching(platform, ok):
     assert matches(Placement(platform=platform), worker("w")) is ok
 
 
 def test_least_loaded_then_name():
-    pool = [worker("b", capacity=4, active=1), worker("a", capacity=4, active=2),
-            worker("c", capacity=4, active=1)]
+    pool = [
+        worker("b", capacity=4, active=1),
+        worker("a", capacity=4, active=2),
+        worker("c", capacity=4, active=1),
+    ]
     assert choose_worker(Placement(labels={}, platform="linux"), pool).worker.name == "b"
     pool = [worker("b"), worker("a")]
     assert choose_worker(Placement(platform="linux"), pool).worker.name == "a"
 
 
 def test_full_disconnected_and_unknown_statuses_are_skipped():
-    pool = [worker("full", active=1), worker("gone", connected=False),
-            worker("odd", status="unverified"), worker("draining", status="draining"),
-            worker("ok", status="busy", capacity=2, active=1)]
+    pool = [
+        worker("full", active=1),
+        worker("gone", connected=False),
+        worker("odd", status="unverified"),
+        worker("draining", status="draining"),
+        worker("ok", status="busy", capacity=2, active=1),
+    ]
     choice = choose_worker(Placement(platform="linux"), pool)
     assert choice.worker.name == "ok"
     assert choice.matching == 2 and choice.full == 1
@@ -76,8 +109,10 @@ def test_no_match_explains_itself():
 
 def test_describe_placement():
     assert Placement(target="w1").describe() == "target 'w1'"
-    assert Placement(labels={"b": "2", "a": "1"}, platform="linux").describe() == \
-        "labels a=1,b=2 and platform 'linux'"
+    assert (
+        Placement(labels={"b": "2", "a": "1"}, platform="linux").describe()
+        == "labels a=1,b=2 and platform 'linux'"
+    )
     assert Placement().describe() == "any worker"
     assert not Placement().is_remote() and Placement(labels={"a": "b"}).is_remote()
 

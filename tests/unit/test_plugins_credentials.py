@@ -14,16 +14,20 @@ async def _greet(ctx, args):
 class HelloPlugin:
     @hookimpl
     def swamp_model_types(self):
-        return [ModelType("hello/greeter", methods=(Method("greet", _greet, args=(
-            Arg("who", required=True),)),), resources=(ResourceSpec("greeting"),))]
+        return [
+            ModelType(
+                "hello/greeter",
+                methods=(Method("greet", _greet, args=(Arg("who", required=True),)),),
+                resources=(ResourceSpec("greeting"),),
+            )
+        ]
 
 
 def test_a_third_party_plugin_contributes_a_model_type_beside_the_builtins():
     pm = plugin_manager(load_entry_points=False)
     pm.register(HelloPlugin())
     registry = ModelRegistry.from_plugins(pm)
-    assert registry.runnable("hello/greeter").method("greet").validate({"who": "x"}) == \
-        {"who": "x"}
+    assert registry.runnable("hello/greeter").method("greet").validate({"who": "x"}) == {"who": "x"}
     assert registry.runnable("command/shell")
 
 

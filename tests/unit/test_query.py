@@ -4,45 +4,70 @@ from hypothesis import strategies as st
 
 from swamp.domain.query import InvalidPredicate, parse
 
-RECORD = {"modelType": "command/shell", "modelName": "default", "name": "result", "version": 3,
-          "spec": "result", "createdAt": "2026-01-02T00:00:00.000Z", "size": 0,
-          "attributes": {"exitCode": 1, "tags": ["a", "b"], "nested": {"ok": True},
-                         "text": "hello world", "ratio": 0.5}}
+RECORD = {
+    "modelType": "command/shell",
+    "modelName": "default",
+    "name": "result",
+    "version": 3,
+    "spec": "result",
+    "createdAt": "2026-01-02T00:00:00.000Z",
+    "size": 0,
+    "attributes": {
+        "exitCode": 1,
+        "tags": ["a", "b"],
+        "nested": {"ok": True},
+        "text": "hello world",
+        "ratio": 0.5,
+    },
+}
 
 
-@pytest.mark.parametrize("predicate,expected", [
-    ('modelType == "command/shell"', True),
-    ("modelType == 'command/shell'", True),
-    ('modelType != "command/shell"', False),
-    ("version > 2 && version <= 3", True),
-    ("version < 3 || attributes.exitCode == 1", True),
-    ("!(version == 3)", False),
-    ("attributes.nested.ok == true", True),
-    ("attributes.ratio >= 0.5", True),
-    ('"a" in attributes.tags', True),
-    ('"z" in attributes.tags', False),
-    ("version in [1, 2, 3]", True),
-    ('"world" in attributes.text', True),
-    ("has(attributes.exitCode)", True),
-    ("has(attributes.missing)", False),
-    ("attributes.missing == 1", False),
-    ("attributes.missing != 1", True),
-    ("attributes.missing < 1", False),
-    ('version == "3"', False),
-    ('version < "4"', False),
-    ("attributes.nested.ok == 1", False),
-    ('createdAt > "2026-01-01"', True),
-    ("attributes.exitCode != 0 && (version == 1 || version == 3)", True),
-])
+@pytest.mark.parametrize(
+    "predicate,expected",
+    [
+        ('modelType == "command/shell"', True),
+        ("modelType == 'command/shell'", True),
+        ('modelType != "command/shell"', False),
+        ("version > 2 && version <= 3", True),
+        ("version < 3 || attributes.exitCode == 1", True),
+        ("!(version == 3)", False),
+        ("attributes.nested.ok == true", True),
+        ("attributes.ratio >= 0.5", True),
+        ('"a" in attributes.tags', True),
+        ('"z" in attributes.tags', False),
+        ("version in [1, 2, 3]", True),
+        ('"world" in attributes.text', True),
+        ("has(attributes.exitCode)", True),
+        ("has(attributes.missing)", False),
+        ("attributes.missing == 1", False),
+        ("attributes.missing != 1", True),
+        ("attributes.missing < 1", False),
+        ('version == "3"', False),
+        ('version < "4"', False),
+        ("attributes.nested.ok == 1", False),
+        ('createdAt > "2026-01-01"', True),
+        ("attributes.exitCode != 0 && (version == 1 || version == 3)", True),
+    ],
+)
 def test_evaluation(predicate, expected):
     assert parse(predicate).matches(RECORD) is expected
 
 
-@pytest.mark.parametrize("predicate,position", [
-    ("", 0), ("modelType ==", 12), ("foo == 1", 0), ("version == 1 &&", 15),
-    ("(version == 1", 13), ("version @ 1", 8), ("attributes.", 11), ('name == "x', 8),
-    ("version == 1 version", 13), ("[1,", 3),
-])
+@pytest.mark.parametrize(
+    "predicate,position",
+    [
+        ("", 0),
+        ("modelType ==", 12),
+        ("foo == 1", 0),
+        ("version == 1 &&", 15),
+        ("(version == 1", 13),
+        ("version @ 1", 8),
+        ("attributes.", 11),
+        ('name == "x', 8),
+        ("version == 1 version", 13),
+        ("[1,", 3),
+    ],
+)
 def test_errors_point_at_the_position(predicate, position):
     with pytest.raises(InvalidPredicate) as info:
         parse(predicate)
@@ -52,8 +77,10 @@ def test_errors_point_at_the_position(predicate, position):
 
 
 def test_top_level_equalities_feed_the_sql_prefilter():
-    assert parse('modelType == "a/b" && name == "x" && version > 1').equalities == \
-        {"modelType": "a/b", "name": "x"}
+    assert parse('modelType == "a/b" && name == "x" && version > 1').equalities == {
+        "modelType": "a/b",
+        "name": "x",
+    }
     assert parse('modelType == "a/b" || name == "x"').equalities == {}
     assert parse('!(modelType == "a/b")').equalities == {}
 

@@ -65,8 +65,10 @@ async def test_call_response_and_streamed_events(nursery):
     async def on_event(event):
         events.append(event)
 
-    assert await client.call("echo", {"x": 1, "events": 3}, on_event=on_event) == \
-        {"x": 1, "events": 3}
+    assert await client.call("echo", {"x": 1, "events": 3}, on_event=on_event) == {
+        "x": 1,
+        "events": 3,
+    }
     assert events == [{"n": 0}, {"n": 1}, {"n": 2}]
 
 
@@ -104,9 +106,11 @@ async def test_closing_fails_pending_calls(nursery):
     await nursery.start(server.serve)
     with trio.fail_after(5):
         async with trio.open_nursery() as inner:
+
             async def call_and_check():
                 with pytest.raises(ChannelClosed):
                     await client.call("hang", timeout=None)
+
             inner.start_soon(call_and_check)
             await trio.testing.wait_all_tasks_blocked()
             await server.close(4001, "token revoked")
@@ -117,18 +121,19 @@ async def test_malformed_and_oversized_frames_get_coded_errors(nursery):
     a, b = pair()
     server = RpcChannel(b, echo_handler)
     await nursery.start(server.serve)
-    for text, code in [("not json", "malformed_frame"), ("[]", "malformed_frame"),
-                       ('{"type":"request","id":"1"}', "malformed_frame"),
-                       ('{"type":"request","id":"1","method":"echo","params":[]}',
-                        "malformed_frame"),
-                       ('{"type":"weird"}', "malformed_frame"),
-                       ("x" * (frames.MAX_FRAME_BYTES + 1), "frame_too_large")]:
+    for text, code in [
+        ("not json", "malformed_frame"),
+        ("[]", "malformed_frame"),
+        ('{"type":"request","id":"1"}', "malformed_frame"),
+        ('{"type":"request","id":"1","method":"echo","params":[]}', "malformed_frame"),
+        ('{"type":"weird"}', "malformed_frame"),
+        ("x" * (frames.MAX_FRAME_BYTES + 1), "frame_too_large"),
+    ]:
         await a.tx.send(text)
         reply = json.loads(await a.rx.receive())
         assert reply["type"] == "error" and reply["error"]["code"] == code
     await a.tx.send('{"type":"request","id":"9","method":"echo","params":{"ok":1}}')
-    assert json.loads(await a.rx.receive()) == {"type": "response", "id": "9",
-                                                "result": {"ok": 1}}
+    assert json.loads(await a.rx.receive()) == {"type": "response", "id": "9", "result": {"ok": 1}}
 
 
 async def test_a_silent_peer_is_dropped(nursery, autojump_clock):
@@ -163,8 +168,9 @@ async def test_requests_beyond_the_in_flight_limit_get_busy_and_nothing_piles_up
     assert {r["error"]["code"] for r in replies} == {"busy"}
     assert len(server._incoming) == 2
     server.max_in_flight = 3  # the owner raises it once the peer is trusted
-    await a.tx.send(json.dumps({"type": "request", "id": "e", "method": "echo",
-                                "params": {"v": 1}}))
+    await a.tx.send(
+        json.dumps({"type": "request", "id": "e", "method": "echo", "params": {"v": 1}})
+    )
     assert json.loads(await a.rx.receive())["result"] == {"v": 1}
 
 

@@ -95,8 +95,7 @@ def test_query_latest_and_all_versions(store):
     store.write(KEY, {"status": "a"}, policy=policy)
     store.write(KEY, {"status": "b"}, policy=policy)
     store.write(Key("other/type", "x", "y"), {"status": "a"}, policy=policy)
-    assert [r.attributes["status"] for r in store.query(parse('attributes.status == "a"'))] == \
-        ["a"]
+    assert [r.attributes["status"] for r in store.query(parse('attributes.status == "a"'))] == ["a"]
     history = store.query(parse('modelType == "test/model"'), all_versions=True)
     assert [r.version for r in history] == [1, 2]
 
@@ -108,8 +107,7 @@ def _scoped_world(store):
     store.write(Key("test/steps", "default", "progress"), {"step": 1}, policy=policy)
     store.write(Key("test/other", "x", "y"), {"step": 2}, policy=policy)
     store.write(Key("swamp/worker", "w1", "state"), {"machineId": "abc123"}, policy=policy)
-    store.write(Key("swamp/enrollment-token", "pool", "token"), {"secretHash": "9f"},
-                policy=policy)
+    store.write(Key("swamp/enrollment-token", "pool", "token"), {"secretHash": "9f"}, policy=policy)
 
 
 def _names(records):
@@ -121,24 +119,38 @@ def test_a_scoped_query_sees_only_its_own_model_and_what_it_declares(store):
     everything = parse("version > 0")
     own = ReadScope.of("command/shell", "build")
     assert _names(store.query(everything, scope=own)) == ["command/shell:build"]
-    wider = ReadScope.of("command/shell", "build", also=[("command/shell", "deploy")],
-                         type_patterns=["test/*"])
+    wider = ReadScope.of(
+        "command/shell", "build", also=[("command/shell", "deploy")], type_patterns=["test/*"]
+    )
     assert _names(store.query(everything, scope=wider)) == [
-        "command/shell:build", "command/shell:deploy", "test/other:x", "test/steps:default"]
-    assert _names(store.query(everything, scope=ReadScope.of("a/b", "c",
-                                                             type_patterns=["*"]))) == [
-        "command/shell:build", "command/shell:deploy", "test/other:x", "test/steps:default"]
+        "command/shell:build",
+        "command/shell:deploy",
+        "test/other:x",
+        "test/steps:default",
+    ]
+    assert _names(store.query(everything, scope=ReadScope.of("a/b", "c", type_patterns=["*"]))) == [
+        "command/shell:build",
+        "command/shell:deploy",
+        "test/other:x",
+        "test/steps:default",
+    ]
 
 
 def test_infrastructure_is_out_of_scope_and_indistinguishable_from_nothing(store):
     """The oracle: a predicate over a worker's machine id or a token hash must answer exactly as
     a predicate over data that does not exist, even when the scope claims every type."""
     _scoped_world(store)
-    greedy = ReadScope.of("command/shell", "build", type_patterns=["*", "swamp/*"],
-                          also=[("swamp/worker", "w1")])
-    for predicate in ('modelType == "swamp/worker"', 'attributes.machineId == "abc123"',
-                      'attributes.secretHash == "9f"', 'modelType == "swamp/enrollment-token"',
-                      'modelType == "no/such"', 'attributes.machineId == "zzz"'):
+    greedy = ReadScope.of(
+        "command/shell", "build", type_patterns=["*", "swamp/*"], also=[("swamp/worker", "w1")]
+    )
+    for predicate in (
+        'modelType == "swamp/worker"',
+        'attributes.machineId == "abc123"',
+        'attributes.secretHash == "9f"',
+        'modelType == "swamp/enrollment-token"',
+        'modelType == "no/such"',
+        'attributes.machineId == "zzz"',
+    ):
         assert store.query(parse(predicate), scope=greedy) == [], predicate
     assert not greedy.allows("swamp/worker", "w1") and greedy.allows("test/steps", "x")
 
@@ -160,8 +172,9 @@ def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance,
     _, credential = book.mint("race", duration_seconds=600, max_enrollments=allowance)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
-        results = pool.map(_redeem_in_process,
-                           [(path, credential, f"m{i}") for i in range(machines)])
+        results = pool.map(
+            _redeem_in_process, [(path, credential, f"m{i}") for i in range(machines)]
+        )
     assert results.count("bound") == allowance
     assert results.count("allowance_exhausted") == machines - allowance
     bindings = book.get("race").bindings
@@ -181,8 +194,10 @@ def test_names_in_use_by_other_tokens_are_avoided_and_reserved(tmp_path):
 
     short = "pool-" + hashlib.sha256(b"m2").hexdigest()[:8]
     book.mint(short, duration_seconds=600)
-    assert book.redeem(fleet, machine_id="m2").binding.worker_name == \
-        "pool-" + hashlib.sha256(b"m2").hexdigest()[:9]
+    assert (
+        book.redeem(fleet, machine_id="m2").binding.worker_name
+        == "pool-" + hashlib.sha256(b"m2").hexdigest()[:9]
+    )
 
 
 def test_an_unknown_token_name_writes_nothing(tmp_path):

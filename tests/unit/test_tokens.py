@@ -13,14 +13,28 @@ NOW = 1_000_000.0
 
 
 def mint(name="pool", secret="s3cret", duration=3600, existing=None, max_enrollments=1):
-    return rules.mint(name, secret=secret, now=NOW, now_iso="t0", expires_iso="t1",
-                      duration_seconds=duration, existing=existing,
-                      max_enrollments=max_enrollments)
+    return rules.mint(
+        name,
+        secret=secret,
+        now=NOW,
+        now_iso="t0",
+        expires_iso="t1",
+        duration_seconds=duration,
+        existing=existing,
+        max_enrollments=max_enrollments,
+    )
 
 
 def redeem(token, machine="m1", secret="s3cret", now=NOW + 1, name="pool"):
-    return rules.redeem(token, name=name, secret=secret, machine_id=machine, now=now,
-                        now_iso="t2", name_new=lambda t: f"{t.name}-{machine}")
+    return rules.redeem(
+        token,
+        name=name,
+        secret=secret,
+        machine_id=machine,
+        now=now,
+        now_iso="t2",
+        name_new=lambda t: f"{t.name}-{machine}",
+    )
 
 
 def test_mint_stores_only_a_hash():
@@ -85,10 +99,16 @@ def test_several_enrollments_when_allowed():
     assert len(unlimited.bindings) == 50
 
 
-@pytest.mark.parametrize("case,code", [
-    ("unknown", "token_invalid"), ("revoked", "token_revoked"), ("expired", "token_expired"),
-    ("stored-expired", "token_expired"), ("wrong-secret", "token_invalid"),
-])
+@pytest.mark.parametrize(
+    "case,code",
+    [
+        ("unknown", "token_invalid"),
+        ("revoked", "token_revoked"),
+        ("expired", "token_expired"),
+        ("stored-expired", "token_expired"),
+        ("wrong-secret", "token_invalid"),
+    ],
+)
 def test_rejections_name_the_reason(case, code):
     token = mint()
     kwargs = {}
@@ -114,8 +134,13 @@ def test_without_the_secret_nothing_is_learned_about_the_token():
     answer, so a name cannot be probed for existence or state."""
     live = mint()
     full = redeem(live).write
-    cases = [(None, {}), (live, {}), (rules.revoke(live, now_iso="t"), {}),
-             (live, {"now": NOW + 3600}), (full, {"machine": "m9"})]
+    cases = [
+        (None, {}),
+        (live, {}),
+        (rules.revoke(live, now_iso="t"), {}),
+        (live, {"now": NOW + 3600}),
+        (full, {"machine": "m9"}),
+    ]
     answers = set()
     for token, kwargs in cases:
         with pytest.raises(Rejected) as info:
@@ -199,9 +224,12 @@ def test_bad_max_enrollments(text):
 
 def test_the_token_lifecycle_table_is_walked_pair_by_pair():
     legal = {
-        (TokenState.UNUSED, TokenState.ENROLLED), (TokenState.UNUSED, TokenState.EXPIRED),
-        (TokenState.UNUSED, TokenState.REVOKED), (TokenState.ENROLLED, TokenState.ENROLLED),
-        (TokenState.ENROLLED, TokenState.EXPIRED), (TokenState.ENROLLED, TokenState.REVOKED),
+        (TokenState.UNUSED, TokenState.ENROLLED),
+        (TokenState.UNUSED, TokenState.EXPIRED),
+        (TokenState.UNUSED, TokenState.REVOKED),
+        (TokenState.ENROLLED, TokenState.ENROLLED),
+        (TokenState.ENROLLED, TokenState.EXPIRED),
+        (TokenState.ENROLLED, TokenState.REVOKED),
     }
     for a in TokenState:
         for b in TokenState:

@@ -13,11 +13,14 @@ def test_env_labels_merge_under_flags():
     assert merge_labels("", []) == {}
 
 
-@pytest.mark.parametrize("env,flags,source,entry", [
-    ("zone=a,oops", [], "SWAMP_WORKER_LABELS", "oops"),
-    ("zone=a", ["bad"], "--label", "bad"),
-    ("=x", [], "SWAMP_WORKER_LABELS", "=x"),
-])
+@pytest.mark.parametrize(
+    "env,flags,source,entry",
+    [
+        ("zone=a,oops", [], "SWAMP_WORKER_LABELS", "oops"),
+        ("zone=a", ["bad"], "--label", "bad"),
+        ("=x", [], "SWAMP_WORKER_LABELS", "=x"),
+    ],
+)
 def test_a_bad_label_names_its_entry_and_source(env, flags, source, entry):
     with pytest.raises(UserError) as info:
         merge_labels(env, flags)
@@ -64,20 +67,31 @@ def test_urls_with_credentials_are_redacted_in_errors():
 
 def test_the_data_plane_is_derived_or_explicit():
     assert WorkerConfig(url="wss://h:7420", token="t.s").data_plane() == "https://h:7420"
-    assert WorkerConfig(url="ws://h:7420/x", token="t.s",
-                        insecure=True).data_plane() == "http://h:7420"
-    assert WorkerConfig(url="ws://127.0.0.1:7420", token="t.s").data_plane() == \
-        "http://127.0.0.1:7420"
-    assert WorkerConfig(url="ws://h", token="t.s", insecure=True,
-                        data_plane_url="http://other:1/").data_plane() == "http://other:1"
+    assert (
+        WorkerConfig(url="ws://h:7420/x", token="t.s", insecure=True).data_plane()
+        == "http://h:7420"
+    )
+    assert (
+        WorkerConfig(url="ws://127.0.0.1:7420", token="t.s").data_plane() == "http://127.0.0.1:7420"
+    )
+    assert (
+        WorkerConfig(
+            url="ws://h", token="t.s", insecure=True, data_plane_url="http://other:1/"
+        ).data_plane()
+        == "http://other:1"
+    )
     with pytest.raises(UserError, match="SWAMP_DATA_PLANE_URL"):
         WorkerConfig(url="ws://h", token="t.s", data_plane_url="ftp://x")
 
 
-@pytest.mark.parametrize("url,data_plane", [
-    ("ws://10.0.0.5:7420", None), ("ws://orchestrator.internal:7420", None),
-    ("wss://orchestrator.internal:7420", "http://10.0.0.5:7420"),
-])
+@pytest.mark.parametrize(
+    "url,data_plane",
+    [
+        ("ws://10.0.0.5:7420", None),
+        ("ws://orchestrator.internal:7420", None),
+        ("wss://orchestrator.internal:7420", "http://10.0.0.5:7420"),
+    ],
+)
 def test_secrets_never_cross_a_network_in_clear_without_insecure(url, data_plane):
     with pytest.raises(UserError, match="in clear text") as info:
         WorkerConfig(url=url, token="t.s", data_plane_url=data_plane)

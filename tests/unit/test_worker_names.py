@@ -13,9 +13,16 @@ CLASH_A, CLASH_B = "clash-machine-00022136", "clash-machine-00080544"
 
 
 def token(max_enrollments=3, bindings=(), name="pool"):
-    return Token(name=name, state=TokenState.UNUSED, created_at="t0", expires_at="t1",
-                 expires_at_epoch=10**10, secret_hash=rules.hash_secret("s"),
-                 max_enrollments=max_enrollments, bindings=tuple(bindings))
+    return Token(
+        name=name,
+        state=TokenState.UNUSED,
+        created_at="t0",
+        expires_at="t1",
+        expires_at_epoch=10**10,
+        secret_hash=rules.hash_secret("s"),
+        max_enrollments=max_enrollments,
+        bindings=tuple(bindings),
+    )
 
 
 def digest(machine_id):
@@ -61,8 +68,15 @@ def test_the_same_machine_never_clashes_with_its_own_binding():
 def test_the_name_stored_in_the_binding_is_reused_by_redeem():
     stored = token(bindings=[Binding("m1", "pool-custom", "t")], max_enrollments=3)
     calls = []
-    decision = rules.redeem(stored, name="pool", secret="s", machine_id="m1", now=1,
-                            now_iso="t", name_new=lambda t: calls.append(t) or "unused")
+    decision = rules.redeem(
+        stored,
+        name="pool",
+        secret="s",
+        machine_id="m1",
+        now=1,
+        now_iso="t",
+        name_new=lambda t: calls.append(t) or "unused",
+    )
     assert decision.write is None and decision.binding.worker_name == "pool-custom"
     assert calls == []  # naming is only consulted for a new binding
 
