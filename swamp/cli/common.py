@@ -45,11 +45,16 @@ CA_CERT = typer.Option(
 
 
 def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):
+    """``error: <message>`` on stderr. A message's own continuation lines (a predicate's caret)
+    stay lines, indented, so that no text in a message can pass for a line of its own."""
     from swamp.domain.text import printable
 
     if as_json:
         print(json.dumps({"error": {"code": code, "message": message}}))
-    print(f"error: {printable(message)}", file=sys.stderr)
+    first, *rest = message.split("\n")
+    lines = [f"error: {printable(first)}"]
+    lines += [printable(line) if line.startswith("  ") else f"  {printable(line)}" for line in rest]
+    print("\n".join(lines), file=sys.stderr)
     raise typer.Exit(status)
 
 

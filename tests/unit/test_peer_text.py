@@ -152,3 +152,19 @@ def test_the_serve_log_formatter_escapes_what_peers_sent():
     )
     line = EscapingFormatter("%(levelname)s %(message)s").format(record)
     assert line == "INFO worker w1 disconnected: bye\\x1b[2J\\x0aINFO forged"
+
+
+def test_an_error_message_cannot_forge_a_line_of_its_own(capsys):
+    import typer
+
+    from swamp.cli.common import fail
+
+    with pytest.raises(typer.Exit):
+        fail("bad thing\nerror: forged \x1b[2J\n  version ==\n            ^", status=2)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "error: bad thing",
+        "  error: forged \\x1b[2J",
+        "  version ==",
+        "            ^",
+    ]
