@@ -19,6 +19,7 @@ from swamp.cli.common import (
     emit_json,
     with_admin,
 )
+from swamp.cli.output import LinePump
 
 app = typer.Typer(
     help="Models: types, instances and running their methods.",
@@ -82,40 +83,37 @@ def types(json_output: bool = JSON) -> None:
             print(f"  {method['name']}({args}) {method['help']}")
 
 
-def _render_event(payload: dict, json_output: bool) -> None:
+def _render_event(payload: dict, json_output: bool, out: LinePump) -> None:
     """One streamed event: a log line, where the run went. Events come from workers, through
-    the orchestrator: checked, and shown without interpreting any terminal escape."""
+    the orchestrator: checked, and shown without interpreting any terminal escape. Everything
+    goes through ``out``, so a reader that stalls never stalls the connection."""
     from swamp.domain.text import printable
     from swamp.errors import MalformedFrame
-    from swamp.protocol.messages import Dispatched, LogLine, Redispatched, decode_event
+    from swamp.protocol.messages import Dispatched, Dropped, LogLine, Redispatched, decode_event
 
     try:
         event = decode_event(payload)
     except MalformedFrame as exc:
-        print(
-            f"warning: ignored a malformed event: {printable(exc.message)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        out.line(f"warning: ignored a malformed event: {printable(exc.message)}", sys.stderr)
         return
     if json_output:
-        print(json.dumps({"event": event.to_json()}), flush=True)
+        out.line(json.dumps({"event": event.to_json()}))
         return
     where = printable(getattr(event, "worker", None) or "orchestrator")
     if isinstance(event, LogLine):
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
-        print(f"[{where}] {printable(event.line, keep_tab=True)}", file=stream, flush=True)
+        out.line(f"[{where}] {printable(event.line, keep_tab=True)}", stream)
     elif isinstance(event, Dispatched):
-        print(
-            f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})",
-            file=sys.stderr,
-            flush=True,
-        )
+        out.line(f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})", sys.stderr)
     elif isinstance(event, Redispatched):
-        print(
-            f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again",
-            file=sys.stderr,
-            flush=True,
+        out.line(
+            f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again", sys.stderr
+        )
+    elif isinstance(event, Dropped):
+        out.line(
+            f"… {event.count} line(s) dropped by the orchestrator: this client was not "
+            "reading fast enough",
+            sys.stderr,
         )
 
 
@@ -172,17 +170,27 @@ def run(
         env=list(check_names(env or [], source="--env")),
     )
 
-    async def on_event(event: dict) -> None:
-        _render_event(event, json_output)
+    out = LinePump()
 
-    result = with_admin(
-        lambda api: api.method_run(request, on_event),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
-        prefer_server=placement.is_remote(),
-    )
+    async def on_event(event: dict) -> None:
+        _render_event(event, json_output, out)
+
+    try:
+        result = with_admin(
+            lambda api: api.method_run(request, on_event),
+            repo_dir=repo_dir,
+            server=server,
+            server_token=server_token,
+            ca_cert=ca_cert,
+            prefer_server=placement.is_remote(),
+        )
+    finally:
+        out.close()
+    if out.dropped:
+        print(
+            f"… {out.dropped} line(s) dropped here: the output was not being read fast enough",
+            file=sys.stderr,
+        )
     _render_result(result, json_output)
     raise typer.Exit(0 if result.status == "succeeded" else 1)
 

@@ -82,15 +82,17 @@ class Connection:
                 "too many connections are waiting to enroll or "
                 "authenticate; this one was the oldest",
             )
-        try:
-            async with open_unwrapping_nursery() as nursery:
-                nursery.start_soon(self._pending_deadline)
-                await self.channel.serve()
-                nursery.cancel_scope.cancel()
-        finally:
-            self.admission.left(self)
-            if self.member is not None:
-                self.gateway.disconnected(self.member, self.channel)
+        self.channel.on_close(self._closed)
+        async with open_unwrapping_nursery() as nursery:
+            nursery.start_soon(self._pending_deadline)
+            await self.channel.serve()
+            nursery.cancel_scope.cancel()
+
+    def _closed(self, reason: str) -> None:
+        """The socket is gone (or given up on): forget it now, whatever its tasks still do."""
+        self.admission.left(self)
+        if self.member is not None:
+            self.gateway.disconnected(self.member, self.channel)
 
     async def _pending_deadline(self) -> None:
         """Close the socket if it has not earned a role in time (an enrollment under way is
@@ -128,6 +130,10 @@ class Connection:
                 self.role = "admin"
                 self.admission.trusted(self, self.identity)
                 self.channel.max_in_flight, self.channel.frame_budget = ADMIN_IN_FLIGHT, None
+                # A client that stops reading (piped into a pager, suspended) is slow, not
+                # gone: its runs go on and it misses streamed lines (counted) rather than being
+                # dropped for silence. It is gone when its socket closes.
+                self.channel.drop_silent, self.channel.drop_events = False, True
                 self.channel.name = f"admin {self.peer} ({self.identity.describe()})"
             return await handler(call)
         if method in WORKER_VERBS:

@@ -62,6 +62,7 @@ from swamp.store.datastore import Datastore, Record
 
 log = logging.getLogger("swamp.dispatch")
 PROBE_TIMEOUT = 60
+CANCEL_SETTLE = 30  # how long a cancelled dispatch waits for the worker to report it stopped
 Emit = Callable[[dict], Awaitable[None]]
 
 
@@ -273,6 +274,8 @@ class DispatchService:
                     params,
                     timeout=None,
                     on_event=lambda event: _relay(emit, event, member.name),
+                    # cancelled: the slot stays taken until the worker says the method stopped
+                    settle=CANCEL_SETTLE,
                 )
             except ChannelClosed as exc:
                 if active.has_writes:

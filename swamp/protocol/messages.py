@@ -273,8 +273,22 @@ class Started(Message):
     kind: Literal["started"] = "started"
 
 
-Event = LogLine | Dispatched | Redispatched | Started
-_EVENTS = {"log": LogLine, "dispatched": Dispatched, "redispatch": Redispatched, "started": Started}
+@dataclass(frozen=True)
+class Dropped(Message):
+    """Streamed events this caller missed because it was not reading fast enough."""
+
+    count: int
+    kind: Literal["dropped"] = "dropped"
+
+
+Event = LogLine | Dispatched | Redispatched | Started | Dropped
+_EVENTS = {
+    "log": LogLine,
+    "dispatched": Dispatched,
+    "redispatch": Redispatched,
+    "started": Started,
+    "dropped": Dropped,
+}
 
 
 def decode_event(payload: object) -> Event:

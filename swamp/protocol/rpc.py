@@ -1,13 +1,21 @@
 """An RPC channel over one websocket: requests, responses, streamed events, cancels, heartbeats.
 
 Both ends run the same class. :meth:`RpcChannel.serve` owns everything the channel does: the read
-loop, one task per incoming request, and the heartbeat. When the socket goes away ``serve``
-returns, every handler task is cancelled and every outstanding :meth:`call` fails with
-``ChannelClosed``: nothing waits on a dead peer.
+loop, one task per incoming request, the writer, the pinger and the silence watcher. When the
+socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
+:meth:`on_close` callbacks run at once: nothing waits on a dead peer.
+
+**Only the writer touches the socket's send side.** Everyone else puts frames into a bounded
+outbox. A send to a peer that does not read can block for good (Hypercorn even shields it from
+cancellation), so no read loop, heartbeat or handler of *another* socket may ever wait on one:
+the orchestrator relays a worker's output to a client without awaiting the client, and a channel
+with ``drop_events`` drops streamed events when its outbox is full, counting them, and tells the
+caller how many before its answer. Requests, answers and errors are never dropped.
 
 Liveness is an application frame, because Hypercorn sends no websocket pings: each side sends
-``ping`` every ``heartbeat`` seconds, and a peer from which nothing at all arrived for
-``heartbeat * missed`` seconds is dropped. This also catches half-open TCP connections.
+``ping`` every ``heartbeat`` seconds, and — where ``drop_silent`` — a peer from which nothing at
+all arrived for ``heartbeat * missed`` seconds is dropped. The watcher that decides it never
+sends, so a blocked send cannot hide a silent peer. This also catches half-open connections.
 
 What a peer can make the channel hold is bounded: at most ``max_in_flight`` requests are handled
 at once (one more gets a coded ``busy`` error), and every answer the read loop itself owes — a
@@ -23,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,6 +58,81 @@ log = logging.getLogger("swamp.rpc")
 EventSink = Callable[[dict], Awaitable[None]]
 
 
+OUTBOX_FRAMES = 1024  # requests, answers, pongs waiting for the writer; more wait for room
+OUTBOX_EVENT_BYTES = 16 * 1024 * 1024  # streamed events waiting; more are dropped or wait
+DROPPED_KIND = "dropped"
+
+
+class Outbox:
+    """Frames waiting for the writer, bounded two ways: streamed events by bytes (a burst of
+    output from a fast command should reach a client that reads a little slower), everything
+    else by count. A frame that does not fit waits (:meth:`put`) or is refused (:meth:`offer`).
+    """
+
+    def __init__(
+        self, *, max_frames: int = OUTBOX_FRAMES, max_event_bytes: int = OUTBOX_EVENT_BYTES
+    ) -> None:
+        self.max_frames = max_frames
+        self.max_event_bytes = max_event_bytes
+        self._queue: deque[tuple[str, bool]] = deque()
+        self.frames = 0
+        self.event_bytes = 0
+        self.closed = False
+        self._changed = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<Outbox frames={self.frames} eventBytes={self.event_bytes}>"
+
+    def _fits(self, text: str, event: bool) -> bool:
+        if event:
+            return self.event_bytes + len(text) <= self.max_event_bytes
+        return self.frames < self.max_frames
+
+    def _append(self, text: str, event: bool) -> None:
+        self._queue.append((text, event))
+        if event:
+            self.event_bytes += len(text)
+        else:
+            self.frames += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def offer(self, text: str, *, event: bool) -> bool:
+        if self.closed or not self._fits(text, event):
+            return False
+        self._append(text, event)
+        return True
+
+    async def put(self, text: str, *, event: bool) -> None:
+        while not self._fits(text, event):
+            if self.closed:
+                raise trio.ClosedResourceError
+            await self._changed.wait()
+        if self.closed:
+            raise trio.ClosedResourceError
+        self._append(text, event)
+
+    async def get(self) -> str:
+        while not self._queue:
+            if self.closed:
+                raise trio.EndOfChannel
+            await self._changed.wait()
+        text, event = self._queue.popleft()
+        if event:
+            self.event_bytes -= len(text)
+        else:
+            self.frames -= 1
+        self._wake()
+        return text
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+
 class IncomingCall:
     """One request being handled: its params, and a way to stream events back to the caller."""
 
@@ -57,9 +141,24 @@ class IncomingCall:
         self.id = request.id
         self.method = request.method
         self.params = request.params
+        self.dropped = 0  # events dropped because the caller was not reading
 
     async def emit(self, event: dict) -> None:
-        await self.channel._send(frames.Stream(self.id, event))
+        """Stream an event to the caller. On a ``drop_events`` channel this never waits: when
+        the caller is not reading, the event is dropped and counted."""
+        channel = self.channel
+        if not channel.drop_events:
+            await channel._send(frames.Stream(self.id, event))
+            return
+        if channel.closed:
+            raise ChannelClosed(f"{channel.name}: {channel.close_reason}")
+        if self.dropped and channel._offer(self._dropped_notice()):
+            self.dropped = 0
+        if self.dropped or not channel._offer(frames.Stream(self.id, event)):
+            self.dropped += 1
+
+    def _dropped_notice(self) -> frames.Stream:
+        return frames.Stream(self.id, {"kind": DROPPED_KIND, "count": self.dropped})
 
 
 Handler = Callable[[IncomingCall], Awaitable[Any]]
@@ -85,24 +184,30 @@ class RpcChannel:
         missed: int = 3,
         name: str = "peer",
         max_in_flight: int = 1024,
+        drop_silent: bool = True,
+        drop_events: bool = False,
     ) -> None:
         self.transport = transport
         self.handler = handler
         self.heartbeat = heartbeat
         self.missed = missed
         self.name = name
-        self.max_in_flight = max_in_flight  # requests handled at once; the owner may change it
+        # The owner may change these as it learns who the peer is.
+        self.max_in_flight = max_in_flight  # requests handled at once
         self.frame_budget: int | None = None  # frames the peer may still send (None: no limit)
+        self.drop_silent = drop_silent  # drop a peer silent for heartbeat * missed
+        self.drop_events = drop_events  # drop streamed events rather than wait for the peer
         self.closed = False
         self.close_reason = ""
         self._close_code = 1000
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._incoming: dict[str, trio.CancelScope] = {}
-        self._send_lock = trio.Lock()
+        self.outbox = Outbox()
         self._scope: trio.CancelScope | None = None
         self._last_heard = trio.current_time()
         self._closed_event = trio.Event()
+        self._on_close: list[Callable[[str], None]] = []
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -119,8 +224,10 @@ class RpcChannel:
             async with open_unwrapping_nursery() as nursery:
                 self._scope = nursery.cancel_scope
                 self._last_heard = trio.current_time()
+                nursery.start_soon(self._writer)
                 if self.heartbeat and math.isfinite(self.heartbeat):
-                    nursery.start_soon(self._heartbeat)
+                    nursery.start_soon(self._send_pings)
+                    nursery.start_soon(self._watch_silence)
                 task_status.started()
                 try:
                     await self._read_loop(nursery)
@@ -137,10 +244,13 @@ class RpcChannel:
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket with a code and reason the peer will see, and stop serving."""
-        self._mark_closed(reason or "closed")
-        await self.transport.aclose(code, reason)
-        if self._scope is not None:
-            self._scope.cancel()
+        self.abort(code, reason or "closed")
+
+    def on_close(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` the moment the channel closes, whatever the cause. Owners
+        clean up here rather than after :meth:`serve` returns: a writer stuck on a peer that
+        never reads can keep ``serve`` from returning for as long as the peer stays."""
+        self._on_close.append(callback)
 
     def abort(self, code: int, reason: str) -> None:
         """Stop serving without waiting: :meth:`serve` closes the socket with this code and reason
@@ -164,27 +274,45 @@ class RpcChannel:
         self.closed = True
         self.close_reason = reason
         self._closed_event.set()
+        self.outbox.close()
         for pending in self._pending.values():
             if not pending.done.is_set():
                 pending.error = ChannelClosed(f"{self.name}: {reason}")
                 pending.done.set()
         self._pending.clear()
+        for callback in self._on_close:
+            try:
+                callback(reason)
+            except Exception:  # one owner's bug must not keep the others from cleaning up
+                log.exception("a close callback of %s failed", self.name)
 
-    async def _heartbeat(self) -> None:
+    async def _writer(self) -> None:
+        """The one task that sends on the socket."""
         while True:
-            await trio.sleep(self.heartbeat)
-            silent = trio.current_time() - self._last_heard
-            if silent > self.heartbeat * self.missed:
-                reason = f"no heartbeat from {self.name} for {silent:.0f}s"
-                log.warning("%s", reason)
-                self._mark_closed(reason)
-                await self.transport.aclose(4000, "heartbeat timeout")
-                if self._scope is not None:
-                    self._scope.cancel()
+            try:
+                text = await self.outbox.get()
+            except trio.EndOfChannel:
                 return
             try:
-                await self._send(frames.Ping())
-            except ChannelClosed:
+                await self.transport.send(text)
+            except TransportClosed as exc:
+                self.abort(1006, exc.message)
+                return
+
+    async def _send_pings(self) -> None:
+        while True:
+            await trio.sleep(self.heartbeat)
+            self._offer(frames.Ping())  # a full outbox already tells the peer we are here
+
+    async def _watch_silence(self) -> None:
+        """Drop a peer silent for ``heartbeat * missed`` seconds. Never sends anything."""
+        while True:
+            await trio.sleep(self.heartbeat / 2)
+            silent = trio.current_time() - self._last_heard
+            if self.drop_silent and silent > self.heartbeat * self.missed:
+                reason = f"no heartbeat from {self.name} for {silent:.0f}s"
+                log.warning("%s", reason)
+                self.abort(4000, reason)
                 return
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
@@ -229,6 +357,7 @@ class RpcChannel:
                     pending.error = from_wire(frame.error)
                 pending.done.set()
             elif isinstance(frame, frames.Stream):
+                # the sink must not wait on another socket (see the module docstring)
                 pending = self._pending.get(frame.id)
                 if pending is not None and pending.on_event is not None:
                     await pending.on_event(frame.event)
@@ -259,6 +388,8 @@ class RpcChannel:
                         ),
                     )
                     return
+                if call.dropped:
+                    await self._send_quietly(call._dropped_notice())
                 await self._send_quietly(frames.Response(request.id, result))
             if scope.cancelled_caught and not self.closed:
                 await self._send_error(request.id, Cancelled("cancelled by the caller"))
@@ -267,7 +398,7 @@ class RpcChannel:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def _send(self, frame: frames.Frame) -> None:
+    def _encode(self, frame: frames.Frame) -> str:
         if self.closed:
             raise ChannelClosed(f"{self.name}: {self.close_reason}")
         text = frames.encode(frame)
@@ -275,8 +406,23 @@ class RpcChannel:
             raise FrameTooLarge(
                 f"refusing to send a {len(text)}-byte frame (limit {frames.MAX_FRAME_BYTES})"
             )
-        async with self._send_lock:
-            await self.transport.send(text)
+        return text
+
+    async def _send(self, frame: frames.Frame) -> None:
+        """Queue a frame for the writer, waiting while the outbox is full."""
+        text = self._encode(frame)
+        try:
+            await self.outbox.put(text, event=isinstance(frame, frames.Stream))
+        except trio.ClosedResourceError:
+            raise ChannelClosed(f"{self.name}: {self.close_reason or 'closed'}") from None
+
+    def _offer(self, frame: frames.Frame) -> bool:
+        """Queue a frame if there is room now; never waits."""
+        try:
+            text = self._encode(frame)
+        except (ChannelClosed, FrameTooLarge):
+            return False
+        return self.outbox.offer(text, event=isinstance(frame, frames.Stream))
 
     async def _send_quietly(self, frame: frames.Frame) -> None:
         try:
@@ -297,10 +443,14 @@ class RpcChannel:
         *,
         timeout: float | None = 30.0,
         on_event: EventSink | None = None,
+        settle: float = 0,
     ) -> Any:
         """Send a request and wait for its answer; ``timeout=None`` waits as long as it takes.
 
-        On timeout, or if the caller is cancelled, the peer is told to cancel its handler.
+        On timeout, or if the caller is cancelled, the peer is told to cancel its handler; with
+        ``settle`` the call then keeps waiting (up to that many seconds) for the peer to say its
+        handler has stopped, so that whatever the handler held is really free when this
+        returns.
         """
         if self.closed:
             raise ChannelClosed(f"{self.name}: {self.close_reason}")
@@ -308,14 +458,17 @@ class RpcChannel:
         pending = _Pending(on_event)
         self._pending[call_id] = pending
         try:
-            await self._send(frames.Request(call_id, method, params or {}))
             with trio.move_on_after(timeout if timeout is not None else math.inf):
+                await self._send(frames.Request(call_id, method, params or {}))
                 await pending.done.wait()
         finally:
             if not pending.done.is_set():
-                self._pending.pop(call_id, None)
                 with trio.CancelScope(shield=True):
-                    await self._send_quietly(frames.Cancel(call_id))
+                    with trio.move_on_after(max(settle, 1)):
+                        await self._send_quietly(frames.Cancel(call_id))
+                    with trio.move_on_after(settle):
+                        await pending.done.wait()  # the peer's last word on it, or its loss
+                self._pending.pop(call_id, None)
         if not pending.done.is_set():
             raise CallTimeout(f"{method} got no answer from {self.name} within {timeout}s")
         if pending.error is not None:

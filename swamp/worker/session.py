@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import trio
 
 from swamp import __version__
 from swamp.concurrency import open_unwrapping_nursery
@@ -169,6 +170,14 @@ class Session:
                 cache_dir=self.cache_dir,
             )
             outcome = await run_method(method, args, ctx)
+        except trio.Cancelled:
+            self.reporter.emit(
+                "dispatch_finished",
+                dispatchId=dispatch_id,
+                status="cancelled",
+                durationMs=round((time.monotonic() - started) * 1000),
+            )
+            raise
         finally:
             self.active -= 1
         self.completed += 1

@@ -131,3 +131,29 @@ def test_a_silent_worker_is_dropped_and_rejoins_as_the_same_member(cluster):
     again = worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
     assert again["workerName"] == first["workerName"] and again["reconnect"] is True
     wait_until(lambda: cluster.workers()[0]["status"] == "idle", what="worker back to idle")
+
+
+def test_a_cancelled_step_holds_its_slot_until_the_worker_has_let_go(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"))  # one slot
+    run = _run_in_background(
+        cluster, "test/steps", "slow_cleanup", "--arg", "cleanup=3", "--target", "w1"
+    )
+    run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
+    mark = worker.mark()
+    run.signal(signal.SIGINT)  # the operator cancels: the method takes 3 s to let go
+    assert run.wait_exit() == 130
+
+    def active() -> list:
+        listing = cluster.cli_json("worker", "list", "--server", cluster.url)
+        return listing["workers"][0].get("activeDispatchIds", [])
+
+    assert len(active()) == 1  # still the cancelled method's: the worker has not let go yet
+    stopped = worker.wait_for(lambda e: e.get("event") == "dispatch_finished", start=mark)
+    assert stopped["status"] == "cancelled"
+    wait_until(lambda: not active(), what="the slot to be freed once the worker let go")
+    code, lines = cluster.run("swamp/echo", "echo", "--target", "w1")
+    assert code == 0 and result_of(lines)["worker"] == "w1"
+    assert not any(
+        "capacity" in str(e.get("error", "")) for e in worker.events()
+    )  # the worker never had to refuse one as "at capacity"

@@ -20,6 +20,17 @@ async def wait(ctx, args):
     return {"done": True}
 
 
+async def slow_cleanup(ctx, args):
+    """Waits until cancelled, then takes ``cleanup`` seconds to let go (a process group being
+    killed and reaped, a temp dir removed)."""
+    await ctx.log("waiting")
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(args["cleanup"])
+
+
 async def query(ctx, args):
     records = await ctx.query_data(args["predicate"])
     await ctx.log(f"found {len(records)}")
@@ -49,6 +60,7 @@ def swamp_model_types():
                 ),
                 Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
                 Method("query", query, args=(Arg("predicate", required=True),)),
+                Method("slow_cleanup", slow_cleanup, args=(Arg("cleanup", "number", default=3),)),
                 Method("round_trip", round_trip, args=(Arg("value", required=True),)),
                 Method("env", env, args=(Arg("name", required=True),)),
             ),

@@ -1,6 +1,7 @@
 """The RPC channel over an in-memory transport pair (trio.testing's virtual clock)."""
 
 import json
+import math
 
 import pytest
 import trio
@@ -8,7 +9,7 @@ import trio.testing
 
 from swamp.errors import CallTimeout, ChannelClosed, SwampError, UnknownMethod, UserError
 from swamp.protocol import frames
-from swamp.protocol.rpc import RpcChannel
+from swamp.protocol.rpc import OUTBOX_FRAMES, Outbox, RpcChannel
 from swamp.protocol.transport import TransportClosed
 
 
@@ -144,7 +145,8 @@ async def test_a_silent_peer_is_dropped(nursery, autojump_clock):
     with trio.fail_after(10):
         reason = await server.wait_closed()
     assert "no heartbeat" in reason
-    assert b.closed_with == (4000, "heartbeat timeout")
+    await trio.testing.wait_all_tasks_blocked()
+    assert b.closed_with[0] == 4000 and "no heartbeat" in b.closed_with[1]
 
 
 async def test_pings_are_answered_and_keep_the_peer_alive(nursery, autojump_clock):
@@ -175,16 +177,18 @@ async def test_requests_beyond_the_in_flight_limit_get_busy_and_nothing_piles_up
 
 
 async def test_a_peer_that_never_reads_stalls_only_its_own_socket(nursery):
-    """Pings and errors are answered inline: when the peer stops reading, the read loop stops
-    too (backpressure) instead of spawning a task per frame."""
-    a_tx, b_rx = trio.open_memory_channel(1000)
+    """Pings and errors are answered through the bounded outbox: when the peer stops reading,
+    the read loop stops once the outbox is full (backpressure on that peer only) instead of
+    spawning a task or holding a reply per frame."""
+    a_tx, b_rx = trio.open_memory_channel(5000)
     b_tx, a_rx = trio.open_memory_channel(0)  # nobody ever reads what the server sends
-    server = RpcChannel(MemoryTransport(b_tx, b_rx), echo_handler)
+    server = RpcChannel(MemoryTransport(b_tx, b_rx), echo_handler, heartbeat=math.inf)
     await nursery.start(server.serve)
-    for _ in range(200):
+    for _ in range(3000):
         a_tx.send_nowait('{"type":"ping"}')
     await trio.testing.wait_all_tasks_blocked()
-    assert b_rx.statistics().current_buffer_used >= 198  # it stopped reading after one
+    read = 3000 - b_rx.statistics().current_buffer_used
+    assert read <= OUTBOX_FRAMES + 3  # the outbox, one in the writer's hands, one being read
 
 
 async def test_abort_closes_with_a_code_without_waiting(nursery):
@@ -212,3 +216,83 @@ async def test_an_untrusted_peer_past_its_frame_budget_is_closed(nursery):
     assert "too many frames" in reason
     await trio.testing.wait_all_tasks_blocked()
     assert b.closed_with[0] == 1008
+
+
+async def test_events_for_a_caller_that_does_not_read_are_dropped_and_counted(nursery):
+    async def chatty(call):
+        for i in range(50):
+            await call.emit({"kind": "log", "line": f"line {i}"})
+        return "done"
+
+    a_tx, b_rx = trio.open_memory_channel(10)
+    b_tx, a_rx = trio.open_memory_channel(0)  # the caller reads nothing until the end
+    server = RpcChannel(MemoryTransport(b_tx, b_rx), chatty, drop_events=True)
+    server.outbox = Outbox(max_event_bytes=400)  # room for a few events only
+    await nursery.start(server.serve)
+    await a_tx.send('{"type":"request","id":"r","method":"chatty","params":{}}')
+    await trio.testing.wait_all_tasks_blocked()  # the handler ran to its end without waiting
+    frames_ = []
+    with trio.fail_after(5):
+        while not frames_ or frames_[-1]["type"] != "response":
+            frames_.append(json.loads(await a_rx.receive()))
+    lines = [f for f in frames_ if f.get("event", {}).get("kind") == "log"]
+    dropped = [f["event"]["count"] for f in frames_ if f.get("event", {}).get("kind") == "dropped"]
+    assert frames_[-1]["result"] == "done"
+    assert sum(dropped) > 0 and len(lines) + sum(dropped) == 50
+    assert frames_[-2]["event"]["kind"] == "dropped"  # told before the answer
+
+
+async def test_without_drop_events_an_emit_waits_for_room(nursery):
+    sent = []
+
+    async def chatty(call):
+        for i in range(20):
+            await call.emit({"kind": "log", "line": f"line {i}"})
+            sent.append(i)
+        return "done"
+
+    a_tx, b_rx = trio.open_memory_channel(10)
+    b_tx, a_rx = trio.open_memory_channel(0)
+    server = RpcChannel(MemoryTransport(b_tx, b_rx), chatty)
+    server.outbox = Outbox(max_event_bytes=400)
+    await nursery.start(server.serve)
+    await a_tx.send('{"type":"request","id":"r","method":"chatty","params":{}}')
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(sent) < 20  # held back, not dropped
+    received = []
+    with trio.fail_after(5):
+        while not received or received[-1]["type"] != "response":
+            received.append(json.loads(await a_rx.receive()))
+    assert len([f for f in received if f["type"] == "stream"]) == 20 and len(sent) == 20
+
+
+async def test_a_cancelled_call_can_wait_for_the_peer_to_let_go(nursery, autojump_clock):
+    cleaned = []
+
+    async def slow_cleanup(call):
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(3)  # e.g. a command's process group being killed
+                cleaned.append(True)
+
+    a, b = pair()
+    client, server = RpcChannel(a, echo_handler), RpcChannel(b, slow_cleanup)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    with trio.move_on_after(1):
+        await client.call("slow", timeout=None, settle=30)
+    assert cleaned == [True]  # the call returned only once the peer had let go
+
+
+async def test_close_callbacks_run_at_once_whatever_the_tasks_are_doing(nursery):
+    a, b = pair()
+    server = RpcChannel(b, echo_handler)
+    seen = []
+    server.on_close(seen.append)
+    server.on_close(lambda reason: 1 / 0)  # a broken owner does not stop the others
+    server.on_close(lambda reason: seen.append("second"))
+    await nursery.start(server.serve)
+    server.abort(1008, "gone")
+    assert seen == ["gone", "second"]
