@@ -40,9 +40,11 @@ class ModelInstance:
     source: str
     env: tuple[str, ...] = ()
     reads: tuple[ReadEntry, ...] = ()
+    retry: str = "unwritten"  # run again if its worker was lost before it wrote; or "never"
 
 
-_MODEL_KEYS = ("name", "type", "args", "env", "reads")
+_MODEL_KEYS = ("name", "type", "args", "env", "reads", "retry")
+RETRY_POLICIES = ("unwritten", "never")
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,14 @@ class Repo:
                 if not isinstance(data.get(key, []), list):
                     raise UserError(f"{path}: {key!r} must be a list of strings")
             env = check_names(data.get("env", []), source=f"{path.name} env")
+            retry = data.get("retry", "unwritten")
+            if retry not in RETRY_POLICIES:
+                raise UserError(
+                    f'{path}: retry must be "unwritten" (run again on another worker if its '
+                    f'worker is lost before it writes anything) or "never", not {retry!r}'
+                )
             reads = parse_reads(data.get("reads", []), source=f"{path.name} reads")
-            instances[name] = ModelInstance(name, data["type"], args, str(path), env, reads)
+            instances[name] = ModelInstance(name, data["type"], args, str(path), env, reads, retry)
         return instances
 
     def read_scope(self, model: ModelInstance) -> ReadScope:

@@ -22,6 +22,17 @@ from swamp.protocol.messages import LogLine
 from swamp.store.datastore import Datastore, Key
 
 
+class ProcessWatch:
+    """Told of every command a method starts and reaps (the worker's reaper kills the ones
+    still running if the worker dies). The default watches nothing."""
+
+    def track(self, pgid: int) -> None:
+        pass
+
+    def untrack(self, pgid: int) -> None:
+        pass
+
+
 class ContextBase(abc.ABC):
     """Everything but the data access: identity, environment, logging, subprocesses."""
 
@@ -43,6 +54,7 @@ class ContextBase(abc.ABC):
         self.env = dict(env)
         self.cwd = cwd
         self.outputs: list[dict] = []
+        self.processes: ProcessWatch = ProcessWatch()
 
     @abc.abstractmethod
     async def log(self, line: str, *, stream: str = "log") -> None:
@@ -80,6 +92,7 @@ class ContextBase(abc.ABC):
             )
         except OSError as exc:
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+        self.processes.track(process.pid)  # its own session: the group id is its pid
         timed_out = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:
@@ -94,6 +107,8 @@ class ContextBase(abc.ABC):
                 with trio.CancelScope(shield=True):
                     with trio.move_on_after(5):
                         await process.wait()
+            if process.returncode is not None:
+                self.processes.untrack(process.pid)
         return ProcessResult(
             exit_code=process.returncode if process.returncode is not None else -9,
             stdout_tail=list(tails["stdout"]),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain import environment
 from swamp.domain.leases import LeaseState
@@ -119,6 +120,7 @@ class DispatchService:
         grace_seconds: float,
         environ: dict[str, str] | None = None,
         ship_env: tuple[str, ...] = (),
+        fence_seconds: float = 0,
         clock=time.time,
     ) -> None:
         self.store = store
@@ -127,6 +129,10 @@ class DispatchService:
         self.credentials = credentials
         self.leases = LeaseBook(store, clock=clock)
         self.workers = WorkerBook(store, clock=clock)
+        self.tokens = TokenBook(store, clock=clock)
+        self.clock = clock
+        # after losing a worker, wait this long before running its step elsewhere (fencing)
+        self.fence_seconds = fence_seconds
         self.grace_seconds = grace_seconds
         self.environ = dict(os.environ if environ is None else environ)
         self.ship_env = environment.check_names(ship_env, source="--ship-env")
@@ -193,6 +199,12 @@ class DispatchService:
             if choice.worker is None:
                 if lost is None:
                     raise NoMatchingWorker(self._no_worker_message(placement, choice))
+                gone = self._never_returns(placement)
+                if gone:
+                    raise NoMatchingWorker(
+                        f"worker {lost.worker} was lost ({lost.reason}) before the step wrote "
+                        f"anything, and {gone}"
+                    )
                 with trio.move_on_at(give_up_at):
                     await self.pool.wait_changed()
                     continue
@@ -214,12 +226,30 @@ class DispatchService:
                         f"{request.method} had written data ({exc.reason}); failing the step "
                         "rather than running it twice (write-then-drop)"
                     ) from None
+                if request.model.retry == "never":
+                    raise WorkerLostError(
+                        f"worker {exc.worker} was lost ({exc.reason}); model "
+                        f'{request.model.name!r} declares retry = "never", so the step is not '
+                        "run again"
+                    ) from None
                 lost = exc
-                give_up_at = trio.current_time() + self.grace_seconds
+                gone = self._never_returns(placement)
+                if gone:
+                    raise NoMatchingWorker(
+                        f"worker {exc.worker} was lost ({exc.reason}) before the step wrote "
+                        f"anything, and {gone}"
+                    ) from None
                 log.warning(
-                    "worker %s lost before writing (%s): dispatching again", exc.worker, exc.reason
+                    "worker %s lost before writing (%s): dispatching again after %gs",
+                    exc.worker,
+                    exc.reason,
+                    self.fence_seconds,
                 )
                 await _safe_emit(emit, Redispatched(worker=exc.worker, reason=exc.reason).to_json())
+                # Fencing: if the lost worker is alive behind a partition (or frozen), its own
+                # deadline (or its reaper's) kills the first copy before this one can start.
+                await trio.sleep(self.fence_seconds)
+                give_up_at = trio.current_time() + self.grace_seconds
 
     async def _dispatch_once(
         self,
@@ -373,6 +403,20 @@ class DispatchService:
             )
         except MalformedFrame as exc:
             return Verdict(name, "error", error=f"the probe's verdict is malformed: {exc.message}")
+
+    def _never_returns(self, placement: Placement) -> str | None:
+        """Why a targeted worker can never come back (its token is dead), or ``None``."""
+        member = self.pool.get(placement.target or "")
+        if member is None or member.connected:
+            return None
+        token = self.tokens.get(member.token_name)
+        if token is None or not token.live(self.clock()):
+            state = token.effective_state(self.clock()).value if token else "deleted"
+            return (
+                f"its target {member.name!r} can never return: token {member.token_name!r} "
+                f"has been {state}"
+            )
+        return None
 
     def _no_worker_message(self, placement: Placement, choice) -> str:
         member = self.pool.get(placement.target or "")

@@ -276,6 +276,7 @@ class Gateway:
         for member in members:
             log.info("disconnecting %s: %s", member.name, reason)
             member.channel.abort(code, reason)
+        self.pool.changed()  # steps waiting for one of its workers learn it can never return
         return len(members)
 
     async def token_changed(self, name: str) -> None:

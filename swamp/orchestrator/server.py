@@ -100,6 +100,17 @@ def check_options(options: ServeOptions) -> RequestPolicy:
     )
 
 
+HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
+FENCE_MARGIN = 2.0
+
+
+def fence_seconds(heartbeat: float) -> float:
+    """How long after losing a worker its step may run elsewhere: by then the worker, if it is
+    alive behind a partition, has given up on us and killed its commands (and its reaper has,
+    if it is frozen)."""
+    return heartbeat * HEARTBEATS_MISSED + FENCE_MARGIN
+
+
 def raise_file_limit() -> None:
     """Use the hard limit on open files: every worker and client holds a socket."""
     try:
@@ -237,6 +248,7 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
         credentials,
         grace_seconds=options.grace_seconds,
         ship_env=options.ship_env,
+        fence_seconds=fence_seconds(options.heartbeat_seconds),
     )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
     if unset:

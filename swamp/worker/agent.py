@@ -24,6 +24,7 @@ from swamp.plugins import default_registry
 from swamp.worker.config import WorkerConfig
 from swamp.worker.events import Reporter
 from swamp.worker.identity import instance_id, machine_id
+from swamp.worker.reaper import Reaper
 from swamp.worker.session import Session
 
 BACKOFF_START = 1.0
@@ -60,34 +61,51 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         iid = instance_id()
         registry = default_registry()
         outcome: list[int] = []
-        async with open_unwrapping_nursery() as nursery:
-
-            async def stop_on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        reporter.emit(
-                            "stopped", reason=f"received {signal.Signals(signum).name}", exitCode=0
-                        )
-                        outcome.append(0)
-                        nursery.cancel_scope.cancel()
-                        return
-
-            async def connect_loop() -> None:
-                outcome.append(
-                    await _connect_loop(config, reporter, mid, iid, registry, Path(cache_dir))
-                )
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(stop_on_signal)
-            nursery.start_soon(connect_loop)
+        reaper = await Reaper.start()
+        try:
+            await _run(config, reporter, mid, iid, registry, Path(cache_dir), reaper, outcome)
+        finally:
+            await reaper.aclose()
         return outcome[0] if outcome else 0
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+async def _run(
+    config, reporter, mid, iid, registry, cache_dir: Path, reaper: Reaper, outcome: list[int]
+) -> None:
+    async with open_unwrapping_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    reporter.emit(
+                        "stopped", reason=f"received {signal.Signals(signum).name}", exitCode=0
+                    )
+                    outcome.append(0)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        async def connect_loop() -> None:
+            outcome.append(
+                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper)
+            )
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(reaper.beat)
+        nursery.start_soon(stop_on_signal)
+        nursery.start_soon(connect_loop)
+
+
 async def _connect_loop(
-    config: WorkerConfig, reporter: Reporter, mid: str, iid: str, registry, cache_dir: Path
+    config: WorkerConfig,
+    reporter: Reporter,
+    mid: str,
+    iid: str,
+    registry,
+    cache_dir: Path,
+    reaper: Reaper,
 ) -> int:
     backoff = Backoff()
     started = time.monotonic()
@@ -103,6 +121,7 @@ async def _connect_loop(
             registry=registry,
             reporter=reporter,
             cache_dir=cache_dir,
+            reaper=reaper,
         )
         try:
             reason = await session.run()

@@ -29,6 +29,7 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
 from swamp.worker.events import Reporter
+from swamp.worker.reaper import Reaper
 from swamp.worker.remote_context import RemoteContext
 
 ENROLL_TIMEOUT = 30
@@ -53,6 +54,7 @@ class Session:
         registry: ModelRegistry,
         reporter: Reporter,
         cache_dir: Path | None = None,
+        reaper: Reaper | None = None,
     ) -> None:
         self.config = config
         self.cache_dir = cache_dir
@@ -60,6 +62,7 @@ class Session:
         self.instance_id = instance_id
         self.registry = registry
         self.reporter = reporter
+        self.reaper = reaper
         self.enrollment: Enrollment | None = None
         self.active = 0
         self.completed = 0
@@ -124,6 +127,8 @@ class Session:
         )
         if reply.heartbeat_seconds > 0:
             channel.heartbeat = reply.heartbeat_seconds
+        if self.reaper is not None:  # frozen as long as the orchestrator would drop us
+            self.reaper.set_silence(channel.heartbeat * channel.missed)
         capped = self.enrollment.capacity < self.config.concurrency
         self.reporter.emit(
             "enrolled",
@@ -169,6 +174,8 @@ class Session:
                 env=environment.overlay(os.environ, request.environment),
                 cache_dir=self.cache_dir,
             )
+            if self.reaper is not None:
+                ctx.processes = self.reaper
             outcome = await run_method(method, args, ctx)
         except trio.Cancelled:
             self.reporter.emit(

@@ -157,3 +157,96 @@ def test_a_cancelled_step_holds_its_slot_until_the_worker_has_let_go(cluster):
     assert not any(
         "capacity" in str(e.get("error", "")) for e in worker.events()
     )  # the worker never had to refuse one as "at capacity"
+
+
+def _counting_command(counter, pidfile) -> str:
+    """Appends "start N" (N = runs so far); the first run then waits a long time, later runs
+    end at once. Its process group id goes to ``pidfile``."""
+    return (
+        f"echo $$ > {pidfile}; n=$(wc -l < {counter} 2>/dev/null || echo 0); "
+        f'echo "start $n" >> {counter}; if [ "$n" = 0 ]; then sleep 60; fi; '
+        f'echo "end $n" >> {counter}'
+    )
+
+
+def _group_gone(pgid: int) -> bool:
+    """No live process left in the group (a killed orphan may linger as a zombie until init
+    reaps it: it runs nothing)."""
+    from pathlib import Path
+
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state != "Z":
+            return False
+    return True
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_lost_worker_takes_its_command_with_it_and_the_step_runs_once_more(cluster, fault):
+    cluster.serve()
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
+    counter, pidfile = cluster.tmp / "counter", cluster.tmp / "pgid"
+    run = _run_in_background(
+        cluster,
+        "command/shell",
+        "run",
+        "--arg",
+        f"command={_counting_command(counter, pidfile)}",
+        "--label",
+        "pool=x",
+    )
+    first = run.wait_for(lambda e: e.get("event", {}).get("kind") == "dispatched")["event"]
+    wait_until(lambda: counter.exists() and pidfile.exists(), what="the first run to start")
+    pgid = int(pidfile.read_text())
+    victim = workers[first["worker"]]
+    if fault == "kill":
+        victim.p.kill()  # SIGKILL: the worker runs no cleanup at all
+        wait_until(lambda: _group_gone(pgid), timeout=1, what="the command to die with it")
+    else:
+        victim.signal(signal.SIGSTOP)  # frozen: its reaper notices the silence
+        wait_until(lambda: _group_gone(pgid), timeout=15, what="the reaper to kill the command")
+    try:
+        assert run.wait_exit(timeout=60) == 0
+    finally:
+        if fault == "stop":
+            victim.signal(signal.SIGCONT)
+    result = result_of(run.events())
+    assert result["status"] == "succeeded" and result["worker"] != first["worker"]
+    # the counter file, written by the command itself: the first copy never ran on
+    assert counter.read_text().split("\n")[:-1] == ["start 0", "start 1", "end 1"]
+
+
+def test_a_step_that_must_not_repeat_fails_instead(cluster):
+    cluster.serve()
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
+    counter, pidfile = cluster.tmp / "counter", cluster.tmp / "pgid"
+    (cluster.repo / "models" / "once.toml").write_text(
+        'type = "command/shell"\nretry = "never"\n'
+        f"[args]\ncommand = '''{_counting_command(counter, pidfile)}'''\n"
+    )
+    run = _run_in_background(cluster, "once", "run", "--label", "pool=x")
+    first = run.wait_for(lambda e: e.get("event", {}).get("kind") == "dispatched")["event"]
+    wait_until(lambda: counter.exists(), what="the run to start")
+    workers[first["worker"]].p.kill()
+    assert run.wait_exit() == 1
+    assert 'retry = "never"' in result_error(run)
+    assert counter.read_text() == "start 0\n"
+
+
+def test_a_step_waiting_for_a_revoked_target_fails_at_once(cluster):
+    cluster.serve("--grace-window", "60s")
+    cluster.worker(cluster.mint("w1"))
+    run = _run_in_background(cluster, "test/steps", "wait", "--target", "w1")
+    run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
+    revoked = cluster.cli("worker", "token", "revoke", "w1")
+    assert revoked.returncode == 0
+    assert run.wait_exit(timeout=20) == 1  # not after the 60 s grace window
+    assert "can never return" in result_error(run) and "revoked" in result_error(run)
