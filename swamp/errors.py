@@ -242,6 +242,18 @@ class SeamFailed(SwampError):
     code = "seam_failed"
 
 
+class AlreadyServing(Conflict):
+    """Another ``swamp serve`` holds this repo."""
+
+    code = "already_serving"
+
+
+class CannotListen(SwampError):
+    """The address to listen on is taken or not ours to bind."""
+
+    code = "cannot_listen"
+
+
 class NeedsOrchestrator(SwampError):
     """The operation needs a running ``swamp serve``, and the route taken has none."""
 
@@ -249,9 +261,22 @@ class NeedsOrchestrator(SwampError):
 
 
 class StoreError(SwampError):
-    """The database refused: locked, corrupt, gone."""
+    """The database refused."""
 
     code = "store_error"
+
+
+class StoreBusy(StoreError):
+    """Another process holds the database's write lock: try again shortly."""
+
+    code = "store_busy"
+
+
+class StoreBroken(StoreError):
+    """The database cannot take writes any more (read-only, corrupt, deleted or replaced):
+    nothing will be acknowledged until it is fixed and ``swamp serve`` restarted."""
+
+    code = "store_broken"
 
 
 # -- the peer or the world misbehaved (exit 1; a retry may help) --------------------------------

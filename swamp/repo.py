@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -20,7 +22,7 @@ import tomli_w
 from swamp.domain.environment import check_names
 from swamp.domain.names import check_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
-from swamp.errors import UnknownModel, UserError
+from swamp.errors import AlreadyServing, UnknownModel, UserError
 from swamp.store.datastore import Datastore
 
 CONFIG_FILE = "swamp.toml"
@@ -62,6 +64,31 @@ class Repo:
     @property
     def serve_file(self) -> Path:
         return self.state_dir / "serve.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.state_dir / "serve.lock"
+
+    @contextmanager
+    def serve_lock(self) -> Iterator[None]:
+        """Hold the repo for one ``swamp serve``: taken before anything is read or written, so a
+        second one changes nothing — not the live one's leases, not its ``serve.json`` — and
+        says which process holds it. The operating system drops the lock when the holder dies,
+        however it dies."""
+        self.state_dir.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if not _try_lock(fd):
+                holder = os.read(fd, 64).decode("ascii", "replace").strip() or "?"
+                raise AlreadyServing(
+                    f"another swamp serve (pid {holder}) is serving {self.root}: stop it first, "
+                    "or serve another repo"
+                )
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     @classmethod
     def init(cls, root: Path) -> tuple[Repo, bool]:
@@ -183,6 +210,14 @@ class Repo:
 
     # -- the running server's address --------------------------------------------------------
 
+    def remove_serve_file(self) -> None:
+        """Remove ``serve.json`` if this process wrote it (never another server's)."""
+        try:
+            if json.loads(self.serve_file.read_text()).get("pid") == os.getpid():
+                self.serve_file.unlink()
+        except (OSError, ValueError, AttributeError):
+            pass
+
     def write_serve_file(
         self, url: str, data_plane_url: str, *, admin_credential: str | None = None
     ) -> None:
@@ -219,6 +254,25 @@ class Repo:
         if not info or not info.get("adminCredential") or not same_server(info.get("url"), url):
             return None
         return info["adminCredential"]
+
+
+def _try_lock(fd: int) -> bool:
+    """An exclusive, non-blocking lock on an open file."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 def same_server(announced: object, url: str) -> bool:

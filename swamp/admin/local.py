@@ -26,7 +26,7 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.tokens import parse_max_enrollments
-from swamp.errors import NeedsOrchestrator, NotFound
+from swamp.errors import NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
 from swamp.plugins import ModelRegistry, default_registry
@@ -52,6 +52,7 @@ from swamp.protocol.messages import (
 )
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso
+from swamp.store.retry import retry_busy
 
 EventSink = Callable[[dict], Awaitable[None]]
 
@@ -98,8 +99,10 @@ class RepoAdmin:
             allowed_keys=request.allow_labels,
             max_concurrency=request.max_concurrency,
         )
-        token, credential = self.tokens.mint(
-            request.name, duration_seconds=seconds, max_enrollments=allowance, claims=claims
+        token, credential = await retry_busy(
+            lambda: self.tokens.mint(
+                request.name, duration_seconds=seconds, max_enrollments=allowance, claims=claims
+            )
         )
         if self.gateway is not None:
             self.gateway.arm_token_deadline(token)
@@ -110,7 +113,7 @@ class RepoAdmin:
         return TokenListReply([TokenItem.decode(token_item(t, now)) for t in self.tokens.all()])
 
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
-        token, revoked = self.tokens.revoke(request.name)
+        token, revoked = await retry_busy(lambda: self.tokens.revoke(request.name))
         if self.gateway is not None:
             await self.gateway.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
@@ -120,7 +123,9 @@ class RepoAdmin:
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
 
     async def server_token_create(self, request: NameRequest) -> ServerTokenItem:
-        attrs, credential = ServerTokenBook(self.store).create(request.name)
+        attrs, credential = await retry_busy(
+            lambda: ServerTokenBook(self.store).create(request.name)
+        )
         return ServerTokenItem.decode(dict(attrs, token=credential))
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
@@ -129,7 +134,8 @@ class RepoAdmin:
         )
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
-        return ServerTokenItem.decode(ServerTokenBook(self.store).revoke(request.name))
+        attrs = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
+        return ServerTokenItem.decode(attrs)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -179,7 +185,11 @@ class RepoAdmin:
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply:
         predicate = parse_predicate(request.predicate)
-        records = self.store.query(predicate, all_versions=request.all_versions)
+        if request.limit is not None and request.limit < 1:
+            raise UserError(f"invalid --limit {request.limit}: expected a positive number")
+        records = self.store.query(
+            predicate, all_versions=request.all_versions, limit=request.limit
+        )
         return QueryReply([RecordItem.decode(r.to_json()) for r in records])
 
     async def method_run(

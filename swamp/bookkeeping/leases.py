@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.models.builtin import STEP_LEASE
@@ -55,7 +56,7 @@ class LeaseBook:
         *,
         error: str | None = None,
         current: Record | None = None,
-    ) -> None:
+    ) -> Record | None:
         now = iso(self.clock())
 
         def decide(current):
@@ -63,16 +64,17 @@ class LeaseBook:
                 return None
             return rules.end(current.attributes, state, now_iso=now, error=error)
 
-        self.store.transition(key(lease_id), decide, policy=POLICY, current=current)
+        record, _ = self.store.transition(key(lease_id), decide, policy=POLICY, current=current)
+        return record
 
     def reconcile(self) -> int:
         """Boot: every lease still active belonged to the previous orchestrator: expire it."""
         count = 0
-        for record in self.store.latest_of_type(TYPE, model_name=INSTANCE):
-            if record.attributes.get("state") == LeaseState.ACTIVE.value:
-                self.end(
-                    record.attributes["leaseId"], LeaseState.EXPIRED, error="orchestrator restart"
-                )
+        for attrs in decoded(
+            self.store.latest_of_type(TYPE, model_name=INSTANCE), has_fields("leaseId", "state")
+        ):
+            if attrs["state"] == LeaseState.ACTIVE.value:
+                self.end(attrs["leaseId"], LeaseState.EXPIRED, error="orchestrator restart")
                 count += 1
         return count
 

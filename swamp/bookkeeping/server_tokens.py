@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.names import check_name
 from swamp.domain.tokens import hash_secret, secret_matches, split_credential
 from swamp.errors import AlreadyExists, NotFound, Rejected, Unauthorized
@@ -55,7 +56,9 @@ class ServerTokenBook:
         return record.attributes
 
     def all(self) -> list[dict]:
-        return [r.attributes for r in self.store.latest_of_type(TYPE)]
+        return list(
+            decoded(self.store.latest_of_type(TYPE), has_fields("name", "state", "createdAt"))
+        )
 
     def get(self, name: str) -> dict | None:
         record = self.store.latest(Key(TYPE, name, "token"))

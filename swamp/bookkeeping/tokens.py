@@ -6,6 +6,7 @@ import secrets
 import time
 from collections.abc import Callable, Collection
 
+from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain import tokens as rules
 from swamp.domain.claims import ClaimPolicy
 from swamp.domain.names import check_name
@@ -30,11 +31,13 @@ class TokenBook:
         self.clock = clock
 
     def get(self, name: str) -> Token | None:
+        """The token, or ``None`` when there is none (or its record cannot be read)."""
         record = self.store.latest(_key(name))
-        return Token.from_attributes(record.attributes) if record else None
+        found = list(decoded([record] if record else [], _token))
+        return found[0] if found else None
 
     def all(self) -> list[Token]:
-        return [Token.from_attributes(r.attributes) for r in self.store.latest_of_type(TYPE)]
+        return list(decoded(self.store.latest_of_type(TYPE), _token))
 
     def mint(
         self,
@@ -157,11 +160,15 @@ class TokenBook:
                 names[token.name] = token.name
             for binding in token.bindings:
                 names[binding.worker_name] = token.name
-        for record in self.store.latest_of_type(WORKER_TYPE):
-            owner = record.attributes.get("tokenName")
+        for attrs in decoded(self.store.latest_of_type(WORKER_TYPE), has_fields("name")):
+            owner = attrs.get("tokenName")
             if owner and owner != token_name:
-                names[record.attributes["name"]] = owner
+                names[attrs["name"]] = owner
         return names
+
+
+def _token(record) -> Token:
+    return Token.from_attributes(record.attributes)
 
 
 def token_item(token: Token, now: float) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
+from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
 from swamp.store.datastore import Datastore, Key, Record, iso
@@ -108,7 +109,7 @@ class WorkerBook:
         return record
 
     def all(self) -> list[dict]:
-        return [r.attributes for r in self.store.latest_of_type(TYPE)]
+        return list(decoded(self.store.latest_of_type(TYPE), has_fields("name", "status")))
 
     def stale(self, *, older_than_seconds: float, live: Collection[str]) -> list[dict]:
         """Workers disconnected for longer than the retention and not in the live pool."""

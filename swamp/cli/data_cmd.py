@@ -35,6 +35,9 @@ def query(
     all_versions: bool = typer.Option(
         False, "--all-versions", help="Match every version, not only the latest."
     ),
+    limit: int = typer.Option(
+        None, "--limit", metavar="N", show_default=False, help="Stop after N matches."
+    ),
     server: str = SERVER,
     server_token: str = SERVER_TOKEN,
     ca_cert: Path = CA_CERT,
@@ -49,7 +52,7 @@ def query(
     from swamp.protocol.messages import DataQueryRequest
 
     parse(predicate)  # a bad predicate is refused here, with its caret, on either route
-    request = DataQueryRequest(predicate=predicate, all_versions=all_versions)
+    request = DataQueryRequest(predicate=predicate, all_versions=all_versions, limit=limit)
     reply = with_admin(
         lambda api: api.data_query(request),
         repo_dir=repo_dir,

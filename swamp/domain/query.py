@@ -71,6 +71,7 @@ class _Parser:
         self.source = source
         self.tokens = _tokenize(source)
         self.index = 0
+        self.depth = 0
 
     @property
     def tok(self) -> _Tok:
@@ -100,22 +101,34 @@ class _Parser:
         return node
 
     def expr(self) -> Evaluator:
-        left = self.and_()
+        # flat lists, not a chain of closures: a long a || b || c … evaluates without recursion
+        terms = [self.and_()]
         while self.take("||"):
-            right = self.and_()
-            left = (lambda a, b: lambda r: _truthy(a(r)) or _truthy(b(r)))(left, right)
-        return left
+            terms.append(self.and_())
+        if len(terms) == 1:
+            return terms[0]
+        return lambda r: any(_truthy(term(r)) for term in terms)
 
     def and_(self) -> Evaluator:
-        left = self.unary()
+        terms = [self.unary()]
         while self.take("&&"):
-            right = self.unary()
-            left = (lambda a, b: lambda r: _truthy(a(r)) and _truthy(b(r)))(left, right)
-        return left
+            terms.append(self.unary())
+        if len(terms) == 1:
+            return terms[0]
+        return lambda r: all(_truthy(term(r)) for term in terms)
+
+    def nested(self) -> None:
+        """Count one level of ``(``, ``[`` or ``!``; a predicate nested deeper is refused
+        (rather than exhausting the parser's stack)."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"the predicate is nested more than {MAX_NESTING} levels deep")
 
     def unary(self) -> Evaluator:
         if self.take("!"):
+            self.nested()
             inner = self.unary()
+            self.depth -= 1
             return lambda r: not _truthy(inner(r))
         return self.compare()
 
@@ -146,10 +159,13 @@ class _Parser:
             text = _unquote(tok.text)
             return lambda r: text
         if self.take("("):
+            self.nested()
             inner = self.expr()
             self.expect(")")
+            self.depth -= 1
             return inner
         if self.take("["):
+            self.nested()
             items = []
             if not self.take("]"):
                 while True:
@@ -157,6 +173,7 @@ class _Parser:
                     if self.take("]"):
                         break
                     self.expect(",")
+            self.depth -= 1
             return lambda r: [item(r) for item in items]
         if tok.kind == "ident":
             if tok.text in ("true", "false", "null"):
@@ -264,6 +281,7 @@ class Predicate:
 
 
 MAX_PREDICATE_LENGTH = 4096
+MAX_NESTING = 32
 
 
 def parse(source: str) -> Predicate:

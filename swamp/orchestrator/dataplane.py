@@ -22,6 +22,7 @@ from swamp.domain.names import check_data_name
 from swamp.errors import (
     DispatchEnded,
     Forbidden,
+    MalformedFrame,
     NotFound,
     SwampError,
     TooLarge,
@@ -32,8 +33,9 @@ from swamp.models.context import read_value, write_value
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.pool import Pool
-from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.protocol.frames import PROTOCOL_VERSION, load_json
 from swamp.store.datastore import Key
+from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.dataplane")
 MAX_BODY = 16 * 1024 * 1024
@@ -111,15 +113,18 @@ class DataPlane:
     async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"]
         if path == "/health":
-            # Anyone may learn that it is up; only an admin learns what it runs and how big it is.
-            body: dict = {"status": "ok"}
+            # Anyone may learn that it is up (or that it cannot write); only an admin learns
+            # what it runs, how big it is and why.
+            broken = self.dispatch.store.broken
+            body: dict = {"status": "degraded" if broken else "ok"}
             if self.is_admin(scope):
                 body.update(
                     version=__version__,
                     protocolVersion=PROTOCOL_VERSION,
                     pool=self.pool.statistics(),
+                    **({"reason": broken} if broken else {}),
                 )
-            await _json(send, 200, body)
+            await _json(send, 503 if broken else 200, body)
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:2] != ["data", "resources"]:
@@ -152,16 +157,16 @@ class DataPlane:
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode()
         if content_type.startswith("application/json"):
             try:
-                value = json.loads(body)
-            except ValueError:
-                raise UserError("the body is not valid JSON") from None
+                value = load_json(body)
+            except MalformedFrame as exc:
+                raise UserError(f"the body is not usable JSON: {exc.message}") from None
             if not isinstance(value, dict):
                 raise UserError("a JSON resource must be an object")
         else:
             value = body
-        self.dispatch.record_write(active)
+        await self.dispatch.record_write(active)
         key = Key(active.model_type.type, active.model_name, name)
-        record = write_value(self.dispatch.store, key, policy, value)
+        record = await retry_busy(lambda: write_value(self.dispatch.store, key, policy, value))
         handle = {"spec": spec, "name": name, "version": record.version}
         active.outputs.append(handle)
         await _json(send, 200, handle)

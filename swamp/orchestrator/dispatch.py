@@ -23,7 +23,6 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.tokens import TokenBook
-from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain import environment
 from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement, choose_worker
@@ -45,6 +44,7 @@ from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.records import WorkerRecords
 from swamp.plugins import ModelRegistry
 from swamp.protocol.messages import (
     Dispatched,
@@ -60,6 +60,7 @@ from swamp.protocol.messages import (
 )
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record
+from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.dispatch")
 PROBE_TIMEOUT = 60
@@ -120,6 +121,7 @@ class DispatchService:
         grace_seconds: float,
         environ: dict[str, str] | None = None,
         ship_env: tuple[str, ...] = (),
+        records: WorkerRecords,
         fence_seconds: float = 0,
         clock=time.time,
     ) -> None:
@@ -128,7 +130,7 @@ class DispatchService:
         self.pool = pool
         self.credentials = credentials
         self.leases = LeaseBook(store, clock=clock)
-        self.workers = WorkerBook(store, clock=clock)
+        self.records = records
         self.tokens = TokenBook(store, clock=clock)
         self.clock = clock
         # after losing a worker, wait this long before running its step elsewhere (fencing)
@@ -267,12 +269,14 @@ class DispatchService:
         if not request.probe:
             member.active.add(dispatch_id)  # reserve the slot now: decide, then act
         try:
-            active.lease = self.leases.acquire(
-                lease_id=dispatch_id,
-                worker=member.name,
-                model_type=model_type.type,
-                model_name=request.model.name,
-                method=request.method,
+            active.lease = await retry_busy(
+                lambda: self.leases.acquire(
+                    lease_id=dispatch_id,
+                    worker=member.name,
+                    model_type=model_type.type,
+                    model_name=request.model.name,
+                    method=request.method,
+                )
             )
             if not request.probe:  # a probe never changes a worker's scheduling status
                 self._set_busy(member)
@@ -309,51 +313,39 @@ class DispatchService:
                 )
             except ChannelClosed as exc:
                 if active.has_writes:
-                    self.leases.end(
-                        dispatch_id,
+                    await self._end_lease(
+                        active,
                         LeaseState.FAILED,
-                        current=active.lease,
-                        error="worker disconnected after writing (write-then-drop)",
+                        "worker disconnected after writing (write-then-drop)",
                     )
                 else:
-                    self.leases.end(
-                        dispatch_id,
-                        LeaseState.EXPIRED,
-                        current=active.lease,
-                        error=f"worker lost before writing: {exc.message}",
+                    await self._end_lease(
+                        active, LeaseState.EXPIRED, f"worker lost before writing: {exc.message}"
                     )
                 raise WorkerLost(member.name, exc.message, active.has_writes) from None
             except SwampError as exc:
-                self.leases.end(
-                    dispatch_id, LeaseState.FAILED, error=exc.message, current=active.lease
-                )
+                await self._end_lease(active, LeaseState.FAILED, exc.message)
                 raise DispatchFailed(
                     f"worker {member.name} refused the dispatch ({exc.code}): {exc.message}"
                 ) from None
             try:
                 result = DispatchResult.decode(reply)
             except MalformedFrame as exc:
-                self.leases.end(
-                    dispatch_id, LeaseState.FAILED, error="malformed result", current=active.lease
-                )
+                await self._end_lease(active, LeaseState.FAILED, "malformed result")
                 raise DispatchFailed(
                     f"worker {member.name} sent a malformed result: {exc.message}"
                 ) from None
             if result.status == "succeeded":
-                self.leases.end(dispatch_id, LeaseState.COMPLETED, current=active.lease)
+                await self._end_lease(active, LeaseState.COMPLETED)
             else:
-                self.leases.end(
-                    dispatch_id, LeaseState.FAILED, error=str(result.error), current=active.lease
-                )
+                await self._end_lease(active, LeaseState.FAILED, str(result.error))
             self.completed += 1
             if active.outputs:  # what the data plane saw written is the truth
                 result = replace(result, outputs=[OutputHandle(**o) for o in active.outputs])
             return result, member.name, dispatch_id
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                self.leases.end(
-                    dispatch_id, LeaseState.FAILED, error="dispatch cancelled", current=active.lease
-                )
+                await self._end_lease(active, LeaseState.FAILED, "dispatch cancelled")
             raise
         finally:
             if credential is not None:
@@ -364,6 +356,18 @@ class DispatchService:
                 if member.connected and not member.active:
                     self._set_status(member, WorkerStatus.IDLE.value)
                 self.pool.changed()
+
+    async def _end_lease(
+        self, active: ActiveDispatch, state: LeaseState, error: str | None = None
+    ) -> None:
+        """End the lease durably (retried while the database is locked); a lease that cannot be
+        ended is expired by the next boot's reconciliation, so the step's outcome stands."""
+        try:
+            active.lease = await retry_busy(
+                lambda: self.leases.end(active.id, state, error=error, current=active.lease)
+            )
+        except SwampError as exc:
+            log.warning("could not end lease %s as %s: %s", active.id, state.value, exc)
 
     async def probe(self, name: str, *, timeout: float = PROBE_TIMEOUT) -> Verdict:
         """Run the fleet probe on one worker through the ordinary dispatch path."""
@@ -438,15 +442,7 @@ class DispatchService:
 
     def _set_status(self, member: Member, status: str) -> None:
         member.status = status
-        try:
-            record = self.workers.set_status(
-                member.name, status, active=sorted(member.active), current=member.record
-            )
-            if record is not None:
-                member.record = record
-                member.last_seen_at = record.attributes["lastSeenAt"]
-        except SwampError as exc:
-            log.warning("could not record %s as %s: %s", member.name, status, exc)
+        self.records.status(member, status, active=sorted(member.active))
 
     async def keep_credentials_fresh(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Slide every running dispatch's credential expiry, so a dispatch keeps its data-plane
@@ -458,10 +454,12 @@ class DispatchService:
                 if active.credential:
                     self.credentials.extend(active.credential)
 
-    def record_write(self, active: ActiveDispatch) -> None:
+    async def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
         if not active.has_writes:
-            active.lease = self.leases.mark_writes(active.id, current=active.lease)
+            active.lease = await retry_busy(
+                lambda: self.leases.mark_writes(active.id, current=active.lease)
+            )
             active.has_writes = True
 
 

@@ -22,7 +22,6 @@ import trio
 
 from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
-from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.claims import MAX_CAPACITY
 from swamp.domain.labels import check_labels
@@ -45,11 +44,13 @@ from swamp.errors import (
 )
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.timers import Deadlines
 from swamp.protocol.frames import PROTOCOL_VERSION
 from swamp.protocol.messages import EnrollReply, EnrollRequest, Verdict
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Datastore, iso
+from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.gateway")
 
@@ -100,12 +101,14 @@ class Gateway:
         *,
         grace_seconds: float,
         heartbeat_seconds: float,
+        records: WorkerRecords,
         clock=time.time,
         prober: Callable[[str], Awaitable[Verdict]] | None = None,
     ) -> None:
         self.store = store
         self.tokens = TokenBook(store, clock=clock)
-        self.workers = WorkerBook(store, clock=clock)
+        self.workers = records.workers
+        self.records = records
         self.pool = pool
         self.credentials = credentials
         self.grace_seconds = grace_seconds
@@ -130,11 +133,13 @@ class Gateway:
         if twin is not None and twin.machine_id != params.machine_id:
             raise _instance_in_use(params.instance_id)  # before anything is bound
         try:
-            redeemed = self.tokens.redeem(
-                params.token,
-                machine_id=params.machine_id,
-                labels=params.labels,
-                capacity=params.capacity,
+            redeemed = await retry_busy(
+                lambda: self.tokens.redeem(
+                    params.token,
+                    machine_id=params.machine_id,
+                    labels=params.labels,
+                    capacity=params.capacity,
+                )
             )
         except TokenInvalid as exc:
             log.warning("refused an enrollment with token %r: %s", exc.name, exc.detail)
@@ -169,18 +174,21 @@ class Gateway:
         verify = self.prober is not None
         status = WorkerStatus.UNVERIFIED.value if verify else WorkerStatus.IDLE.value
         pending = "verification in progress" if verify else None
-        record = self.workers.enrolled(
-            name=name,
-            instance_id=params.instance_id,
-            machine_id=params.machine_id,
-            token=token.name,
-            labels=granted.labels,
-            platform=params.platform,
-            arch=params.arch,
-            capacity=granted.capacity,
-            version=params.version,
-            status=status,
-            reason=pending,
+        await self.records.settled()  # the previous connection's last status goes first
+        record = await retry_busy(
+            lambda: self.workers.enrolled(
+                name=name,
+                instance_id=params.instance_id,
+                machine_id=params.machine_id,
+                token=token.name,
+                labels=granted.labels,
+                platform=params.platform,
+                arch=params.arch,
+                capacity=granted.capacity,
+                version=params.version,
+                status=status,
+                reason=pending,
+            )
         )
         self.grace.cancel(name)
         member = Member(
@@ -233,15 +241,7 @@ class Gateway:
         member.channel = None
         member.status = WorkerStatus.DISCONNECTED.value
         member.last_seen_at = iso(self.clock())
-        try:
-            member.record = self.workers.set_status(
-                member.name,
-                WorkerStatus.DISCONNECTED.value,
-                reason=channel.close_reason,
-                current=member.record,
-            )
-        except SwampError as exc:
-            log.warning("could not record %s as disconnected: %s", member.name, exc)
+        self.records.status(member, WorkerStatus.DISCONNECTED.value, reason=channel.close_reason)
         self.grace.set(member.name, trio.current_time() + self.grace_seconds)
         log.info("worker %s disconnected: %s", member.name, channel.close_reason)
         self.pool.changed()
@@ -267,7 +267,7 @@ class Gateway:
         if token.expires_at_epoch > self.clock():  # re-minted with a later deadline
             self.token_deadlines.set(name, self._trio_time(token.expires_at_epoch))
             return
-        if self.tokens.expire(name):
+        if await retry_busy(lambda: self.tokens.expire(name)):
             log.info("token %s expired", name)
         await self.disconnect_token(name, CLOSE_EXPIRED, f"token {name!r} has expired")
 
@@ -288,28 +288,38 @@ class Gateway:
             code = CLOSE_EXPIRED if state == "expired" else CLOSE_REVOKED
             await self.disconnect_token(name, code, f"token {name!r} has been {state}")
 
-    async def _watch_repo(self) -> None:
+    async def _watch_repo(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Notice writes by other processes (the CLI on the repo) without a server round trip.
 
         ``PRAGMA data_version`` only changes when another connection commits, so this costs one
         tiny query per tick and does nothing when the repo is quiet. It is the one periodic
         check in the orchestrator, and it is not on any dispatch path.
         """
-        seen = self.store.data_version()
+        try:  # the baseline is taken before the server listens: no change can slip past
+            seen: int | None = self.store.data_version()
+        except SwampError:
+            seen = None  # unknown: the first tick re-checks everything
+        task_status.started()
+        broken = None
         while True:
             await trio.sleep(REPO_WATCH_INTERVAL)
-            current = self.store.data_version()
-            if current == seen:
-                continue
-            seen = current
+            if broken is None and (broken := self.store.check_file()):
+                log.error("%s", broken)  # said once; every write is refused from now on
             try:
+                current = self.store.data_version()
+                if current == seen:
+                    continue
+                seen = current
                 self.arm_token_deadlines()
                 for name in {m.token_name for m in self.pool.members.values() if m.connected}:
                     await self.token_changed(name)
                 for listener in self.repo_listeners:
                     listener()
             except SwampError as exc:  # e.g. the database is locked: try again next tick
-                log.warning("could not re-check tokens after a repo change: %s", exc)
+                log.warning("could not re-check the repo after a change: %s", exc)
+                seen = None
+            except Exception:  # a bug here must not take the orchestrator down with it
+                log.exception("the repo watcher failed; it carries on")
                 seen = None
 
     def arm_token_deadline(self, token) -> None:
@@ -331,7 +341,7 @@ class Gateway:
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
-            nursery.start_soon(self._watch_repo)
+            await nursery.start(self._watch_repo)
             nursery.start_soon(self._verify_enrollments, nursery)
             task_status.started()
 
@@ -358,15 +368,7 @@ class Gateway:
             log.warning(
                 "worker %s failed verification, kept unverified: %s", member.name, verdict.reason
             )
-        try:
-            member.record = self.workers.set_status(
-                member.name,
-                member.status,
-                reason=member.verify_failure_reason,
-                current=member.record,
-            )
-        except SwampError as exc:
-            log.warning("could not record the verdict for %s: %s", member.name, exc)
+        self.records.status(member, member.status, reason=member.verify_failure_reason)
         if verdict.status == "pass":
             self.pool.changed()  # only now may waiting work see this worker
 

@@ -28,7 +28,7 @@ from swamp.domain import environment
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
-from swamp.errors import SwampError, UserError
+from swamp.errors import CannotListen, SwampError, UserError
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
 from swamp.orchestrator.app import App
@@ -37,10 +37,12 @@ from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.records import WorkerRecords
 from swamp.plugins import default_registry
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
+from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.serve")
 
@@ -159,7 +161,8 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     tokens = TokenBook(store)
     by_token: dict[str, list[str]] = {}
     for attrs in stale:
-        by_token.setdefault(attrs.get("tokenName", ""), []).append(attrs["machineId"])
+        if isinstance(attrs.get("machineId"), str):
+            by_token.setdefault(attrs.get("tokenName", ""), []).append(attrs["machineId"])
     for name, machine_ids in by_token.items():
         token = tokens.get(name) if name else None
         if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
@@ -177,8 +180,44 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
+        except Exception:  # a bug in a pass must not stop the orchestrator
+            log.exception("garbage collection failed; the next pass runs as planned")
+            continue
         if removed:
             log.info("garbage collection removed %d record(s)", removed)
+
+
+async def _listen(app, config, stop: trio.Event, options: ServeOptions, task_status) -> None:
+    """Hypercorn's serve, with a port that cannot be bound reported in one line."""
+    import hypercorn.trio
+
+    listening = False
+
+    def started(binds) -> None:
+        nonlocal listening
+        listening = True
+        task_status.started(binds)
+
+    status = type("Status", (), {"started": staticmethod(started)})()
+    try:
+        await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=status)
+    except (OSError, BaseExceptionGroup) as exc:  # Hypercorn raises it from within a nursery
+        cause = exc if isinstance(exc, OSError) else _first_os_error(exc)
+        if listening or cause is None:
+            raise
+        raise CannotListen(
+            f"cannot listen on {options.host}:{options.port}: {cause.strerror or cause} (is "
+            "another program using the port? pass --port, or --port 0 for a free one)"
+        ) from None
+
+
+def _first_os_error(group: BaseExceptionGroup) -> OSError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, OSError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := _first_os_error(exc)):
+            return found
+    return None
 
 
 def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
@@ -218,13 +257,22 @@ def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swep
 
 
 async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    policy = check_options(options)
+    with repo.serve_lock():  # before anything is read or written: one orchestrator per repo
+        await _serve(repo, options, policy, task_status=task_status)
+
+
+async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, task_status) -> None:
     import hypercorn.config
     import hypercorn.trio
 
-    policy = check_options(options)
     raise_file_limit()
     store = repo.open_store(orchestrator=True)
-    swept = {"leases": LeaseBook(store).reconcile(), "workers": WorkerBook(store).reconcile()}
+    store.probe_writable()  # a read-only database is found now, not at the first enrollment
+    swept = {
+        "leases": await retry_busy(LeaseBook(store).reconcile),
+        "workers": await retry_busy(WorkerBook(store).reconcile),
+    }
     if any(swept.values()):
         log.info(
             "boot reconciliation: expired %d lease(s), disconnected %d worker(s)",
@@ -234,12 +282,14 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
     registry = default_registry()
     pool = Pool()
     credentials = Credentials()
+    records = WorkerRecords(WorkerBook(store))
     gateway = Gateway(
         store,
         pool,
         credentials,
         grace_seconds=options.grace_seconds,
         heartbeat_seconds=options.heartbeat_seconds,
+        records=records,
     )
     dispatch = DispatchService(
         store,
@@ -248,6 +298,7 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
         credentials,
         grace_seconds=options.grace_seconds,
         ship_env=options.ship_env,
+        records=records,
         fence_seconds=fence_seconds(options.heartbeat_seconds),
     )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
@@ -293,13 +344,12 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
 
     try:
         async with open_unwrapping_nursery() as nursery:
+            await nursery.start(records.run)
             await nursery.start(gateway.run)
             await nursery.start(dispatch.keep_credentials_fresh)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
-                    lambda task_status: hypercorn.trio.serve(
-                        app, config, shutdown_trigger=stop.wait, task_status=task_status
-                    )
+                    lambda task_status: _listen(app, config, stop, options, task_status)
                 )
                 address = binds[0].split("://", 1)[1]
                 scheme = "wss" if options.tls_cert else "ws"
@@ -312,12 +362,11 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
             # Hypercorn has returned: every connection is closed or past its graceful timeout.
+            with trio.move_on_after(5):
+                await records.settled()  # the last status versions (disconnected) go in
             nursery.cancel_scope.cancel()
     finally:
-        try:
-            repo.serve_file.unlink()
-        except FileNotFoundError:
-            pass
+        repo.remove_serve_file()
         store.checkpoint()
         store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ larger than :data:`MAX_FRAME_BYTES`, or a frame with a missing or mistyped field
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,13 +74,31 @@ def _id(obj: dict, *, required: bool = True) -> str | None:
     return value
 
 
-def decode(text: str | bytes) -> Frame:
-    if len(text) > MAX_FRAME_BYTES:
-        raise FrameTooLarge(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def load_json(text: str | bytes):
+    """JSON from a peer: text that cannot come back out is refused here, once — a structure
+    nested deeply enough to exhaust the parser, or a lone UTF-16 surrogate (``"\\ud800"``),
+    which is valid JSON but cannot be encoded, written to SQLite or printed."""
     try:
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError):
         raise MalformedFrame("a frame must be a JSON object") from None
+    except RecursionError:
+        raise MalformedFrame("the JSON is nested too deeply") from None
+    if _SURROGATE_ESCAPE.search(text if isinstance(text, str) else text.decode("latin-1")):
+        try:  # only frames that spell a surrogate pay for this check
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise MalformedFrame("the JSON holds a lone surrogate (not a character)") from None
+    return obj
+
+
+def decode(text: str | bytes) -> Frame:
+    if len(text) > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    obj = load_json(text)
     if not isinstance(obj, dict):
         raise MalformedFrame("a frame must be a JSON object")
     kind = obj.get("type")

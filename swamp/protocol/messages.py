@@ -351,6 +351,7 @@ class WorkerListRequest(Message):
 class DataQueryRequest(Message):
     predicate: str
     all_versions: bool = False
+    limit: int | None = None
 
 
 @dataclass(frozen=True)

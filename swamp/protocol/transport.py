@@ -6,6 +6,7 @@ client library (trio-websocket) can each be swapped without touching the protoco
 
 from __future__ import annotations
 
+import json
 import ssl
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -33,7 +34,12 @@ class Transport(Protocol):
 def describe(exc: BaseException) -> str:
     """A one-line reason for a failed websocket handshake (the cause is where the detail is)."""
     if isinstance(exc, trio_websocket.ConnectionRejected):
-        return f"the server answered HTTP {exc.status_code}"
+        said = ""
+        try:  # the orchestrator's own refusals carry a coded error
+            said = json.loads(exc.body or b"{}").get("error", {}).get("message", "")
+        except (ValueError, AttributeError):
+            pass
+        return f"the server answered HTTP {exc.status_code}" + (f": {said[:200]}" if said else "")
     return str(exc) or str(exc.__cause__ or "") or type(exc).__name__
 
 
@@ -189,26 +195,29 @@ async def open_websocket(
         ) from None
     except OSError as exc:
         raise PeerError(f"cannot connect to {host_header}: {exc}") from None
-    async with open_unwrapping_nursery() as nursery:
-        try:
-            with trio.fail_after(connect_timeout):
-                ws = await trio_websocket.wrap_client_stream(
-                    nursery,
-                    stream,
-                    host_header,
-                    resource,
-                    extra_headers=extra_headers,
-                    max_message_size=max_message_size,
-                )
-        except trio.TooSlowError:
-            await stream.aclose()
-            raise PeerError(f"the websocket handshake with {host_header} timed out") from None
-        except trio_websocket.HandshakeError as exc:
-            raise PeerError(
-                f"the websocket handshake with {host_header} failed: {describe(exc)}"
-            ) from None
-        try:
-            yield ws
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await ws.aclose()
+    try:
+        # A refusal (an auth proxy's 401, a load balancer's 503) surfaces from trio-websocket's
+        # reader task, so it is caught around the whole nursery, not only around the handshake.
+        async with open_unwrapping_nursery() as nursery:
+            try:
+                with trio.fail_after(connect_timeout):
+                    ws = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        host_header,
+                        resource,
+                        extra_headers=extra_headers,
+                        max_message_size=max_message_size,
+                    )
+            except trio.TooSlowError:
+                await stream.aclose()
+                raise PeerError(f"the websocket handshake with {host_header} timed out") from None
+            try:
+                yield ws
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await ws.aclose()
+    except trio_websocket.HandshakeError as exc:
+        raise PeerError(
+            f"the websocket handshake with {host_header} failed: {describe(exc)}"
+        ) from None

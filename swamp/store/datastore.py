@@ -22,9 +22,11 @@ processes keep SQLite's default auto-checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +34,7 @@ from pathlib import Path
 from swamp.domain.durations import parse_duration
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
-from swamp.errors import Conflict, StoreError
+from swamp.errors import Conflict, StoreBroken, StoreBusy, StoreError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS data (
@@ -52,6 +54,22 @@ CREATE INDEX IF NOT EXISTS data_expiry ON data (expires_epoch) WHERE expires_epo
 """
 
 EPHEMERAL_SECONDS = 3600
+WAL_TRUNCATE_BYTES = 64 * 1024 * 1024
+# A row is the latest version of its item (a correlated subquery on the primary key).
+_IS_LATEST = (
+    "version = (SELECT MAX(version) FROM data m WHERE m.model_type=d.model_type "
+    "AND m.model_name=d.model_name AND m.name=d.name)"
+)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 MAX_CAS_RETRIES = 64
 
 
@@ -94,6 +112,7 @@ class Record:
     attributes: dict
     content: bytes | None
     created_at: str
+    content_size: int | None = None  # when the content itself was not loaded (queries)
 
     @property
     def key(self) -> Key:
@@ -107,7 +126,7 @@ class Record:
             "version": self.version,
             "spec": self.spec,
             "createdAt": self.created_at,
-            "size": len(self.content) if self.content is not None else 0,
+            "size": len(self.content) if self.content is not None else (self.content_size or 0),
         }
         if with_attributes:
             out["attributes"] = self.attributes
@@ -119,6 +138,32 @@ _COLUMNS = "model_type, model_name, name, version, spec, attributes, content, cr
 
 def _row(row: tuple) -> Record:
     return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7])
+
+
+# What queries read: everything but the content, whose size is enough for a match or a listing.
+_META_COLUMNS = (
+    "model_type, model_name, name, version, spec, attributes, NULL, created_at, "
+    "COALESCE(LENGTH(content), 0)"
+)
+
+
+def _meta_row(row: tuple) -> Record:
+    return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), None, row[7], row[8])
+
+
+def _translate(exc: sqlite3.Error, what: str) -> StoreError:
+    """sqlite3's errors, in the project's words."""
+    text = str(exc)
+    lowered = text.lower()
+    if "locked" in lowered or "busy" in lowered:
+        return StoreBusy(f"{what}: the database is locked by another process")
+    if "readonly" in lowered or "read-only" in lowered:
+        return StoreBroken(f"{what}: the database is read-only ({text})")
+    if "malformed" in lowered or "not a database" in lowered or "disk i/o" in lowered:
+        return StoreBroken(f"{what}: the database file is damaged ({text})")
+    if "no such table" in lowered:
+        return StoreBroken(f"{what}: the database file was replaced ({text})")
+    return StoreError(f"{what}: {text}")
 
 
 def _scope_sql(scope: ReadScope) -> tuple[str, list]:
@@ -138,43 +183,91 @@ def _scope_sql(scope: ReadScope) -> tuple[str, list]:
 
 
 class Datastore:
+    """One connection to the repo's database.
+
+    The orchestrator's connection never waits for a lock (``busy_timeout`` 0): a write that
+    meets another process's lock raises :class:`StoreBusy` at once, and the async caller
+    retries without blocking the event loop (``swamp.store.retry``). The CLI's connections wait
+    up to 10 s, as a short-lived process may. Once a write finds the database read-only,
+    damaged or replaced, the store is *broken*: every later write is refused with the reason,
+    so nothing is acknowledged that was not kept.
+    """
+
     def __init__(self, path: Path | str, *, orchestrator: bool = False, clock=time.time) -> None:
         self.path = Path(path)
         self.clock = clock
         self.writes = 0
         self.on_write: Callable[[], None] | None = None
+        self.broken: str | None = None
+        wait = 0 if orchestrator else 10
         try:
             self.db = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+                self.path, isolation_level=None, check_same_thread=False, timeout=wait
             )
+            self.db.execute(f"PRAGMA busy_timeout={wait * 1000}")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("PRAGMA busy_timeout=10000")
             if orchestrator:
                 self.db.execute("PRAGMA wal_autocheckpoint=0")
             self.db.executescript(_SCHEMA)
+            self._identity = _file_identity(self.path)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the datastore at {self.path}: {exc}") from exc
+            raise _translate(exc, f"cannot open the datastore at {self.path}") from None
 
     def close(self) -> None:
         self.db.close()
 
+    @contextmanager
+    def _sql(self, what: str, *, writing: bool = False) -> Iterator[None]:
+        if writing and self.broken:
+            raise StoreBroken(self.broken)
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            error = _translate(exc, what)
+            if isinstance(error, StoreBroken):
+                self.broken = error.message
+            raise error from None
+
+    def check_file(self) -> str | None:
+        """Is the file we write still the repo's database? A file deleted or replaced under a
+        running server takes its writes into nowhere; this notices, and breaks the store."""
+        if self.broken is None and _file_identity(self.path) != self._identity:
+            self.broken = (
+                f"the database file {self.path} was deleted or replaced while serving; nothing "
+                "is written until swamp serve is restarted"
+            )
+        return self.broken
+
+    def probe_writable(self) -> None:
+        """Take the write lock and let it go at once: a read-only database is found at start."""
+        with self._sql("the database cannot be written", writing=True):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:  # a write that changes nothing, rolled back: SQLite checks it can write
+                self.db.execute("UPDATE data SET version = version WHERE 0")
+            finally:
+                self.db.execute("ROLLBACK")
+
     # -- reads -------------------------------------------------------------------------------
 
     def latest(self, key: Key) -> Record | None:
-        row = self.db.execute(
-            f"SELECT {_COLUMNS} FROM data WHERE model_type=? AND model_name=? AND name=? "
-            "ORDER BY version DESC LIMIT 1",
-            (key.model_type, key.model_name, key.name),
-        ).fetchone()
+        with self._sql("reading the datastore"):
+            row = self.db.execute(
+                f"SELECT {_COLUMNS} FROM data WHERE model_type=? AND model_name=? AND name=? "
+                "ORDER BY version DESC LIMIT 1",
+                (key.model_type, key.model_name, key.name),
+            ).fetchone()
         return _row(row) if row else None
 
     def versions(self, key: Key) -> list[int]:
-        rows = self.db.execute(
-            "SELECT version FROM data WHERE model_type=? AND model_name=? AND name=? "
-            "ORDER BY version",
-            (key.model_type, key.model_name, key.name),
-        ).fetchall()
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                "SELECT version FROM data WHERE model_type=? AND model_name=? AND name=? "
+                "ORDER BY version",
+                (key.model_type, key.model_name, key.name),
+            ).fetchall()
         return [r[0] for r in rows]
 
     def latest_of_type(self, model_type: str, *, model_name: str | None = None) -> list[Record]:
@@ -187,13 +280,12 @@ class Datastore:
         return self._latest(where, params)
 
     def _latest(self, where: str, params: list) -> list[Record]:
-        rows = self.db.execute(
-            f"SELECT {_COLUMNS} FROM data d WHERE {where} AND version = ("
-            "SELECT MAX(version) FROM data m WHERE m.model_type=d.model_type "
-            "AND m.model_name=d.model_name AND m.name=d.name) "
-            "ORDER BY model_type, model_name, name",
-            params,
-        ).fetchall()
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM data d WHERE {where} AND {_IS_LATEST} "
+                "ORDER BY model_type, model_name, name",
+                params,
+            ).fetchall()
         return [_row(r) for r in rows]
 
     def query(
@@ -224,26 +316,32 @@ class Datastore:
                 clauses.append(f"{column} = ?")
                 params.append(predicate.equalities[field])
         where = " AND ".join(clauses) or "1=1"
-        if all_versions:
-            rows = self.db.execute(
-                f"SELECT {_COLUMNS} FROM data WHERE {where} "
+        if not all_versions:
+            where += f" AND {_IS_LATEST}"
+        # Rows stream from a cursor, without their content: memory holds the matches only, and
+        # the scan stops at ``limit``.
+        out: list[Record] = []
+        with self._sql("querying the datastore"):
+            cursor = self.db.execute(
+                f"SELECT {_META_COLUMNS} FROM data d WHERE {where} "
                 "ORDER BY model_type, model_name, name, version",
                 params,
-            ).fetchall()
-            records: Iterable[Record] = (_row(r) for r in rows)
-        else:
-            records = self._latest(where, params)
-        out = []
-        for record in records:
-            if predicate.matches(record.to_json()):
-                out.append(record)
-                if limit is not None and len(out) >= limit:
-                    break
+            )
+            try:
+                for row in cursor:
+                    record = _meta_row(row)
+                    if predicate.matches(record.to_json()):
+                        out.append(record)
+                        if limit is not None and len(out) >= limit:
+                            break
+            finally:
+                cursor.close()
         return out
 
     def data_version(self) -> int:
         """Changes when *another* connection commits: how serve notices CLI writes."""
-        return self.db.execute("PRAGMA data_version").fetchone()[0]
+        with self._sql("reading the datastore"):
+            return self.db.execute("PRAGMA data_version").fetchall()[0][0]
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -274,6 +372,8 @@ class Datastore:
         # One statement, so one atomic write transaction: SQLite takes the write lock before it
         # evaluates MAX(version), which makes the check and the insert indivisible across
         # processes without a BEGIN/COMMIT round trip.
+        if self.broken:
+            raise StoreBroken(self.broken)
         try:
             if expected_version is None:
                 inserted = self.db.execute(
@@ -291,7 +391,10 @@ class Datastore:
         except sqlite3.IntegrityError:
             inserted = []
         except sqlite3.Error as exc:
-            raise StoreError(f"the datastore refused a write: {exc}") from exc
+            error = _translate(exc, "the datastore refused a write")
+            if isinstance(error, StoreBroken):
+                self.broken = error.message
+            raise error from None
         if not inserted:
             raise Conflict(
                 f"{key.model_type}/{key.model_name}/{key.name} moved past version "
@@ -299,10 +402,12 @@ class Datastore:
             )
         version = inserted[0][0]
         if policy.garbage_collection is not None and version > policy.garbage_collection:
-            self.db.execute(
-                "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? AND version<=?",
-                (*item, version - policy.garbage_collection),
-            )
+            with suppress(StoreError), self._sql("trimming old versions", writing=True):
+                self.db.execute(  # the write stands; old versions go now or at the next one
+                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? "
+                    "AND version<=?",
+                    (*item, version - policy.garbage_collection),
+                )
         self.writes += 1
         if self.on_write is not None:
             self.on_write()
@@ -354,17 +459,18 @@ class Datastore:
     def delete_items(self, keys: Iterable[Key]) -> int:
         """Remove every version of the given data items (bookkeeping GC)."""
         count = 0
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            for key in keys:
-                count += self.db.execute(
-                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=?",
-                    (key.model_type, key.model_name, key.name),
-                ).rowcount
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+        with self._sql("deleting from the datastore", writing=True):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for key in keys:
+                    count += self.db.execute(
+                        "DELETE FROM data WHERE model_type=? AND model_name=? AND name=?",
+                        (key.model_type, key.model_name, key.name),
+                    ).rowcount
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
         return count
 
     def collect_garbage(self, *, batch: int = 500) -> int:
@@ -372,20 +478,31 @@ class Datastore:
         now = self.clock()
         removed = 0
         while True:
-            cur = self.db.execute(
-                "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
-                "SELECT model_type, model_name, name, version FROM data "
-                "WHERE expires_epoch IS NOT NULL AND expires_epoch < ? LIMIT ?)",
-                (now, batch),
-            )
+            with self._sql("collecting garbage", writing=True):
+                cur = self.db.execute(
+                    "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                    "SELECT model_type, model_name, name, version FROM data "
+                    "WHERE expires_epoch IS NOT NULL AND expires_epoch < ? LIMIT ?)",
+                    (now, batch),
+                )
             removed += cur.rowcount
             if cur.rowcount < batch:
                 return removed
 
     def checkpoint(self) -> None:
-        """Checkpoint the WAL on a connection of its own: safe to call from a worker thread."""
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+        """Checkpoint the WAL on a connection of its own: safe to call from a worker thread.
+        A WAL that has grown past :data:`WAL_TRUNCATE_BYTES` (a burst of writes while readers
+        held it) is truncated back to nothing once it has been copied in. A broken store is
+        left alone (connecting to a deleted file's path would create a new, empty one)."""
+        if self.broken or self.check_file():
+            return
+        db = sqlite3.connect(
+            f"{self.path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None, timeout=10.0
+        )
         try:
             db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            wal = self.path.with_name(self.path.name + "-wal")
+            if wal.exists() and wal.stat().st_size > WAL_TRUNCATE_BYTES:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()

@@ -1,0 +1,38 @@
+"""Writing while another process holds the database's lock, without blocking the event loop.
+
+The orchestrator's connection fails a contended write at once (:class:`StoreBusy`); this retries
+it with growing pauses that yield to trio, so heartbeats, ``/health`` and every socket carry on
+while, say, a CLI holds a long transaction. A write is a compare-and-swap or an insert, so
+running it again is safe. After :data:`BUSY_DEADLINE` seconds it gives up with one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+from swamp.errors import StoreBusy, StoreError
+
+T = TypeVar("T")
+BUSY_DEADLINE = 120.0
+FIRST_PAUSE = 0.005
+LONGEST_PAUSE = 0.25
+
+
+async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADLINE) -> T:
+    """``operation()``, again and again while the database is locked by someone else."""
+    pause = FIRST_PAUSE
+    give_up = trio.current_time() + deadline
+    while True:
+        try:
+            return operation()
+        except StoreBusy:
+            if trio.current_time() >= give_up:
+                raise StoreError(
+                    f"the database has been locked by another process for {deadline:g}s; "
+                    "nothing was written"
+                ) from None
+        await trio.sleep(pause)
+        pause = min(pause * 2, LONGEST_PAUSE)
