@@ -55,11 +55,17 @@ def swamp_argv(*args: str) -> list[str]:
 
 
 async def start_serve(
-    repo_root: Path, *, env: dict, stderr=subprocess.DEVNULL, timeout: float = 30
+    repo_root: Path,
+    *args: str,
+    env: dict,
+    stderr=subprocess.DEVNULL,
+    timeout: float = 30,
+    port: int = 0,
 ) -> tuple[trio.Process, LineReader, str]:
-    """Start ``swamp serve`` on a free port; returns the process, its reader and its URL."""
+    """Start ``swamp serve`` (on a free port by default); returns the process, its reader and
+    its URL."""
     process = await trio.lowlevel.open_process(
-        swamp_argv("serve", "--repo-dir", str(repo_root), "--port", "0", "--json"),
+        swamp_argv("serve", "--repo-dir", str(repo_root), "--port", str(port), "--json", *args),
         stdout=subprocess.PIPE,
         stderr=stderr,
         env=env,

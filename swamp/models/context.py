@@ -16,7 +16,7 @@ import trio
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
-from swamp.errors import UserError
+from swamp.errors import SwampError, UserError
 from swamp.models.framework import ModelType, ProcessResult
 from swamp.protocol.messages import LogLine
 from swamp.store.datastore import Datastore, Key
@@ -55,6 +55,11 @@ class ContextBase(abc.ABC):
         self.cwd = cwd
         self.outputs: list[dict] = []
         self.processes: ProcessWatch = ProcessWatch()
+
+    async def report_effects(self) -> None:
+        """The method has had an effect outside the data plane (a command ran). Where it matters
+        — on a worker — the orchestrator then never runs the step again if the worker is lost."""
+        return None
 
     @abc.abstractmethod
     async def log(self, line: str, *, stream: str = "log") -> None:
@@ -109,6 +114,11 @@ class ContextBase(abc.ABC):
                         await process.wait()
             if process.returncode is not None:
                 self.processes.untrack(process.pid)
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    try:
+                        await self.report_effects()  # it ran: never again after a lost worker
+                    except SwampError:
+                        pass  # the connection is gone: the orchestrator decides without it
         return ProcessResult(
             exit_code=process.returncode if process.returncode is not None else -9,
             stdout_tail=list(tails["stdout"]),

@@ -50,6 +50,7 @@ from swamp.protocol.messages import (
     Dispatched,
     DispatchRequest,
     DispatchResult,
+    Effects,
     LogLine,
     OutputHandle,
     Redispatched,
@@ -225,7 +226,8 @@ class DispatchService:
                 if exc.has_writes:
                     raise WriteThenDrop(
                         f"worker {exc.worker} disconnected after {model_type.type}."
-                        f"{request.method} had written data ({exc.reason}); failing the step "
+                        f"{request.method} had run a command or written data ({exc.reason}); "
+                        "failing the step "
                         "rather than running it twice (write-then-drop)"
                     ) from None
                 if request.model.retry == "never":
@@ -307,7 +309,7 @@ class DispatchService:
                     "worker.dispatch",
                     params,
                     timeout=None,
-                    on_event=lambda event: _relay(emit, event, member.name),
+                    on_event=lambda event: _relay(emit, event, active),
                     # cancelled: the slot stays taken until the worker says the method stopped
                     settle=CANCEL_SETTLE,
                 )
@@ -499,11 +501,16 @@ async def run_here(
     return outcome.to_message()
 
 
-async def _relay(emit: Emit, event: object, worker: str) -> None:
-    """A worker's log line, checked, with the worker's name, to whoever runs the step (a worker
-    has nothing else to say mid-dispatch)."""
+async def _relay(emit: Emit, event: object, active: ActiveDispatch) -> None:
+    """What a worker says mid-dispatch, checked: a log line goes, with the worker's name, to
+    whoever runs the step; word that the method had an effect marks the dispatch (if the worker
+    is lost now, the step must not run again). Nothing else is a worker's to say."""
+    worker = active.member.name
     try:
         decoded = decode_event(event)
+        if isinstance(decoded, Effects):
+            active.has_writes = True
+            return
         if not isinstance(decoded, LogLine):
             raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")
     except MalformedFrame as exc:

@@ -281,13 +281,22 @@ class Dropped(Message):
     kind: Literal["dropped"] = "dropped"
 
 
-Event = LogLine | Dispatched | Redispatched | Started | Dropped
+@dataclass(frozen=True)
+class Effects(Message):
+    """From a worker, mid-dispatch: the method has had an effect outside the data plane (a
+    command it ran has exited), so running it again would repeat that effect."""
+
+    kind: Literal["effects"] = "effects"
+
+
+Event = LogLine | Dispatched | Redispatched | Started | Dropped | Effects
 _EVENTS = {
     "log": LogLine,
     "dispatched": Dispatched,
     "redispatch": Redispatched,
     "started": Started,
     "dropped": Dropped,
+    "effects": Effects,
 }
 
 

@@ -22,7 +22,7 @@ from swamp.errors import (
     from_wire,
 )
 from swamp.models.context import ContextBase
-from swamp.protocol.messages import LogLine, QueryDataReply, QueryDataRequest
+from swamp.protocol.messages import Effects, LogLine, QueryDataReply, QueryDataRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 
 
@@ -45,6 +45,9 @@ class RemoteContext(ContextBase):
         self.http = http
         self.data_plane = data_plane
         self.headers = {"Authorization": f"Bearer {credential}"}
+
+    async def report_effects(self) -> None:
+        await self.call.emit(Effects().to_json())
 
     async def log(self, line: str, *, stream: str = "log") -> None:
         await self.call.emit(LogLine(line=line, stream=stream).to_json())

@@ -250,3 +250,20 @@ def test_a_step_waiting_for_a_revoked_target_fails_at_once(cluster):
     assert revoked.returncode == 0
     assert run.wait_exit(timeout=20) == 1  # not after the 60 s grace window
     assert "can never return" in result_error(run) and "revoked" in result_error(run)
+
+
+def test_a_step_whose_command_already_ran_is_not_run_again(cluster):
+    cluster.serve()
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
+    counter = cluster.tmp / "counter"
+    run = _run_in_background(
+        cluster, "test/steps", "run_then_wait", "--arg", f"command=echo ran >> {counter}",
+        "--label", "pool=x",
+    )  # fmt: skip
+    ran = run.wait_for(lambda e: e.get("event", {}).get("line") == "ran")["event"]
+    workers[ran["worker"]].p.kill()  # its command has run; the result has not come home
+    assert run.wait_exit(timeout=40) == 1
+    assert "had run a command" in result_error(run)
+    assert counter.read_text() == "ran\n"  # once, not again on the other worker

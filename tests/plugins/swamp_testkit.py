@@ -31,6 +31,13 @@ async def slow_cleanup(ctx, args):
             await trio.sleep(args["cleanup"])
 
 
+async def run_then_wait(ctx, args):
+    """Runs a command to its end, then lingers: a worker lost now has had an effect."""
+    await ctx.run_process(args["command"])
+    await ctx.log("ran")
+    await trio.sleep(60)
+
+
 async def query(ctx, args):
     records = await ctx.query_data(args["predicate"])
     await ctx.log(f"found {len(records)}")
@@ -61,6 +68,7 @@ def swamp_model_types():
                 Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
                 Method("query", query, args=(Arg("predicate", required=True),)),
                 Method("slow_cleanup", slow_cleanup, args=(Arg("cleanup", "number", default=3),)),
+                Method("run_then_wait", run_then_wait, args=(Arg("command", required=True),)),
                 Method("round_trip", round_trip, args=(Arg("value", required=True),)),
                 Method("env", env, args=(Arg("name", required=True),)),
             ),

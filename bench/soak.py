@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Soak: many steps over a fleet while workers are SIGKILLed and the orchestrator restarts.
+
+Every step is a ``command/shell`` run placed by the fleet label; the command itself appends
+``start <id>`` and ``end <id>`` to a ledger file, so the ledger — not the orchestrator — says what
+really ran. Meanwhile a chaos task SIGKILLs a random worker every few seconds (and starts it
+again with the same cache dir, so it re-enrolls as itself) and, once, SIGKILLs the orchestrator
+and starts it again on the same port.
+
+The verdict: every step got an answer (none lost); no step's command finished twice; every step
+reported as succeeded finished exactly once; every failure carries its reason. A step the client
+could not place (all slots busy, no queue yet) never started and is submitted again. Prints one
+JSON object; it is not part of the test suite (it takes minutes).
+
+    python3 build.py soak [--steps 10000] [--workers 20] [--concurrency 2] [--in-flight 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.errors import NoMatchingWorker, SwampError
+from swamp.processes import start_serve, start_worker, stop_all
+from swamp.protocol.messages import MethodRunRequest, PlacementSpec
+from swamp.repo import Repo
+
+
+async def main(args) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="swamp-soak-"))
+    repo, _ = Repo.init(root / "repo")
+    ledger = root / "ledger"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    serve_args = ("--heartbeat", "1s", "--grace-window", "10s")
+    state: dict = {"procs": [], "workers": {}}
+    try:
+        serve, serve_lines, url = await start_serve(repo.root, *serve_args, env=env)
+        state["serve"] = serve
+        port = int(url.rsplit(":", 1)[1])
+        store = repo.open_store()
+        _, token = TokenBook(store).mint(
+            "soak", duration_seconds=6 * 3600, max_enrollments="unlimited"
+        )
+        store.close()
+
+        async def start(i: int) -> None:
+            worker, reader = await start_worker(
+                url, token, "--label", "pool=soak", "--concurrency", str(args.concurrency),
+                "--cache-dir", str(root / f"cache-{i}"), env=env,
+            )  # fmt: skip
+            state["workers"][i] = worker
+            state["procs"].append(worker)
+            nursery.start_soon(reader.drain)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_lines.drain)
+            for i in range(args.workers):
+                await start(i)
+            outcome = await _run(args, repo, url, ledger, state, start, port, serve_args, env,
+                                 nursery)  # fmt: skip
+            nursery.cancel_scope.cancel()
+        return outcome
+    finally:
+        await stop_all([*state["procs"], *(p for p in [state.get("serve")] if p)])
+        if os.environ.get("SWAMP_BENCH_KEEP"):
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nursery) -> dict:
+    results: dict[int, dict] = {}
+    resubmitted = 0
+    kills = restarts = 0
+    done = trio.Event()
+    next_step = iter(range(args.steps))
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+
+    async def client() -> None:
+        nonlocal resubmitted
+        from swamp.admin.remote import RemoteAdmin
+
+        step = next(next_step, None)
+        while step is not None:
+            command = _command(step, ledger, rng)
+            request = MethodRunRequest(
+                model="command/shell", method="run", args={"command": command},
+                placement=PlacementSpec(labels={"pool": "soak"}),
+            )  # fmt: skip
+            try:
+                credential = repo.admin_credential_for(url)
+                async with RemoteAdmin.connect(url, credential=credential) as api:
+                    while step is not None:
+                        try:
+                            result = await api.method_run(request)
+                        except NoMatchingWorker as exc:
+                            if "busy" in exc.message or "no connected worker" in exc.message:
+                                resubmitted += 1  # never placed, so never started: again
+                                await trio.sleep(0.05)
+                                continue
+                            raise
+                        results[step] = {"status": result.status, "error": result.error}
+                        step = next(next_step, None)
+                        if step is None:
+                            break
+                        command = _command(step, ledger, rng)
+                        request = MethodRunRequest(
+                            model="command/shell", method="run", args={"command": command},
+                            placement=PlacementSpec(labels={"pool": "soak"}),
+                        )  # fmt: skip
+            except SwampError as exc:  # the orchestrator went away mid-step: a reasoned failure
+                if step is not None and step not in results:
+                    results[step] = {"status": "failed", "error": f"{exc.code}: {exc.message}"}
+                    step = next(next_step, None)
+                await trio.sleep(0.5)
+
+    async def chaos() -> None:
+        nonlocal kills, restarts
+        restarted = False
+        while not done.is_set():
+            await trio.sleep(args.kill_every)
+            victim = rng.choice(sorted(state["workers"]))
+            state["workers"][victim].kill()
+            kills += 1
+            await start(victim)
+            if not restarted and len(results) > args.steps // 2:
+                state["serve"].kill()
+                await state["serve"].wait()
+                serve, lines, _ = await start_serve(repo.root, *serve_args, env=env, port=port)
+                state["serve"] = serve
+                nursery.start_soon(lines.drain)
+                restarted, restarts = True, restarts + 1
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(chaos)
+        async with trio.open_nursery() as clients:
+            for _ in range(args.in_flight):
+                clients.start_soon(client)
+        done.set()
+        inner.cancel_scope.cancel()
+    elapsed = time.monotonic() - started
+    return _verdict(args, results, ledger, resubmitted, kills, restarts, elapsed)
+
+
+def _command(step: int, ledger: Path, rng: random.Random) -> str:
+    """The step's command: it notes an *overlap* if an earlier copy of the same step is still
+    alive as it starts (a zombie — killed, not yet reaped — is not alive), then ``start <id>
+    <pid>``, a short pause, ``end <id> <pid>``."""
+    return (
+        f'for p in $(sed -n "s/^start {step} //p" {ledger} 2>/dev/null); do '
+        f's=$(cut -d")" -f2 /proc/$p/stat 2>/dev/null | cut -d" " -f2); '
+        f'[ -n "$s" ] && [ "$s" != Z ] && echo "overlap {step} $p" >> {ledger}; done; '
+        f"echo start {step} $$ >> {ledger}; sleep {rng.choice([0, 0.01, 0.05])}; "
+        f"echo end {step} $$ >> {ledger}"
+    )
+
+
+def _verdict(args, results, ledger, resubmitted, kills, restarts, elapsed) -> dict:
+    """What the ledger says. A copy's lines are ``start`` then (unless it was killed) ``end``; a
+    copy that finds an earlier copy of its step still alive writes ``overlap``: that must never
+    happen. A step may *finish twice* only sequentially — its command
+    finished, then its worker died before the result got home, and it ran again after the first
+    copy was certainly gone (at least once; see the README)."""
+    events = collections.defaultdict(list)
+    for line in ledger.read_text().splitlines() if ledger.exists() else []:
+        what, step, _ = line.split(" ", 2)
+        events[int(step)].append(what)
+    ends = {step: lines.count("end") for step, lines in events.items()}
+    overlapping = sum(1 for lines in events.values() if "overlap" in lines)
+    succeeded = [s for s, r in results.items() if r["status"] == "succeeded"]
+    failed = {s: r for s, r in results.items() if r["status"] != "succeeded"}
+    reasons = collections.Counter((r["error"] or "no reason")[:60] for r in failed.values())
+    return {
+        "steps": args.steps,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "seconds": round(elapsed, 1),
+        "steps_per_second": round(len(results) / elapsed, 1),
+        "succeeded": len(succeeded),
+        "failed": len(failed),
+        "failure_reasons": dict(reasons.most_common(8)),
+        "worker_kills": kills,
+        "orchestrator_restarts": restarts,
+        "resubmitted_unplaced": resubmitted,
+        "ran_again_after_a_lost_worker": sum(
+            1 for lines in events.values() if lines.count("start") > 1
+        ),  # fmt: skip
+        "finished_twice_one_after_the_other": sum(1 for n in ends.values() if n > 1),
+        # the verdict
+        "lost": args.steps - len(results),
+        "overlapping_copies": overlapping,
+        "succeeded_but_never_finished": sum(1 for s in succeeded if ends.get(s, 0) == 0),
+        "failed_without_reason": sum(1 for r in failed.values() if not r["error"]),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--in-flight", type=int, default=30)
+    parser.add_argument("--kill-every", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=1)
+    result = trio.run(main, parser.parse_args())
+    print(json.dumps(result, indent=2))
+    verdict = ("lost", "overlapping_copies", "succeeded_but_never_finished",
+               "failed_without_reason")  # fmt: skip
+    sys.exit(1 if any(result[k] for k in verdict) else 0)
