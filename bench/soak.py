@@ -7,8 +7,9 @@ really ran. Meanwhile a chaos task SIGKILLs a random worker every few seconds (a
 again with the same cache dir, so it re-enrolls as itself) and, once, SIGKILLs the orchestrator
 and starts it again on the same port.
 
-The verdict: every step got an answer (none lost); no step's command finished twice; every step
-reported as succeeded finished exactly once; every failure carries its reason. A step the client
+The verdict: every step got an answer (none lost); no two copies of a step ever ran at once; no
+step's effect happened twice (the command keys it on ``SWAMP_STEP_ID``, as the README advises);
+every step reported as succeeded finished; every failure carries its reason. A step the client
 could not place (all slots busy, no queue yet) never started and is submitted again. Prints one
 JSON object; it is not part of the test suite (it takes minutes).
 
@@ -157,22 +158,26 @@ async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nur
 def _command(step: int, ledger: Path, rng: random.Random) -> str:
     """The step's command: it notes an *overlap* if an earlier copy of the same step is still
     alive as it starts (a zombie — killed, not yet reaped — is not alive), then ``start <id>
-    <pid>``, a short pause, ``end <id> <pid>``."""
+    <pid>``, a short pause, and its effect, ``end <id> <pid> <step id>``. Like any command whose
+    effect must happen once, it keys the effect on ``SWAMP_STEP_ID``: a later attempt that finds
+    the effect already done writes ``again`` instead (its first copy finished, and its worker
+    died before the result got home)."""
     return (
         f'for p in $(sed -n "s/^start {step} //p" {ledger} 2>/dev/null); do '
         f's=$(cut -d")" -f2 /proc/$p/stat 2>/dev/null | cut -d" " -f2); '
         f'[ -n "$s" ] && [ "$s" != Z ] && echo "overlap {step} $p" >> {ledger}; done; '
         f"echo start {step} $$ >> {ledger}; sleep {rng.choice([0, 0.01, 0.05])}; "
-        f"echo end {step} $$ >> {ledger}"
+        f'if [ "$SWAMP_ATTEMPT" -gt 1 ] && grep -q " $SWAMP_STEP_ID$" {ledger}; '
+        f"then echo again {step} $$ >> {ledger}; "
+        f"else echo end {step} $$ $SWAMP_STEP_ID >> {ledger}; fi"
     )
 
 
 def _verdict(args, results, ledger, resubmitted, kills, restarts, elapsed) -> dict:
-    """What the ledger says. A copy's lines are ``start`` then (unless it was killed) ``end``; a
-    copy that finds an earlier copy of its step still alive writes ``overlap``: that must never
-    happen. A step may *finish twice* only sequentially — its command
-    finished, then its worker died before the result got home, and it ran again after the first
-    copy was certainly gone (at least once; see the README)."""
+    """What the ledger says. A copy's lines are ``start`` then (unless it was killed) ``end``, or
+    ``again`` where an earlier attempt had already finished; a copy that finds an earlier copy of
+    its step still alive writes ``overlap``. Neither an overlap nor a second ``end`` may ever
+    happen; ``again`` counts the window no runner can close (see the README)."""
     events = collections.defaultdict(list)
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
         what, step, _ = line.split(" ", 2)
@@ -197,8 +202,11 @@ def _verdict(args, results, ledger, resubmitted, kills, restarts, elapsed) -> di
         "ran_again_after_a_lost_worker": sum(
             1 for lines in events.values() if lines.count("start") > 1
         ),  # fmt: skip
-        "finished_twice_one_after_the_other": sum(1 for n in ends.values() if n > 1),
+        "ran_again_after_its_command_had_finished": sum(
+            1 for lines in events.values() if "again" in lines
+        ),  # fmt: skip
         # the verdict
+        "finished_twice": sum(1 for n in ends.values() if n > 1),
         "lost": args.steps - len(results),
         "overlapping_copies": overlapping,
         "succeeded_but_never_finished": sum(1 for s in succeeded if ends.get(s, 0) == 0),
@@ -216,6 +224,6 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=1)
     result = trio.run(main, parser.parse_args())
     print(json.dumps(result, indent=2))
-    verdict = ("lost", "overlapping_copies", "succeeded_but_never_finished",
+    verdict = ("lost", "overlapping_copies", "finished_twice", "succeeded_but_never_finished",
                "failed_without_reason")  # fmt: skip
     sys.exit(1 if any(result[k] for k in verdict) else 0)

@@ -82,6 +82,14 @@ def ship(env: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
     return {name: env[name] for name in names if name in env and not denied(name)}
 
 
+def step_identity(step_id: str, attempt: int) -> dict[str, str]:
+    """What a command is told about its step: an id shared by every run of the step and which
+    run this is. A step is run again after a lost worker; a command whose effect must happen
+    once keys it on ``SWAMP_STEP_ID`` (the one window no runner can close is between a
+    command's last write and anyone seeing it exit). Swamp sets these; nothing ships them."""
+    return {"SWAMP_STEP_ID": step_id, "SWAMP_ATTEMPT": str(attempt)}
+
+
 def overlay(local: Mapping[str, str], shipped: Mapping[str, str]) -> dict[str, str]:
     """The environment a method sees on the worker: the worker's own (minus swamp's credentials),
     with the shipped values winning, denied names dropped from the shipped side."""

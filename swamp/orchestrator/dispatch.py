@@ -88,6 +88,15 @@ class RunRequest:
         return self.read_scope or ReadScope.of(self.model.type, self.model.name)
 
 
+@dataclass(frozen=True)
+class Step:
+    """Which step a dispatch runs, and which run of it this is (after a lost worker a step is
+    dispatched again: same id, next attempt)."""
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    attempt: int = 1
+
+
 @dataclass
 class ActiveDispatch:
     """What the data plane and the capability verbs need to know of a running dispatch."""
@@ -189,7 +198,7 @@ class DispatchService:
                 raise NoMatchingWorker(f"worker {placement.target!r} is not connected")
             try:
                 return await self._dispatch_once(
-                    member, uuid.uuid4().hex, request, model_type, args, emit
+                    member, uuid.uuid4().hex, request, model_type, args, emit, step=Step()
                 )
             except WorkerLost as exc:
                 raise WorkerLostError(
@@ -197,6 +206,8 @@ class DispatchService:
                 ) from None
         lost: WorkerLost | None = None
         give_up_at = 0.0
+        step_id = uuid.uuid4().hex
+        attempts = 0
         while True:
             choice = choose_worker(placement, self.pool.views())
             if choice.worker is None:
@@ -218,9 +229,11 @@ class DispatchService:
                 )
             member = self.pool.members[choice.worker.name]
             dispatch_id = uuid.uuid4().hex
+            attempts += 1
+            step = Step(step_id, attempts)
             try:
                 return await self._dispatch_once(
-                    member, dispatch_id, request, model_type, args, emit
+                    member, dispatch_id, request, model_type, args, emit, step=step
                 )
             except WorkerLost as exc:
                 if exc.has_writes:
@@ -263,6 +276,8 @@ class DispatchService:
         model_type: ModelType,
         args: dict,
         emit: Emit,
+        *,
+        step: Step,
     ) -> tuple[DispatchResult, str, str]:
         active = ActiveDispatch(
             dispatch_id, member, model_type, request.model.name, read_scope=request.scope()
@@ -296,6 +311,8 @@ class DispatchService:
                 },
                 credential=credential,
                 takes_slot=not request.probe,
+                step_id=step.id,
+                attempt=step.attempt,
             ).to_json()
             await _safe_emit(
                 emit, Dispatched(worker=member.name, dispatch_id=dispatch_id).to_json()
@@ -494,7 +511,7 @@ async def run_here(
         model_name=request.model.name,
         method=request.method,
         dispatch_id=None,
-        env=env,
+        env={**env, **environment.step_identity(uuid.uuid4().hex, 1)},
     )
     await _safe_emit(emit, Started(where="orchestrator").to_json())
     outcome = await run_method(model_type.method(request.method), args, ctx)

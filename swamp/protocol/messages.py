@@ -190,7 +190,9 @@ class EnrollReply(Message):
 @dataclass(frozen=True)
 class DispatchRequest(Message):
     """``worker.dispatch``: one run of one method. ``takes_slot`` is false for the fleet probe,
-    which runs beside the worker's dispatches without counting against its slots."""
+    which runs beside the worker's dispatches without counting against its slots. ``step_id`` is
+    the same for every dispatch of one step and ``attempt`` counts them, so a command can tell a
+    run again after a lost worker from a first run (``SWAMP_STEP_ID``, ``SWAMP_ATTEMPT``)."""
 
     dispatch_id: str
     model_type: str
@@ -200,6 +202,8 @@ class DispatchRequest(Message):
     args: dict = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
     takes_slot: bool = True
+    step_id: str = ""
+    attempt: int = 1
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Outbox:
         self.event_bytes = 0
         self.closed = False
         self._changed = trio.Event()
+        self._waiting = 0  # tasks in put() or get(): only they need waking
 
     def __repr__(self) -> str:
         return f"<Outbox frames={self.frames} eventBytes={self.event_bytes}>"
@@ -97,8 +98,16 @@ class Outbox:
         self._wake()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._waiting:
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def _wait(self) -> None:
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     def offer(self, text: str, *, event: bool) -> bool:
         if self.closed or not self._fits(text, event):
@@ -110,7 +119,7 @@ class Outbox:
         while not self._fits(text, event):
             if self.closed:
                 raise trio.ClosedResourceError
-            await self._changed.wait()
+            await self._wait()
         if self.closed:
             raise trio.ClosedResourceError
         self._append(text, event)
@@ -119,7 +128,7 @@ class Outbox:
         while not self._queue:
             if self.closed:
                 raise trio.EndOfChannel
-            await self._changed.wait()
+            await self._wait()
         text, event = self._queue.popleft()
         if event:
             self.event_bytes -= len(text)

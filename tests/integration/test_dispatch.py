@@ -100,6 +100,7 @@ def test_named_environment_is_shipped_and_swamp_credentials_never(cluster):
         ("SHIPPED_SETTING", "from-the-orchestrator"),
         ("SWAMP_SECRET_THING", "<unset>"),
         ("SWAMP_WORKER_TOKEN", "<unset>"),
+        ("SWAMP_ATTEMPT", "1"),  # what swamp tells a command about its step
     ):
         code, lines = cluster.run("test/steps", "env", "--arg", f"name={name}", "--target", "w1")
         assert code == 0 and f"{name}={expected}" in logs_of(lines)

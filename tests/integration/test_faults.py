@@ -160,12 +160,13 @@ def test_a_cancelled_step_holds_its_slot_until_the_worker_has_let_go(cluster):
 
 
 def _counting_command(counter, pidfile) -> str:
-    """Appends "start N" (N = runs so far); the first run then waits a long time, later runs
-    end at once. Its process group id goes to ``pidfile``."""
+    """Appends "start N" (N = runs so far) and the step's id and attempt as swamp tells them;
+    the first run then waits a long time, later runs end at once. Its process group id goes to
+    ``pidfile``."""
     return (
         f"echo $$ > {pidfile}; n=$(wc -l < {counter} 2>/dev/null || echo 0); "
-        f'echo "start $n" >> {counter}; if [ "$n" = 0 ]; then sleep 60; fi; '
-        f'echo "end $n" >> {counter}'
+        f'echo "start $n $SWAMP_ATTEMPT $SWAMP_STEP_ID" >> {counter}; '
+        f'if [ "$n" = 0 ]; then sleep 60; fi; echo "end $n" >> {counter}'
     )
 
 
@@ -218,8 +219,16 @@ def test_a_lost_worker_takes_its_command_with_it_and_the_step_runs_once_more(clu
             victim.signal(signal.SIGCONT)
     result = result_of(run.events())
     assert result["status"] == "succeeded" and result["worker"] != first["worker"]
-    # the counter file, written by the command itself: the first copy never ran on
-    assert counter.read_text().split("\n")[:-1] == ["start 0", "start 1", "end 1"]
+    # the counter file, written by the command itself: the first copy never ran on; the second
+    # was told it is the same step's second attempt
+    first_start, second_start, end = counter.read_text().split("\n")[:-1]
+    step_id = first_start.split()[-1]
+    assert len(step_id) == 32
+    assert (first_start, second_start, end) == (
+        f"start 0 1 {step_id}",
+        f"start 1 2 {step_id}",
+        "end 1",
+    )
 
 
 def test_a_step_that_must_not_repeat_fails_instead(cluster):
@@ -238,7 +247,8 @@ def test_a_step_that_must_not_repeat_fails_instead(cluster):
     workers[first["worker"]].p.kill()
     assert run.wait_exit() == 1
     assert 'retry = "never"' in result_error(run)
-    assert counter.read_text() == "start 0\n"
+    [only] = counter.read_text().splitlines()  # one start, no second
+    assert only.startswith("start 0 1 ")
 
 
 def test_a_step_waiting_for_a_revoked_target_fails_at_once(cluster):

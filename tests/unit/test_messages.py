@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swamp.domain import environment
 from swamp.errors import MalformedFrame
 from swamp.protocol import messages
 from swamp.protocol.messages import (
@@ -169,6 +170,17 @@ def test_a_dispatch_says_whether_it_takes_a_slot():
         ).takes_slot
         is True
     )
+
+
+def test_a_dispatch_names_its_step_and_attempt_and_an_older_peer_still_decodes():
+    again = DispatchRequest("d", "t", "n", "m", "c", step_id="s1", attempt=2)
+    wire = again.to_json()
+    assert (wire["stepId"], wire["attempt"]) == ("s1", 2)
+    assert DispatchRequest.decode(wire) == again
+    older = {"dispatchId": "d", "modelType": "t", "modelName": "n", "method": "m"}
+    older["credential"] = "c"
+    assert DispatchRequest.decode(older).attempt == 1
+    assert environment.step_identity("s1", 2) == {"SWAMP_STEP_ID": "s1", "SWAMP_ATTEMPT": "2"}
 
 
 def test_events_decode_by_kind():
