@@ -13,6 +13,7 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -29,6 +30,16 @@ from swamp.worker.session import Session
 
 BACKOFF_START = 1.0
 BACKOFF_CAP = 30.0
+STOP_GRACE = 3.0  # how long a signalled worker gives its socket to close before it just exits
+
+
+@dataclass
+class Lifecycle:
+    """What a stop signal needs: the live session (to close its socket properly while the
+    socket can still hear the answer) and whether the connect loop should stop."""
+
+    session: Session | None = None
+    stopping: bool = False
 
 
 class Backoff:
@@ -75,22 +86,33 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
 async def _run(
     config, reporter, mid, iid, registry, cache_dir: Path, reaper: Reaper, outcome: list[int]
 ) -> None:
+    life = Lifecycle()
+    loop_done = trio.Event()
     async with open_unwrapping_nursery() as nursery:
 
         async def stop_on_signal() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    reporter.emit(
-                        "stopped", reason=f"received {signal.Signals(signum).name}", exitCode=0
-                    )
+                    name = signal.Signals(signum).name
+                    reporter.emit("stopped", reason=f"received {name}", exitCode=0)
                     outcome.append(0)
+                    life.stopping = True
+                    channel = life.session.channel if life.session is not None else None
+                    if channel is not None:
+                        # Close the socket while its reader still runs, so the orchestrator
+                        # gets a proper close (1000) at once; cancelling first would leave
+                        # the close handshake unanswered until its timeout.
+                        channel.abort(1000, f"worker stopping ({name})")
+                        with trio.move_on_after(STOP_GRACE):
+                            await loop_done.wait()
                     nursery.cancel_scope.cancel()
                     return
 
         async def connect_loop() -> None:
             outcome.append(
-                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper)
+                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper, life)
             )
+            loop_done.set()
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(reaper.beat)
@@ -106,6 +128,7 @@ async def _connect_loop(
     registry,
     cache_dir: Path,
     reaper: Reaper,
+    life: Lifecycle,
 ) -> int:
     backoff = Backoff()
     started = time.monotonic()
@@ -123,6 +146,7 @@ async def _connect_loop(
             cache_dir=cache_dir,
             reaper=reaper,
         )
+        life.session = session
         try:
             reason = await session.run()
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
@@ -130,6 +154,8 @@ async def _connect_loop(
             return 1
         except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
+        if life.stopping:
+            return 0
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at
             backoff.reset()

@@ -204,6 +204,9 @@ class Cluster:
         return self.cli_json("data", "query", predicate, "--repo-dir", str(self.repo))
 
     def close(self) -> None:
+        live = [proc for proc in reversed(self.procs) if proc.p.poll() is None]
+        for proc in live:  # all at once: each stops by itself, in parallel
+            proc.p.send_signal(signal.SIGTERM)
         for proc in reversed(self.procs):
             proc.stop()
 

@@ -68,7 +68,7 @@ def result_error(proc: Proc) -> str:
 
 
 def test_a_lost_target_with_no_other_match_fails_after_the_grace_window(cluster):
-    cluster.serve()
+    cluster.serve("--grace-window", "3s")  # the last value of an option wins
     worker = cluster.worker(cluster.mint("only"))
     run = _run_in_background(cluster, "test/steps", "wait", "--target", "only")
     run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
