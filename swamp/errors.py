@@ -218,6 +218,18 @@ class NoMatchingWorker(DispatchFailed):
     code = "no_matching_worker"
 
 
+class QueueTimeout(DispatchFailed):
+    """A step waited its whole queue timeout and no matching worker could take it."""
+
+    code = "queue_timeout"
+
+
+class QueueFull(DispatchFailed):
+    """The queue holds as many waiting steps as it may: this one was not queued."""
+
+    code = "queue_full"
+
+
 class WorkerLostError(DispatchFailed):
     code = "worker_lost"
 

@@ -11,6 +11,7 @@ from swamp.protocol.messages import (
     Message,
     MethodRunRequest,
     QueryReply,
+    QueueReply,
     RunResult,
     TokenCreateRequest,
     TokenItem,
@@ -39,6 +40,8 @@ class AdminApi(Protocol):
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport: ...
 
+    async def worker_queue(self, request: Empty = Empty()) -> QueueReply: ...
+
     async def data_query(self, request: DataQueryRequest) -> QueryReply: ...
 
     async def method_run(
@@ -53,6 +56,7 @@ OPERATIONS: dict[str, tuple[str, type[Message]]] = {
     "worker.token.revoke": ("token_revoke", TokenRevokeRequest),
     "worker.list": ("worker_list", WorkerListRequest),
     "worker.verify": ("worker_verify", VerifyRequest),
+    "worker.queue.list": ("worker_queue", Empty),
     "data.query": ("data_query", DataQueryRequest),
     "model.method.run": ("method_run", MethodRunRequest),
 }

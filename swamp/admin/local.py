@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
@@ -25,17 +26,25 @@ from swamp.domain.environment import check_names
 from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
+from swamp.domain.queue import parse_queue_timeout, requirement_text
+from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.tokens import parse_max_enrollments
+from swamp.domain.workers import is_schedulable
 from swamp.errors import NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
+from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry, default_registry
 from swamp.protocol.messages import (
     DataQueryRequest,
     Empty,
     MethodRunRequest,
     NameRequest,
+    PlacementSpec,
     QueryReply,
+    QueueItem,
+    QueueReply,
+    QueueSummary,
     RecordItem,
     RunResult,
     ServerTokenItem,
@@ -51,7 +60,7 @@ from swamp.protocol.messages import (
     WorkerListRequest,
 )
 from swamp.repo import Repo
-from swamp.store.datastore import Datastore, iso
+from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.retry import retry_busy
 
 EventSink = Callable[[dict], Awaitable[None]]
@@ -69,6 +78,7 @@ class RepoAdmin:
         *,
         gateway: Gateway | None = None,
         dispatch: DispatchService | None = None,
+        verifier: Verifier | None = None,
         registry: ModelRegistry | None = None,
         clock=time.time,
     ) -> None:
@@ -76,6 +86,7 @@ class RepoAdmin:
         self.store = store
         self.gateway = gateway
         self.dispatch = dispatch
+        self.verifier = verifier
         self._registry = registry
         self.tokens = TokenBook(store, clock=clock)
         self.clock = clock
@@ -149,7 +160,7 @@ class RepoAdmin:
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
         """Probe the selected connected workers, concurrently, through the dispatch path."""
-        if self.gateway is None or self.dispatch is None:
+        if self.gateway is None or self.verifier is None:
             raise NeedsOrchestrator(
                 "worker verify needs a running orchestrator: pass --server URL or set "
                 "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)"
@@ -167,7 +178,7 @@ class RepoAdmin:
         verdicts: dict[str, Verdict] = {}
 
         async def probe(member_name: str) -> None:
-            verdicts[member_name] = await self.dispatch.probe(member_name)
+            verdicts[member_name] = await self.verifier.probe(member_name)
 
         async with open_unwrapping_nursery() as nursery:
             for member in members:
@@ -180,6 +191,19 @@ class RepoAdmin:
             failed=sum(v.status == "fail" for v in ordered),
             errors=sum(v.status == "error" for v in ordered),
         )
+
+    async def worker_queue(self, request: Empty = Empty()) -> QueueReply:
+        """The steps waiting for a worker, oldest first, and demand against supply for each
+        requirement: live from the orchestrator, or from the records on the repo."""
+        if self.dispatch is not None:
+            queue = self.dispatch.queue
+            items = queue.items()
+            supply = queue.supply
+        else:
+            now = self.clock()
+            items = [_queue_item(a, now) for a in PendingBook(self.store).waiting()]
+            supply = _record_supply(WorkerBook(self.store).all())
+        return QueueReply(items=items, summary=_summarize(items, supply))
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -210,11 +234,14 @@ class RepoAdmin:
             placement,
             env_names=check_names(request.env, source="--env"),
             read_scope=self.repo.read_scope(model),
+            queue_timeout=request.queue_timeout,
         )
         started = iso(self.clock())
         if self.dispatch is not None:
             result = await self.dispatch.run(run, emit)
         else:
+            if request.queue_timeout is not None:
+                parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
             if placement.is_remote():
                 raise NeedsOrchestrator(
                     f"running on a worker ({placement.describe()}) needs a running "
@@ -234,3 +261,69 @@ class RepoAdmin:
                 result=outcome.result,
             )
         return replace(result, started_at=started)
+
+
+def _queue_item(attrs: dict, now: float) -> QueueItem:
+    """A ``waiting`` record as the queue lists it."""
+    placement = {k: attrs[k] for k in ("target", "labels", "platform") if attrs.get(k)}
+    queued = parse_iso(attrs["queuedAt"])
+    return QueueItem(
+        queue_id=attrs["queueId"],
+        requirement=requirement_text(placement),
+        placement=PlacementSpec.decode(placement),
+        model_type=str(attrs.get("modelType", "?")),
+        model_name=attrs.get("modelName"),
+        method_name=str(attrs.get("methodName", "?")),
+        workflow_name=attrs.get("workflowName"),
+        job_name=attrs.get("jobName"),
+        step_name=attrs.get("stepName"),
+        queued_at=attrs["queuedAt"],
+        age_ms=max(0, round((now - queued) * 1000)) if queued is not None else 0,
+    )
+
+
+def _record_supply(records: list[dict]) -> Callable[[Placement], tuple[int, int]]:
+    """Supply as the worker records tell it (what a running orchestrator last wrote)."""
+    index = PoolIndex()
+    for attrs in records:
+        try:
+            index.put(
+                Slots(
+                    attrs["name"],
+                    str(attrs.get("instanceId", "")),
+                    dict(attrs.get("labels") or {}),
+                    str(attrs.get("platform", "")),
+                    str(attrs.get("arch", "")),
+                    int(attrs.get("capacity", 1)),
+                    len(attrs.get("activeDispatchIds") or []),
+                    schedulable=is_schedulable(attrs["status"]),
+                )
+            )
+        except (TypeError, ValueError, AttributeError):
+            continue  # a damaged record supplies nothing
+    return lambda placement: index.supply(Requirement.of(placement))
+
+
+def _summarize(
+    items: list[QueueItem], supply: Callable[[Placement], tuple[int, int]]
+) -> list[QueueSummary]:
+    """One line per requirement, in the order of its oldest step."""
+    groups: dict[str, list[QueueItem]] = {}
+    for item in items:
+        groups.setdefault(item.requirement, []).append(item)
+    out = []
+    for requirement, group in groups.items():
+        spec = group[0].placement
+        connected, free = supply(
+            Placement(target=spec.target, labels=dict(spec.labels), platform=spec.platform)
+        )
+        out.append(
+            QueueSummary(
+                requirement=requirement,
+                waiting=len(group),
+                oldest_wait_ms=max(i.age_ms for i in group),
+                connected=connected,
+                free_slots=free,
+            )
+        )
+    return out

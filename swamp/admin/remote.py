@@ -21,6 +21,7 @@ from swamp.protocol.messages import (
     Message,
     MethodRunRequest,
     QueryReply,
+    QueueReply,
     RunResult,
     TokenCreateRequest,
     TokenItem,
@@ -88,6 +89,9 @@ class RemoteAdmin:
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
         return await self._call("worker.verify", request, VerifyReport, timeout=VERIFY_TIMEOUT)
+
+    async def worker_queue(self, request: Empty = Empty()) -> QueueReply:
+        return await self._call("worker.queue.list", request, QueueReply)
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply:
         return await self._call("data.query", request, QueryReply)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -83,13 +84,59 @@ def types(json_output: bool = JSON) -> None:
             print(f"  {method['name']}({args}) {method['help']}")
 
 
-def _render_event(payload: dict, json_output: bool, out: LinePump) -> None:
+class QueueProgress:
+    """The "queued" line. On a terminal it shows the time waited, second by second, until the
+    step is dispatched; elsewhere it is one line."""
+
+    def __init__(self, out: LinePump, *, live: bool) -> None:
+        self.out = out
+        self.live = live
+        self.text: str | None = None
+        self.since = 0.0
+
+    def queued(self, text: str) -> None:
+        self.text, self.since = text, time.monotonic()
+        if self.live:
+            self._show()
+        else:
+            self.out.line(text, sys.stderr)
+
+    def _show(self) -> None:
+        waited = int(time.monotonic() - self.since)
+        self.out.line(f"\r{self.text} ({waited}s)", sys.stderr, end="")
+
+    def done(self) -> None:
+        """The wait ended (dispatched, or the run ended): finish the live line."""
+        if self.text is not None and self.live:
+            self._show()
+            self.out.line("", sys.stderr)
+        self.text = None
+
+    async def tick(self) -> None:
+        import trio
+
+        while True:
+            await trio.sleep(1)
+            if self.text is not None and self.live:
+                self._show()
+
+
+def _render_event(
+    payload: dict, json_output: bool, out: LinePump, progress: QueueProgress | None = None
+) -> None:
     """One streamed event: a log line, where the run went. Events come from workers, through
     the orchestrator: checked, and shown without interpreting any terminal escape. Everything
     goes through ``out``, so a reader that stalls never stalls the connection."""
     from swamp.domain.text import printable
     from swamp.errors import MalformedFrame
-    from swamp.protocol.messages import Dispatched, Dropped, LogLine, Redispatched, decode_event
+    from swamp.protocol.messages import (
+        Dispatched,
+        Dropped,
+        LogLine,
+        Queued,
+        Redispatched,
+        decode_event,
+    )
 
     try:
         event = decode_event(payload)
@@ -99,6 +146,17 @@ def _render_event(payload: dict, json_output: bool, out: LinePump) -> None:
     if json_output:
         out.line(json.dumps({"event": event.to_json()}))
         return
+    if isinstance(event, Queued):
+        if event.detail:
+            out.line(f"note: {printable(event.detail)}", sys.stderr)
+        text = f"… queued, waiting for a worker matching {printable(event.requirement)}"
+        if progress is not None:
+            progress.queued(text)
+        else:
+            out.line(text, sys.stderr)
+        return
+    if progress is not None:
+        progress.done()
     where = printable(getattr(event, "worker", None) or "orchestrator")
     if isinstance(event, LogLine):
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
@@ -107,7 +165,8 @@ def _render_event(payload: dict, json_output: bool, out: LinePump) -> None:
         out.line(f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})", sys.stderr)
     elif isinstance(event, Redispatched):
         out.line(
-            f"↻ worker {where} was lost ({printable(event.reason)}); dispatching again", sys.stderr
+            f"↻ worker {where} was lost ({printable(event.reason)}); queueing the step again",
+            sys.stderr,
         )
     elif isinstance(event, Dropped):
         out.line(
@@ -134,6 +193,13 @@ def run(
     platform: str = typer.Option(
         None, "--platform", help="Run on a worker of this os or os/arch, e.g. linux/x86_64."
     ),
+    queue_timeout: str = typer.Option(
+        None,
+        "--queue-timeout",
+        show_default=False,
+        help="With a placement: how long to wait for a free matching worker before failing, "
+        "e.g. 30s or 5m; 0 waits forever (default: the server's --queue-timeout, 10m).",
+    ),
     env: list[str] = typer.Option(
         None,
         "--env",
@@ -153,31 +219,50 @@ def run(
     """Run a method. With --target/--label/--platform it runs on the least-loaded matching
     worker; without, in the orchestrator's own process (or here, with no --server).
 
-    Logs stream as they happen. Exit 0 when the method succeeded, 1 when it failed. Example:
+    When no matching worker is free the step waits in the queue ('swamp worker queue' lists
+    it) and runs the moment one enrolls or frees a slot, or fails after --queue-timeout.
+    Ctrl-C while it waits takes it out of the queue. Logs stream as they happen. Exit 0 when
+    the method succeeded, 1 when it failed or timed out waiting. Example:
     swamp model method run command/shell run --arg command='uname -a' --label gpu=true
     """
     from swamp.domain.environment import check_names
     from swamp.domain.labels import parse_labels
     from swamp.domain.placement import Placement
+    from swamp.domain.queue import parse_queue_timeout
     from swamp.protocol.messages import MethodRunRequest, PlacementSpec
 
     placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
+    if queue_timeout is not None:
+        parse_queue_timeout(queue_timeout, what="--queue-timeout")
     request = MethodRunRequest(
         model=model,
         method=method,
         args=parse_args(arg or []),
         placement=PlacementSpec(target=target, labels=placement.labels, platform=platform),
         env=list(check_names(env or [], source="--env")),
+        queue_timeout=queue_timeout,
     )
 
     out = LinePump()
+    progress = QueueProgress(out, live=not json_output and sys.stderr.isatty())
 
     async def on_event(event: dict) -> None:
-        _render_event(event, json_output, out)
+        _render_event(event, json_output, out, progress)
+
+    async def run_with_progress(api):
+        from swamp.concurrency import open_unwrapping_nursery
+
+        async with open_unwrapping_nursery() as nursery:
+            nursery.start_soon(progress.tick)
+            try:
+                return await api.method_run(request, on_event)
+            finally:
+                progress.done()
+                nursery.cancel_scope.cancel()
 
     try:
         result = with_admin(
-            lambda api: api.method_run(request, on_event),
+            run_with_progress,
             repo_dir=repo_dir,
             server=server,
             server_token=server_token,

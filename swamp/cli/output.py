@@ -25,10 +25,10 @@ class LinePump:
         self._thread = threading.Thread(target=self._write, name="swamp-output", daemon=True)
         self._thread.start()
 
-    def line(self, text: str, stream: TextIO | None = None) -> None:
+    def line(self, text: str, stream: TextIO | None = None, *, end: str = "\n") -> None:
         """Queue one line for ``stream`` (stdout by default); never blocks."""
         try:
-            self._queue.put_nowait((text, stream or sys.stdout))
+            self._queue.put_nowait((text, stream or sys.stdout, end))
         except queue.Full:
             self.dropped += 1
 
@@ -44,9 +44,9 @@ class LinePump:
                 return
             if self.broken:
                 continue
-            text, stream = item
+            text, stream, end = item
             try:
-                print(text, file=stream, flush=True)
+                print(text, file=stream, end=end, flush=True)
             except BrokenPipeError:
                 self.broken = True
             except OSError:

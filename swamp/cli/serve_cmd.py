@@ -89,6 +89,14 @@ def serve(
         help="Forget workers disconnected for longer than this, and release their fleet "
         "token slots, e.g. 24h.",
     ),
+    queue_timeout: str = typer.Option(
+        None,
+        "--queue-timeout",
+        envvar="SWAMP_QUEUE_TIMEOUT",
+        show_default=False,
+        help="How long a placed step waits for a free matching worker before it fails, "
+        "e.g. 5m (default 10m); 0 waits forever. A run's own --queue-timeout wins.",
+    ),
     verify_on_enroll: bool = typer.Option(
         False,
         "--verify-on-enroll",
@@ -103,7 +111,12 @@ def serve(
     Prints the ws:// URL it listens on and writes it to .swamp/serve.json (mode 0600, with
     the local admin credential the CLI in this repo presents). Before accepting traffic it
     reconciles what a previous run left: active leases expire, workers that were connected
-    are marked disconnected (they reconnect by themselves). Stop with Ctrl-C or SIGTERM.
+    are marked disconnected (they reconnect by themselves), steps left waiting in the queue
+    are orphaned. Stop with Ctrl-C or SIGTERM.
+
+    A placed step with no free matching worker waits in the queue (see 'swamp worker queue')
+    and is dispatched the moment one enrolls or frees a slot. GET /metrics gives supply and
+    demand in the Prometheus format (with a server token as the bearer credential).
 
     Secure by default: admin frames need a credential; requests from web pages (an Origin
     header) and, on loopback, unknown Host names are refused; workers get none of this
@@ -130,6 +143,7 @@ def serve(
         allow_origins=tuple(allow_origin or ()),
         trusted_hosts=tuple(trusted_host or ()),
         ship_env=tuple(n.strip() for n in (ship_env or "").split(",") if n.strip()),
+        queue_timeout=queue_timeout,
         json=json_output,
     )
     handler = logging.StreamHandler()

@@ -79,11 +79,12 @@ def connect(
         "every process is a new machine).",
     ),
     ca_cert: Path = CA_CERT,
-    concurrency: int = typer.Option(
-        1,
+    concurrency: str = typer.Option(
+        "1",
         "--concurrency",
         envvar="SWAMP_WORKER_CONCURRENCY",
-        help="Dispatch slots: how many methods run at once",
+        metavar="N|auto",
+        help="Dispatch slots: how many methods run at once; auto: one per CPU of this machine",
     ),
     data_plane_url: str = typer.Option(
         None,
@@ -124,7 +125,7 @@ def connect(
 
     from swamp.domain.labels import merge_labels
     from swamp.worker.agent import run_worker
-    from swamp.worker.config import WorkerConfig, read_token
+    from swamp.worker.config import WorkerConfig, parse_concurrency, read_token
     from swamp.worker.events import Reporter
 
     config = WorkerConfig(
@@ -133,7 +134,7 @@ def connect(
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
         cache_dir=cache_dir,
         ca_cert=ca_cert,
-        concurrency=concurrency,
+        concurrency=parse_concurrency(concurrency),
         data_plane_url=data_plane_url,
         json=json_output,
         protocol_version=protocol_version,
@@ -200,6 +201,61 @@ def list_workers(
         print(
             f"{hidden} disconnected worker{'s' if hidden != 1 else ''} hidden: "
             "'swamp worker list --all' shows them."
+        )
+
+
+@app.command("queue", short_help="Demand: the steps waiting for a worker.")
+@command
+def queue(
+    server: str = SERVER,
+    server_token: str = SERVER_TOKEN,
+    ca_cert: Path = CA_CERT,
+    repo_dir: Path = REPO_DIR,
+    json_output: bool = JSON,
+) -> None:
+    """The steps waiting for a free matching worker, oldest first, then one line per
+    requirement: how many wait, the oldest wait, and the supply — matching workers connected
+    and their free slots. A requirement with waiting steps and no matching worker needs a
+    worker with those labels; one whose workers are all full needs more of them.
+
+    Reads the running orchestrator with --server (live), else the repo's records
+    (swamp/pending-dispatch, state waiting). --json prints {items, summary}.
+    """
+    from swamp.domain.queue import format_age
+
+    reply = with_admin(
+        lambda api: api.worker_queue(),
+        repo_dir=repo_dir,
+        server=server,
+        server_token=server_token,
+        ca_cert=ca_cert,
+    )
+    if json_output:
+        emit_json(reply.to_json())
+        return
+    if not reply.items:
+        print("No steps are waiting for a worker.")
+        return
+    rows = [
+        [
+            item.requirement,
+            item.step_name or f"{item.model_type}.{item.method_name}",
+            item.model_name or item.model_type,
+            item.queued_at,
+            format_age(item.age_ms / 1000),
+        ]
+        for item in reply.items
+    ]
+    print(table(["REQUIREMENT", "STEP", "MODEL", "QUEUED AT", "AGE"], rows))
+    print()
+    for line in reply.summary:
+        print(
+            printable(
+                f"{line.requirement}: {line.waiting} waiting, oldest "
+                f"{format_age(line.oldest_wait_ms / 1000)}; {line.connected} matching "
+                f"worker{'s' if line.connected != 1 else ''} connected, "
+                f"{line.free_slots} free slot{'s' if line.free_slots != 1 else ''}"
+            )
         )
 
 

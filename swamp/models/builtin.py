@@ -104,7 +104,23 @@ STEP_LEASE = ModelType(
     resources=(ResourceSpec("lease", garbage_collection=10),),
 )
 
-BUILTIN_TYPES = (SHELL, ECHO, FLEET_PROBE, ENROLLMENT_TOKEN, SERVER_TOKEN, WORKER, STEP_LEASE)
+PENDING_DISPATCH = ModelType(
+    "swamp/pending-dispatch",
+    methods=(),
+    internal=True,
+    resources=(ResourceSpec("dispatch", garbage_collection=10),),
+)
+
+BUILTIN_TYPES = (
+    SHELL,
+    ECHO,
+    FLEET_PROBE,
+    ENROLLMENT_TOKEN,
+    SERVER_TOKEN,
+    WORKER,
+    STEP_LEASE,
+    PENDING_DISPATCH,
+)
 
 
 @hookimpl

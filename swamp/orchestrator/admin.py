@@ -12,17 +12,22 @@ from swamp.admin.api import OPERATIONS
 from swamp.admin.local import RepoAdmin
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
+from swamp.orchestrator.verification import Verifier
 from swamp.protocol.messages import Empty, Message
 from swamp.protocol.rpc import IncomingCall
 from swamp.repo import Repo
 
 
 class Admin:
-    def __init__(self, repo: Repo, gateway: Gateway, dispatch: DispatchService) -> None:
+    def __init__(
+        self, repo: Repo, gateway: Gateway, dispatch: DispatchService, verifier: Verifier
+    ) -> None:
         self.repo = repo
         self.gateway = gateway
         self.dispatch = dispatch
-        self.api = RepoAdmin(repo, dispatch.store, gateway=gateway, dispatch=dispatch)
+        self.api = RepoAdmin(
+            repo, dispatch.store, gateway=gateway, dispatch=dispatch, verifier=verifier
+        )
         self.handlers = {
             method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()
         }
@@ -46,5 +51,6 @@ class Admin:
             "repo": str(self.repo.root),
             "pool": self.gateway.pool.statistics(),
             "activeDispatches": len(self.dispatch.active),
-            "completedDispatches": self.dispatch.completed,
+            "completedDispatches": self.dispatch.episodes.completed,
+            "waitingSteps": len(self.dispatch.queue.waiting),
         }

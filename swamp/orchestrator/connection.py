@@ -14,7 +14,7 @@ import logging
 import trio
 
 from swamp.concurrency import open_unwrapping_nursery
-from swamp.errors import Conflict, Forbidden, Unauthorized, UnknownMethod
+from swamp.errors import Conflict, Forbidden, SwampError, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import Principal
@@ -153,6 +153,9 @@ class Connection:
         self.admission.engaged(self, True)
         try:
             result, member = await self.gateway.enroll(self.channel, call.params)
+        except SwampError as exc:
+            self.gateway.on_rejection(exc.code)
+            raise
         finally:
             self.enrolling = False
             self.admission.engaged(self, False)

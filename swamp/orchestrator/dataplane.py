@@ -4,6 +4,8 @@
 ``GET  /data/resources/{name}``         the latest value: JSON, or the bytes as written
 ``GET  /health``                        ``{"status": "ok"}``; with an admin credential, also the
                                         version and the pool's size
+``GET  /metrics``                       supply and demand in the Prometheus text format (an
+                                        admin credential, unless ``--auth none``)
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
 to one running dispatch and therefore to one model instance and its declared specs. Names are
@@ -32,6 +34,7 @@ from swamp.errors import (
 from swamp.models.context import read_value, write_value
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.metrics import CONTENT_TYPE, Metrics
 from swamp.orchestrator.pool import Pool
 from swamp.protocol.frames import PROTOCOL_VERSION, load_json
 from swamp.store.datastore import Key
@@ -97,10 +100,18 @@ async def _read_body(receive) -> bytes:
 
 
 class DataPlane:
-    def __init__(self, dispatch: DispatchService, credentials: Credentials, pool: Pool) -> None:
+    def __init__(
+        self,
+        dispatch: DispatchService,
+        credentials: Credentials,
+        pool: Pool,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.dispatch = dispatch
         self.credentials = credentials
         self.pool = pool
+        self.metrics = metrics
         # Does this request carry an admin credential? (set by the app; details of /health)
         self.is_admin: Callable[[dict], bool] = lambda scope: False
 
@@ -125,6 +136,14 @@ class DataPlane:
                     **({"reason": broken} if broken else {}),
                 )
             await _json(send, 503 if broken else 200, body)
+            return
+        if path == "/metrics" and self.metrics is not None:
+            if not self.is_admin(scope):
+                raise Unauthorized(
+                    "/metrics needs an admin credential: Authorization: Bearer <server token> "
+                    "(from 'swamp server token create NAME')"
+                )
+            await _respond(send, 200, self.metrics.render(), CONTENT_TYPE)
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:2] != ["data", "resources"]:
@@ -164,7 +183,7 @@ class DataPlane:
                 raise UserError("a JSON resource must be an object")
         else:
             value = body
-        await self.dispatch.record_write(active)
+        await self.dispatch.episodes.record_write(active)
         key = Key(active.model_type.type, active.model_name, name)
         record = await retry_busy(lambda: write_value(self.dispatch.store, key, policy, value))
         handle = {"spec": spec, "name": name, "version": record.version}

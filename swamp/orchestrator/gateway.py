@@ -118,6 +118,8 @@ class Gateway:
         self.token_deadlines = Deadlines("token deadlines")
         # --verify-on-enroll: probe each enrolling worker before it becomes schedulable
         self.prober = prober
+        # told the error code of every refused enrollment (metrics)
+        self.on_rejection: Callable[[str], None] = lambda code: None
         # called after another process wrote to the repo (e.g. revoked a server token)
         self.repo_listeners: list[Callable[[], None]] = []
         self._to_verify_send, self._to_verify = trio.open_memory_channel[Member](math.inf)
@@ -244,7 +246,7 @@ class Gateway:
         self.records.status(member, WorkerStatus.DISCONNECTED.value, reason=channel.close_reason)
         self.grace.set(member.name, trio.current_time() + self.grace_seconds)
         log.info("worker %s disconnected: %s", member.name, channel.close_reason)
-        self.pool.changed()
+        self.pool.refresh(member)
 
     async def _grace_lapsed(self, name: str) -> None:
         member = self.pool.get(name)
@@ -276,7 +278,8 @@ class Gateway:
         for member in members:
             log.info("disconnecting %s: %s", member.name, reason)
             member.channel.abort(code, reason)
-        self.pool.changed()  # steps waiting for one of its workers learn it can never return
+        for member in self.pool.of_token(name):  # steps waiting for one learn it cannot return
+            self.pool.refresh(member)
         return len(members)
 
     async def token_changed(self, name: str) -> None:
@@ -370,7 +373,7 @@ class Gateway:
             )
         self.records.status(member, member.status, reason=member.verify_failure_reason)
         if verdict.status == "pass":
-            self.pool.changed()  # only now may waiting work see this worker
+            self.pool.refresh(member)  # only now may waiting work see this worker
 
     async def shutdown(self) -> None:
         for member in list(self.pool.members.values()):

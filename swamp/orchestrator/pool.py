@@ -1,18 +1,16 @@
 """The live pool: who is enrolled, connected, and how many slots each uses.
 
 The durable truth is the ``swamp/worker`` records; this is the in-memory index the scheduler
-reads. Every change that could let waiting work proceed calls :meth:`Pool.changed`, which wakes
-whoever awaits :meth:`Pool.wait_changed` (an event, not a poll).
+reads, with its scheduling index (``swamp.domain.scheduler.PoolIndex``) kept in step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import trio
-
-from swamp.domain.placement import WorkerView
-from swamp.domain.workers import WorkerStatus
+from swamp.domain.scheduler import PoolIndex, Slots
+from swamp.domain.workers import WorkerStatus, is_schedulable
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Record
 
@@ -40,19 +38,6 @@ class Member:
     def connected(self) -> bool:
         return self.channel is not None and not self.channel.closed
 
-    def view(self) -> WorkerView:
-        return WorkerView(
-            self.name,
-            self.instance_id,
-            self.labels,
-            self.platform,
-            self.arch,
-            self.status,
-            self.connected,
-            self.capacity,
-            len(self.active),
-        )
-
     def to_json(self) -> dict:
         return {
             "name": self.name,
@@ -76,9 +61,18 @@ class Member:
 
 
 class Pool:
+    """Members by name, and the scheduling index kept in step with them.
+
+    Everything that can change which steps a member may take goes through a method here —
+    enrolled, slot reserved or released, status changed, disconnected, left — which updates the
+    index and then tells the listener (the queue) about the member, so waiting work is looked
+    at on the event itself, never on a timer.
+    """
+
     def __init__(self) -> None:
         self.members: dict[str, Member] = {}
-        self._changed = trio.Event()
+        self.index = PoolIndex()
+        self.listener: Callable[[Member], None] = lambda member: None
 
     def __repr__(self) -> str:
         connected = sum(1 for m in self.members.values() if m.connected)
@@ -88,31 +82,59 @@ class Pool:
         return self.members.get(name)
 
     def by_instance_id(self, instance_id: str) -> Member | None:
-        for member in self.members.values():
-            if member.instance_id == instance_id:
-                return member
-        return None
+        slots = self.index.resolve_target(instance_id)
+        member = self.members.get(slots.name) if slots is not None else None
+        return member if member is not None and member.instance_id == instance_id else None
+
+    def resolve(self, target: str) -> Member | None:
+        """The member a step's target names (its name, or its unique instance id)."""
+        slots = self.index.resolve_target(target)
+        return self.members.get(slots.name) if slots is not None else None
 
     def put(self, member: Member) -> None:
         self.members[member.name] = member
-        self.changed()
+        self.index.put(
+            Slots(
+                member.name,
+                member.instance_id,
+                dict(member.labels),
+                member.platform,
+                member.arch,
+                member.capacity,
+                len(member.active),
+                schedulable=_schedulable(member),
+            )
+        )
+        self.listener(member)
 
     def remove(self, name: str) -> None:
-        if self.members.pop(name, None) is not None:
-            self.changed()
+        member = self.members.pop(name, None)
+        if member is not None:
+            self.index.remove(name)
+            self.listener(member)
 
-    def views(self) -> list[WorkerView]:
-        return [m.view() for m in self.members.values()]
+    def refresh(self, member: Member) -> None:
+        """Its status or connection changed: re-index it, and tell the queue."""
+        if self.members.get(member.name) is member:
+            self.index.update(member.name, schedulable=_schedulable(member))
+            self.listener(member)
+
+    def reserve(self, member: Member, dispatch_id: str, *, indexed: bool = False) -> None:
+        """Hold one of its slots for a dispatch (``indexed``: the scheduler took it already)."""
+        member.active.add(dispatch_id)
+        if not indexed and self.members.get(member.name) is member:
+            self.index.update(member.name, active=len(member.active))
+
+    def release(self, member: Member, dispatch_id: str) -> None:
+        if dispatch_id not in member.active:
+            return
+        member.active.discard(dispatch_id)
+        if self.members.get(member.name) is member:
+            self.index.update(member.name, active=len(member.active))
+            self.listener(member)
 
     def of_token(self, token_name: str) -> list[Member]:
         return [m for m in self.members.values() if m.token_name == token_name]
-
-    def changed(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
 
     def statistics(self) -> dict:
         connected = [m for m in self.members.values() if m.connected]
@@ -122,3 +144,7 @@ class Pool:
             "slots": sum(m.capacity for m in connected),
             "busySlots": sum(len(m.active) for m in connected),
         }
+
+
+def _schedulable(member: Member) -> bool:
+    return member.connected and is_schedulable(member.status)

@@ -20,11 +20,13 @@ from pathlib import Path
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
@@ -35,9 +37,13 @@ from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.episode import Episodes
 from swamp.orchestrator.gateway import Gateway
+from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
+from swamp.orchestrator.verification import Verifier
 from swamp.plugins import default_registry
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.repo import Repo
@@ -66,6 +72,7 @@ class ServeOptions:
     allow_origins: tuple[str, ...] = ()
     trusted_hosts: tuple[str, ...] = ()
     ship_env: tuple[str, ...] = ()
+    queue_timeout: str | None = None  # --queue-timeout / SWAMP_QUEUE_TIMEOUT; None: 10m
     json: bool = False
 
 
@@ -80,6 +87,8 @@ def check_options(options: ServeOptions) -> RequestPolicy:
             "or bind to 127.0.0.1"
         )
     environment.check_names(options.ship_env, source="--ship-env")
+    if options.queue_timeout is not None:
+        parse_queue_timeout(options.queue_timeout, what="--queue-timeout (SWAMP_QUEUE_TIMEOUT)")
     if bool(options.tls_cert) != bool(options.tls_key):
         raise UserError("--tls-cert and --tls-key go together: pass both or neither")
     for path in (options.tls_cert, options.tls_key):
@@ -155,6 +164,7 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
     retention together with their fleet bindings (which frees their slots on the token)."""
     removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
+    removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += store.collect_garbage()
     workers = WorkerBook(store)
     stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
@@ -220,7 +230,9 @@ def _first_os_error(group: BaseExceptionGroup) -> OSError | None:
     return None
 
 
-def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict) -> None:
+def _announce(
+    options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict, queue_timeout: float
+) -> None:
     info = {
         "event": "listening",
         "url": url,
@@ -229,6 +241,7 @@ def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swep
         "auth": options.auth,
         "reconciled": swept,
         "verifyOnEnroll": options.verify_on_enroll,
+        "queueTimeoutSeconds": queue_timeout,
         "shipEnv": list(options.ship_env),
     }
     if options.json:
@@ -250,6 +263,11 @@ def _announce(options: ServeOptions, repo: Repo, url: str, data_plane: str, swep
             )
         if options.ship_env:
             print(f"  every dispatch ships: {', '.join(options.ship_env)}", flush=True)
+        waits = f"up to {format_age(queue_timeout)}" if queue_timeout else "without limit"
+        print(
+            f"  queue: a placed step waits {waits} for a matching worker (--queue-timeout)",
+            flush=True,
+        )
         print(
             f"  workers connect with: SWAMP_WORKER_TOKEN=<name.secret> swamp worker connect {url}",
             flush=True,
@@ -272,14 +290,24 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     swept = {
         "leases": await retry_busy(LeaseBook(store).reconcile),
         "workers": await retry_busy(WorkerBook(store).reconcile),
+        "queued": await retry_busy(PendingBook(store).reconcile),
     }
     if any(swept.values()):
         log.info(
-            "boot reconciliation: expired %d lease(s), disconnected %d worker(s)",
+            "boot reconciliation: expired %d lease(s), disconnected %d worker(s), orphaned %d "
+            "queued step(s)",
             swept["leases"],
             swept["workers"],
+            swept["queued"],
         )
+    queue_timeout = effective_timeout(
+        None,
+        parse_queue_timeout(options.queue_timeout, what="--queue-timeout")
+        if options.queue_timeout is not None
+        else None,
+    )
     registry = default_registry()
+    metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
     records = WorkerRecords(WorkerBook(store))
@@ -291,21 +319,30 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         heartbeat_seconds=options.heartbeat_seconds,
         records=records,
     )
+    gateway.on_rejection = metrics.on_rejection
+    episodes = Episodes(store, credentials)
+    queue = DispatchQueue(pool, store, observe=metrics.on_queue)
+    metrics.watch(pool, queue)
     dispatch = DispatchService(
         store,
         registry,
         pool,
-        credentials,
-        grace_seconds=options.grace_seconds,
-        ship_env=options.ship_env,
+        episodes,
+        queue,
         records=records,
+        ship_env=options.ship_env,
         fence_seconds=fence_seconds(options.heartbeat_seconds),
+        queue_timeout=queue_timeout,
+        observe=metrics.on_dispatch,
     )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
     if unset:
         log.warning("--ship-env names variables this process does not have: %s", ", ".join(unset))
+    verifier = Verifier(
+        episodes, pool, shipped=environment.ship(dispatch.environ, dispatch.ship_env)
+    )
     if options.verify_on_enroll:
-        gateway.prober = dispatch.probe
+        gateway.prober = verifier.probe
     local_credential = new_local_credential() if options.auth == "token" else None
     auth = AdminAuth(
         mode=options.auth, server_tokens=ServerTokenBook(store), local_credential=local_credential
@@ -313,8 +350,8 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     app = App(
         gateway=gateway,
         dispatch=dispatch,
-        admin=Admin(repo, gateway, dispatch),
-        dataplane=DataPlane(dispatch, credentials, pool),
+        admin=Admin(repo, gateway, dispatch, verifier),
+        dataplane=DataPlane(dispatch, credentials, pool, metrics=metrics),
         auth=auth,
         policy=policy,
     )
@@ -345,8 +382,9 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     try:
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(records.run)
+            await nursery.start(queue.writer.run)
             await nursery.start(gateway.run)
-            await nursery.start(dispatch.keep_credentials_fresh)
+            await nursery.start(episodes.keep_credentials_fresh)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
                     lambda task_status: _listen(app, config, stop, options, task_status)
@@ -356,7 +394,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
                 repo.write_serve_file(url, data_plane, admin_credential=local_credential)
-                _announce(options, repo, url, data_plane, swept)
+                _announce(options, repo, url, data_plane, swept, queue_timeout)
                 nursery.start_soon(_checkpointer, store)
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)
@@ -364,6 +402,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
             # Hypercorn has returned: every connection is closed or past its graceful timeout.
             with trio.move_on_after(5):
                 await records.settled()  # the last status versions (disconnected) go in
+                await queue.writer.settled()
             nursery.cancel_scope.cancel()
     finally:
         repo.remove_serve_file()

@@ -272,6 +272,17 @@ class Redispatched(Message):
 
 
 @dataclass(frozen=True)
+class Queued(Message):
+    """The step found no free matching worker and waits for one (``requirement`` as a phrase,
+    ``detail`` when the target is known but cannot take it now)."""
+
+    requirement: str
+    queue_id: str
+    detail: str | None = None
+    kind: Literal["queued"] = "queued"
+
+
+@dataclass(frozen=True)
 class Started(Message):
     where: str
     kind: Literal["started"] = "started"
@@ -293,9 +304,10 @@ class Effects(Message):
     kind: Literal["effects"] = "effects"
 
 
-Event = LogLine | Dispatched | Redispatched | Started | Dropped | Effects
+Event = LogLine | Dispatched | Redispatched | Queued | Started | Dropped | Effects
 _EVENTS = {
     "log": LogLine,
+    "queued": Queued,
     "dispatched": Dispatched,
     "redispatch": Redispatched,
     "started": Started,
@@ -374,6 +386,7 @@ class MethodRunRequest(Message):
     args: dict = field(default_factory=dict)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     env: list[str] = field(default_factory=list)
+    queue_timeout: str | None = None  # e.g. "5m"; "0" waits forever; absent: the server's
 
 
 @dataclass(frozen=True)
@@ -385,6 +398,40 @@ class VerifyRequest(Message):
 @dataclass(frozen=True)
 class Empty(Message):
     """A request without parameters."""
+
+
+@dataclass(frozen=True)
+class QueueItem(Message):
+    """A step waiting for a worker (``swamp worker queue``)."""
+
+    queue_id: str
+    requirement: str
+    model_type: str
+    method_name: str
+    queued_at: str
+    age_ms: int
+    model_name: str | None = None
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    workflow_name: str | None = None
+    job_name: str | None = None
+    step_name: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueSummary(Message):
+    """Demand against supply for one requirement."""
+
+    requirement: str
+    waiting: int
+    oldest_wait_ms: int
+    connected: int  # schedulable workers that match
+    free_slots: int
+
+
+@dataclass(frozen=True)
+class QueueReply(Message):
+    items: list[QueueItem] = field(default_factory=list)
+    summary: list[QueueSummary] = field(default_factory=list)
 
 
 #: The payload of each request method (what ``IncomingCall.params`` must decode as).
@@ -400,6 +447,7 @@ REQUESTS: dict[str, type[Message]] = {
     "model.method.run": MethodRunRequest,
     "data.query": DataQueryRequest,
     "worker.verify": VerifyRequest,
+    "worker.queue.list": Empty,
 }
 
 

@@ -79,6 +79,16 @@ def iso(epoch: float) -> str:
     )
 
 
+def parse_iso(text: object) -> float | None:
+    """The epoch of a timestamp :func:`iso` wrote, or ``None`` when it is not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Key:
     model_type: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,23 @@ from urllib.parse import urlsplit, urlunsplit
 
 from swamp.domain.urls import redact, sends_in_clear
 from swamp.errors import UserError
+
+
+def parse_concurrency(text: str | int) -> int:
+    """``--concurrency`` / ``SWAMP_WORKER_CONCURRENCY``: a number of slots, or ``auto`` for the
+    machine's CPU count (a number out of range is refused later, with the range)."""
+    if isinstance(text, int):
+        return text
+    value = text.strip().lower()
+    if value == "auto":
+        return max(1, os.cpu_count() or 1)
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(
+            f"invalid --concurrency (SWAMP_WORKER_CONCURRENCY) {text!r}: expected a number of "
+            "slots from 1 to 1024, or auto (one per CPU)"
+        ) from None
 
 
 @dataclass(frozen=True)

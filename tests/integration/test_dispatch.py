@@ -138,12 +138,23 @@ def test_model_instances_from_the_repo(cluster):
     assert cluster.query('modelName == "hello"')[0]["attributes"]["exitCode"] == 0
 
 
-def test_no_matching_worker_is_a_clear_error_and_writes_nothing(cluster):
+def test_no_matching_worker_waits_then_times_out_clearly_and_runs_nothing(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"), "--label", "zone=a")
     code, lines = cluster.run(
-        "command/shell", "run", "--arg", "command=true", "--label", "zone=mars"
+        "command/shell",
+        "run",
+        "--arg",
+        "command=true",
+        "--label",
+        "zone=mars",
+        "--queue-timeout",
+        "1s",
     )
     assert code == 1
-    assert "no connected worker matches labels zone=mars" in lines[-1]["error"]["message"]
+    assert lines[0]["event"]["kind"] == "queued"
+    assert lines[-1]["error"] == {
+        "code": "queue_timeout",
+        "message": "timed out waiting for a worker matching labels zone=mars to become available",
+    }
     assert cluster.query('modelType == "swamp/step-lease"') == []

@@ -67,14 +67,23 @@ def result_error(proc: Proc) -> str:
     raise AssertionError(proc.events())
 
 
-def test_a_lost_target_with_no_other_match_fails_after_the_grace_window(cluster):
-    cluster.serve("--grace-window", "3s")  # the last value of an option wins
+def test_a_lost_target_with_no_other_match_goes_back_in_the_queue_under_its_deadline(cluster):
+    cluster.serve()
     worker = cluster.worker(cluster.mint("only"))
-    run = _run_in_background(cluster, "test/steps", "wait", "--target", "only")
+    run = _run_in_background(
+        cluster, "test/steps", "wait", "--target", "only", "--queue-timeout", "8s"
+    )
     run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
     worker.p.kill()
+    run.wait_for(lambda e: e.get("event", {}).get("kind") == "redispatch")
+    queued = run.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")["event"]
     assert run.wait_exit(timeout=40) == 1
-    assert "grace window" in result_error(run)
+    assert result_error(run) == (
+        "timed out waiting for a worker matching target 'only' to become available"
+    )
+    [episode] = cluster.query('modelType == "swamp/pending-dispatch"')
+    assert episode["attributes"]["queueId"] == queued["queueId"]
+    assert episode["attributes"]["state"] == "timed_out"
 
 
 def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(cluster):
@@ -93,7 +102,7 @@ def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(clu
     assert stale["state"] == "active"  # the crash left it behind
     restarted = cluster.serve(port=int(port))
     booted = restarted.wait_for(lambda e: e.get("event") == "listening")
-    assert booted["reconciled"] == {"leases": 1, "workers": 1}
+    assert booted["reconciled"] == {"leases": 1, "workers": 1, "queued": 0}
     lease = cluster.query('modelType == "swamp/step-lease"')[0]["attributes"]
     assert lease["state"] == "expired" and lease["error"] == "orchestrator restart"
 

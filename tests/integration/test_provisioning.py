@@ -220,13 +220,23 @@ def test_verify_on_enroll_keeps_broken_workers_out(cluster):
     text = cluster.cli("worker", "list", "--repo-dir", str(cluster.repo)).stdout
     assert f"{broken} is unverified: data-plane:" in text
 
-    # placed work never runs on it
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=true", "--label", "pool=x")
-    assert (
-        code == 1 and "no connected worker matches labels pool=x" in lines[-1]["error"]["message"]
+    # placed work never runs on it: it waits for a verified worker, and times out
+    code, lines = cluster.run(
+        "command/shell",
+        "run",
+        "--arg",
+        "command=true",
+        "--label",
+        "pool=x",
+        "--queue-timeout",
+        "1s",
     )
-    code, lines = cluster.run("command/shell", "run", "--arg", "command=true", "--target", broken)
-    assert code == 1 and "is unverified" in lines[-1]["error"]["message"]
+    assert code == 1 and lines[-1]["error"]["code"] == "queue_timeout"
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=true", "--target", broken, "--queue-timeout", "1s"
+    )
+    assert code == 1 and lines[-1]["error"]["code"] == "queue_timeout"
+    assert "is unverified (data-plane: " in lines[0]["event"]["detail"]  # said while it waited
 
     healthy = cluster.worker(token, "--label", "pool=x").wait_for(
         lambda e: e.get("event") == "enrolled"

@@ -1,0 +1,289 @@
+"""The pool index and the assignment of waiting steps to workers: decide, then act.
+
+:class:`PoolIndex` is what scheduling knows of the pool — each member's labels, platform, slots
+and whether it may get work — indexed so that a decision does not scan the pool: members by
+``(label key, value)`` (platform and arch are keys too), by instance id, and, per key, a heap in
+least-loaded order (most free slots, then name). Heaps are lazy: a change pushes a fresh entry
+and makes the old one stale; stale entries are dropped when they surface, and a heap is rebuilt
+when they outnumber the live ones. A decision at 10,000 workers costs a heap peek.
+
+:func:`assign` is the one decision: given the waiting steps and the index, which step goes to
+which worker. It takes each assigned slot in the index before it returns, so decisions that
+follow (in the same call or the next) never overbook. The shell performs the dispatches after.
+:func:`swamp.domain.placement.choose_worker` — a plain scan — is the specification the index is
+tested against.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from swamp.domain.placement import Placement
+from swamp.domain.queue import WaitingQueue, WaitingStep
+from swamp.domain.workers import INSTANCE_ID
+
+Key = tuple[str, str]
+ALL: Key = ("\0all", "")  # every member has it: the heap for "any worker"
+_OS, _ARCH = "\0os", "\0arch"  # label keys cannot contain NUL: no clash with a real label
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A placement as scheduling sees it: hashable, so waiting steps group by it."""
+
+    target: str | None = None
+    keys: frozenset[Key] = frozenset()
+
+    @classmethod
+    def of(cls, placement: Placement) -> Requirement:
+        if placement.target:
+            return cls(target=placement.target)
+        keys = set(placement.labels.items())
+        if placement.platform:
+            os_part, _, arch_part = placement.platform.partition("/")
+            if os_part:
+                keys.add((_OS, os_part))
+            if arch_part:
+                keys.add((_ARCH, arch_part))
+        return cls(keys=frozenset(keys))
+
+
+@dataclass(eq=False)
+class Slots:
+    """One member as scheduling sees it. ``schedulable``: connected, verified, not draining."""
+
+    name: str
+    instance_id: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    platform: str = ""
+    arch: str = ""
+    capacity: int = 1
+    active: int = 0
+    schedulable: bool = True
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.active) if self.schedulable else 0
+
+    @cached_property
+    def index_keys(self) -> frozenset[Key]:
+        """Every key the index files it under (its labels, platform, arch and ``ALL``)."""
+        return frozenset({*self.labels.items(), (_OS, self.platform), (_ARCH, self.arch), ALL})
+
+    def satisfies(self, requirement: Requirement) -> bool:
+        """Labels and platform, regardless of load (a target is resolved by the index)."""
+        if requirement.target:
+            return requirement.target in (self.name, self.instance_id)
+        for key, value in requirement.keys:
+            if key == _OS:
+                have = self.platform
+            elif key == _ARCH:
+                have = self.arch
+            else:
+                have = self.labels.get(key)
+            if have != value:
+                return False
+        return True
+
+
+class PoolIndex:
+    def __init__(self) -> None:
+        self._members: dict[str, Slots] = {}
+        self._by_key: dict[Key, set[str]] = {}
+        self._by_instance: dict[str, set[str]] = {}
+        self._heaps: dict[Key, list[tuple[int, str, int]]] = {}
+        self._stamps: dict[str, int] = {}  # a member's current heap entries carry its stamp
+        self._stamp = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"<PoolIndex members={len(self._members)} keys={len(self._by_key)}>"
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._members
+
+    def get(self, name: str) -> Slots | None:
+        return self._members.get(name)
+
+    def members(self) -> Iterable[Slots]:
+        return self._members.values()
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def put(self, slots: Slots) -> None:
+        """Add a member, or replace the one of that name (a re-enrollment)."""
+        if slots.name in self._members:
+            self.remove(slots.name)
+        self._members[slots.name] = slots
+        for key in slots.index_keys:
+            self._by_key.setdefault(key, set()).add(slots.name)
+        self._by_instance.setdefault(slots.instance_id, set()).add(slots.name)
+        self._restamp(slots)
+
+    def remove(self, name: str) -> None:
+        slots = self._members.pop(name, None)
+        if slots is None:
+            return
+        self._stamps.pop(name, None)  # every heap entry of it is stale now
+        for key in slots.index_keys:
+            names = self._by_key.get(key)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._by_key[key]
+                    self._heaps.pop(key, None)
+        same = self._by_instance.get(slots.instance_id)
+        if same is not None:
+            same.discard(name)
+            if not same:
+                del self._by_instance[slots.instance_id]
+
+    def update(
+        self, name: str, *, active: int | None = None, schedulable: bool | None = None
+    ) -> None:
+        slots = self._members.get(name)
+        if slots is None:
+            return
+        if active is not None:
+            slots.active = active
+        if schedulable is not None:
+            slots.schedulable = schedulable
+        self._restamp(slots)
+
+    def take(self, name: str) -> None:
+        slots = self._members[name]
+        slots.active += 1
+        self._restamp(slots)
+
+    def release(self, name: str) -> None:
+        slots = self._members.get(name)
+        if slots is not None and slots.active > 0:
+            slots.active -= 1
+            self._restamp(slots)
+
+    def _restamp(self, slots: Slots) -> None:
+        stamp = next(self._stamp)
+        self._stamps[slots.name] = stamp
+        if slots.free <= 0:
+            return  # no entry: it cannot take a step
+        entry = (-slots.free, slots.name, stamp)
+        for key in slots.index_keys:
+            heap = self._heaps.setdefault(key, [])
+            heapq.heappush(heap, entry)
+            if len(heap) > 64 + 4 * len(self._by_key.get(key, ())):
+                self._rebuild(key)
+
+    def _rebuild(self, key: Key) -> None:
+        heap = []
+        for name in self._by_key.get(key, ()):
+            slots = self._members[name]
+            if slots.free > 0:
+                heap.append((-slots.free, name, self._stamps[name]))
+        heapq.heapify(heap)
+        self._heaps[key] = heap
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def resolve_target(self, target: str) -> Slots | None:
+        """The one member a target names: its name, or an instance id that is well formed and
+        held by exactly one member (see :func:`swamp.domain.placement.resolve_target`)."""
+        slots = self._members.get(target)
+        if slots is not None:
+            return slots
+        if INSTANCE_ID.fullmatch(target) is None:
+            return None
+        same = self._by_instance.get(target, ())
+        return self._members[next(iter(same))] if len(same) == 1 else None
+
+    def choose(self, requirement: Requirement) -> Slots | None:
+        """The least-loaded member with a free slot that satisfies ``requirement``, or ``None``."""
+        if requirement.target:
+            slots = self.resolve_target(requirement.target)
+            return slots if slots is not None and slots.free > 0 else None
+        keys = requirement.keys or frozenset([ALL])
+        smallest: Key | None = None
+        for key in keys:
+            names = self._by_key.get(key)
+            if not names:
+                return None  # nobody has this label at all
+            if smallest is None or len(names) < len(self._by_key[smallest]):
+                smallest = key
+        heap = self._heaps.get(smallest)
+        if not heap:
+            return None
+        aside = []
+        found = None
+        while heap:
+            _, name, stamp = heap[0]
+            if self._stamps.get(name) != stamp:
+                heapq.heappop(heap)  # stale: its member changed or left
+                continue
+            slots = self._members[name]
+            if slots.satisfies(requirement):
+                found = slots
+                break
+            aside.append(heapq.heappop(heap))
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return found
+
+    def supply(self, requirement: Requirement) -> tuple[int, int]:
+        """(schedulable members that satisfy it, their free slots): the queue's summary."""
+        if requirement.target:
+            slots = self.resolve_target(requirement.target)
+            found = [slots] if slots is not None else []
+        else:
+            keys = requirement.keys or frozenset([ALL])
+            sets = [self._by_key.get(k, set()) for k in keys]
+            names = set.intersection(*sets) if sets else set()
+            found = [self._members[n] for n in names]
+        found = [s for s in found if s.schedulable]
+        return len(found), sum(s.free for s in found)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    step: WaitingStep
+    worker: str
+
+
+def assign(
+    queue: WaitingQueue,
+    index: PoolIndex,
+    requirements: Iterable[Requirement] | None = None,
+) -> list[Assignment]:
+    """Give waiting steps to free workers: oldest step first among the requirements considered
+    (``requirements``: those an event can have unblocked; ``None``: all), least-loaded worker
+    for each. Every assigned slot is taken in ``index`` and every assigned step leaves
+    ``queue`` before this returns."""
+    groups = queue.groups if requirements is None else requirements
+    heads = []
+    for requirement in groups:
+        head = queue.head(requirement)
+        if head is not None:
+            heads.append((head.seq, requirement))
+    heapq.heapify(heads)
+    out: list[Assignment] = []
+    while heads:
+        _, requirement = heapq.heappop(heads)
+        slots = index.choose(requirement)
+        if slots is None:
+            continue  # this requirement stays blocked until its next event
+        step = queue.pop(requirement)
+        index.take(slots.name)
+        out.append(Assignment(step, slots.name))
+        head = queue.head(requirement)
+        if head is not None:
+            heapq.heappush(heads, (head.seq, requirement))
+    return out
+
+
+def requirements_of(slots: Slots, queue: WaitingQueue) -> list[Requirement]:
+    """The waiting requirements this member satisfies: what its free slot can unblock."""
+    return [r for r in queue.groups if slots.satisfies(r)]

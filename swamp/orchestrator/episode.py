@@ -1,0 +1,232 @@
+"""One dispatch episode: a step on one worker — lease, credential, frame, relay, result.
+
+:meth:`Episodes.run` performs the I/O and reports how the episode ended as an
+:class:`~swamp.domain.episodes.EpisodeEnd`; the lease is ended as
+:func:`~swamp.domain.episodes.lease_ending` decides. What becomes of the step afterwards is the
+caller's (the dispatch service, or the verifier for a probe). Running dispatches are kept in
+:attr:`Episodes.active` for the data plane and the capability verbs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+
+import trio
+
+from swamp.bookkeeping.leases import LeaseBook
+from swamp.domain.episodes import Ending, EpisodeEnd, lease_ending
+from swamp.domain.read_scope import ReadScope
+from swamp.errors import ChannelClosed, MalformedFrame, SwampError, WorkerBusy
+from swamp.models.framework import ModelType
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.pool import Member
+from swamp.protocol.messages import (
+    Dispatched,
+    DispatchRequest,
+    DispatchResult,
+    Effects,
+    LogLine,
+    OutputHandle,
+    decode_event,
+)
+from swamp.store.datastore import Datastore, Record
+from swamp.store.retry import retry_busy
+
+log = logging.getLogger("swamp.dispatch")
+CANCEL_SETTLE = 30  # how long a cancelled dispatch waits for the worker to report it stopped
+Emit = Callable[[dict], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Step:
+    """Which step a dispatch runs, and which run of it this is (after a lost worker a step is
+    dispatched again: same id, next attempt)."""
+
+    id: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Work:
+    """What an episode sends: the method, its checked arguments and its environment."""
+
+    model_type: ModelType
+    model_name: str
+    method: str
+    args: dict
+    environment: dict[str, str]
+    read_scope: ReadScope
+    takes_slot: bool = True  # False for the fleet probe: it runs beside the worker's dispatches
+
+
+@dataclass
+class ActiveDispatch:
+    """What the data plane and the capability verbs need to know of a running dispatch."""
+
+    id: str
+    member: Member
+    model_type: ModelType
+    model_name: str
+    read_scope: ReadScope
+    has_writes: bool = False
+    outputs: list[dict] = field(default_factory=list)
+    credential: str | None = None
+    lease: Record | None = None  # the latest lease record this process wrote
+
+
+@dataclass(frozen=True)
+class Episode:
+    end: EpisodeEnd
+    result: DispatchResult | None = None  # when the method ran (succeeded or failed)
+
+
+class Episodes:
+    def __init__(self, store: Datastore, credentials: Credentials, *, clock=time.time) -> None:
+        self.store = store
+        self.credentials = credentials
+        self.leases = LeaseBook(store, clock=clock)
+        self.active: dict[str, ActiveDispatch] = {}
+        self.completed = 0
+
+    def __repr__(self) -> str:
+        return f"<Episodes active={len(self.active)} completed={self.completed}>"
+
+    async def run(
+        self, member: Member, dispatch_id: str, work: Work, step: Step, emit: Emit
+    ) -> Episode:
+        active = ActiveDispatch(
+            dispatch_id, member, work.model_type, work.model_name, read_scope=work.read_scope
+        )
+        credential = None
+        try:
+            active.lease = await retry_busy(
+                lambda: self.leases.acquire(
+                    lease_id=dispatch_id,
+                    worker=member.name,
+                    model_type=work.model_type.type,
+                    model_name=work.model_name,
+                    method=work.method,
+                )
+            )
+            credential = self.credentials.issue_dispatch(member.name, dispatch_id)
+            active.credential = credential
+            self.active[dispatch_id] = active
+            params = DispatchRequest(
+                dispatch_id=dispatch_id,
+                model_type=work.model_type.type,
+                model_name=work.model_name,
+                method=work.method,
+                args=work.args,
+                environment=work.environment,
+                credential=credential,
+                takes_slot=work.takes_slot,
+                step_id=step.id,
+                attempt=step.attempt,
+            ).to_json()
+            await safe_emit(emit, Dispatched(worker=member.name, dispatch_id=dispatch_id).to_json())
+            episode = await self._call(member, active, params, emit)
+            state, error = lease_ending(episode.end)
+            await self._end_lease(active, state, error)
+            if episode.end.how in (Ending.SUCCEEDED, Ending.FAILED):
+                self.completed += 1
+            return episode
+        except trio.Cancelled:
+            state, error = lease_ending(EpisodeEnd(Ending.CANCELLED, member.name))
+            with trio.CancelScope(shield=True):
+                await self._end_lease(active, state, error)
+            raise
+        finally:
+            if credential is not None:
+                self.credentials.revoke(credential)
+            self.active.pop(dispatch_id, None)
+
+    async def _call(self, member: Member, active: ActiveDispatch, params: dict, emit) -> Episode:
+        channel = member.channel
+        if channel is None or channel.closed:
+            return Episode(
+                EpisodeEnd(
+                    Ending.LOST,
+                    member.name,
+                    "the worker disconnected before the dispatch was sent",
+                )
+            )
+        try:
+            reply = await channel.call(
+                "worker.dispatch",
+                params,
+                timeout=None,
+                on_event=lambda event: _relay(emit, event, active),
+                # cancelled: the slot stays taken until the worker says the method stopped
+                settle=CANCEL_SETTLE,
+            )
+        except ChannelClosed as exc:
+            return Episode(EpisodeEnd(Ending.LOST, member.name, exc.message, active.has_writes))
+        except WorkerBusy as exc:
+            return Episode(EpisodeEnd(Ending.BUSY, member.name, exc.message))
+        except SwampError as exc:
+            return Episode(EpisodeEnd(Ending.REFUSED, member.name, f"({exc.code}) {exc.message}"))
+        try:
+            result = DispatchResult.decode(reply)
+        except MalformedFrame as exc:
+            return Episode(EpisodeEnd(Ending.MALFORMED, member.name, exc.message))
+        if active.outputs:  # what the data plane saw written is the truth
+            result = replace(result, outputs=[OutputHandle(**o) for o in active.outputs])
+        how = Ending.SUCCEEDED if result.status == "succeeded" else Ending.FAILED
+        return Episode(EpisodeEnd(how, member.name, str(result.error or "")), result)
+
+    async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> None:
+        """End the lease durably (retried while the database is locked); a lease that cannot be
+        ended is expired by the next boot's reconciliation, so the step's outcome stands."""
+        try:
+            active.lease = await retry_busy(
+                lambda: self.leases.end(active.id, state, error=error, current=active.lease)
+            )
+        except SwampError as exc:
+            log.warning("could not end lease %s as %s: %s", active.id, state.value, exc)
+
+    async def record_write(self, active: ActiveDispatch) -> None:
+        """Durably mark the lease write-bearing *before* the first write is persisted."""
+        if not active.has_writes:
+            active.lease = await retry_busy(
+                lambda: self.leases.mark_writes(active.id, current=active.lease)
+            )
+            active.has_writes = True
+
+    async def keep_credentials_fresh(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Slide every running dispatch's credential expiry, so a dispatch keeps its data-plane
+        access for as long as it runs (one timer for all of them, not a task per dispatch)."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.credentials.ttl / 3)
+            for active in list(self.active.values()):
+                if active.credential:
+                    self.credentials.extend(active.credential)
+
+
+async def _relay(emit: Emit, event: object, active: ActiveDispatch) -> None:
+    """What a worker says mid-dispatch, checked: a log line goes, with the worker's name, to
+    whoever runs the step; word that the method had an effect marks the dispatch (if the worker
+    is lost now, the step must not run again). Nothing else is a worker's to say."""
+    worker = active.member.name
+    try:
+        decoded = decode_event(event)
+        if isinstance(decoded, Effects):
+            active.has_writes = True
+            return
+        if not isinstance(decoded, LogLine):
+            raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")
+    except MalformedFrame as exc:
+        log.warning("dropped a malformed event from worker %s: %s", worker, exc.message)
+        return
+    await safe_emit(emit, replace(decoded, worker=worker).to_json())
+
+
+async def safe_emit(emit: Emit, event: dict) -> None:
+    """Events are best effort: a client that went away must not break the dispatch."""
+    try:
+        await emit(event)
+    except ChannelClosed:
+        pass

@@ -1,0 +1,148 @@
+"""Supply and demand for autoscalers: ``GET /metrics`` in the Prometheus text format.
+
+Gauges are read from the live pool and queue when scraped (a custom collector: nothing is kept
+up to date between scrapes); counters and the queue-wait histogram are updated as things happen.
+Produced with ``prometheus_client`` into a registry of this orchestrator's own, never the
+process-global one.
+
+Supply: workers by status and fleet, slots total and busy by fleet. Demand: waiting steps and
+the oldest wait by requirement. History: dispatches by outcome, enrollment rejections by reason,
+queue timeouts, and how long steps waited.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from swamp.domain.workers import WorkerStatus
+
+if TYPE_CHECKING:
+    from swamp.orchestrator.pool import Pool
+    from swamp.orchestrator.queue import DispatchQueue
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+WAIT_BUCKETS = (0.005, 0.05, 0.5, 1, 5, 15, 60, 300, 900, 3600, float("inf"))
+
+
+def fleet_of(member) -> str:
+    """The fleet label, else the token's name (a single worker is a fleet of one)."""
+    return member.labels.get("fleet") or member.token_name
+
+
+class _Live:
+    """The gauges, computed from the pool and the queue at scrape time."""
+
+    def __init__(self, pool: Pool, queue: DispatchQueue) -> None:
+        self.pool = pool
+        self.queue = queue
+
+    def describe(self):
+        return []  # no registration-time collect (the pool may not exist yet)
+
+    def collect(self):
+        workers = GaugeMetricFamily(
+            "swamp_workers", "Workers in the pool by status and fleet", labels=["status", "fleet"]
+        )
+        slots = GaugeMetricFamily(
+            "swamp_slots", "Dispatch slots of connected workers by fleet", labels=["fleet"]
+        )
+        busy = GaugeMetricFamily(
+            "swamp_slots_busy", "Slots running a dispatch, by fleet", labels=["fleet"]
+        )
+        by_status: Tally = Tally()
+        total: Tally = Tally()
+        used: Tally = Tally()
+        for member in list(self.pool.members.values()):
+            fleet = fleet_of(member)
+            status = member.status if member.connected else WorkerStatus.DISCONNECTED.value
+            by_status[(status, fleet)] += 1
+            if member.connected:
+                total[fleet] += member.capacity
+                used[fleet] += len(member.active)
+        for (status, fleet), count in sorted(by_status.items()):
+            workers.add_metric([status, fleet], count)
+        for fleet in sorted(total):
+            slots.add_metric([fleet], total[fleet])
+            busy.add_metric([fleet], used[fleet])
+        yield workers
+        yield slots
+        yield busy
+
+        waiting = GaugeMetricFamily(
+            "swamp_queue_waiting",
+            "Steps waiting for a worker, by requirement",
+            labels=["requirement"],
+        )
+        oldest = GaugeMetricFamily(
+            "swamp_queue_oldest_wait_seconds",
+            "How long the oldest waiting step of each requirement has waited",
+            labels=["requirement"],
+        )
+        counts: Tally = Tally()
+        for item in self.queue.items():
+            counts[item.requirement] += 1
+        for requirement, seconds in sorted(self.queue.oldest_wait().items()):
+            waiting.add_metric([requirement], counts[requirement])
+            oldest.add_metric([requirement], round(seconds, 3))
+        yield waiting
+        yield oldest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created samples mean nothing to an autoscaler
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.dispatches = Counter(
+            "swamp_dispatches",
+            "Placed steps by outcome (succeeded, failed, or the error code that ended them)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "swamp_enrollment_rejections",
+            "Enrollments refused, by reason (the error code)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.queue_timeouts = Counter(
+            "swamp_queue_timeouts",
+            "Steps that waited their whole queue timeout",
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "swamp_queue_wait_seconds",
+            "How long steps that had to wait waited for a worker",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch(self, pool: Pool, queue: DispatchQueue) -> None:
+        self.registry.register(_Live(pool, queue))
+
+    # -- what the shells report ------------------------------------------------------------
+
+    def on_dispatch(self, what: str, outcome: str) -> None:
+        self.dispatches.labels(outcome=outcome).inc()
+
+    def on_queue(self, what: str, value: float) -> None:
+        if what == "waited":
+            self.queue_wait.observe(value)
+        elif what == "timed_out":
+            self.queue_timeouts.inc()
+
+    def on_rejection(self, reason: str) -> None:
+        self.rejections.labels(reason=reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,301 @@
+"""The elastic queue, as a service: a placed step acquires a worker here.
+
+:meth:`DispatchQueue.acquire` puts the step in the waiting queue and runs the assignment at once;
+when a free matching worker exists the step leaves with it in the same call (no record, no
+event). Otherwise the step *waits*: a ``swamp/pending-dispatch`` record is written (behind),
+the caller is told ``queued``, and the step sleeps on its own event until one of these wakes it:
+
+- a pool event that can unblock it — an enrollment, a verify pass, a freed slot (the pool calls
+  :meth:`DispatchQueue.member_changed`, which runs the assignment for the requirements that
+  member satisfies and hands out the slots it assigned);
+- its target's token dies, so the target can never return (it fails at once);
+- its deadline passes (it fails: ``queue_timeout``), or whoever waits for it goes away
+  (``cancelled``).
+
+No timer is involved in waking a step: the assignment runs on the event itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from swamp.bookkeeping.pending import PendingBook
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.placement import Placement
+from swamp.domain.queue import (
+    MAX_WAITING,
+    PendingState,
+    WaitingQueue,
+    WaitingStep,
+    requirement_text,
+)
+from swamp.domain.scheduler import Requirement, assign, requirements_of
+from swamp.domain.workers import WorkerStatus
+from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
+from swamp.orchestrator.episode import Emit, safe_emit
+from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.write_behind import WriteBehind
+from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
+from swamp.store.datastore import Datastore, iso
+
+log = logging.getLogger("swamp.queue")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What the queue shows of a step (``worker queue``, its record)."""
+
+    model_type: str
+    model_name: str
+    method: str
+    workflow: str | None = None
+    job: str | None = None
+    step: str | None = None
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A step's place in the queue, and what it was given."""
+
+    placement: Placement
+    info: StepInfo
+    woken: trio.Event = field(default_factory=trio.Event)
+    member: Member | None = None
+    dispatch_id: str | None = None
+    failure: SwampError | None = None
+    queue_id: str | None = None  # set when it had to wait (it has a record)
+    queued_at: float = 0.0  # epoch seconds, when it started waiting
+
+
+class DispatchQueue:
+    def __init__(
+        self,
+        pool: Pool,
+        store: Datastore,
+        *,
+        clock=time.time,
+        max_waiting: int = MAX_WAITING,
+        observe: Callable[[str, float], None] = lambda what, value: None,
+    ) -> None:
+        self.pool = pool
+        self.waiting = WaitingQueue()
+        self.pending = PendingBook(store, clock=clock)
+        self.tokens = TokenBook(store, clock=clock)
+        self.writer = WriteBehind("queue episodes", limit=4 * max_waiting)
+        self.clock = clock
+        self.max_waiting = max_waiting
+        self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
+        pool.listener = self.member_changed
+
+    def __repr__(self) -> str:
+        return f"<DispatchQueue {self.waiting!r}>"
+
+    # -- a step acquires a worker ------------------------------------------------------------
+
+    async def acquire(
+        self, placement: Placement, info: StepInfo, *, deadline: float | None, emit: Emit
+    ) -> Ticket:
+        """Wait for a free worker matching ``placement`` until ``deadline`` (trio time;
+        ``None``: forever). Returns the ticket with its member, whose slot is reserved for
+        ``ticket.dispatch_id``; the caller must release it (``Pool.release``)."""
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(
+                f"{len(self.waiting)} steps are already waiting for workers (the most this "
+                "orchestrator holds); retry later, or add workers"
+            )
+        ticket = Ticket(placement, info)
+        step = WaitingStep(Requirement.of(placement), ticket=ticket)
+        self.waiting.add(step)
+        self._hand_out(assign(self.waiting, self.pool.index, [step.requirement]))
+        if ticket.member is not None:
+            return ticket
+        gone = self.never_returns(placement)
+        if gone is not None:
+            self.waiting.discard(step)
+            raise NoMatchingWorker(gone)
+        self._start_waiting(ticket, emit)
+        await safe_emit(
+            emit,
+            Queued(
+                requirement=placement.describe(),
+                queue_id=ticket.queue_id,
+                detail=self._why_target_waits(placement),
+            ).to_json(),
+        )
+        try:
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await ticket.woken.wait()
+        except BaseException:  # cancelled: whoever waited for it has gone
+            self._stop_waiting(step, ticket, PendingState.CANCELLED)
+            raise
+        if ticket.member is not None:  # assigned, even if its deadline passed meanwhile
+            self._ended(ticket, PendingState.DISPATCHED, dispatch_id=ticket.dispatch_id)
+            self.observe("waited", self.clock() - ticket.queued_at)
+            return ticket
+        if ticket.failure is not None:
+            self._ended(ticket, PendingState.CANCELLED, reason=ticket.failure.message)
+            raise ticket.failure
+        self._stop_waiting(step, ticket, PendingState.TIMED_OUT)
+        self.observe("timed_out", 1)
+        raise QueueTimeout(
+            f"timed out waiting for a worker matching {placement.describe()} to become available"
+        )
+
+    def _start_waiting(self, ticket: Ticket, emit: Emit) -> None:
+        ticket.queue_id = uuid.uuid4().hex
+        ticket.queued_at = self.clock()
+        placement, info = ticket.placement, ticket.info
+        attrs = {
+            "queueId": ticket.queue_id,
+            "requirement": requirement_text(placement.to_json()),
+            **placement.to_json(),
+            "modelType": info.model_type,
+            "modelName": info.model_name,
+            "methodName": info.method,
+            "queuedAt": iso(ticket.queued_at),
+        }
+        for field_name, value in (
+            ("workflowName", info.workflow),
+            ("jobName", info.job),
+            ("stepName", info.step),
+        ):
+            if value:
+                attrs[field_name] = value
+        self.writer.put(f"queue episode {ticket.queue_id}", lambda: self.pending.enqueue(attrs))
+
+    def _stop_waiting(self, step: WaitingStep, ticket: Ticket, state: PendingState) -> None:
+        """It leaves the queue unassigned; a slot handed out in the same instant goes back."""
+        self.waiting.discard(step)
+        if ticket.member is not None:
+            self.pool.release(ticket.member, ticket.dispatch_id)
+            ticket.member = None
+        self._ended(ticket, state)
+
+    def _ended(self, ticket: Ticket, state: PendingState, **details) -> None:
+        queue_id = ticket.queue_id
+        if queue_id is not None:
+            self.writer.put(
+                f"queue episode {queue_id} as {state.value}",
+                lambda: self.pending.end(queue_id, state, **details),
+            )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def member_changed(self, member: Member) -> None:
+        """The pool changed around ``member`` (called synchronously by the pool)."""
+        if not len(self.waiting):
+            return
+        try:
+            slots = self.pool.index.get(member.name)
+            if slots is not None and self.pool.get(member.name) is member and slots.free > 0:
+                self._hand_out(
+                    assign(self.waiting, self.pool.index, requirements_of(slots, self.waiting))
+                )
+            if not member.connected:
+                self._fail_unreachable(member)
+        except Exception:  # a bug here must not break the gateway or a dispatch's cleanup
+            log.exception("the queue failed to handle a change of worker %s", member.name)
+
+    def _hand_out(self, assignments) -> None:
+        for assignment in assignments:
+            ticket: Ticket = assignment.step.ticket
+            member = self.pool.members[assignment.worker]
+            ticket.dispatch_id = uuid.uuid4().hex
+            ticket.member = member
+            self.pool.reserve(member, ticket.dispatch_id, indexed=True)
+            ticket.woken.set()
+
+    def _fail_unreachable(self, member: Member) -> None:
+        """Steps targeting a member whose token is dead fail now, not at their deadline."""
+        for requirement in list(self.waiting.groups):
+            if requirement.target not in (member.name, member.instance_id):
+                continue
+            gone = self.never_returns(Placement(target=requirement.target))
+            if gone is None:
+                continue
+            while (step := self.waiting.head(requirement)) is not None:
+                self.waiting.pop(requirement)
+                step.ticket.failure = NoMatchingWorker(gone)
+                step.ticket.woken.set()
+
+    def never_returns(self, placement: Placement) -> str | None:
+        """Why a targeted worker can never come back (its token is dead), or ``None``."""
+        if not placement.target:
+            return None
+        member = self.pool.resolve(placement.target)
+        if member is None or member.connected:
+            return None
+        token = self.tokens.get(member.token_name)
+        now = self.clock()
+        if token is None or not token.live(now):
+            state = token.effective_state(now).value if token else "deleted"
+            return (
+                f"its target {member.name!r} can never return: token {member.token_name!r} "
+                f"has been {state}"
+            )
+        return None
+
+    def _why_target_waits(self, placement: Placement) -> str | None:
+        member = self.pool.resolve(placement.target) if placement.target else None
+        if member is None:
+            return None
+        if not member.connected:
+            return (
+                f"worker {member.name!r} is disconnected (it keeps its place for the grace "
+                "window); the step runs when it is back"
+            )
+        if member.status == WorkerStatus.UNVERIFIED.value:
+            return (
+                f"worker {member.name!r} is unverified ({member.verify_failure_reason}); the "
+                f"step runs if it passes: see 'swamp worker verify {member.name}'"
+            )
+        return None
+
+    # -- the demand view ---------------------------------------------------------------------
+
+    def items(self) -> list[QueueItem]:
+        now = self.clock()
+        out = []
+        for step in self.waiting.waiting():
+            ticket: Ticket = step.ticket
+            if ticket.queue_id is None:
+                continue  # being assigned in this very instant: it never waited
+            info, placement = ticket.info, ticket.placement
+            out.append(
+                QueueItem(
+                    queue_id=ticket.queue_id,
+                    requirement=requirement_text(placement.to_json()),
+                    placement=PlacementSpec.decode(placement.to_json()),
+                    model_type=info.model_type,
+                    model_name=info.model_name,
+                    method_name=info.method,
+                    workflow_name=info.workflow,
+                    job_name=info.job,
+                    step_name=info.step,
+                    queued_at=iso(ticket.queued_at),
+                    age_ms=max(0, round((now - ticket.queued_at) * 1000)),
+                )
+            )
+        return out
+
+    def supply(self, placement: Placement) -> tuple[int, int]:
+        return self.pool.index.supply(Requirement.of(placement))
+
+    def oldest_wait(self) -> dict[str, float]:
+        """Seconds the oldest step of each requirement has waited (for /metrics)."""
+        now = self.clock()
+        out: dict[str, float] = {}
+        for step in self.waiting.waiting():
+            ticket: Ticket = step.ticket
+            if ticket.queue_id is None:
+                continue
+            text = requirement_text(ticket.placement.to_json())
+            out.setdefault(text, now - ticket.queued_at)
+        return out
