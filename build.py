@@ -6,6 +6,7 @@
                                # fast loop: the pure core, the store, the protocol; seconds)
     python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
     python3 build.py bench     # run the dispatch benchmark
+    python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
     python3 build.py soak      # steps over a fleet under SIGKILLs and a restart (minutes)
     python3 build.py lock      # refresh constraints.txt from a clean resolve
 
@@ -90,6 +91,8 @@ def main(argv: list[str]) -> int:
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
+    if task == "bench-queue":
+        return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
     if task == "soak":
         return run(str(ROOT / "bench" / "soak.py"), *rest)
     print(f"unknown task {task!r}\n{__doc__}", file=sys.stderr)

@@ -40,6 +40,7 @@ from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore
 
 log = logging.getLogger("swamp.dispatch")
+BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
 __all__ = ["DispatchService", "RunRequest", "run_here", "Emit"]
 
 
@@ -169,7 +170,7 @@ class DispatchService:
             request.step,
         )
         step_id = uuid.uuid4().hex
-        attempt = 0
+        attempt = busy = 0
         while True:
             ticket = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
             member, dispatch_id = ticket.member, ticket.dispatch_id
@@ -208,7 +209,11 @@ class DispatchService:
                 # deadline (or its reaper's) kills the first copy before this one can start.
                 await trio.sleep(self.fence_seconds)
             else:
+                # The worker counted a slot we think is free (one still letting go of a
+                # cancelled dispatch): back off a little, so the same answer cannot spin.
+                busy += 1
                 log.info("worker %s had no free slot: queueing the step again", member.name)
+                await trio.sleep(min(BUSY_BACKOFF_CAP, BUSY_BACKOFF * 2 ** (busy - 1)))
 
     def _set_busy(self, member: Member) -> None:
         if member.status != WorkerStatus.BUSY.value:

@@ -64,6 +64,7 @@ class Session:
         self.reporter = reporter
         self.reaper = reaper
         self.enrollment: Enrollment | None = None
+        self._enrolled = trio.Event()
         self.active = 0
         self.completed = 0
         self.channel: RpcChannel | None = None
@@ -125,6 +126,7 @@ class Session:
             reply.reconnect,
             max(1, min(reply.capacity, self.config.concurrency)),
         )
+        self._enrolled.set()
         if reply.heartbeat_seconds > 0:
             channel.heartbeat = reply.heartbeat_seconds
         if self.reaper is not None:  # frozen as long as the orchestrator would drop us
@@ -142,8 +144,15 @@ class Session:
     # -- dispatches -------------------------------------------------------------------------
 
     async def _handle(self, call: IncomingCall):
-        if call.method != "worker.dispatch" or self.enrollment is None:
+        if call.method != "worker.dispatch":
             raise UnknownMethod(f"unknown method {call.method!r}")
+        if self.enrollment is None:
+            # A step that waited for this worker is sent right behind the enrollment reply:
+            # its frame can be read before the task that asked to enroll has taken the answer.
+            with trio.move_on_after(ENROLL_TIMEOUT):
+                await self._enrolled.wait()
+            if self.enrollment is None:
+                raise UnknownMethod("worker.dispatch before enrollment")
         request = DispatchRequest.decode(call.params)
         capacity = self.enrollment.capacity
         if request.takes_slot and self.active >= capacity:

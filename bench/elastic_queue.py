@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Queue benchmark: the scheduling decision, wake on enrollment, and a backlog drained.
+
+- **decision**: one step placed by the pure assignment (``assign`` over the pool index, slot
+  taken, then released) in pools of 100, 1,000 and 10,000 workers (4 slots each, labels
+  ``fleet``, ``zone`` and, on 1 %, ``gpu``), for a fleet-wide and a rare requirement;
+- **wake on enroll**: a step waits for a label nobody has; a worker with that label enrolls;
+  the time from the enrollment reply reaching the worker to the dispatch frame reaching it
+  (a real ``swamp serve``; the worker is spoken by this process, so both ends are timed on one
+  clock);
+- **backlog**: 10,000 waiting ``swamp/echo`` steps, then 8 ``swamp worker connect`` × 4 slots
+  start and drain it: dispatches per second, and the orchestrator's RSS with the backlog queued.
+
+Prints one JSON object.
+
+    python3 build.py bench-queue [--rounds 50] [--backlog 10000] [--workers 8] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import trio
+from trio_websocket import open_websocket_url
+
+from swamp import __version__
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.client import connect
+from swamp.domain.placement import Placement
+from swamp.domain.queue import WaitingQueue, WaitingStep
+from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign
+from swamp.processes import start_serve, start_worker, stop_all
+from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.protocol.messages import DispatchResult, EnrollRequest
+from swamp.protocol.rpc import IncomingCall, RpcChannel
+from swamp.protocol.transport import WebSocketTransport
+from swamp.repo import Repo
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+# -- the decision ---------------------------------------------------------------------------------
+
+
+def decisions(sizes=(100, 1_000, 10_000), rounds: int = 20_000) -> dict:
+    rng = random.Random(1)
+    out = {}
+    for size in sizes:
+        index = PoolIndex()
+        for i in range(size):
+            labels = {"fleet": "pool", "zone": f"z{i % 4}"}
+            if i % 100 == 0:
+                labels["gpu"] = "true"
+            index.put(
+                Slots(
+                    f"w{i:05d}", str(uuid.uuid4()), labels, "linux", "x86_64", 4, rng.randint(0, 3)
+                )
+            )
+        out[size] = {}
+        for what, placement in (
+            ("fleet", Placement(labels={"fleet": "pool"})),
+            ("gpu_in_zone", Placement(labels={"gpu": "true", "zone": "z0"})),
+        ):
+            queue = WaitingQueue()
+            timings = []
+            for _ in range(rounds):
+                step = WaitingStep(Requirement.of(placement))
+                started = time.perf_counter()
+                queue.add(step)
+                [assignment] = assign(queue, index, [step.requirement])
+                timings.append((time.perf_counter() - started) * 1e6)
+                index.release(assignment.worker)  # keep the pool as it was
+            out[size][what] = {
+                "p50_us": round(percentile(timings, 50), 2),
+                "p99_us": round(percentile(timings, 99), 2),
+            }
+    return out
+
+
+# -- wake on enroll -------------------------------------------------------------------------------
+
+
+async def wake_on_enroll(url: str, admin: str, token: str, rounds: int) -> dict:
+    latencies = []
+    async with connect(url, server_token=admin) as channel:
+        for i in range(rounds):
+            latencies.append(await _wake_once(channel, url, token, f"r{i}"))
+    return {
+        "rounds": rounds,
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "max_ms": round(max(latencies), 3),
+    }
+
+
+async def _wake_once(channel: RpcChannel, url: str, token: str, label: str) -> float:
+    """One step waits for ``wake=label``; a worker with it enrolls: ms from its enrollment
+    reply to the dispatch frame."""
+    queued, got, finished = trio.Event(), trio.Event(), trio.Event()
+    times: dict[str, float] = {}
+
+    async def on_event(event: dict) -> None:
+        if event.get("kind") == "queued":
+            queued.set()
+
+    async def place() -> None:
+        params = {"model": "swamp/echo", "method": "echo", "placement": {"labels": {"wake": label}}}
+        result = await channel.call("model.method.run", params, timeout=60, on_event=on_event)
+        assert result["status"] == "succeeded", result
+        finished.set()
+
+    async def handle(call: IncomingCall):
+        times["dispatch"] = time.perf_counter()
+        got.set()
+        return DispatchResult(status="succeeded").to_json()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(place)
+        await queued.wait()
+        async with open_websocket_url(url) as ws:
+            worker = RpcChannel(WebSocketTransport(ws), handle, name="bench worker")
+            await nursery.start(worker.serve)
+            enroll = EnrollRequest(
+                token=token,
+                instance_id=str(uuid.uuid4()),
+                machine_id=f"bench-{label}",
+                protocol_version=PROTOCOL_VERSION,
+                platform="linux",
+                arch="x86_64",
+                version=__version__,
+                labels={"wake": label},
+            )
+            await worker.call("worker.enroll", enroll.to_json(), timeout=30)
+            times["enrolled"] = time.perf_counter()
+            await got.wait()
+            await finished.wait()  # the result got home before this worker leaves
+            await worker.close()
+    return (times["dispatch"] - times["enrolled"]) * 1000
+
+
+# -- a backlog ------------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def backlog(url, admin, token, serve_pid, args, env, procs, root) -> dict:
+    params = {"model": "swamp/echo", "method": "echo", "placement": {"labels": {"drain": "yes"}}}
+    done = 0
+    first: float | None = None
+    last = 0.0
+
+    async def client(count: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal done, first, last
+        async with connect(url, server_token=admin) as channel:
+            await channel.call("server.info", {})  # an admin socket now: 64 calls in flight
+            task_status.started()  # one socket at a time: fewer than 128 are ever pending
+
+            async def one() -> None:
+                nonlocal done, first, last
+                result = await channel.call("model.method.run", params, timeout=None)
+                assert result["status"] == "succeeded", result
+                now = time.perf_counter()
+                first = now if first is None else first
+                last, done = now, done + 1
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(one)
+
+    rss_before = rss_kib(serve_pid)
+    per_socket = 60  # under an admin socket's 64 requests in flight
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as clients:
+            left = args.backlog
+            while left:
+                await clients.start(client, min(per_socket, left))
+                left -= min(per_socket, left)
+            async with connect(url, server_token=admin) as channel:
+                with trio.fail_after(300):
+                    while (await channel.call("server.info", {}))["waitingSteps"] < args.backlog:
+                        await trio.sleep(0.2)
+            queued_at = time.perf_counter()
+            rss_queued = rss_kib(serve_pid)
+            for i in range(args.workers):
+                worker, reader = await start_worker(
+                    url, token, "--label", "drain=yes", "--concurrency", str(args.concurrency),
+                    "--cache-dir", str(root / f"drain-{i}"), env=env,
+                )  # fmt: skip
+                procs.append(worker)
+                outer.start_soon(reader.drain)
+        outer.cancel_scope.cancel()  # every step is back: stop reading the workers
+    return {
+        "steps": done,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "orchestrator_rss_mib_before": round(rss_before / 1024, 1),
+        "orchestrator_rss_mib_with_backlog": round(rss_queued / 1024, 1),
+        "seconds_from_first_to_last": round(last - first, 2),
+        "dispatches_per_second": round((done - 1) / (last - first), 1),
+        "seconds_from_workers_started": round(last - queued_at, 2),
+    }
+
+
+async def main(args) -> dict:
+    result: dict = {"decision": decisions()}
+    root = Path(tempfile.mkdtemp(prefix="swamp-bench-queue-"))
+    repo, _ = Repo.init(root / "repo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    procs: list = []
+    try:
+        serve, lines, url = await start_serve(
+            repo.root,
+            env=env,
+            stderr=open(root / "serve.log", "wb"),  # noqa: SIM115
+        )
+        procs.append(serve)
+        store = repo.open_store()
+        _, token = TokenBook(store).mint(
+            "bench", duration_seconds=3600, max_enrollments="unlimited"
+        )
+        store.close()
+        admin = repo.admin_credential_for(url)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lines.drain)
+            result["wake_on_enroll"] = await wake_on_enroll(url, admin, token, args.rounds)
+            result["backlog"] = await backlog(url, admin, token, serve.pid, args, env, procs, root)
+            nursery.cancel_scope.cancel()
+        return result
+    finally:
+        await stop_all(procs)
+        if os.environ.get("SWAMP_BENCH_KEEP"):
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
