@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from swamp.bookkeeping.records import decoded, has_fields
+from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.models.builtin import STEP_LEASE
@@ -81,10 +81,6 @@ class LeaseBook:
     def collect(self, *, older_than_seconds: float) -> int:
         """Delete ended leases whose end is older than the retention (the store stays bounded)."""
         cutoff = iso(self.clock() - older_than_seconds)
-        stale = [
-            r.key
-            for r in self.store.latest_of_type(TYPE, model_name=INSTANCE)
-            if r.attributes.get("state") != LeaseState.ACTIVE.value
-            and r.attributes.get("endedAt", "") < cutoff
-        ]
-        return self.store.delete_items(stale) if stale else 0
+        return collect_ended(
+            self.store, TYPE, INSTANCE, open_state=LeaseState.ACTIVE.value, cutoff=cutoff
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from swamp.bookkeeping.records import decoded, has_fields
+from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import queue as rules
 from swamp.domain.queue import PendingState
 from swamp.models.builtin import PENDING_DISPATCH
@@ -82,10 +82,6 @@ class PendingBook:
     def collect(self, *, older_than_seconds: float) -> int:
         """Delete ended episodes whose end is older than the retention (bounded, like leases)."""
         cutoff = iso(self.clock() - older_than_seconds)
-        stale = [
-            r.key
-            for r in self.store.latest_of_type(TYPE, model_name=INSTANCE)
-            if r.attributes.get("state") != PendingState.WAITING.value
-            and r.attributes.get("endedAt", "") < cutoff
-        ]
-        return self.store.delete_items(stale) if stale else 0
+        return collect_ended(
+            self.store, TYPE, INSTANCE, open_state=PendingState.WAITING.value, cutoff=cutoff
+        )

@@ -102,3 +102,14 @@ def test_secrets_never_cross_a_network_in_clear_without_insecure(url, data_plane
 def test_loopback_needs_no_tls():
     for url in ("ws://127.0.0.1:1", "ws://localhost:1", "ws://[::1]:1", "ws://127.0.0.2:1"):
         assert WorkerConfig(url=url, token="t.s")
+
+
+def test_concurrency_is_a_number_or_auto_for_the_cpu_count():
+    import os
+
+    from swamp.worker.config import parse_concurrency
+
+    assert parse_concurrency("4") == 4
+    assert parse_concurrency(" AUTO ") == parse_concurrency("auto") == max(1, os.cpu_count() or 1)
+    with pytest.raises(UserError, match="SWAMP_WORKER_CONCURRENCY"):
+        parse_concurrency("lots")

@@ -1,0 +1,185 @@
+"""The queue service in-process: a real datastore and pool, members whose sockets are stand-ins.
+A waiting step is woken by the pool event itself; timeouts, cancellation and a dead target end
+its episode as the records say."""
+
+import uuid
+
+import pytest
+import trio
+import trio.testing
+
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.placement import Placement
+from swamp.errors import NoMatchingWorker, QueueTimeout
+from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.queue import DispatchQueue, StepInfo
+from swamp.store.datastore import Datastore
+
+
+class Socket:
+    """What the pool asks of a member's channel: is it open?"""
+
+    closed = False
+
+
+def member(name, *, labels=None, capacity=1, token="t"):
+    return Member(
+        name=name,
+        instance_id=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+        machine_id=name,
+        token_name=token,
+        labels=labels or {},
+        platform="linux",
+        arch="x86_64",
+        capacity=capacity,
+        version="1",
+        channel=Socket(),
+    )
+
+
+INFO = StepInfo("command/shell", "default", "run")
+
+
+async def ignore(event):
+    return None
+
+
+@pytest.fixture
+async def queue(tmp_path):
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    pool = Pool()
+    service = DispatchQueue(pool, store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.writer.run)
+        yield service
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+async def episodes(queue):
+    await queue.writer.settled()
+    return {
+        a["queueId"]: a
+        for a in (
+            r.attributes for r in queue.pending.store.latest_of_type("swamp/pending-dispatch")
+        )
+    }
+
+
+async def test_a_free_worker_takes_the_step_at_once_and_leaves_no_record(queue):
+    w = member("w", labels={"gpu": "true"})
+    queue.pool.put(w)
+    ticket = await queue.acquire(
+        Placement(labels={"gpu": "true"}), INFO, deadline=None, emit=ignore
+    )
+    assert ticket.member is w and ticket.queue_id is None and w.active == {ticket.dispatch_id}
+    assert await episodes(queue) == {}
+
+
+async def test_an_enrollment_wakes_the_waiting_step_in_the_same_event(queue):
+    got = []
+
+    async def wait() -> None:
+        got.append(
+            await queue.acquire(Placement(labels={"gpu": "true"}), INFO, deadline=None, emit=ignore)
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(queue.waiting) == 1 and [i.requirement for i in queue.items()] == ["gpu=true"]
+        queue.pool.put(member("plain"))  # matches nothing: still waiting
+        assert len(queue.waiting) == 1
+        gpu = member("gpu", labels={"gpu": "true"})
+        queue.pool.put(gpu)
+        assert len(queue.waiting) == 0 and len(gpu.active) == 1  # decided in the event itself
+    [ticket] = got
+    assert ticket.member is gpu
+    [episode] = (await episodes(queue)).values()
+    assert episode["state"] == "dispatched" and episode["dispatchId"] == ticket.dispatch_id
+
+
+async def test_a_freed_slot_goes_to_the_oldest_waiting_step(queue):
+    w = member("w", capacity=1)
+    queue.pool.put(w)
+    first = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
+    order = []
+
+    async def wait(n) -> None:
+        ticket = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
+        order.append(n)
+        queue.pool.release(w, ticket.dispatch_id)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(3):
+            nursery.start_soon(wait, n)
+            await trio.testing.wait_all_tasks_blocked()
+        queue.pool.release(w, first.dispatch_id)
+    assert order == [0, 1, 2] and w.active == set()
+
+
+async def test_the_deadline_fails_the_step_and_ends_its_episode(queue):
+    with pytest.raises(QueueTimeout, match="matching labels zone=mars to become available"):
+        await queue.acquire(
+            Placement(labels={"zone": "mars"}),
+            INFO,
+            deadline=trio.current_time() + 0.05,
+            emit=ignore,
+        )
+    assert len(queue.waiting) == 0
+    assert [e["state"] for e in (await episodes(queue)).values()] == ["timed_out"]
+
+
+async def test_a_cancelled_wait_leaves_the_queue_and_takes_no_slot(queue):
+    with trio.move_on_after(0.05):
+        await queue.acquire(Placement(labels={"gpu": "true"}), INFO, deadline=None, emit=ignore)
+    assert len(queue.waiting) == 0
+    gpu = member("gpu", labels={"gpu": "true"})
+    queue.pool.put(gpu)
+    assert gpu.active == set()  # nothing was dispatched later
+    assert [e["state"] for e in (await episodes(queue)).values()] == ["cancelled"]
+
+
+async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
+    TokenBook(queue.pending.store).mint("t", duration_seconds=3600)
+    w = member("w", token="t")
+    queue.pool.put(w)
+    busy = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
+    failures = []
+
+    async def wait() -> None:
+        try:
+            await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
+        except NoMatchingWorker as exc:
+            failures.append(exc.message)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        TokenBook(queue.pending.store).revoke("t")
+        w.channel = None  # its socket is cut off
+        queue.pool.refresh(w)
+    assert failures and "can never return" in failures[0] and "revoked" in failures[0]
+    queue.pool.release(w, busy.dispatch_id)
+
+
+def test_ended_episodes_are_collected_and_waiting_ones_orphaned_at_boot(tmp_path):
+    from swamp.bookkeeping.pending import PendingBook
+    from swamp.domain.queue import PendingState
+
+    store = Datastore(tmp_path / "swamp.db")
+    now = [1_000_000.0]
+    book = PendingBook(store, clock=lambda: now[0])
+    for queue_id in ("old", "new", "still"):
+        book.enqueue({"queueId": queue_id, "queuedAt": "2026-01-01T00:00:00.000Z"})
+    book.end("old", PendingState.DISPATCHED, dispatch_id="d1")
+    now[0] += 7200
+    book.end("new", PendingState.TIMED_OUT)
+    assert book.collect(older_than_seconds=3600) > 0  # "old" ended two hours ago
+    assert book.reconcile() == 1  # "still" was waiting when the orchestrator died
+    states = {
+        a["queueId"]: a["state"]
+        for a in (r.attributes for r in store.latest_of_type("swamp/pending-dispatch"))
+    }
+    assert states == {"new": "timed_out", "still": "orphaned"}
+    store.close()
