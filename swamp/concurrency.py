@@ -28,6 +28,9 @@ async def open_unwrapping_nursery() -> AsyncIterator[trio.Nursery]:
             yield nursery
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
+        interrupt = next((e for e in leaves if isinstance(e, KeyboardInterrupt)), None)
+        if interrupt is not None:  # Ctrl-C wins over whatever it broke on its way
+            raise interrupt from None
         real = [e for e in leaves if not isinstance(e, trio.Cancelled)]
         if len(real) == 1:
             raise real[0] from None

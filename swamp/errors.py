@@ -74,6 +74,12 @@ class UnknownModel(UserError):
     code = "unknown_model"
 
 
+class ExpressionError(UserError):
+    """A ``${{ … }}`` expression that does not parse, or cannot be evaluated."""
+
+    code = "invalid_expression"
+
+
 class UnknownMethod(UserError):
     """No such method: of a model type, or of the wire protocol."""
 

@@ -12,6 +12,7 @@ from swamp.protocol.messages import (
     MethodRunRequest,
     QueryReply,
     QueueReply,
+    RunRef,
     RunResult,
     TokenCreateRequest,
     TokenItem,
@@ -21,6 +22,13 @@ from swamp.protocol.messages import (
     VerifyRequest,
     WorkerListReply,
     WorkerListRequest,
+    WorkflowHistoryReply,
+    WorkflowListReply,
+    WorkflowRequest,
+    WorkflowRunReply,
+    WorkflowRunRequest,
+    WorkflowShowReply,
+    WorkflowValidateReply,
 )
 
 EventSink = Callable[[dict], Awaitable[None]]
@@ -48,6 +56,22 @@ class AdminApi(Protocol):
         self, request: MethodRunRequest, on_event: EventSink | None = None
     ) -> RunResult: ...
 
+    async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply: ...
+
+    async def workflow_show(self, request: WorkflowRequest) -> WorkflowShowReply: ...
+
+    async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply: ...
+
+    async def workflow_run(
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None
+    ) -> WorkflowRunReply: ...
+
+    async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply: ...
+
+    async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply: ...
+
+    async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply: ...
+
 
 #: wire method → (API method, request message). The server's admin frames are exactly these.
 OPERATIONS: dict[str, tuple[str, type[Message]]] = {
@@ -57,6 +81,13 @@ OPERATIONS: dict[str, tuple[str, type[Message]]] = {
     "worker.list": ("worker_list", WorkerListRequest),
     "worker.verify": ("worker_verify", VerifyRequest),
     "worker.queue.list": ("worker_queue", Empty),
+    "workflow.list": ("workflow_list", Empty),
+    "workflow.show": ("workflow_show", WorkflowRequest),
+    "workflow.validate": ("workflow_validate", WorkflowRequest),
+    "workflow.run": ("workflow_run", WorkflowRunRequest),
+    "workflow.history": ("workflow_history", WorkflowRequest),
+    "workflow.history.get": ("workflow_history_get", RunRef),
+    "workflow.cancel": ("workflow_cancel", RunRef),
     "data.query": ("data_query", DataQueryRequest),
     "model.method.run": ("method_run", MethodRunRequest),
 }

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import os
 import time
+import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+
+import trio
 
 from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
+from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.claims import ClaimPolicy
 from swamp.domain.durations import parse_duration
@@ -30,7 +34,7 @@ from swamp.domain.queue import parse_queue_timeout, requirement_text
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
-from swamp.errors import NeedsOrchestrator, NotFound, UserError
+from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
 from swamp.orchestrator.verification import Verifier
@@ -46,6 +50,7 @@ from swamp.protocol.messages import (
     QueueReply,
     QueueSummary,
     RecordItem,
+    RunRef,
     RunResult,
     ServerTokenItem,
     ServerTokenListReply,
@@ -58,10 +63,19 @@ from swamp.protocol.messages import (
     VerifyRequest,
     WorkerListReply,
     WorkerListRequest,
+    WorkflowHistoryReply,
+    WorkflowListReply,
+    WorkflowRequest,
+    WorkflowRunReply,
+    WorkflowRunRequest,
+    WorkflowShowReply,
+    WorkflowValidateReply,
 )
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.retry import retry_busy
+from swamp.workflows.engine import Engine, Host, check_inputs
+from swamp.workflows.loader import Workflows
 
 EventSink = Callable[[dict], Awaitable[None]]
 
@@ -87,6 +101,7 @@ class RepoAdmin:
         self.gateway = gateway
         self.dispatch = dispatch
         self.verifier = verifier
+        self._engine: Engine | None = None
         self._registry = registry
         self.tokens = TokenBook(store, clock=clock)
         self.clock = clock
@@ -204,6 +219,135 @@ class RepoAdmin:
             items = [_queue_item(a, now) for a in PendingBook(self.store).waiting()]
             supply = _record_supply(WorkerBook(self.store).all())
         return QueueReply(items=items, summary=_summarize(items, supply))
+
+    # -- workflows -----------------------------------------------------------------------------
+
+    @property
+    def workflows(self) -> Workflows:
+        return self.engine.workflows
+
+    @property
+    def engine(self) -> Engine:
+        """One per orchestrator (its live runs can be cancelled), or per CLI process."""
+        if self._engine is None:
+            if self.dispatch is not None:
+                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
+            else:
+                host = Host(run_step=self._run_here, placed=False)
+            self._engine = Engine(Workflows(self.repo, self.registry), self.store, host)
+        return self._engine
+
+    def _connected(self, selector: dict) -> list[dict]:
+        """``workers.connected(selector)``: the schedulable workers whose labels match."""
+        check_labels({k: str(v) for k, v in selector.items()}, source="workers.connected()")
+        out = []
+        for member in sorted(self.gateway.pool.members.values(), key=lambda m: m.name):
+            if not member.connected or not is_schedulable(member.status):
+                continue
+            if any(member.labels.get(k) != str(v) for k, v in selector.items()):
+                continue
+            out.append(
+                {
+                    "name": member.name,
+                    "labels": dict(member.labels),
+                    "platform": member.platform,
+                    "arch": member.arch,
+                    "capacity": member.capacity,
+                    "freeSlots": member.capacity - len(member.active),
+                    "status": member.status,
+                }
+            )
+        return out
+
+    async def _run_here(self, run: RunRequest, emit: EventSink) -> RunResult:
+        model_type = self.registry.runnable(run.model.type)
+        args = model_type.method(run.method).validate({**run.model.args, **run.args})
+        outcome = await run_here(self.store, model_type, run, args, emit, env=dict(os.environ))
+        return RunResult(
+            status=outcome.status,
+            model=run.model.name,
+            model_type=model_type.type,
+            method=run.method,
+            duration_ms=outcome.duration_ms,
+            outputs=outcome.outputs,
+            error=outcome.error,
+            result=outcome.result,
+        )
+
+    async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply:
+        items = []
+        for name in self.workflows.names():
+            loaded = self.workflows.read(name)
+            wf = loaded.workflow
+            items.append(
+                {
+                    "name": name,
+                    "description": wf.description if wf else "",
+                    "jobs": len(wf.jobs) if wf else 0,
+                    "steps": sum(len(j.steps) for j in wf.jobs) if wf else 0,
+                    "placed": wf.placed_steps() if wf else False,
+                    "problems": len(loaded.errors),
+                }
+            )
+        return WorkflowListReply(items)
+
+    async def workflow_show(self, request: WorkflowRequest) -> WorkflowShowReply:
+        name = _needs_name(request)
+        loaded = self.workflows.load(name)
+        raw = tomllib.loads((self.workflows.dir / f"{name}.toml").read_text(encoding="utf-8"))
+        return WorkflowShowReply(workflow=raw, problems=[_problem(p) for p in loaded.problems])
+
+    async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
+        names = [request.name] if request.name else self.workflows.names()
+        out = []
+        for name in names:
+            loaded = self.workflows.load(name)
+            out.append({"name": name, "problems": [_problem(p) for p in loaded.problems]})
+        passed = all(p["warning"] for w in out for p in w["problems"])
+        return WorkflowValidateReply(workflows=out, passed=passed)
+
+    async def workflow_run(
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None
+    ) -> WorkflowRunReply:
+        workflow = self.workflows.checked(request.name)
+        inputs = check_inputs(workflow, request.inputs)
+        timeout = parse_duration(request.timeout, what="--timeout") if request.timeout else None
+        if workflow.placed_steps() and self.dispatch is None:
+            raise NeedsOrchestrator(
+                f"workflow {request.name!r} has placed steps: run it through a running "
+                "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
+            )
+        record = await self.engine.run(workflow, inputs, on_event or _ignore, timeout=timeout)
+        return WorkflowRunReply(record)
+
+    async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
+        runs = RunBook(self.store).all(request.name)
+        return WorkflowHistoryReply([_run_summary(r) for r in runs])
+
+    async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
+        return WorkflowRunReply(RunBook(self.store).get(request.run))
+
+    async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
+        run = RunBook(self.store).get(request.run)
+        if run["status"] != "running":
+            raise Conflict(f"workflow run {run['runId'][:12]} has already ended: {run['status']}")
+        if self.dispatch is None:
+            raise NeedsOrchestrator(
+                "a running workflow is cancelled by the orchestrator that runs it: pass "
+                "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
+            )
+        reason = request.reason or "cancelled by 'swamp workflow cancel'"
+        if not self.engine.cancel(run["runId"], reason):
+            raise Conflict(
+                f"workflow run {run['runId'][:12]} is not running in this orchestrator "
+                "(it ended with the one that ran it; its restart marks it failed)"
+            )
+        for _ in range(100):  # the run saves itself cancelled as its scope unwinds
+            run = RunBook(self.store).get(run["runId"])
+            if run["status"] != "running":
+                break
+            await trio.sleep(0.05)
+        return WorkflowRunReply(run)
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -327,3 +471,27 @@ def _summarize(
             )
         )
     return out
+
+
+def _needs_name(request: WorkflowRequest) -> str:
+    if not request.name:
+        raise UserError("name a workflow: see 'swamp workflow list'")
+    return request.name
+
+
+def _problem(problem) -> dict:
+    return {"place": problem.place, "message": problem.message, "warning": problem.warning}
+
+
+def _run_summary(run: dict) -> dict:
+    steps = [s for j in run.get("jobs", []) for s in j.get("steps", [])]
+    return {
+        "runId": run["runId"],
+        "workflow": run["workflow"],
+        "status": run["status"],
+        "startedAt": run["startedAt"],
+        "endedAt": run.get("endedAt"),
+        "error": run.get("error"),
+        "steps": len(steps),
+        "succeeded": sum(1 for s in steps if s.get("status") == "succeeded"),
+    }

@@ -22,6 +22,7 @@ from swamp.protocol.messages import (
     MethodRunRequest,
     QueryReply,
     QueueReply,
+    RunRef,
     RunResult,
     TokenCreateRequest,
     TokenItem,
@@ -31,6 +32,13 @@ from swamp.protocol.messages import (
     VerifyRequest,
     WorkerListReply,
     WorkerListRequest,
+    WorkflowHistoryReply,
+    WorkflowListReply,
+    WorkflowRequest,
+    WorkflowRunReply,
+    WorkflowRunRequest,
+    WorkflowShowReply,
+    WorkflowValidateReply,
 )
 from swamp.protocol.rpc import RpcChannel
 
@@ -95,6 +103,31 @@ class RemoteAdmin:
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply:
         return await self._call("data.query", request, QueryReply)
+
+    async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply:
+        return await self._call("workflow.list", request, WorkflowListReply)
+
+    async def workflow_show(self, request: WorkflowRequest) -> WorkflowShowReply:
+        return await self._call("workflow.show", request, WorkflowShowReply)
+
+    async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
+        return await self._call("workflow.validate", request, WorkflowValidateReply)
+
+    async def workflow_run(
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None
+    ) -> WorkflowRunReply:
+        return await self._call(
+            "workflow.run", request, WorkflowRunReply, timeout=None, on_event=on_event
+        )
+
+    async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
+        return await self._call("workflow.history", request, WorkflowHistoryReply)
+
+    async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
+        return await self._call("workflow.history.get", request, WorkflowRunReply)
+
+    async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
+        return await self._call("workflow.cancel", request, WorkflowRunReply)
 
     async def method_run(
         self, request: MethodRunRequest, on_event: EventSink | None = None

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import typer
 
-from swamp.cli import data_cmd, demo_cmd, model_cmd, repo_cmd, serve_cmd, server_cmd, worker_cmd
+from swamp.cli import (
+    data_cmd,
+    demo_cmd,
+    model_cmd,
+    repo_cmd,
+    serve_cmd,
+    server_cmd,
+    worker_cmd,
+    workflow_cmd,
+)
 
 app = typer.Typer(
     name="swamp",
@@ -28,6 +37,7 @@ app.add_typer(worker_cmd.app, name="worker")
 app.add_typer(server_cmd.app, name="server")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(model_cmd.app, name="model")
+app.add_typer(workflow_cmd.app, name="workflow")
 
 
 @app.command("version", short_help="Print the version and protocol version.")

@@ -46,7 +46,7 @@ def lease_ending(end: EpisodeEnd) -> tuple[LeaseState, str | None]:
     if end.how is Ending.MALFORMED:
         return LeaseState.FAILED, "malformed result"
     if end.how is Ending.CANCELLED:
-        return LeaseState.FAILED, "dispatch cancelled"
+        return LeaseState.CANCELLED, "dispatch cancelled"
     return LeaseState.FAILED, end.reason or None
 
 

@@ -2,8 +2,9 @@
 
 ``active`` until the dispatch ends: ``completed`` (success), ``failed`` (the method failed, or the
 worker dropped after writing), ``expired`` (the worker dropped before writing, or the orchestrator
-restarted). ``hasWrites`` is set, durably, before the first write is persisted: it decides whether
-a lost dispatch may run again (no writes) or must fail (write-then-drop).
+restarted), ``cancelled`` (whoever ran the step went away, or cancelled its workflow run).
+``hasWrites`` is set, durably, before the first write is persisted: it decides whether a lost
+dispatch may run again (no writes) or must fail (write-then-drop).
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ class LeaseState(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     EXPIRED = "expired"
+    CANCELLED = "cancelled"
 
 
 LEASE_LIFECYCLE = Lifecycle(
     "a step lease",
     {
-        LeaseState.ACTIVE: {LeaseState.COMPLETED, LeaseState.FAILED, LeaseState.EXPIRED},
+        LeaseState.ACTIVE: {
+            LeaseState.COMPLETED,
+            LeaseState.FAILED,
+            LeaseState.EXPIRED,
+            LeaseState.CANCELLED,
+        },
         LeaseState.COMPLETED: set(),
         LeaseState.FAILED: set(),
         LeaseState.EXPIRED: set(),
+        LeaseState.CANCELLED: set(),
     },
 )
 

@@ -111,6 +111,13 @@ PENDING_DISPATCH = ModelType(
     resources=(ResourceSpec("dispatch", garbage_collection=10),),
 )
 
+WORKFLOW_RUN = ModelType(
+    "swamp/workflow-run",
+    methods=(),
+    internal=True,
+    resources=(ResourceSpec("run", garbage_collection=5),),
+)
+
 BUILTIN_TYPES = (
     SHELL,
     ECHO,
@@ -120,6 +127,7 @@ BUILTIN_TYPES = (
     WORKER,
     STEP_LEASE,
     PENDING_DISPATCH,
+    WORKFLOW_RUN,
 )
 
 

@@ -38,7 +38,7 @@ class Admin:
 
         async def handle(call: IncomingCall) -> dict:
             request = request_type.decode(call.params)
-            if name == "method_run":  # the one operation that streams events as it goes
+            if name in ("method_run", "workflow_run"):  # they stream events as they go
                 return (await operation(request, call.emit)).to_json()
             return (await operation(request)).to_json()
 

@@ -24,6 +24,7 @@ from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
@@ -56,6 +57,7 @@ CHECKPOINT_AFTER_WRITES = 1000
 CHECKPOINT_IDLE_SECONDS = 10
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
+RUN_RETENTION = 7 * 24 * 3600  # ended workflow runs are kept a week
 
 
 @dataclass
@@ -165,6 +167,7 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     retention together with their fleet bindings (which frees their slots on the token)."""
     removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
+    removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
     removed += store.collect_garbage()
     workers = WorkerBook(store)
     stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
@@ -291,14 +294,16 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         "leases": await retry_busy(LeaseBook(store).reconcile),
         "workers": await retry_busy(WorkerBook(store).reconcile),
         "queued": await retry_busy(PendingBook(store).reconcile),
+        "runs": await retry_busy(RunBook(store).reconcile),
     }
     if any(swept.values()):
         log.info(
             "boot reconciliation: expired %d lease(s), disconnected %d worker(s), orphaned %d "
-            "queued step(s)",
+            "queued step(s), failed %d interrupted workflow run(s)",
             swept["leases"],
             swept["workers"],
             swept["queued"],
+            swept["runs"],
         )
     queue_timeout = effective_timeout(
         None,

@@ -304,8 +304,50 @@ class Effects(Message):
     kind: Literal["effects"] = "effects"
 
 
-Event = LogLine | Dispatched | Redispatched | Queued | Started | Dropped | Effects
+@dataclass(frozen=True)
+class StepEvent(Message):
+    """A workflow run's step changed: ``what`` is started, queued, dispatched, redispatch, log,
+    succeeded, failed or skipped; ``detail`` is the requirement, the reason or the error."""
+
+    what: str
+    job: str
+    step: str
+    run_id: str
+    worker: str | None = None
+    detail: str | None = None
+    line: str | None = None
+    stream: str | None = None
+    kind: Literal["step"] = "step"
+
+
+@dataclass(frozen=True)
+class RunEvent(Message):
+    """A workflow run (or one of its jobs) started or ended."""
+
+    what: str  # started | finished | job_started | job_finished
+    run_id: str
+    workflow: str
+    job: str | None = None
+    status: str | None = None
+    detail: str | None = None
+    jobs: list[dict] = field(default_factory=list)  # with started: each job and its steps
+    kind: Literal["run"] = "run"
+
+
+Event = (
+    LogLine
+    | Dispatched
+    | Redispatched
+    | Queued
+    | Started
+    | Dropped
+    | Effects
+    | StepEvent
+    | RunEvent
+)
 _EVENTS = {
+    "step": StepEvent,
+    "run": RunEvent,
     "log": LogLine,
     "queued": Queued,
     "dispatched": Dispatched,
@@ -401,6 +443,57 @@ class Empty(Message):
 
 
 @dataclass(frozen=True)
+class WorkflowRequest(Message):
+    """A workflow by name (``None``: all of them, where that makes sense)."""
+
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowRunRequest(Message):
+    name: str
+    inputs: dict = field(default_factory=dict)
+    timeout: str | None = None  # the whole run, e.g. 30m
+
+
+@dataclass(frozen=True)
+class RunRef(Message):
+    """A workflow run by its id (or a unique prefix of it)."""
+
+    run: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowRunReply(Message):
+    """A run as recorded (``swamp/workflow-run``): status, inputs, each job and step."""
+
+    run: dict
+
+
+@dataclass(frozen=True)
+class WorkflowListReply(Message):
+    workflows: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkflowValidateReply(Message):
+    workflows: list[dict] = field(default_factory=list)  # {name, problems: [{place, message…}]}
+    passed: bool = True
+
+
+@dataclass(frozen=True)
+class WorkflowShowReply(Message):
+    workflow: dict
+    problems: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkflowHistoryReply(Message):
+    runs: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class QueueItem(Message):
     """A step waiting for a worker (``swamp worker queue``)."""
 
@@ -448,6 +541,13 @@ REQUESTS: dict[str, type[Message]] = {
     "data.query": DataQueryRequest,
     "worker.verify": VerifyRequest,
     "worker.queue.list": Empty,
+    "workflow.list": Empty,
+    "workflow.show": WorkflowRequest,
+    "workflow.validate": WorkflowRequest,
+    "workflow.run": WorkflowRunRequest,
+    "workflow.history": WorkflowRequest,
+    "workflow.history.get": RunRef,
+    "workflow.cancel": RunRef,
 }
 
 

@@ -55,6 +55,13 @@ def _describe(code: int | None, reason: str | None) -> str:
     return text + (f": {reason})" if reason else ")")
 
 
+def _closed(exc: trio_websocket.ConnectionClosed) -> str:
+    """Why a trio-websocket connection closed (it may have no close reason at all)."""
+    if exc.reason is None:
+        return _describe(1006, "")
+    return _describe(exc.reason.code, exc.reason.reason)
+
+
 class WebSocketTransport:
     """A trio-websocket client connection."""
 
@@ -65,7 +72,7 @@ class WebSocketTransport:
         try:
             await self.ws.send_message(text)
         except trio_websocket.ConnectionClosed as exc:
-            raise TransportClosed(_describe(exc.reason.code, exc.reason.reason)) from None
+            raise TransportClosed(_closed(exc)) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise TransportClosed(f"connection lost: {exc}") from None
 
@@ -73,7 +80,7 @@ class WebSocketTransport:
         try:
             message = await self.ws.get_message()
         except trio_websocket.ConnectionClosed as exc:
-            raise TransportClosed(_describe(exc.reason.code, exc.reason.reason)) from None
+            raise TransportClosed(_closed(exc)) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise TransportClosed(f"connection lost: {exc}") from None
         return message if isinstance(message, str) else message.decode("utf-8", "replace")

@@ -105,7 +105,12 @@ def test_lease_transitions():
         (
             LEASE_LIFECYCLE,
             LeaseState,
-            {("active", "completed"), ("active", "failed"), ("active", "expired")},
+            {
+                ("active", "completed"),
+                ("active", "failed"),
+                ("active", "expired"),
+                ("active", "cancelled"),
+            },
         ),
         (
             WORKER_LIFECYCLE,

@@ -90,7 +90,7 @@ def test_how_the_lease_ends():
         "worker disconnected after writing (write-then-drop)",
     )
     assert lease_ending(episode(Ending.BUSY))[0] is LeaseState.EXPIRED
-    assert lease_ending(episode(Ending.CANCELLED)) == (LeaseState.FAILED, "dispatch cancelled")
+    assert lease_ending(episode(Ending.CANCELLED)) == (LeaseState.CANCELLED, "dispatch cancelled")
     assert lease_ending(episode(Ending.MALFORMED)) == (LeaseState.FAILED, "malformed result")
 
 

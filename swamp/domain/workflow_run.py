@@ -1,0 +1,72 @@
+"""The rules of a workflow run: when a job or step may start, and how statuses add up.
+
+Jobs and steps are ``pending`` → ``running`` → ``succeeded`` | ``failed`` | ``skipped``; a run is
+``running`` → ``succeeded`` | ``failed`` | ``cancelled``. A node starts as soon as *its own*
+dependencies have ended — there are no levels, so a slow branch never holds back another — and
+runs only if every dependency's condition holds; otherwise it is skipped, with the reason.
+A dependency on a ``forEach`` step means all of its expansions (their combined status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from swamp.domain.workflow import Dependency
+
+DONE = frozenset({"succeeded", "failed", "skipped"})
+RUN_ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def combined(statuses: Iterable[str]) -> str | None:
+    """The status of a group (a ``forEach`` step's expansions): ``None`` while any runs;
+    ``failed`` if one failed; ``skipped`` if all were skipped (or there were none);
+    else ``succeeded``."""
+    statuses = list(statuses)
+    if any(s not in DONE for s in statuses):
+        return None
+    if "failed" in statuses:
+        return "failed"
+    if all(s == "skipped" for s in statuses):
+        return "skipped"
+    return "succeeded"
+
+
+def decide(depends_on: Iterable[Dependency], status_of: Mapping[str, str | None]) -> str | None:
+    """``None`` (wait: a dependency is still running), ``"run"``, or why it is skipped."""
+    deps = list(depends_on)
+    if any(status_of.get(d.name) is None for d in deps):
+        return None
+    for dep in deps:
+        status = status_of[dep.name]
+        if not dep.condition.holds(status):
+            return f"{dep.name} {status} (needed: {_describe(dep.condition)})"
+    return "run"
+
+
+def _describe(condition) -> str:
+    if condition.type in ("and", "or"):
+        return f" {condition.type} ".join(_describe(c) for c in condition.conditions)
+    if condition.type == "not":
+        return f"not {_describe(condition.conditions[0])}"
+    return condition.type
+
+
+def job_status(steps: Iterable[tuple[str, bool]]) -> str:
+    """A job ends ``failed`` if a step failed that was not allowed to; else ``succeeded``.
+    ``steps``: (status, allowed to fail)."""
+    return "failed" if any(s == "failed" and not allowed for s, allowed in steps) else "succeeded"
+
+
+def run_status(jobs: Iterable[str]) -> str:
+    return "failed" if any(s == "failed" for s in jobs) else "succeeded"
+
+
+def expansion_name(template: str, item: object, index: int) -> str:
+    """The name of one ``forEach`` expansion whose name has no expression of its own."""
+    if isinstance(item, (str, int, float)) and not isinstance(item, bool):
+        text = str(item)
+        if text and len(text) <= 64 and all(c.isalnum() or c in "-_." for c in text):
+            return f"{template}-{text}"
+    if isinstance(item, dict) and isinstance(item.get("name"), str):
+        return f"{template}-{item['name']}"
+    return f"{template}-{index}"

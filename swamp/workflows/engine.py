@@ -1,0 +1,643 @@
+"""Running a workflow: every job and step is a task that starts when its own dependencies end.
+
+There are no levels: a node waits on the completion events of exactly the nodes it depends on,
+then :func:`~swamp.domain.workflow_run.decide` says run or skip. Concurrency caps are capacity
+limiters (the workflow's over its jobs, a job's over its steps, a step's over its ``forEach``
+expansions). A model-method step becomes a :class:`~swamp.orchestrator.dispatch.RunRequest` with
+its effective placement and ``queueTimeout`` and goes through the step runner — the dispatch
+service, hence the elastic queue — and its events come back tagged with the job and step. The
+run record is saved at every transition; a cancelled run (Ctrl-C, ``workflow cancel``) cancels
+its running steps on their workers and is saved ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from swamp.bookkeeping.workflow_runs import RunBook
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.domain.expressions import ExpressionError, has_template, render
+from swamp.domain.placement import Placement as StepPlacement
+from swamp.domain.workflow import Job, Step, Workflow
+from swamp.domain.workflow import Placement as Fields
+from swamp.domain.workflow_run import combined, decide, expansion_name, job_status, run_status
+from swamp.errors import NeedsOrchestrator, SwampError, UserError
+from swamp.protocol.messages import RunEvent, RunResult, StepEvent, decode_event
+from swamp.store.datastore import Datastore, iso
+from swamp.store.retry import retry_busy
+from swamp.workflows.loader import Workflows
+
+log = logging.getLogger("swamp.workflows")
+LOG_TAIL = 20  # the last lines of each step's output, kept in the run record
+Emit = Callable[[dict], Awaitable[None]]
+StepRunner = Callable[..., Awaitable[RunResult]]  # (RunRequest, emit) → result
+
+
+@dataclass
+class Host:
+    """What a run needs from where it runs: a step runner and the live pool (if any)."""
+
+    run_step: StepRunner
+    workers_connected: Callable[[dict], list[dict]] = lambda selector: []
+    placed: bool = True  # False on the repo: placed steps need a running orchestrator
+
+
+@dataclass
+class _Affinity:
+    """One affinity group: the worker its first placed step ran on. While a step is choosing
+    (``claimed``) the others wait for ``changed``; if it ends without a worker, the next one
+    chooses."""
+
+    changed: trio.Event = field(default_factory=trio.Event)
+    worker: str | None = None
+    claimed: bool = False
+
+    def settle(self, worker: str | None) -> None:
+        if self.worker is None:
+            self.worker = worker
+        self.claimed = False
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class RunCancelled(Exception):
+    pass
+
+
+class Engine:
+    def __init__(
+        self, workflows: Workflows, store: Datastore, host: Host, *, clock=time.time
+    ) -> None:
+        self.workflows = workflows
+        self.store = store
+        self.runs = RunBook(store, clock=clock)
+        self.host = host
+        self.clock = clock
+        self.live: dict[str, trio.CancelScope] = {}  # run id → its scope (for workflow cancel)
+        self.cancel_reasons: dict[str, str] = {}
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        scope = self.live.get(run_id)
+        if scope is None:
+            return False
+        self.cancel_reasons[run_id] = reason
+        scope.cancel()
+        return True
+
+    async def run(
+        self,
+        workflow: Workflow,
+        inputs: dict,
+        emit: Emit,
+        *,
+        chain: tuple[str, ...] = (),
+        timeout: float | None = None,
+    ) -> dict:
+        run = _Run(self, workflow, inputs, emit, chain)
+        self.live[run.id] = scope = trio.CancelScope(
+            deadline=trio.current_time() + timeout if timeout else math.inf
+        )
+        try:
+            with scope:
+                await run.execute()
+            if scope.cancelled_caught:
+                reason = self.cancel_reasons.pop(run.id, None) or (
+                    f"timed out after {timeout:g}s" if timeout else "cancelled"
+                )
+                await run.cancelled(reason)
+        except trio.Cancelled:  # whoever ran it went away (Ctrl-C)
+            with trio.CancelScope(shield=True):
+                await run.cancelled("cancelled: the client went away")
+            raise
+        finally:
+            self.live.pop(run.id, None)
+        return run.record
+
+
+class _Run:
+    def __init__(self, engine: Engine, workflow: Workflow, inputs: dict, emit: Emit, chain):
+        self.engine = engine
+        self.workflow = workflow
+        self.emit_raw = emit
+        self.chain = (*chain, workflow.name)
+        self.id = uuid.uuid4().hex
+        self.inputs = inputs
+        self.record = {
+            "runId": self.id,
+            "workflow": workflow.name,
+            "status": "running",
+            "inputs": inputs,
+            "startedAt": iso(engine.clock()),
+            "jobs": [
+                {
+                    "name": job.name,
+                    "status": "pending",
+                    "steps": [{"name": s.name, "status": "pending"} for s in job.steps],
+                }
+                for job in workflow.jobs
+            ],
+        }
+        self.jobs = {j["name"]: j for j in self.record["jobs"]}
+        self.job_done = {job.name: trio.Event() for job in workflow.jobs}
+        self.job_limiter = trio.CapacityLimiter(workflow.concurrency or math.inf)
+        self.affinity: dict[str, _Affinity] = {}
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    async def save(self) -> None:
+        try:
+            await retry_busy(lambda: self.engine.runs.save(self.record))
+        except SwampError as exc:  # the run goes on; its record catches up at the next save
+            log.warning("could not save workflow run %s: %s", self.id, exc)
+
+    async def emit(self, message) -> None:
+        try:
+            await self.emit_raw(message.to_json())
+        except SwampError:
+            pass  # a client that went away does not stop the run
+
+    def now(self) -> str:
+        return iso(self.engine.clock())
+
+    # -- the run -----------------------------------------------------------------------------
+
+    async def execute(self) -> None:
+        await self.save()
+        await self.emit(
+            RunEvent(
+                "started",
+                self.id,
+                self.workflow.name,
+                jobs=[
+                    {"name": j.name, "steps": [s.name for s in j.steps]} for j in self.workflow.jobs
+                ],
+            )
+        )
+        async with open_unwrapping_nursery() as nursery:
+            for job in self.workflow.jobs:
+                nursery.start_soon(self.job, job)
+        status = run_status(j["status"] for j in self.record["jobs"])
+        self.record.update(status=status, endedAt=self.now())
+        failed = self.first_failure()
+        if failed:
+            self.record["error"] = failed
+        await self.save()
+        await self.emit(
+            RunEvent("finished", self.id, self.workflow.name, status=status, detail=failed)
+        )
+
+    def first_failure(self) -> str | None:
+        for job in self.record["jobs"]:
+            for step in job["steps"]:
+                if step["status"] == "failed" and not step.get("allowedFailure"):
+                    return f"{job['name']}.{step['name']}: {step.get('error', 'failed')}"
+            if job["status"] == "failed" and job.get("error"):
+                return f"{job['name']}: {job['error']}"
+        return None
+
+    async def cancelled(self, reason: str) -> None:
+        now = self.now()
+        for job in self.record["jobs"]:
+            for step in job["steps"]:
+                if step["status"] in ("running", "pending"):
+                    was = step["status"]
+                    step.update(status="cancelled" if was == "running" else "skipped")
+                    step.update(endedAt=now) if was == "running" else step.update(reason=reason)
+            if job["status"] in ("running", "pending"):
+                job.update(status="cancelled", endedAt=now)
+        self.record.update(status="cancelled", endedAt=now, error=reason)
+        await self.save()
+        await self.emit(
+            RunEvent("finished", self.id, self.workflow.name, status="cancelled", detail=reason)
+        )
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    async def job(self, job: Job) -> None:
+        state = self.jobs[job.name]
+        try:
+            for dep in job.depends_on:
+                await self.job_done[dep.name].wait()
+            verdict = decide(job.depends_on, {n: j["status"] for n, j in self.jobs.items()})
+            if verdict != "run":
+                state.update(status="skipped", reason=verdict)
+                for step in state["steps"]:
+                    step.update(status="skipped", reason=f"job skipped: {verdict}")
+                await self.save()
+                await self.emit(
+                    RunEvent(
+                        "job_finished",
+                        self.id,
+                        self.workflow.name,
+                        job=job.name,
+                        status="skipped",
+                        detail=verdict,
+                    )
+                )
+                return
+            async with self.job_limiter:
+                await self.run_job(job, state)
+        finally:
+            self.job_done[job.name].set()
+
+    async def run_job(self, job: Job, state: dict) -> None:
+        state.update(status="running", startedAt=self.now())
+        await self.save()
+        await self.emit(RunEvent("job_started", self.id, self.workflow.name, job=job.name))
+        placement = job.placement.under(self.workflow.placement)
+        try:
+            expanded = self.expand(job)
+        except UserError as exc:
+            state.update(status="failed", error=exc.message, endedAt=self.now())
+            for step in state["steps"]:
+                step.update(status="skipped", reason="the job could not start")
+            await self.save()
+            await self.emit(
+                RunEvent(
+                    "job_finished",
+                    self.id,
+                    self.workflow.name,
+                    job=job.name,
+                    status="failed",
+                    detail=exc.message,
+                )
+            )
+            return
+        state["steps"] = [
+            {"name": name, "status": "pending", **({"template": s.name} if s.for_each else {})}
+            for s, name, _ in expanded
+        ]
+        records = {r["name"]: r for r in state["steps"]}
+        done = {name: trio.Event() for _, name, _ in expanded}
+        members: dict[str, list[str]] = {}
+        for step, name, _ in expanded:
+            members.setdefault(step.name, []).append(name)
+        limit = job.concurrency or self.workflow.concurrency
+        job_steps = trio.CapacityLimiter(limit or math.inf)
+        per_template = {
+            s.name: trio.CapacityLimiter(s.concurrency) for s in job.steps if s.concurrency
+        }
+        group = self.affinity_group(job)
+        async with open_unwrapping_nursery() as nursery:
+            for step, name, binding in expanded:
+                nursery.start_soon(
+                    self.step,
+                    job,
+                    step,
+                    name,
+                    binding,
+                    records,
+                    done,
+                    members,
+                    (job_steps, per_template.get(step.name)),
+                    placement,
+                    group,
+                )
+        status = job_status((r["status"], bool(r.get("allowedFailure"))) for r in state["steps"])
+        state.update(status=status, endedAt=self.now())
+        await self.save()
+        await self.emit(
+            RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status)
+        )
+
+    def affinity_group(self, job: Job) -> _Affinity | None:
+        if self.workflow.placement.affinity:
+            return self.affinity.setdefault("", _Affinity())
+        if job.placement.affinity:
+            return self.affinity.setdefault(job.name, _Affinity())
+        return None
+
+    def context(self, binding: dict | None = None) -> dict:
+        return {
+            "inputs": self.inputs,
+            "self": binding or {},
+            "run": {
+                "id": self.id,
+                "workflow": self.workflow.name,
+                "startedAt": self.record["startedAt"],
+            },
+            "data": {"latest": self.data_latest, "query": self.data_query},
+            "workers": {"connected": self.workers_connected},
+        }
+
+    def expand(self, job: Job) -> list[tuple[Step, str, dict | None]]:
+        """Every step, with its ``forEach`` expanded now (the job has started)."""
+        out: list[tuple[Step, str, dict | None]] = []
+        for step in job.steps:
+            if step.for_each is None:
+                out.append((step, step.name, None))
+                continue
+            try:
+                items = render(step.for_each.items, self.context())
+            except ExpressionError as exc:
+                raise UserError(f"step {step.name!r}: forEach.in: {exc.message}") from None
+            if isinstance(items, dict):
+                items = [{"key": k, "value": v} for k, v in items.items()]
+            if not isinstance(items, list):
+                raise UserError(
+                    f"step {step.name!r}: forEach.in gave {type(items).__name__}, not a list"
+                )
+            seen: set[str] = set()
+            for index, item in enumerate(items):
+                binding = {step.for_each.item: item}
+                if has_template(step.name):
+                    try:
+                        name = str(render(step.name, self.context(binding)))
+                    except ExpressionError:
+                        name = f"{step.name}-{index}"
+                else:
+                    name = expansion_name(step.name, item, index)
+                if name in seen:
+                    name = f"{name}-{index}"
+                seen.add(name)
+                out.append((step, name, binding))
+        return out
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def step(
+        self, job, step, name, binding, records, done, members, limiters, placement, group
+    ) -> None:
+        record = records[name]
+        try:
+            for dep in step.depends_on:
+                for member in members.get(dep.name, [dep.name]):
+                    await done[member].wait()
+            statuses = {
+                dep.name: combined(records[m]["status"] for m in members.get(dep.name, []))
+                for dep in step.depends_on
+            }
+            verdict = decide(step.depends_on, statuses)
+            if verdict != "run":
+                await self.finish(job, name, record, "skipped", reason=verdict)
+                return
+            job_limiter, template_limiter = limiters
+            async with job_limiter:
+                if template_limiter is None:
+                    await self.run_step(job, step, name, binding, record, placement, group)
+                else:
+                    async with template_limiter:
+                        await self.run_step(job, step, name, binding, record, placement, group)
+        finally:
+            done[name].set()
+
+    async def finish(self, job, name, record, status, *, reason=None, error=None) -> None:
+        record["status"] = status
+        if record.get("startedAt"):
+            record["endedAt"] = self.now()
+        if reason:
+            record["reason"] = reason
+        if error:
+            record["error"] = error
+        await self.save()
+        what = status
+        detail = reason or error
+        await self.emit(
+            StepEvent(what, job.name, name, self.id, worker=record.get("worker"), detail=detail)
+        )
+
+    async def run_step(self, job, step, name, binding, record, job_placement, group) -> None:
+        context = self.context(binding)
+        if step.guard is not None:
+            try:
+                skip = render(step.guard, context)
+            except ExpressionError as exc:
+                await self.finish(job, name, record, "failed", error=f"guard: {exc.message}")
+                record["allowedFailure"] = step.allow_failure or None
+                return
+            if skip is True:
+                await self.finish(job, name, record, "skipped", reason=f"guard {step.guard}")
+                return
+        record.update(status="running", startedAt=self.now())
+        await self.save()
+        await self.emit(StepEvent("started", job.name, name, self.id))
+        try:
+            if step.task.kind == "workflow":
+                status, error = await self.run_child(job, step, name, context, record)
+            else:
+                fields = step.placement.under(job_placement)
+                status, error = await self.run_method(
+                    job, step, name, context, record, fields, group
+                )
+        except SwampError as exc:  # the step fails with the reason; its siblings run on
+            status, error = "failed", exc.message
+        if status == "failed" and step.allow_failure:
+            record["allowedFailure"] = True
+        await self.finish(job, name, record, status, error=error)
+
+    async def run_method(self, job, step, name, context, record, fields: Fields, group):
+        from swamp.orchestrator.dispatch import RunRequest
+
+        task = step.task
+        model_ref = str(render(task.model, context))
+        model_name = str(render(task.model_name, context)) if task.model_name else None
+        method = str(render(task.method, context))
+        args = render(task.inputs, context)
+        if not isinstance(args, dict):
+            raise UserError(f"inputs gave {type(args).__name__}, not a table of arguments")
+        target = render(fields.target, context) if fields.target else None
+        labels = render(fields.labels, context) if fields.labels else {}
+        platform = render(fields.platform, context) if fields.platform else None
+        if not isinstance(labels, dict):
+            raise UserError("labels must give a table of k = v")
+        placement = StepPlacement(
+            target=str(target) if target else None,
+            labels={str(k): str(v) for k, v in labels.items()},
+            platform=str(platform) if platform else None,
+        )
+        if placement.is_remote() and not self.engine.host.placed:
+            raise NeedsOrchestrator(
+                f"step {name!r} is placed ({placement.describe()}): run the workflow through a "
+                "running orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
+            )
+        pin = group if placement.is_remote() else None
+        if pin is not None:
+            placement = await self.pinned(pin, placement, name)
+        instance = self.engine.workflows.instance(model_ref, model_name)
+        request = RunRequest(
+            instance,
+            method,
+            {k: v for k, v in args.items()},
+            placement,
+            read_scope=self.engine.workflows.repo.read_scope(instance),
+            queue_timeout=fields.queue_timeout,
+            workflow=self.workflow.name,
+            job=job.name,
+            step=name,
+        )
+        record.update(model=instance.name, modelType=instance.type, method=method)
+        if placement.is_remote():
+            record["requirement"] = placement.describe()
+
+        async def relay(payload: dict) -> None:
+            await self.relay(job, name, record, payload, pin)
+
+        try:
+            result = await self.engine.host.run_step(request, relay)
+        finally:
+            if pin is not None and pin.worker is None:
+                pin.settle(record.get("worker"))  # none: the next step of the group chooses
+        record["worker"] = result.worker or record.get("worker") or "orchestrator"
+        if result.dispatch_id:
+            record["dispatchId"] = result.dispatch_id
+        return result.status, result.error
+
+    async def pinned(self, group: _Affinity, placement: StepPlacement, name: str):
+        """The first placed step of an affinity group chooses; the others follow it, and fail
+        if the worker it chose has left."""
+        while group.worker is None:
+            if not group.claimed:
+                group.claimed = True
+                return placement
+            await group.changed.wait()
+        worker = group.worker
+        connected = {w["name"] for w in self.engine.host.workers_connected({})}
+        if worker not in connected:
+            raise UserError(
+                f"worker {worker!r}, which this step's affinity group ran on, is no longer "
+                "connected: failing the step to keep the group on one worker"
+            )
+        return StepPlacement(target=worker)
+
+    async def relay(self, job, name, record, payload: dict, pin: _Affinity | None) -> None:
+        try:
+            event = decode_event(payload)
+        except SwampError:
+            return
+        kind = event.kind
+        if kind == "queued":
+            record["queuedAt"] = self.now()
+            await self.emit(StepEvent("queued", job.name, name, self.id, detail=event.requirement))
+        elif kind == "dispatched":
+            record.update(worker=event.worker, dispatchId=event.dispatch_id)
+            if "queuedAt" in record:
+                record["queuedMs"] = _ms_between(record["queuedAt"], self.now())
+            if pin is not None and pin.worker is None:
+                pin.settle(event.worker)
+            await self.save()
+            await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=event.worker))
+        elif kind == "redispatch":
+            await self.emit(
+                StepEvent(
+                    "redispatch", job.name, name, self.id, worker=event.worker, detail=event.reason
+                )
+            )
+        elif kind == "log":
+            tail = record.setdefault("logTail", [])
+            tail.append(event.line[:500])
+            del tail[:-LOG_TAIL]
+            await self.emit(
+                StepEvent(
+                    "log",
+                    job.name,
+                    name,
+                    self.id,
+                    worker=event.worker,
+                    line=event.line,
+                    stream=event.stream,
+                )
+            )
+        elif kind in ("step", "run"):
+            await self.emit(event)  # a nested workflow's own events
+
+    async def run_child(self, job, step, name, context, record):
+        child_name = str(render(step.task.workflow, context))
+        if child_name in self.chain:
+            cycle = " -> ".join((*self.chain, child_name))
+            return "failed", f"workflow cycle: {cycle}"
+        if len(self.chain) >= 10:
+            return "failed", "workflows nest at most 10 deep"
+        child = self.engine.workflows.checked(child_name)
+        inputs = render(step.task.inputs, context)
+        if not isinstance(inputs, dict):
+            return "failed", "inputs for a nested workflow must give a table"
+        inputs = check_inputs(child, inputs)
+        result = await self.engine.run(child, inputs, self.emit_raw, chain=self.chain)
+        record["childRunId"] = result["runId"]
+        return result["status"], result.get("error")
+
+    # -- expression host functions -----------------------------------------------------------
+
+    def data_latest(self, model: str, name: str) -> dict | None:
+        """The newest version of data ``name`` of ``model``: an instance in models/, a type
+        (its ad-hoc instance), or the name a step gave with modelName; ``null`` if none."""
+        from swamp.domain.query import parse
+        from swamp.store.datastore import Key
+
+        if not isinstance(model, str) or not isinstance(name, str):
+            raise ExpressionError("data.latest(model, name) takes two strings")
+        if "/" in model:
+            record = self.engine.store.latest(Key(model, "default", name))
+            return record.to_json() if record is not None else None
+        instances = self.engine.workflows.repo.model_instances()
+        if model in instances:
+            record = self.engine.store.latest(Key(instances[model].type, model, name))
+            return record.to_json() if record is not None else None
+        found = self.engine.store.query(
+            parse(f"modelName == {json.dumps(model)} && name == {json.dumps(name)}")
+        )
+        found = [r for r in found if not r.model_type.startswith("swamp/")]
+        found.sort(key=lambda r: r.created_at)
+        return found[-1].to_json() if found else None
+
+    def data_query(self, predicate: str) -> list[dict]:
+        from swamp.domain.query import parse
+
+        return [r.to_json() for r in self.engine.store.query(parse(predicate), limit=1000)]
+
+    def workers_connected(self, selector: dict | None = None) -> list[dict]:
+        if selector is not None and not isinstance(selector, dict):
+            raise ExpressionError(
+                "workers.connected() takes a table of labels, e.g. {'fleet': 'x'}"
+            )
+        return self.engine.host.workers_connected(selector or {})
+
+
+def check_inputs(workflow: Workflow, raw: dict) -> dict:
+    """The run's inputs: defaults from the schema applied, then checked against it (exit 2)."""
+    if workflow.inputs is None:
+        if raw:
+            raise UserError(f"workflow {workflow.name!r} declares no inputs; got {sorted(raw)}")
+        return {}
+    import fastjsonschema
+
+    properties = workflow.inputs.get("properties") or {}
+    values = {}
+    for key, value in raw.items():
+        kind = (properties.get(key) or {}).get("type")
+        values[key] = _coerce(value, kind, key)
+    try:
+        return fastjsonschema.compile(workflow.inputs, use_default=True)(values)
+    except fastjsonschema.JsonSchemaException as exc:
+        raise UserError(f"workflow {workflow.name!r} inputs: {exc.message}") from None
+
+
+def _coerce(value, kind, key):
+    """``--input k=v`` gives text: turn it into the schema's type where it says one."""
+    if not isinstance(value, str) or kind in (None, "string"):
+        return value
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            return float(value)
+        if kind == "boolean" and value in ("true", "false"):
+            return value == "true"
+    except ValueError:
+        raise UserError(f"input {key!r}: expected {kind}, got {value!r}") from None
+    return value
+
+
+def _ms_between(a: str, b: str) -> int:
+    from swamp.store.datastore import parse_iso
+
+    start, end = parse_iso(a), parse_iso(b)
+    return max(0, round((end - start) * 1000)) if start is not None and end is not None else 0

@@ -1,0 +1,287 @@
+"""Workflows on real processes: fan-out over a fleet, a DAG with conditions and caps, data
+chained between steps, placed steps through the queue, cancellation and a crash, validation."""
+
+import json
+import shutil
+import signal
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ROOT, wait_until
+
+pytestmark = pytest.mark.integration
+EXAMPLES = ROOT / "examples" / "workflows"
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _install(cluster, name: str) -> None:
+    shutil.copy(EXAMPLES / f"{name}.toml", cluster.repo / "workflows" / f"{name}.toml")
+
+
+def _write(cluster, name: str, text: str) -> None:
+    (cluster.repo / "workflows" / f"{name}.toml").write_text(textwrap.dedent(text))
+
+
+def _run(cluster, name: str, *args: str) -> tuple[int, dict, list[dict]]:
+    result = cluster.cli("workflow", "run", name, *args, "--json", timeout=120)
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    runs = [line["run"] for line in lines if "run" in line]
+    assert runs, result.stderr
+    return result.returncode, runs[-1], [line["event"] for line in lines if "event" in line]
+
+
+def _steps(run: dict) -> dict[str, dict]:
+    return {f"{j['name']}.{s['name']}": s for j in run["jobs"] for s in j["steps"]}
+
+
+def test_fan_out_over_every_member_of_a_fleet(cluster):
+    cluster.serve()
+    token = cluster.cli_json(
+        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "3"
+    )["token"]
+    names = {
+        cluster.worker(token, cache_dir=cluster.tmp / f"c{i}").wait_for(
+            lambda e: e.get("event") == "enrolled"
+        )["workerName"]
+        for i in range(3)
+    }
+    _install(cluster, "fleet-uptime")
+    code, run, events = _run(cluster, "fleet-uptime")
+    assert code == 0 and run["status"] == "succeeded"
+    [job] = run["jobs"]
+    assert len(job["steps"]) == 3
+    assert {s["worker"] for s in job["steps"]} == names  # each ran on its own member
+    assert all(s["name"] == f"uptime-{s['worker']}" for s in job["steps"])
+    assert any(e.get("what") == "dispatched" for e in events)
+    stored = cluster.query('modelType == "swamp/workflow-run"')
+    assert [r["attributes"]["runId"] for r in stored] == [run["runId"]]
+
+
+def test_a_dag_with_caps_conditions_and_chained_data(cluster):
+    cluster.serve()
+    _install(cluster, "ci")
+    code, run, _ = _run(cluster, "ci")
+    assert code == 0 and run["status"] == "succeeded", run
+    steps = _steps(run)
+    a, b = steps["test.test-a"], steps["test.test-b"]
+    spans = sorted((_epoch(s["startedAt"]), _epoch(s["endedAt"])) for s in (a, b))
+    assert spans[1][0] >= spans[0][1]  # job concurrency = 1: one test after the other
+    assert steps["on-failure.report"]["status"] == "skipped"
+    # data.latest: the build step's written result went into the deploy step's arguments
+    assert steps["deploy.ship"]["logTail"] == ["deploying artifact-42"]
+    # the slow lint (3 s) held nothing back: the tests started long before it ended
+    assert _epoch(a["startedAt"]) < _epoch(steps["lint.slow-lint"]["endedAt"]) - 1.5
+
+    code, run, _ = _run(cluster, "ci", "--input", "fail_b=true")
+    assert code == 1 and run["status"] == "failed"
+    steps = _steps(run)
+    assert steps["test.test-b"]["status"] == "failed"
+    assert steps["deploy.ship"]["status"] == "skipped"
+    assert "test failed (needed: succeeded)" in steps["deploy.ship"]["reason"]
+    assert steps["on-failure.report"]["status"] == "succeeded"
+    assert run["error"].startswith("test.test-b: command exited with status 1")
+
+
+GPU = """\
+    name = "gpu"
+    [[jobs]]
+    name = "train"
+    labels = {{ gpu = "true" }}
+    queueTimeout = {timeout}
+    [[jobs.steps]]
+    name = "fit"
+    [jobs.steps.task]
+    type = "model_method"
+    modelIdOrName = "command/shell"
+    methodName = "run"
+    inputs = {{ command = "echo trained" }}
+"""
+
+
+def test_a_placed_step_goes_through_the_queue(cluster):
+    cluster.serve()
+    _write(cluster, "gpu", GPU.format(timeout=2))
+    code, run, events = _run(cluster, "gpu")
+    assert code == 1
+    fit = _steps(run)["train.fit"]
+    assert fit["status"] == "failed"
+    assert fit["error"] == (
+        "timed out waiting for a worker matching labels gpu=true to become available"
+    )
+    assert any(e.get("what") == "queued" for e in events)
+
+    _write(cluster, "gpu", GPU.format(timeout=0))
+    running = cluster.spawn("workflow", "run", "gpu", "--json", "--server", cluster.url)
+    running.wait_for(lambda e: e.get("event", {}).get("what") == "queued")
+    listed = cluster.cli_json("worker", "queue")["items"]
+    assert [(i["workflowName"], i["jobName"], i["stepName"]) for i in listed] == [
+        ("gpu", "train", "fit")
+    ]
+    cluster.worker(cluster.mint("gpu-box"), "--label", "gpu=true")
+    assert running.wait_exit() == 0
+    run = next(e["run"] for e in running.events() if "run" in e)
+    fit = _steps(run)["train.fit"]
+    assert fit["worker"] == "gpu-box" and fit["queuedMs"] > 0
+
+
+SLOW = """\
+    name = "slow"
+    [[jobs]]
+    name = "main"
+    [[jobs.steps]]
+    name = "wait"
+    target = "w1"
+    [jobs.steps.task]
+    type = "model_method"
+    modelIdOrName = "test/steps"
+    methodName = "wait"
+    inputs = { seconds = 60 }
+"""
+
+
+def test_ctrl_c_cancels_the_run_and_its_step_on_the_worker(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"))
+    _write(cluster, "slow", SLOW)
+    running = cluster.spawn("workflow", "run", "slow", "--json", "--server", cluster.url)
+    running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
+    running.signal(signal.SIGINT)
+    assert running.wait_exit() == 130
+    worker.wait_for(lambda e: e.get("event") == "dispatch_finished")
+    wait_until(
+        lambda: (
+            cluster.query('modelType == "swamp/workflow-run"')[0]["attributes"]["status"]
+            == "cancelled"
+        ),
+        what="the run to be recorded cancelled",
+    )
+    [lease] = cluster.query('modelType == "swamp/step-lease"')
+    assert lease["attributes"]["state"] == "cancelled"
+    run = cluster.query('modelType == "swamp/workflow-run"')[0]["attributes"]
+    assert _steps(run)["main.wait"]["status"] == "cancelled"
+
+
+def test_workflow_cancel_and_a_crash_mid_run(cluster):
+    serve = cluster.serve()
+    port = int(cluster.url.rsplit(":", 1)[1])
+    cluster.worker(cluster.mint("w1"), cache_dir=cluster.tmp / "cache")
+    _write(cluster, "slow", SLOW)
+    running = cluster.spawn("workflow", "run", "slow", "--json", "--server", cluster.url)
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    cancelled = cluster.cli_json("workflow", "cancel", started["runId"][:8])
+    assert cancelled["run"]["status"] == "cancelled"
+    assert running.wait_exit() == 1
+
+    running = cluster.spawn("workflow", "run", "slow", "--json", "--server", cluster.url)
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    serve.p.kill()
+    serve.wait_exit()
+    assert running.wait_exit() == 1
+    restarted = cluster.serve(port=port)
+    assert restarted.wait_for(lambda e: e.get("event") == "listening")["reconciled"]["runs"] == 1
+    run = cluster.cli_json("workflow", "history", "get", started["runId"])["run"]
+    assert run["status"] == "failed" and run["error"] == "interrupted: orchestrator restart"
+    assert _steps(run)["main.wait"]["status"] == "failed"
+
+
+TASK = 'task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "true" } }'  # noqa: E501
+BROKEN = {
+    "cycle": (
+        f'[[jobs]]\nname = "a"\ndependsOn = [{{ job = "b" }}]\n[[jobs.steps]]\nname = "s"\n'
+        f'{TASK}\n[[jobs]]\nname = "b"\ndependsOn = [{{ job = "a" }}]\n[[jobs.steps]]\n'
+        f'name = "s"\n{TASK}\n',
+        "jobs: dependency cycle: a -> b -> a",
+    ),
+    "unknown-dependency": (
+        f'[[jobs]]\nname = "a"\ndependsOn = [{{ job = "ghost" }}]\n[[jobs.steps]]\nname = "s"\n'
+        f"{TASK}\n",
+        "jobs[0].dependsOn[0].job: no job 'ghost'",
+    ),
+    "unknown-model": (
+        '[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\ntask = { type = "model_method", '
+        'modelIdOrName = "nope", methodName = "run" }\n',
+        "jobs[0].steps[0].task.modelIdOrName: no model named 'nope'",
+    ),
+    "unknown-method": (
+        '[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\ntask = { type = "model_method", '
+        'modelIdOrName = "command/shell", methodName = "walk" }\n',
+        "jobs[0].steps[0].task.methodName: model type 'command/shell' has no method 'walk'",
+    ),
+    "missing-argument": (
+        '[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\ntask = { type = "model_method", '
+        'modelIdOrName = "command/shell", methodName = "run" }\n',
+        "jobs[0].steps[0].task.inputs: method 'run' needs argument 'command'",
+    ),
+    "bad-label": (
+        f'[[jobs]]\nname = "a"\nlabels = {{ "bad key" = "x" }}\n[[jobs.steps]]\nname = "s"\n'
+        f"{TASK}\n",
+        "jobs[0].labels:",
+    ),
+    "bad-duration": (
+        f'[[jobs]]\nname = "a"\nqueueTimeout = "soon"\ntarget = "w1"\n[[jobs.steps]]\n'
+        f'name = "s"\n{TASK}\n',
+        "jobs[0].queueTimeout: invalid queueTimeout 'soon'",
+    ),
+    "unknown-key": (
+        f'[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\ndepends = []\n{TASK}\n',
+        "jobs[0].steps[0].depends: unknown key; did you mean 'dependsOn'?",
+    ),
+    "duplicate-step": (
+        f'[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\n{TASK}\n[[jobs.steps]]\n'
+        f'name = "s"\n{TASK}\n',
+        "jobs[0].steps[1].name: duplicate step name 's'",
+    ),
+    "bad-expression": (
+        '[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\ntask = { type = "model_method", '
+        'modelIdOrName = "command/shell", methodName = "run", '
+        'inputs = { command = "echo ${{ inputs. }}" } }\n',
+        "jobs[0].steps[0].task.inputs: in ${{ inputs. }}: expected a name after '.'",
+    ),
+    "foreach-not-a-list": (
+        f'[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\n'
+        f'forEach = {{ item = "x", in = "${{{{ \'abc\' }}}}" }}\n{TASK}\n',
+        "jobs[0].steps[0].forEach.in: gives str 'abc', not a list",
+    ),
+    "nested-cycle": (
+        '[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\n'
+        'task = { type = "workflow", workflowIdOrName = "nested-cycle-child" }\n',
+        "workflow cycle: nested-cycle -> nested-cycle-child -> nested-cycle",
+    ),
+}
+
+
+def test_twelve_broken_workflows_each_get_one_line_naming_the_place(cluster):
+    for name, (body, _) in BROKEN.items():
+        _write(cluster, name, f'name = "{name}"\n{body}')
+    _write(
+        cluster,
+        "nested-cycle-child",
+        'name = "nested-cycle-child"\n[[jobs]]\nname = "a"\n[[jobs.steps]]\nname = "s"\n'
+        'task = { type = "workflow", workflowIdOrName = "nested-cycle" }\n',
+    )
+    for name, (_, needle) in BROKEN.items():
+        result = cluster.cli("workflow", "validate", name)
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("  error: ")]
+        assert len(errors) == 1, (name, result.stderr)
+        assert needle in errors[0], (name, errors[0])
+        assert "Traceback" not in result.stderr
+        run = cluster.cli("workflow", "run", name)  # run refuses it the same way
+        assert run.returncode == 2 and needle in run.stderr, (name, run.stderr)
+
+
+def test_create_writes_a_runnable_workflow_and_list_shows_it(cluster):
+    created = cluster.cli_json("workflow", "create", "hello")
+    assert Path(created["path"]).read_text().startswith("# A workflow")
+    assert cluster.cli("workflow", "validate", "hello").returncode == 0
+    code, run, _ = _run(cluster, "hello", "--input", "greeting=hi")  # no server: in the CLI
+    assert code == 0 and _steps(run)["main.greet"]["logTail"] == ["hi"]
+    assert [w["name"] for w in cluster.cli_json("workflow", "list")["workflows"]] == ["hello"]
+    again = cluster.cli("workflow", "create", "hello")
+    assert again.returncode == 2 and "exists already" in again.stderr

@@ -1,0 +1,100 @@
+"""Workflow definitions, expressions and run rules: pure, so every branch is a unit test."""
+
+import pytest
+
+from swamp.domain.expressions import ExpressionError, check_templates, render
+from swamp.domain.workflow import Condition, Dependency, Placement, find_cycle, parse
+from swamp.domain.workflow_run import combined, decide, expansion_name, job_status, run_status
+
+TASK = {"type": "model_method", "modelIdOrName": "command/shell", "methodName": "run"}
+
+
+def workflow(**over):
+    raw = {"name": "w", "jobs": [{"name": "a", "steps": [{"name": "s", "task": TASK}]}]}
+    raw.update(over)
+    return parse(raw, name="w")
+
+
+def test_a_good_workflow_parses_without_problems():
+    wf, problems = workflow(labels={"pool": "x"}, queueTimeout=30)
+    assert problems == []
+    assert wf.placement.queue_timeout == "30s" and wf.placed_steps()
+
+
+def test_every_problem_is_reported_with_its_place():
+    _, problems = parse(
+        {
+            "name": "w",
+            "jobz": [],
+            "jobs": [{"name": "a", "steps": [{"name": "s", "task": {"type": "shell"}}]}],
+        },
+        name="w",
+    )
+    lines = [p.line() for p in problems]
+    assert any(line.startswith("jobz: unknown key; did you mean 'jobs'?") for line in lines)
+    assert "jobs[0].steps[0].task.type: expected model_method or workflow" in lines
+
+
+def test_the_child_wins_and_an_explicit_empty_label_table_clears():
+    parent = Placement(labels={"gpu": "true"}, queue_timeout="5m", target=None)
+    assert Placement(labels={}).under(parent).labels == {}
+    assert not Placement(labels={}).under(parent).is_remote()
+    assert Placement().under(parent).labels == {"gpu": "true"}
+    assert Placement(queue_timeout="0").under(parent).queue_timeout == "0"
+
+
+@pytest.mark.parametrize(
+    ("condition", "status", "holds"),
+    [
+        (Condition("succeeded"), "succeeded", True),
+        (Condition("succeeded"), "skipped", False),
+        (Condition("completed"), "failed", True),
+        (Condition("completed"), "skipped", False),
+        (Condition("always"), None, True),
+        (Condition("not", (Condition("failed"),)), "succeeded", True),
+        (Condition("or", (Condition("failed"), Condition("skipped"))), "skipped", True),
+        (Condition("and", (Condition("completed"), Condition("failed"))), "succeeded", False),
+    ],
+)
+def test_conditions(condition, status, holds):
+    assert condition.holds(status) is holds
+
+
+def test_a_node_waits_runs_or_is_skipped_with_the_reason():
+    deps = [Dependency("build"), Dependency("lint", Condition("always"))]
+    assert decide(deps, {"build": "succeeded", "lint": None}) is None  # lint still running
+    assert decide(deps, {"build": "succeeded", "lint": "failed"}) == "run"
+    assert decide(deps, {"build": "failed", "lint": "succeeded"}) == (
+        "build failed (needed: succeeded)"
+    )
+
+
+def test_statuses_add_up():
+    assert combined(["succeeded", "running"]) is None
+    assert combined(["succeeded", "failed"]) == "failed"
+    assert combined(["skipped", "skipped"]) == combined([]) == "skipped"
+    assert job_status([("failed", True), ("succeeded", False)]) == "succeeded"
+    assert job_status([("failed", False)]) == "failed"
+    assert run_status(["succeeded", "skipped"]) == "succeeded"
+    assert expansion_name("up", "eu-1", 0) == "up-eu-1"
+    assert expansion_name("up", {"name": "pool-1"}, 3) == "up-pool-1"
+    assert expansion_name("up", {"x": 1}, 3) == "up-3"
+
+
+def test_cycles_are_found_and_shown():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b"], "b": ["ghost"]}) is None
+
+
+def test_expressions_keep_types_whole_and_turn_into_text_inside_text():
+    ctx = {"inputs": {"n": 2, "env": "eu"}, "self": {"w": {"name": "pool-1"}}}
+    assert render("${{ inputs.n + 1 }}", ctx) == 3
+    assert render("host-${{ self.w.name }}-${{ inputs.n }}", ctx) == "host-pool-1-2"
+    assert render({"a": ["${{ inputs.env == 'eu' ? 'near' : 'far' }}"]}, ctx) == {"a": ["near"]}
+    assert render("${{ size([1, 2]) }} ${{ has(self.w.zone) }}", ctx) == "2 false"
+    with pytest.raises(ExpressionError, match="no field 'zone'"):
+        render("${{ self.w.zone }}", ctx)
+    with pytest.raises(ExpressionError, match="unknown name 'nope'"):
+        render("${{ nope }}", ctx)
+    with pytest.raises(ExpressionError, match="unterminated"):
+        check_templates("echo ${{ inputs.n")
