@@ -285,3 +285,57 @@ def test_create_writes_a_runnable_workflow_and_list_shows_it(cluster):
     assert [w["name"] for w in cluster.cli_json("workflow", "list")["workflows"]] == ["hello"]
     again = cluster.cli("workflow", "create", "hello")
     assert again.returncode == 2 and "exists already" in again.stderr
+
+
+PINNED = """\
+    name = "pinned"
+    [[jobs]]
+    name = "together"
+    affinity = true
+    labels = { fleet = "pool" }
+    [[jobs.steps]]
+    name = "first"
+    task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "sleep 0.5" } }
+    [[jobs.steps]]
+    name = "second"
+    task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "sleep 0.5" } }
+    [[jobs.steps]]
+    name = "third"
+    task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "sleep 0.5" } }
+    [[jobs]]
+    name = "nested"
+    [[jobs.steps]]
+    name = "child"
+    task = { type = "workflow", workflowIdOrName = "hello-child", inputs = { who = "parent" } }
+"""  # noqa: E501
+CHILD = """\
+    name = "hello-child"
+    [inputs.properties.who]
+    type = "string"
+    [[jobs]]
+    name = "main"
+    [[jobs.steps]]
+    name = "say"
+    task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "echo hello ${{ inputs.who }}" } }
+"""  # noqa: E501
+
+
+def test_affinity_keeps_a_job_on_one_worker_and_a_nested_workflow_runs_inline(cluster):
+    cluster.serve()
+    token = cluster.cli_json(
+        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "2"
+    )["token"]
+    for i in range(2):
+        cluster.worker(token, "--concurrency", "2", cache_dir=cluster.tmp / f"c{i}")
+    _write(cluster, "pinned", PINNED)
+    _write(cluster, "hello-child", CHILD)
+    code, run, _ = _run(cluster, "pinned")
+    assert code == 0, run
+    steps = _steps(run)
+    # three steps at once on two 2-slot workers: least-loaded would spread them; affinity does not
+    assert len({steps[f"together.{s}"]["worker"] for s in ("first", "second", "third")}) == 1
+    child = steps["nested.child"]
+    assert child["status"] == "succeeded"
+    nested = cluster.cli_json("workflow", "history", "get", child["childRunId"])["run"]
+    assert nested["workflow"] == "hello-child" and nested["inputs"] == {"who": "parent"}
+    assert _steps(nested)["main.say"]["logTail"] == ["hello parent"]
