@@ -174,19 +174,19 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
             assert _coded(reply), (method, params, reply)
             sent += 1
     await admin.aclose()
-    # enrollment, on fresh sockets (a pending socket has a small budget of frames)
-    token = cluster.mint("w1")
-    payloads = list(_mutations(rng, enroll_params(token), 60))
+    # enrollment, on fresh sockets (a pending socket has a small budget of frames); a mutation
+    # may happen to be a valid enrollment (an empty label table, say): any coded answer will do
+    payloads = list(_mutations(rng, enroll_params(cluster.mint("fuzzed")), 60))
     for start in range(0, len(payloads), 20):
         pending = await RawSocket.open(cluster.url)
         for params in payloads[start : start + 20]:
             reply = await pending.request("worker.enroll", params)
-            assert _coded(reply) and "error" in reply, (params, reply)
+            assert _coded(reply), (params, reply)
             sent += 1
         await pending.aclose()
     assert sent > 400
-    # the orchestrator kept serving: a real worker enrolls with the token and runs a step
-    cluster.worker(token)
+    # the orchestrator kept serving: a real worker enrolls with its token and runs a step
+    cluster.worker(cluster.mint("w1"))
     code, _ = cluster.run("swamp/echo", "echo", "--target", "w1")
     assert code == 0
 
