@@ -248,6 +248,18 @@ class WorkerBusy(DispatchFailed):
     code = "worker_busy"
 
 
+class WorkerDraining(DispatchFailed):
+    """The worker is draining: it takes no new dispatch (the step goes back in the queue)."""
+
+    code = "worker_draining"
+
+
+class WorkerStopped(DispatchFailed):
+    """The worker was stopped (a second signal) while the dispatch ran."""
+
+    code = "worker_stopped"
+
+
 class MethodFailed(DispatchFailed):
     """Raised by a method to fail its dispatch with a message for the user."""
 

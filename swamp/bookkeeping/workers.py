@@ -17,6 +17,7 @@ _KNOWN = frozenset(s.value for s in WorkerStatus)
 _REASON_FIELD = {
     WorkerStatus.DISCONNECTED.value: "disconnectReason",
     WorkerStatus.UNVERIFIED.value: "verifyFailureReason",
+    WorkerStatus.DRAINING.value: "drainReason",
 }
 
 
@@ -153,6 +154,7 @@ _ITEM_FIELDS = (
     "disconnectedAt",
     "disconnectReason",
     "verifyFailureReason",
+    "drainReason",
 )
 
 

@@ -86,6 +86,29 @@ def connect(
         metavar="N|auto",
         help="Dispatch slots: how many methods run at once; auto: one per CPU of this machine",
     ),
+    max_dispatches: int = typer.Option(
+        None,
+        "--max-dispatches",
+        envvar="SWAMP_WORKER_MAX_DISPATCHES",
+        show_default=False,
+        help="Run this many dispatches, then drain and exit 0 (one-shot CI runners: 1).",
+    ),
+    idle_timeout: str = typer.Option(
+        None,
+        "--idle-timeout",
+        envvar="SWAMP_WORKER_IDLE_TIMEOUT",
+        show_default=False,
+        help="Drain and exit 0 after this long with no dispatch running, e.g. 10m (counted "
+        "from enrollment, and again each time the last dispatch ends).",
+    ),
+    drain_timeout: str = typer.Option(
+        None,
+        "--drain-timeout",
+        envvar="SWAMP_WORKER_DRAIN_TIMEOUT",
+        show_default=False,
+        help="A drain still running after this long stops its dispatches, as a second signal "
+        "would (default: no limit; the service manager's grace period rules).",
+    ),
     data_plane_url: str = typer.Option(
         None,
         "--data-plane-url",
@@ -116,13 +139,22 @@ def connect(
     SWAMP_WORKER_TOKEN (or SWAMP_WORKER_TOKEN_FILE) make 'swamp worker connect' enough. Every
     flag has a variable (shown with each option); an explicit flag wins.
 
-    Reconnects after a drop (backoff 1s doubling to 30s) for as long as the token lives. A
-    revoked, expired, wrong or unknown token, an exhausted enrollment allowance, or a protocol
-    mismatch stops it with exit 1. SIGINT/SIGTERM stop it with exit 0. --json prints one JSON
-    event per line.
+    Reconnects after a drop (backoff 1s doubling to 30s) for as long as the token lives.
+
+    Drain: the first SIGTERM, SIGINT or SIGHUP (or --max-dispatches, or --idle-timeout) makes
+    it take no new work and tell the orchestrator so at once; the dispatches running finish
+    and report, then it exits 0. A second signal stops the running dispatches (they fail as
+    "worker stopped") and exits 3; a third exits at once.
+
+    Exit status: 0 every intentional stop (a drain); 1 a permanent rejection (a revoked,
+    expired, wrong or unknown token, an exhausted allowance, a protocol mismatch) or an
+    unexpected error — a service manager may restart it; 3 a forced stop (a second signal or
+    --drain-timeout). --json prints one JSON event per line (connecting, enrolled,
+    dispatch_started, dispatch_finished, draining, drain_complete, stopped {reason, exitCode}).
     """
     import os
 
+    from swamp.domain.durations import parse_duration
     from swamp.domain.labels import merge_labels
     from swamp.worker.agent import run_worker
     from swamp.worker.config import WorkerConfig, parse_concurrency, read_token
@@ -135,6 +167,17 @@ def connect(
         cache_dir=cache_dir,
         ca_cert=ca_cert,
         concurrency=parse_concurrency(concurrency),
+        max_dispatches=max_dispatches,
+        idle_timeout=(
+            parse_duration(idle_timeout, what="--idle-timeout (SWAMP_WORKER_IDLE_TIMEOUT)")
+            if idle_timeout
+            else None
+        ),
+        drain_timeout=(
+            parse_duration(drain_timeout, what="--drain-timeout (SWAMP_WORKER_DRAIN_TIMEOUT)")
+            if drain_timeout
+            else None
+        ),
         data_plane_url=data_plane_url,
         json=json_output,
         protocol_version=protocol_version,
@@ -142,6 +185,73 @@ def connect(
     )
     status = run_async(run_worker, config, Reporter(json_lines=json_output))
     raise typer.Exit(status)
+
+
+UNIT = """\
+# swamp worker, run by systemd. Configure it with {env_file} (mode 0600, owned by root):
+#   SWAMP_ORCHESTRATOR_URL=wss://orchestrator.example:7420
+#   SWAMP_WORKER_TOKEN=<name.secret>         (or SWAMP_WORKER_TOKEN_FILE=/path/to/secret)
+#   SWAMP_WORKER_CACHE_DIR=/var/lib/swamp-worker
+# A stop sends SIGTERM: the worker takes no new work and exits 0 once its running steps are done
+# (up to TimeoutStopSec). Exit 0 is never restarted; exit 1 (a revoked or wrong token, a full
+# fleet) is not restarted either: it would fail the same way again.
+[Unit]
+Description=swamp worker
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+EnvironmentFile={env_file}
+ExecStart={exec_start} worker connect
+{user}KillSignal=SIGTERM
+KillMode=mixed
+TimeoutStopSec=300
+Restart=on-failure
+RestartSec=5
+RestartPreventExitStatus=1
+StateDirectory=swamp-worker
+NoNewPrivileges=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@app.command("unit", short_help="Print a systemd unit that runs a worker.")
+@command
+def unit(
+    exec_start: str = typer.Option(
+        "/usr/local/bin/swamp",
+        "--exec",
+        help="How to start swamp on that machine, e.g. '/usr/bin/python3 /opt/swamp.pyz'.",
+    ),
+    env_file: str = typer.Option(
+        "/etc/swamp/worker.env", "--env-file", help="The EnvironmentFile the unit reads."
+    ),
+    user: str = typer.Option(None, "--user", help="Run as this user (default: root)."),
+) -> None:
+    """Print a systemd service for 'swamp worker connect', configured from an EnvironmentFile
+    (keep it mode 0600: it holds the token). SIGTERM drains (TimeoutStopSec=300 lets running
+    steps finish); Restart=on-failure with RestartPreventExitStatus=1, so neither a drained
+    worker (exit 0) nor a rejected one (exit 1) is restarted. Install it with:
+    swamp worker unit > /etc/systemd/system/swamp-worker.service && systemctl daemon-reload &&
+    systemctl enable --now swamp-worker"""
+    from swamp.errors import UserError
+
+    for what, value in (("--exec", exec_start), ("--env-file", env_file)):
+        if not value.startswith("/") or "\n" in value:
+            raise UserError(f"{what} must be an absolute path (got {value!r})")
+    if user is not None and not user.replace("-", "").replace("_", "").isalnum():
+        raise UserError(f"invalid --user {user!r}")
+    print(
+        UNIT.format(
+            env_file=env_file,
+            exec_start=exec_start,
+            user=f"User={user}\n" if user else "",
+        ),
+        end="",
+    )
 
 
 @app.command("list", short_help="The pool: workers, status, slots, labels.")
@@ -174,7 +284,7 @@ def list_workers(
     rows = [
         [
             w.name,
-            w.status,
+            f"{w.status} ({w.drain_reason})" if w.drain_reason else w.status,
             f"{len(w.active_dispatch_ids)}/{w.capacity}",
             format_labels(w.labels),
             f"{w.platform}/{w.arch}",

@@ -23,6 +23,7 @@ class Ending(str, Enum):
     REFUSED = "refused"  # the worker refused the dispatch for another reason
     MALFORMED = "malformed"  # the worker's reply was not a result
     CANCELLED = "cancelled"  # whoever ran the step went away
+    STOPPED = "stopped"  # the worker was stopped (a second signal) while the step ran
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def lease_ending(end: EpisodeEnd) -> tuple[LeaseState, str | None]:
         return LeaseState.FAILED, "malformed result"
     if end.how is Ending.CANCELLED:
         return LeaseState.CANCELLED, "dispatch cancelled"
+    if end.how is Ending.STOPPED:
+        return LeaseState.FAILED, "worker stopped"
     return LeaseState.FAILED, end.reason or None
 
 
@@ -96,6 +99,12 @@ def next_move(end: EpisodeEnd, *, model: str, method: str, retry: str) -> Next:
         )
     if end.how is Ending.CANCELLED:
         return Next(Move.FAIL, "cancelled", "the dispatch was cancelled")
+    if end.how is Ending.STOPPED:
+        return Next(
+            Move.FAIL,
+            "worker_stopped",
+            f"worker {end.worker} was stopped while it ran the step ({end.reason})",
+        )
     return Next(
         Move.FAIL, "dispatch_failed", f"worker {end.worker} refused the dispatch: {end.reason}"
     )

@@ -2,7 +2,8 @@
 
 ``idle`` and ``busy`` are schedulable; ``disconnected`` is not (a member in its grace window
 keeps its place in the pool but gets no work); ``unverified`` is not (it is being probed, or its
-probe failed, under ``serve --verify-on-enroll``). Nor is any status a client does not know.
+probe failed, under ``serve --verify-on-enroll``); ``draining`` is not (it finishes what it runs,
+then leaves). Nor is any status a client does not know.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class WorkerStatus(str, Enum):
     BUSY = "busy"
     DISCONNECTED = "disconnected"
     UNVERIFIED = "unverified"
+    DRAINING = "draining"
 
 
 SCHEDULABLE = frozenset({WorkerStatus.IDLE.value, WorkerStatus.BUSY.value})
@@ -26,15 +28,28 @@ SCHEDULABLE = frozenset({WorkerStatus.IDLE.value, WorkerStatus.BUSY.value})
 WORKER_LIFECYCLE = Lifecycle(
     "a worker",
     {
-        WorkerStatus.IDLE: {WorkerStatus.BUSY, WorkerStatus.DISCONNECTED, WorkerStatus.IDLE},
-        WorkerStatus.BUSY: {WorkerStatus.IDLE, WorkerStatus.DISCONNECTED, WorkerStatus.BUSY},
+        WorkerStatus.IDLE: {
+            WorkerStatus.BUSY,
+            WorkerStatus.DISCONNECTED,
+            WorkerStatus.IDLE,
+            WorkerStatus.DRAINING,
+        },
+        WorkerStatus.BUSY: {
+            WorkerStatus.IDLE,
+            WorkerStatus.DISCONNECTED,
+            WorkerStatus.BUSY,
+            WorkerStatus.DRAINING,
+        },
         WorkerStatus.DISCONNECTED: {WorkerStatus.IDLE, WorkerStatus.BUSY},
         # a probe never demotes a worker: only an enrollment starts unverified
         WorkerStatus.UNVERIFIED: {
             WorkerStatus.IDLE,
             WorkerStatus.UNVERIFIED,
             WorkerStatus.DISCONNECTED,
+            WorkerStatus.DRAINING,
         },
+        # announced by the worker when its drain starts; it leaves when the last slot empties
+        WorkerStatus.DRAINING: {WorkerStatus.DRAINING, WorkerStatus.DISCONNECTED},
     },
 )
 

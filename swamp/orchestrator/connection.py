@@ -34,7 +34,7 @@ from swamp.protocol.transport import Transport
 
 log = logging.getLogger("swamp.connection")
 
-WORKER_VERBS = frozenset({"capability.queryData"})
+WORKER_VERBS = frozenset({"capability.queryData", "worker.drain"})
 
 
 class Connection:
@@ -117,6 +117,8 @@ class Connection:
         if self.role == "worker":
             if method == "capability.queryData":
                 return capabilities.query_data(self.dispatch, self.member, call.params)
+            if method == "worker.drain":
+                return self.gateway.drain(self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
             raise UnknownMethod(f"unknown method {method!r}")

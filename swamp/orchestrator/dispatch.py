@@ -220,6 +220,8 @@ class DispatchService:
             self._set_status(member, WorkerStatus.BUSY.value)
 
     def _set_status(self, member: Member, status: str) -> None:
+        if member.status == WorkerStatus.DRAINING.value:
+            return  # draining until it leaves: its slots no longer make it busy or idle
         member.status = status
         self.records.status(member, status, active=sorted(member.active))
 

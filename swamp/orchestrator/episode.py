@@ -19,7 +19,14 @@ import trio
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.episodes import Ending, EpisodeEnd, lease_ending
 from swamp.domain.read_scope import ReadScope
-from swamp.errors import ChannelClosed, MalformedFrame, SwampError, WorkerBusy
+from swamp.errors import (
+    ChannelClosed,
+    MalformedFrame,
+    SwampError,
+    WorkerBusy,
+    WorkerDraining,
+    WorkerStopped,
+)
 from swamp.models.framework import ModelType
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member
@@ -164,8 +171,10 @@ class Episodes:
             )
         except ChannelClosed as exc:
             return Episode(EpisodeEnd(Ending.LOST, member.name, exc.message, active.has_writes))
-        except WorkerBusy as exc:
+        except (WorkerBusy, WorkerDraining) as exc:  # it took nothing: back to the queue
             return Episode(EpisodeEnd(Ending.BUSY, member.name, exc.message))
+        except WorkerStopped as exc:
+            return Episode(EpisodeEnd(Ending.STOPPED, member.name, exc.message))
         except SwampError as exc:
             return Episode(EpisodeEnd(Ending.REFUSED, member.name, f"({exc.code}) {exc.message}"))
         try:

@@ -47,7 +47,7 @@ from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.timers import Deadlines
 from swamp.protocol.frames import PROTOCOL_VERSION
-from swamp.protocol.messages import EnrollReply, EnrollRequest, Verdict
+from swamp.protocol.messages import DrainRequest, EnrollReply, EnrollRequest, Verdict
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Datastore, iso
 from swamp.store.retry import retry_busy
@@ -59,6 +59,7 @@ CLOSE_EXPIRED = 4002
 CLOSE_REPLACED = 4003
 CLOSE_SHUTDOWN = 1001
 REPO_WATCH_INTERVAL = 0.25
+DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout")
 
 
 def check_enrollment(raw: dict) -> EnrollRequest:
@@ -234,16 +235,44 @@ class Gateway:
             orchestrator_version=__version__,
         ), member
 
-    # -- disconnects and the grace window ----------------------------------------------------
+    # -- drains, disconnects and the grace window --------------------------------------------
+
+    def drain(self, member: Member, raw: dict) -> dict:
+        """The worker's drain has started: it gets nothing new from now on (a version of its
+        record says so, with the reason); it leaves when its last dispatch ends."""
+        request = DrainRequest.decode(raw)
+        reason = request.reason
+        if reason not in DRAIN_REASONS:
+            raise UserError(f"unknown drain reason {reason[:40]!r}: {', '.join(DRAIN_REASONS)}")
+        if member.status != WorkerStatus.DRAINING.value:
+            member.status, member.drain_reason = WorkerStatus.DRAINING.value, reason
+            self.records.status(
+                member, WorkerStatus.DRAINING.value, reason=reason, active=sorted(member.active)
+            )
+            log.info(
+                "worker %s is draining (%s): %d dispatch(es) still running",
+                member.name,
+                reason,
+                len(member.active),
+            )
+            self.pool.refresh(member)
+        return {}
 
     def disconnected(self, member: Member, channel: RpcChannel) -> None:
         """The control socket of an enrolled worker ended (whatever the reason)."""
         if self.pool.get(member.name) is not member or member.channel is not channel:
             return  # replaced by a newer connection already
+        drained = member.status == WorkerStatus.DRAINING.value
         member.channel = None
         member.status = WorkerStatus.DISCONNECTED.value
         member.last_seen_at = iso(self.clock())
-        self.records.status(member, WorkerStatus.DISCONNECTED.value, reason=channel.close_reason)
+        reason = f"drained ({member.drain_reason})" if drained else channel.close_reason
+        self.records.status(member, WorkerStatus.DISCONNECTED.value, reason=reason)
+        if drained:  # it said goodbye: no grace window to wait out
+            log.info("worker %s left the pool: %s", member.name, reason)
+            self.pool.remove(member.name)
+            self.credentials.revoke_worker(member.name)
+            return
         self.grace.set(member.name, trio.current_time() + self.grace_seconds)
         log.info("worker %s disconnected: %s", member.name, channel.close_reason)
         self.pool.refresh(member)

@@ -33,6 +33,7 @@ class Member:
     last_seen_at: str = ""
     record: Record | None = None  # the latest worker record this process wrote
     verify_failure_reason: str | None = None
+    drain_reason: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -55,6 +56,11 @@ class Member:
             **(
                 {"verifyFailureReason": self.verify_failure_reason}
                 if self.status == WorkerStatus.UNVERIFIED.value and self.connected
+                else {}
+            ),
+            **(
+                {"drainReason": self.drain_reason}
+                if self.status == WorkerStatus.DRAINING.value and self.drain_reason
                 else {}
             ),
         }

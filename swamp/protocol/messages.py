@@ -207,6 +207,14 @@ class DispatchRequest(Message):
 
 
 @dataclass(frozen=True)
+class DrainRequest(Message):
+    """``worker.drain``: the worker's drain has started (``signal``, ``max-dispatches``,
+    ``idle-timeout``): send it nothing new."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class OutputHandle(Message):
     """A resource a method wrote."""
 
@@ -532,6 +540,7 @@ REQUESTS: dict[str, type[Message]] = {
     "worker.enroll": EnrollRequest,
     "worker.dispatch": DispatchRequest,
     "capability.queryData": QueryDataRequest,
+    "worker.drain": DrainRequest,
     "server.info": Empty,
     "worker.list": WorkerListRequest,
     "worker.token.create": TokenCreateRequest,
@@ -606,6 +615,7 @@ class WorkerItem(Message):
     disconnected_at: str | None = None
     disconnect_reason: str | None = None
     verify_failure_reason: str | None = None
+    drain_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,8 @@ class RpcChannel:
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._incoming: dict[str, trio.CancelScope] = {}
+        self._sending = False  # the writer is inside transport.send
+        self._settled = trio.Event()  # set (and replaced) as answers are handed over and sent
         self.outbox = Outbox()
         self._scope: trio.CancelScope | None = None
         self._last_heard = trio.current_time()
@@ -272,6 +274,18 @@ class RpcChannel:
         if self._scope is not None:
             self._scope.cancel()
 
+    def _settle(self) -> None:
+        self._settled.set()
+        self._settled = trio.Event()
+
+    async def finish(self, code: int, reason: str, *, timeout: float = 5.0) -> None:
+        """Close once every call being handled has answered and every answer has gone out: a
+        drained worker's last result must reach the orchestrator before the close does."""
+        with trio.move_on_after(timeout):
+            while self._incoming or self.outbox.frames or self.outbox.event_bytes or self._sending:
+                await self._settled.wait()
+        self.abort(code, reason)
+
     async def wait_closed(self) -> str:
         """Wait until the channel has closed, for whatever reason; returns the reason."""
         await self._closed_event.wait()
@@ -302,11 +316,15 @@ class RpcChannel:
                 text = await self.outbox.get()
             except trio.EndOfChannel:
                 return
+            self._sending = True
             try:
                 await self.transport.send(text)
             except TransportClosed as exc:
                 self.abort(1006, exc.message)
                 return
+            finally:
+                self._sending = False
+                self._settle()
 
     async def _send_pings(self) -> None:
         while True:
@@ -404,6 +422,7 @@ class RpcChannel:
                 await self._send_error(request.id, Cancelled("cancelled by the caller"))
         finally:
             self._incoming.pop(request.id, None)
+            self._settle()
 
     # -- sending ----------------------------------------------------------------------------
 

@@ -13,16 +13,17 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from swamp.concurrency import open_unwrapping_nursery
+from swamp.domain.drain import Stage
 from swamp.domain.urls import redact
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.plugins import default_registry
 from swamp.worker.config import WorkerConfig
+from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
 from swamp.worker.identity import instance_id, machine_id
 from swamp.worker.reaper import Reaper
@@ -30,16 +31,8 @@ from swamp.worker.session import Session
 
 BACKOFF_START = 1.0
 BACKOFF_CAP = 30.0
-STOP_GRACE = 3.0  # how long a signalled worker gives its socket to close before it just exits
-
-
-@dataclass
-class Lifecycle:
-    """What a stop signal needs: the live session (to close its socket properly while the
-    socket can still hear the answer) and whether the connect loop should stop."""
-
-    session: Session | None = None
-    stopping: bool = False
+STOP_GRACE = 3.0  # how long a finished drain gives its socket to close before it just exits
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Backoff:
@@ -86,37 +79,45 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
 async def _run(
     config, reporter, mid, iid, registry, cache_dir: Path, reaper: Reaper, outcome: list[int]
 ) -> None:
-    life = Lifecycle()
+    drain = Drain(reporter, max_dispatches=config.max_dispatches)
     loop_done = trio.Event()
     async with open_unwrapping_nursery() as nursery:
 
-        async def stop_on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
                 async for signum in signals:
-                    name = signal.Signals(signum).name
-                    reporter.emit("stopped", reason=f"received {name}", exitCode=0)
-                    outcome.append(0)
-                    life.stopping = True
-                    channel = life.session.channel if life.session is not None else None
-                    if channel is not None:
-                        # Close the socket while its reader still runs, so the orchestrator
-                        # gets a proper close (1000) at once; cancelling first would leave
-                        # the close handshake unanswered until its timeout.
-                        channel.abort(1000, f"worker stopping ({name})")
-                        with trio.move_on_after(STOP_GRACE):
-                            await loop_done.wait()
-                    nursery.cancel_scope.cancel()
-                    return
+                    # each in its own task: a forced stop waits for reports, and a third
+                    # signal must still be heard meanwhile
+                    nursery.start_soon(drain.signal, signal.Signals(signum).name)
+
+        async def on_drain_timeout() -> None:
+            await drain.began.wait()
+            await trio.sleep(config.drain_timeout)
+            if not drain.done.is_set():
+                await drain.signal("the drain timeout")
+
+        async def exit_when_done() -> None:
+            await drain.done.wait()
+            outcome.append(drain.exit_code)
+            if drain.stage is not Stage.EXITING:
+                # the session closes its socket itself (a normal close the orchestrator hears
+                # at once); give it a moment, then go
+                with trio.move_on_after(STOP_GRACE):
+                    await loop_done.wait()
+            nursery.cancel_scope.cancel()
 
         async def connect_loop() -> None:
             outcome.append(
-                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper, life)
+                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper, drain)
             )
             loop_done.set()
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(reaper.beat)
-        nursery.start_soon(stop_on_signal)
+        nursery.start_soon(on_signals)
+        nursery.start_soon(exit_when_done)
+        if config.drain_timeout:
+            nursery.start_soon(on_drain_timeout)
         nursery.start_soon(connect_loop)
 
 
@@ -128,7 +129,7 @@ async def _connect_loop(
     registry,
     cache_dir: Path,
     reaper: Reaper,
-    life: Lifecycle,
+    drain: Drain,
 ) -> int:
     backoff = Backoff()
     started = time.monotonic()
@@ -145,8 +146,8 @@ async def _connect_loop(
             reporter=reporter,
             cache_dir=cache_dir,
             reaper=reaper,
+            drain=drain,
         )
-        life.session = session
         try:
             reason = await session.run()
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
@@ -154,8 +155,10 @@ async def _connect_loop(
             return 1
         except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
-        if life.stopping:
-            return 0
+        if drain.draining:  # drained, stopped, or the socket ended mid-drain: no reconnect
+            drain.finish()
+            await drain.done.wait()
+            return drain.exit_code
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at
             backoff.reset()
@@ -180,3 +183,5 @@ async def _connect_loop(
             return 1
         reporter.emit("retrying", delaySeconds=delay)
         await trio.sleep(delay)
+        if drain.draining:  # signalled while away: there is nothing to finish
+            return drain.exit_code

@@ -42,6 +42,9 @@ class WorkerConfig:
     json: bool = False
     protocol_version: int | None = None  # None: this build's PROTOCOL_VERSION
     insecure: bool = False  # allow secrets over plain ws:// / http:// to another host
+    max_dispatches: int | None = None  # drain after this many dispatches
+    idle_timeout: float | None = None  # drain after this long with nothing running
+    drain_timeout: float | None = None  # a drain that takes longer is forced
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -61,6 +64,11 @@ class WorkerConfig:
             )
         if not 1 <= self.concurrency <= 1024:
             raise UserError(f"invalid --concurrency {self.concurrency}: expected 1-1024")
+        if self.max_dispatches is not None and self.max_dispatches < 1:
+            raise UserError(
+                f"invalid --max-dispatches (SWAMP_WORKER_MAX_DISPATCHES) {self.max_dispatches}: "
+                "expected 1 or more"
+            )
         if self.ca_cert and not Path(self.ca_cert).is_file():
             raise UserError(f"--ca-cert {self.ca_cert} does not exist")
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):

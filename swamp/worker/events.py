@@ -51,8 +51,17 @@ def _human(event: str, f: dict) -> str:
         return f"disconnected: {f['reason']}"
     if event == "retrying":
         return f"reconnecting in {f['delaySeconds']:g}s"
+    if event == "draining":
+        return (
+            f"draining ({f['reason']}): no new work; waiting for {f['running']} running "
+            "dispatch(es) to finish"
+        )
+    if event == "drain_complete":
+        return "drain complete"
+    if event == "forcing":
+        return f"{f['signal']} during the drain: stopping {f['stopping']} running dispatch(es)"
     if event == "stopped":
-        return f"worker stopped: {f['reason']}"
+        return f"worker stopped: {f['reason']} (exit {f['exitCode']})"
     if event == "warning":
         return f"warning: {f['message']}"
     return f"{event}: {f}"

@@ -7,6 +7,7 @@ socket drops, all of it is cancelled, and the orchestrator decides what becomes 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -18,8 +19,18 @@ import trio
 from swamp import __version__
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.drain import refusal
 from swamp.domain.workers import check_worker_name
-from swamp.errors import MalformedReply, Rejected, UnknownMethod, UserError, WorkerBusy
+from swamp.errors import (
+    MalformedReply,
+    Rejected,
+    SwampError,
+    UnknownMethod,
+    UserError,
+    WorkerBusy,
+    WorkerDraining,
+    WorkerStopped,
+)
 from swamp.hostinfo import local_platform
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
@@ -28,6 +39,7 @@ from swamp.protocol.messages import DispatchRequest, EnrollReply, EnrollRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
+from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
 from swamp.worker.reaper import Reaper
 from swamp.worker.remote_context import RemoteContext
@@ -55,6 +67,7 @@ class Session:
         reporter: Reporter,
         cache_dir: Path | None = None,
         reaper: Reaper | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.config = config
         self.cache_dir = cache_dir
@@ -65,6 +78,14 @@ class Session:
         self.reaper = reaper
         self.enrollment: Enrollment | None = None
         self._enrolled = trio.Event()
+        self.drain = drain or Drain(reporter)
+        self.drain.session = self
+        self.running: dict[str, trio.CancelScope] = {}
+        self.idle = trio.Event()  # set while no dispatch runs
+        self.idle.set()
+        self._idle_at = math.inf  # --idle-timeout: when this session's idle time is up
+        self._idle_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
         self.active = 0
         self.completed = 0
         self.channel: RpcChannel | None = None
@@ -88,8 +109,14 @@ class Session:
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
             async with open_unwrapping_nursery() as nursery:
+                self._nursery = nursery
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
+                if self.config.idle_timeout:
+                    self._set_idle_deadline()
+                    nursery.start_soon(self._watch_idle)
+                if self.drain.draining:  # it began while we were (re)connecting
+                    nursery.start_soon(self.announce_drain, self.drain.reason)
                 await channel.wait_closed()
                 nursery.cancel_scope.cancel()
             return channel.close_reason
@@ -155,13 +182,28 @@ class Session:
                 raise UnknownMethod("worker.dispatch before enrollment")
         request = DispatchRequest.decode(call.params)
         capacity = self.enrollment.capacity
-        if request.takes_slot and self.active >= capacity:
+        refused = refusal(
+            self.drain.stage,
+            active=self.active,
+            capacity=capacity if request.takes_slot else math.inf,
+            started=self.drain.started if request.takes_slot else -1,
+            max_dispatches=self.drain.max_dispatches,
+        )
+        if refused == "worker_draining":
+            raise WorkerDraining(
+                f"worker is draining ({self.drain.reason or 'max-dispatches'}): no new dispatches"
+            )
+        if refused == "worker_busy":
             raise WorkerBusy(f"worker is at capacity ({self.active}/{capacity} slots in use)")
         model_type = self.registry.runnable(request.model_type)
         method = model_type.method(request.method)
         args = method.validate(request.args)
         dispatch_id = request.dispatch_id
+        if request.takes_slot and self.drain.accepted():  # the last one --max-dispatches allows
+            self._nursery.start_soon(self.drain.trigger, "max-dispatches")
         self.active += 1
+        self.idle = trio.Event()
+        self._set_idle_deadline()
         started = time.monotonic()
         self.reporter.emit(
             "dispatch_started",
@@ -188,7 +230,17 @@ class Session:
             )
             if self.reaper is not None:
                 ctx.processes = self.reaper
-            outcome = await run_method(method, args, ctx)
+            with trio.CancelScope() as stop:
+                self.running[dispatch_id] = stop
+                outcome = await run_method(method, args, ctx)
+            if stop.cancelled_caught:  # a second signal stopped it
+                self.reporter.emit(
+                    "dispatch_finished",
+                    dispatchId=dispatch_id,
+                    status="stopped",
+                    durationMs=round((time.monotonic() - started) * 1000),
+                )
+                raise WorkerStopped("a second signal during the drain stopped it")
         except trio.Cancelled:
             self.reporter.emit(
                 "dispatch_finished",
@@ -198,7 +250,13 @@ class Session:
             )
             raise
         finally:
+            self.running.pop(dispatch_id, None)
             self.active -= 1
+            if self.active == 0:
+                self.idle.set()
+                if self._nursery is not None:  # after this dispatch has reported its end
+                    self._nursery.start_soon(self._check_drain)
+            self._set_idle_deadline()
         self.completed += 1
         self.reporter.emit(
             "dispatch_finished",
@@ -208,3 +266,55 @@ class Session:
             error=outcome.error,
         )
         return outcome.to_message().to_json()
+
+    # -- the drain ----------------------------------------------------------------------------
+
+    async def announce_drain(self, reason: str | None) -> None:
+        """Tell the orchestrator the drain has started, so it sends nothing more. If the socket
+        is gone, the orchestrator learns of it as a disconnect, and nothing is lost."""
+        channel = self.channel
+        if channel is None or channel.closed or self.enrollment is None:
+            return
+        try:
+            await channel.call("worker.drain", {"reason": reason}, timeout=ENROLL_TIMEOUT)
+        except SwampError as exc:
+            self.reporter.emit("warning", message=f"could not announce the drain: {exc.message}")
+
+    async def _check_drain(self) -> None:
+        self.drain.check()
+
+    def stop_dispatches(self) -> int:
+        """Cancel every running dispatch (each then reports itself stopped); how many."""
+        for scope in self.running.values():
+            scope.cancel()
+        return len(self.running)
+
+    def leave(self, reason: str) -> None:
+        """Close the socket normally once the last answers have gone out: the drain is over
+        (or the worker is stopping)."""
+        channel = self.channel
+        if channel is None or channel.closed:
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(channel.finish, 1000, reason)
+        else:
+            channel.abort(1000, reason)
+
+    def _set_idle_deadline(self) -> None:
+        timeout = self.config.idle_timeout
+        if not timeout:
+            return
+        self._idle_at = trio.current_time() + timeout if self.active == 0 else math.inf
+        self._idle_changed.set()
+
+    async def _watch_idle(self) -> None:
+        """``--idle-timeout``: drain after that long with no dispatch running. The time starts
+        at enrollment and again each time the last slot empties."""
+        while True:
+            self._idle_changed = trio.Event()
+            with trio.move_on_at(self._idle_at):
+                await self._idle_changed.wait()
+                continue
+            if self.active == 0 and trio.current_time() >= self._idle_at:
+                await self.drain.trigger("idle-timeout")
+                return

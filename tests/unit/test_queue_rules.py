@@ -92,6 +92,7 @@ def test_how_the_lease_ends():
     assert lease_ending(episode(Ending.BUSY))[0] is LeaseState.EXPIRED
     assert lease_ending(episode(Ending.CANCELLED)) == (LeaseState.CANCELLED, "dispatch cancelled")
     assert lease_ending(episode(Ending.MALFORMED)) == (LeaseState.FAILED, "malformed result")
+    assert lease_ending(episode(Ending.STOPPED)) == (LeaseState.FAILED, "worker stopped")
 
 
 def moves(how, *, writes=False, retry="once"):
@@ -109,3 +110,5 @@ def test_what_becomes_of_the_step():
     assert never.move is Move.FAIL and 'retry = "never"' in never.reason
     assert moves(Ending.REFUSED).code == "dispatch_failed"
     assert moves(Ending.MALFORMED).move is Move.FAIL
+    stopped = moves(Ending.STOPPED)
+    assert stopped.move is Move.FAIL and stopped.code == "worker_stopped"

@@ -1,0 +1,116 @@
+"""The worker's drain, as the session and the signal handler share it.
+
+:class:`Drain` holds the stage (``swamp.domain.drain``), the reason, and how many dispatches the
+worker has taken in its life (``--max-dispatches`` counts across reconnects). The session asks
+it whether to accept a dispatch, tells it when one starts and ends, and is told to announce the
+drain, to stop its running dispatches, or to leave.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from swamp.domain.drain import EXIT_FORCED, EXIT_OK, Action, Stage, on_signal, on_trigger
+from swamp.worker.events import Reporter
+
+if TYPE_CHECKING:
+    from swamp.worker.session import Session
+
+FORCE_GRACE = 3.0  # after a second signal: how long the stopped dispatches get to report
+
+
+class Drain:
+    def __init__(self, reporter: Reporter, *, max_dispatches: int | None = None) -> None:
+        self.reporter = reporter
+        self.max_dispatches = max_dispatches
+        self.stage = Stage.RUNNING
+        self.reason: str | None = None
+        self.started = 0  # dispatches accepted, over the worker's life
+        self.session: Session | None = None
+        self.exit_code = EXIT_OK
+        self.done = trio.Event()  # the worker should exit now, with ``exit_code``
+        self.began = trio.Event()  # the drain has started
+
+    def __repr__(self) -> str:
+        return f"<Drain {self.stage.value} reason={self.reason} started={self.started}>"
+
+    @property
+    def draining(self) -> bool:
+        return self.stage is not Stage.RUNNING
+
+    async def trigger(self, reason: str) -> None:
+        """``max-dispatches`` or ``idle-timeout``: drain, once."""
+        self.stage, action = on_trigger(self.stage)
+        if action is Action.DRAIN:
+            await self._start(reason)
+
+    async def signal(self, name: str) -> None:
+        self.stage, action = on_signal(self.stage)
+        if action is Action.DRAIN:
+            await self._start("signal", detail=name)
+        elif action is Action.FORCE:
+            await self._force(name)
+        elif action is Action.EXIT_NOW:
+            self.reporter.emit(
+                "stopped", reason=f"received {name} a third time", exitCode=EXIT_FORCED
+            )
+            self.exit_code = EXIT_FORCED
+            self.done.set()
+
+    async def _start(self, reason: str, *, detail: str | None = None) -> None:
+        self.reason = reason
+        self.began.set()
+        running = self.session.active if self.session is not None else 0
+        self.reporter.emit(
+            "draining", reason=reason, running=running, **({"signal": detail} if detail else {})
+        )
+        session = self.session
+        if session is None or session.enrollment is None:
+            self.finish()  # not connected: nothing runs here, nothing to announce
+            return
+        await session.announce_drain(reason)
+        self.check()
+
+    def check(self) -> None:
+        """Called as dispatches end: a drain with no dispatch left is complete."""
+        session = self.session
+        if self.stage is Stage.DRAINING and (session is None or session.active == 0):
+            self.finish()
+
+    def finish(self) -> None:
+        if self.done.is_set():
+            return
+        self.reporter.emit("drain_complete", reason=self.reason)
+        self.reporter.emit("stopped", reason=f"drained ({self.reason})", exitCode=EXIT_OK)
+        self.exit_code = EXIT_OK
+        if self.session is not None:
+            self.session.leave(f"drained ({self.reason})")
+        self.done.set()
+
+    async def _force(self, name: str) -> None:
+        """Second signal: stop the running dispatches, let them report, exit non-zero."""
+        session = self.session
+        stopped = session.stop_dispatches() if session is not None else 0
+        self.reporter.emit("forcing", signal=name, stopping=stopped)
+        if session is not None:
+            with trio.move_on_after(FORCE_GRACE):
+                await session.idle.wait()
+        self.reporter.emit(
+            "stopped",
+            reason=f"received {name} during the drain: {stopped} dispatch(es) stopped",
+            exitCode=EXIT_FORCED,
+        )
+        self.exit_code = EXIT_FORCED
+        if session is not None:
+            session.leave("worker stopped")
+        self.done.set()
+
+    # -- what the session reports ------------------------------------------------------------
+
+    def accepted(self) -> bool:
+        """A dispatch was accepted; ``True`` if it is the last one ``--max-dispatches`` allows
+        (the caller then starts the drain, so the orchestrator sends no more)."""
+        self.started += 1
+        return self.max_dispatches is not None and self.started >= self.max_dispatches

@@ -1,0 +1,263 @@
+"""Drain and lifecycle on real processes: SIGTERM finishes the work, a second one stops it,
+--max-dispatches and --idle-timeout, an ephemeral fleet, and the service-manager files."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import pytest
+import yaml
+
+from tests.integration.conftest import ROOT, Proc, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _run(cluster, *args: str) -> Proc:
+    return cluster.spawn("model", "method", "run", *args, "--server", cluster.url, "--json")
+
+
+def _result(proc: Proc) -> dict:
+    return next(e for e in proc.events() if "result" in e or "error" in e)
+
+
+def _versions(cluster, name: str) -> list[dict]:
+    records = cluster.cli_json(
+        "data", "query", f'modelType == "swamp/worker" && modelName == "{name}"', "--all-versions"
+    )
+    return [r for r in records]
+
+
+def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
+    cluster.serve("--grace-window", "60s")
+    drained = cluster.worker(cluster.mint("d1"), "--label", "pool=x")
+    others = [cluster.worker(cluster.mint(f"o{i}"), "--label", "pool=x") for i in range(2)]
+    step = _run(
+        cluster, "command/shell", "run", "--arg", "command=sleep 3; echo done", "--target", "d1"
+    )
+    drained.wait_for(lambda e: e.get("event") == "dispatch_started")
+    signalled = time.monotonic()
+    drained.signal(signal.SIGTERM)
+    draining = drained.wait_for(lambda e: e.get("event") == "draining")
+    assert draining["reason"] == "signal" and draining["running"] == 1
+    burst = [
+        _run(cluster, "command/shell", "run", "--arg", "command=true", "--label", "pool=x")
+        for _ in range(20)
+    ]
+    assert drained.wait_exit(timeout=10) == 0
+    assert time.monotonic() - signalled < 4.5
+    assert _result(step)["result"]["status"] == "succeeded"
+    assert any(e.get("event", {}).get("line") == "done" for e in step.events())
+    for run in burst:
+        assert run.wait_exit(timeout=60) == 0
+        assert _result(run)["result"]["worker"] in ("o0", "o1")
+    starts = [e for e in drained.events() if e.get("event") == "dispatch_started"]
+    assert len(starts) == 1  # nothing after the signal
+    # the status version said draining within 100 ms of the worker's event, with the reason
+    versions = _versions(cluster, "d1")
+    said = next(v for v in versions if v["attributes"]["status"] == "draining")
+    assert said["attributes"]["drainReason"] == "signal"
+    assert _epoch(said["createdAt"]) - _epoch(draining["time"]) < 0.1
+    # and it left at once: disconnected, drained, no 60 s grace window
+    final = max(versions, key=lambda v: v["version"])["attributes"]
+    assert final["status"] == "disconnected" and final["disconnectReason"] == "drained (signal)"
+    listed = cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+    assert [w["name"] for w in listed] == ["o0", "o1"]
+    for other in others:
+        assert other.p.poll() is None
+
+
+def test_a_second_sigterm_stops_the_step_and_exits_with_the_forced_code(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"))
+    step = _run(cluster, "command/shell", "run", "--arg", "command=sleep 30", "--target", "w1")
+    worker.wait_for(lambda e: e.get("event") == "dispatch_started")
+    worker.signal(signal.SIGTERM)
+    worker.wait_for(lambda e: e.get("event") == "draining")
+    stopped_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(timeout=10) == 3
+    assert time.monotonic() - stopped_at < 5
+    assert step.wait_exit() == 1
+    error = _result(step)["error"]
+    assert error["code"] == "worker_stopped"
+    [lease] = cluster.query('modelType == "swamp/step-lease"')
+    assert lease["attributes"]["state"] == "failed"
+    assert lease["attributes"]["error"] == "worker stopped"
+
+
+def test_max_dispatches_runs_exactly_that_many_then_exits(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"), "--concurrency", "4", "--max-dispatches", "2")
+    runs = [
+        _run(
+            cluster,
+            "command/shell",
+            "run",
+            "--arg",
+            "command=sleep 1",
+            "--target",
+            "w1",
+            "--queue-timeout",
+            "8s",
+        )
+        for _ in range(10)
+    ]
+    assert worker.wait_exit(timeout=30) == 0
+    codes = [run.wait_exit(timeout=30) for run in runs]
+    assert codes.count(0) == 2  # the other 8 waited for a w1 that drained, then timed out
+    assert len([e for e in worker.events() if e.get("event") == "dispatch_started"]) == 2
+    stopped = next(e for e in worker.events() if e.get("event") == "stopped")
+    assert stopped == {**stopped, "reason": "drained (max-dispatches)", "exitCode": 0}
+
+
+def test_idle_timeout_counts_from_the_last_dispatch(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"), "--idle-timeout", "2s")
+    code, _ = cluster.run("command/shell", "run", "--arg", "command=sleep 3", "--target", "w1")
+    assert code == 0  # a 3 s step under a 2 s idle timeout: no drain while it runs
+    assert worker.wait_exit(timeout=10) == 0
+    events = worker.events()
+    ended = next(e for e in events if e.get("event") == "dispatch_finished")
+    draining = next(e for e in events if e.get("event") == "draining")
+    assert draining["reason"] == "idle-timeout"
+    assert 1.9 <= _epoch(draining["time"]) - _epoch(ended["time"]) < 3
+
+
+def test_an_ephemeral_fleet_of_one_shot_workers_stays_bounded(cluster):
+    # 100 here (ten times the allowance); SWAMP_TEST_EPHEMERAL_WORKERS=200 for the full run
+    total = int(os.environ.get("SWAMP_TEST_EPHEMERAL_WORKERS", "100"))
+    cluster.serve("--worker-retention", "2s")
+    token = cluster.cli_json(
+        "worker", "token", "create", "eph", "--duration", "1h", "--max-enrollments", "10"
+    )["token"]
+    marks = cluster.tmp / "marks"
+    marks.mkdir()
+    batch = 8
+    runs, exits = [], []
+    for start in range(0, total, batch):
+        workers = [
+            cluster.worker(
+                token, "--max-dispatches", "1", cache_dir=cluster.tmp / f"m{i}", wait=False
+            )
+            for i in range(start, min(start + batch, total))
+        ]
+        runs += [
+            _run(
+                cluster,
+                "command/shell",
+                "run",
+                "--arg",
+                f"command=touch {marks}/{i}",
+                "--label",
+                "fleet=eph",
+                "--queue-timeout",
+                "60s",
+            )
+            for i in range(start, min(start + batch, total))
+        ]
+        exits += [w.wait_exit(timeout=90) for w in workers]
+        for w in workers:
+            w.stderr.close()
+        cluster.procs = [p for p in cluster.procs if p not in workers]
+    assert exits == [0] * total
+    assert [r.wait_exit(timeout=90) for r in runs] == [0] * total
+    assert len(list(marks.iterdir())) == total  # every step ran, once
+
+    # gone machines are forgotten and their bindings released: the store stays bounded
+    def bounded() -> bool:
+        tokens = cluster.cli_json("worker", "token", "list")
+        return len(cluster.query('modelType == "swamp/worker"')) <= 2 * batch and all(
+            len(t.get("bindings", [])) <= 10 for t in tokens
+        )
+
+    wait_until(bounded, timeout=60, what="old workers and bindings to be collected")
+
+
+# -- service managers ----------------------------------------------------------------------------
+
+
+def _lifecycle(cluster, argv: list[str], env: dict) -> None:
+    """Run a manifest's worker command against this cluster, then stop it as the manager would."""
+    proc = subprocess.Popen(
+        argv,
+        env={**cluster.env, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out = []
+        deadline = time.monotonic() + 30
+        for line in proc.stdout:
+            out.append(line)
+            if "enrolled as" in line or time.monotonic() > deadline:
+                break
+        assert any("enrolled as" in line for line in out), out
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_systemd_unit_verifies_and_runs_its_command(cluster):
+    cluster.serve()
+    exe = f"{sys.executable} -m swamp"
+    unit = cluster.cli("worker", "unit", "--exec", sys.executable).stdout
+    path = cluster.tmp / "swamp-worker.service"
+    path.write_text(unit.replace(f"ExecStart={sys.executable} worker", f"ExecStart={exe} worker"))
+    assert "KillSignal=SIGTERM" in unit and "TimeoutStopSec=300" in unit
+    assert "Restart=on-failure" in unit and "RestartPreventExitStatus=1" in unit
+    if shutil.which("systemd-analyze"):
+        check = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True)
+        assert check.returncode == 0, check.stderr
+    command = re.search(r"^ExecStart=(.*)$", path.read_text(), re.M).group(1).split()
+    env = {"SWAMP_ORCHESTRATOR_URL": cluster.url, "SWAMP_WORKER_TOKEN": cluster.mint("unit")}
+    _lifecycle(cluster, command, env)
+
+
+def _readme_yaml(kind: str) -> dict:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(rf"```yaml\n# {kind}: .*?\n(.*?)```", text, re.S).group(1)
+    return yaml.safe_load(block)
+
+
+def _local(command: list[str]) -> list[str]:
+    """The manifest's ``python3 /opt/swamp/swamp.pyz …`` as this checkout runs it."""
+    assert command[:2] == ["python3", "/opt/swamp/swamp.pyz"]
+    return [sys.executable, "-m", "swamp", *command[2:]]
+
+
+def test_the_kubernetes_and_compose_examples_parse_and_their_command_runs(cluster):
+    cluster.serve()
+    secret = cluster.tmp / "token"
+    secret.write_text(cluster.mint("k8s", "1h") + "\n")
+    deployment = _readme_yaml("kubernetes")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 300
+    [container] = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SWAMP_WORKER_TOKEN_FILE"].startswith(container["volumeMounts"][0]["mountPath"])
+    env.update(SWAMP_ORCHESTRATOR_URL=cluster.url, SWAMP_WORKER_TOKEN_FILE=str(secret))
+    _lifecycle(cluster, _local(container["command"]), env)
+
+    compose = _readme_yaml("compose")
+    service = compose["services"]["worker"]
+    assert service["stop_grace_period"] == "5m" and service["restart"] == "on-failure"
+    secret.write_text(cluster.mint("compose", "1h"))
+    env = dict(
+        service["environment"],
+        SWAMP_ORCHESTRATOR_URL=cluster.url,
+        SWAMP_WORKER_TOKEN_FILE=str(secret),
+    )
+    _lifecycle(cluster, _local(service["command"]), env)
