@@ -202,6 +202,13 @@ class AllowanceExhausted(Rejected):
     code = "allowance_exhausted"
 
 
+class FleetFull(SwampError):
+    """Every place of a fleet token is bound to a machine. Not permanent: a machine gone for
+    the orchestrator's ``--worker-retention`` frees its place, so a worker waits and retries."""
+
+    code = "fleet_full"
+
+
 class ProtocolMismatch(Rejected):
     code = "protocol_mismatch"
 

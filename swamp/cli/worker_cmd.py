@@ -147,9 +147,10 @@ def connect(
     "worker stopped") and exits 3; a third exits at once.
 
     Exit status: 0 every intentional stop (a drain); 1 a permanent rejection (a revoked,
-    expired, wrong or unknown token, an exhausted allowance, a protocol mismatch) or an
-    unexpected error — a service manager may restart it; 3 a forced stop (a second signal or
-    --drain-timeout). --json prints one JSON event per line (connecting, enrolled,
+    expired, wrong or unknown token, a single-machine token bound elsewhere, a protocol
+    mismatch), which would repeat if restarted, or an unexpected error; 3 a forced stop (a
+    second signal or --drain-timeout). A full fleet is not a rejection: the worker waits for a
+    place, retrying. --json prints one JSON event per line (connecting, enrolled,
     dispatch_started, dispatch_finished, draining, drain_complete, stopped {reason, exitCode}).
     """
     import os

@@ -27,6 +27,7 @@ from swamp.domain.workers import looks_like_instance_id
 from swamp.errors import (
     AllowanceExhausted,
     AlreadyExists,
+    FleetFull,
     MalformedToken,
     TokenExpired,
     TokenInvalid,
@@ -306,6 +307,12 @@ def redeem(
     if known is not None:
         return Redeemed(token=token, binding=known, write=None, granted=granted)
     if not token.has_room():
+        if token.max_enrollments != 1:  # a fleet: a gone machine's place frees in time
+            raise FleetFull(
+                f"fleet token {name!r} has all its places taken ({token.enrollments_text()}); "
+                "a place frees when one of its machines has been gone for the orchestrator's "
+                "--worker-retention"
+            )
         raise AllowanceExhausted(
             f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})"
         )

@@ -25,7 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from swamp.domain.workers import WorkerStatus
+from swamp.domain.workers import WorkerStatus, is_schedulable
 
 if TYPE_CHECKING:
     from swamp.orchestrator.pool import Pool
@@ -55,7 +55,9 @@ class _Live:
             "swamp_workers", "Workers in the pool by status and fleet", labels=["status", "fleet"]
         )
         slots = GaugeMetricFamily(
-            "swamp_slots", "Dispatch slots of connected workers by fleet", labels=["fleet"]
+            "swamp_slots",
+            "Dispatch slots of connected, schedulable workers by fleet (not draining ones)",
+            labels=["fleet"],
         )
         busy = GaugeMetricFamily(
             "swamp_slots_busy", "Slots running a dispatch, by fleet", labels=["fleet"]
@@ -67,7 +69,7 @@ class _Live:
             fleet = fleet_of(member)
             status = member.status if member.connected else WorkerStatus.DISCONNECTED.value
             by_status[(status, fleet)] += 1
-            if member.connected:
+            if member.connected and is_schedulable(member.status):  # draining: not supply
                 total[fleet] += member.capacity
                 used[fleet] += len(member.active)
         for (status, fleet), count in sorted(by_status.items()):

@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime
 
+import httpx
 import pytest
 import yaml
 
@@ -44,11 +45,24 @@ def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
     step = _run(
         cluster, "command/shell", "run", "--arg", "command=sleep 3; echo done", "--target", "d1"
     )
+    scraper = cluster.cli_json("server", "token", "create", "scraper")["token"]
     drained.wait_for(lambda e: e.get("event") == "dispatch_started")
     signalled = time.monotonic()
     drained.signal(signal.SIGTERM)
     draining = drained.wait_for(lambda e: e.get("event") == "draining")
     assert draining["reason"] == "signal" and draining["running"] == 1
+
+    # /metrics counts it as draining, and its slot is not supply
+    def scrape() -> str | None:
+        text = httpx.get(
+            cluster.url.replace("ws://", "http://") + "/metrics",
+            headers={"Authorization": f"Bearer {scraper}"},
+        ).text
+        return text if 'status="draining"' in text else None
+
+    metrics = wait_until(scrape, what="/metrics to count the draining worker")
+    assert 'swamp_workers{fleet="d1",status="draining"} 1.0' in metrics
+    assert 'swamp_slots{fleet="d1"}' not in metrics
     burst = [
         _run(cluster, "command/shell", "run", "--arg", "command=true", "--label", "pool=x")
         for _ in range(20)

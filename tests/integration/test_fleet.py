@@ -91,12 +91,15 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     )
     assert code == 0 and result_of(lines)["worker"] in members
 
-    # a fourth machine: refused for good
+    # a fourth machine: it waits for a place (one frees after a member is gone for the
+    # retention), retrying, and never enrolls meanwhile
     fourth = cluster.worker(token, cache_dir=_cache(cluster, "m3"), wait=False)
-    assert fourth.wait_exit() == 1
-    stopped = fourth.wait_for(lambda e: e.get("event") == "stopped")
-    assert "enrollment allowance exhausted" in stopped["reason"]
-    assert stopped["code"] == "allowance_exhausted"
+    waiting = fourth.wait_for(lambda e: e.get("event") == "disconnected")
+    assert "fleet token 'pool' has all its places taken (3 / 3)" in waiting["reason"]
+    fourth.wait_for(lambda e: e.get("event") == "retrying")
+    fourth.signal(signal.SIGTERM)
+    assert fourth.wait_exit() == 0
+    assert not any(e.get("event") == "enrolled" for e in fourth.events())
     text = cluster.cli("worker", "token", "list", "--repo-dir", str(cluster.repo)).stdout
     assert "3 / 3" in text
     listed_json = _tokens(cluster)["pool"]
@@ -304,8 +307,8 @@ async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster
     enrolled = [o for o in outcomes if o["type"] == "response"]
     refused = [o for o in outcomes if o["type"] == "error"]
     assert len(enrolled) == 10 and len(refused) == 190
-    assert {o["error"]["code"] for o in refused} == {"allowance_exhausted"}
-    assert all("enrollment allowance exhausted (10 / 10)" in o["error"]["message"] for o in refused)
+    assert {o["error"]["code"] for o in refused} == {"fleet_full"}
+    assert all("has all its places taken (10 / 10)" in o["error"]["message"] for o in refused)
     assert len(_tokens(cluster)["ten"]["bindings"]) == 10
 
 
