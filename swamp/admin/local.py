@@ -391,19 +391,7 @@ class RepoAdmin:
                     f"running on a worker ({placement.describe()}) needs a running "
                     "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
                 )
-            model_type = self.registry.runnable(model.type)
-            args = model_type.method(run.method).validate({**model.args, **run.args})
-            outcome = await run_here(self.store, model_type, run, args, emit, env=dict(os.environ))
-            result = RunResult(
-                status=outcome.status,
-                model=model.name,
-                model_type=model_type.type,
-                method=run.method,
-                duration_ms=outcome.duration_ms,
-                outputs=outcome.outputs,
-                error=outcome.error,
-                result=outcome.result,
-            )
+            result = await self._run_here(run, emit)
         return replace(result, started_at=started)
 
 
