@@ -675,6 +675,16 @@ def check_against(
                         Problem(f"{place}.workflowIdOrName", f"no workflow {task.workflow!r}")
                     )
                     continue
+                required = (child.inputs or {}).get("required") or []
+                if isinstance(task.inputs, dict):
+                    for name in required:
+                        if name not in task.inputs:
+                            out.append(
+                                Problem(
+                                    f"{place}.inputs",
+                                    f"workflow {child.name!r} needs input {name!r}",
+                                )
+                            )
                 nested = check_against(
                     child, method_of=method_of, workflow_of=workflow_of, chain=chain
                 )

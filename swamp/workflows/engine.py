@@ -232,6 +232,10 @@ class _Run:
                 for step in state["steps"]:
                     step.update(status="skipped", reason=f"job skipped: {verdict}")
                 await self.save()
+                for step in state["steps"]:
+                    await self.emit(
+                        StepEvent("skipped", job.name, step["name"], self.id, detail=step["reason"])
+                    )
                 await self.emit(
                     RunEvent(
                         "job_finished",

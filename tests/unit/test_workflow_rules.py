@@ -98,3 +98,38 @@ def test_expressions_keep_types_whole_and_turn_into_text_inside_text():
         render("${{ nope }}", ctx)
     with pytest.raises(ExpressionError, match="unterminated"):
         check_templates("echo ${{ inputs.n")
+
+
+def test_a_nested_workflow_missing_a_required_input_is_found_by_validation():
+    from swamp.domain.workflow import MethodInfo, check_against
+
+    child, _ = parse(
+        {
+            "name": "child",
+            "inputs": {"required": ["who"], "properties": {"who": {"type": "string"}}},
+            "jobs": [{"name": "a", "steps": [{"name": "s", "task": TASK}]}],
+        },
+        name="child",
+    )
+    parent, _ = parse(
+        {
+            "name": "parent",
+            "jobs": [
+                {
+                    "name": "a",
+                    "steps": [
+                        {"name": "s", "task": {"type": "workflow", "workflowIdOrName": "child"}}
+                    ],
+                }
+            ],
+        },
+        name="parent",
+    )
+    problems = check_against(
+        parent,
+        method_of=lambda *a: MethodInfo(required=(), known=("command",)),
+        workflow_of=lambda name: child if name == "child" else None,
+    )
+    assert [p.line() for p in problems] == [
+        "jobs[0].steps[0].task.inputs: workflow 'child' needs input 'who'"
+    ]
