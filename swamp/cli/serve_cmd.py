@@ -97,6 +97,18 @@ def serve(
         help="How long a placed step waits for a free matching worker before it fails, "
         "e.g. 5m (default 10m); 0 waits forever. A run's own --queue-timeout wins.",
     ),
+    pyz: Path = typer.Option(
+        None,
+        "--pyz",
+        show_default=False,
+        help="The build GET /swamp.pyz serves to machines (default: the swamp.pyz this runs "
+        "from, if it runs from one).",
+    ),
+    private_downloads: bool = typer.Option(
+        False,
+        "--private-downloads",
+        help="GET /swamp.pyz needs an admin credential (it holds no secret: open by default).",
+    ),
     verify_on_enroll: bool = typer.Option(
         False,
         "--verify-on-enroll",
@@ -144,6 +156,8 @@ def serve(
         trusted_hosts=tuple(trusted_host or ()),
         ship_env=tuple(n.strip() for n in (ship_env or "").split(",") if n.strip()),
         queue_timeout=queue_timeout,
+        pyz=pyz,
+        private_downloads=private_downloads,
         json=json_output,
     )
     handler = logging.StreamHandler()

@@ -6,6 +6,8 @@
                                         version and the pool's size
 ``GET  /metrics``                       supply and demand in the Prometheus text format (an
                                         admin credential, unless ``--auth none``)
+``GET  /swamp.pyz``                     the orchestrator's own build (``X-Swamp-Sha256``), and
+``GET  /swamp.pyz.sha256``              its checksum: open, unless ``--private-downloads``
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
 to one running dispatch and therefore to one model instance and its declared specs. Names are
@@ -18,6 +20,8 @@ import json
 import logging
 from collections.abc import Callable
 from urllib.parse import unquote
+
+import trio
 
 from swamp import __version__
 from swamp.domain.names import check_data_name
@@ -34,6 +38,7 @@ from swamp.errors import (
 from swamp.models.context import read_value, write_value
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.downloads import CHUNK, Download
 from swamp.orchestrator.metrics import CONTENT_TYPE, Metrics
 from swamp.orchestrator.pool import Pool
 from swamp.protocol.frames import PROTOCOL_VERSION, load_json
@@ -107,11 +112,15 @@ class DataPlane:
         pool: Pool,
         *,
         metrics: Metrics | None = None,
+        download: Download | None = None,
+        private_downloads: bool = False,
     ) -> None:
         self.dispatch = dispatch
         self.credentials = credentials
         self.pool = pool
         self.metrics = metrics
+        self.download = download
+        self.private_downloads = private_downloads
         # Does this request carry an admin credential? (set by the app; details of /health)
         self.is_admin: Callable[[dict], bool] = lambda scope: False
 
@@ -137,6 +146,9 @@ class DataPlane:
                 )
             await _json(send, 503 if broken else 200, body)
             return
+        if path in ("/swamp.pyz", "/swamp.pyz.sha256") and method in ("GET", "HEAD"):
+            await self._send_pyz(scope, send, checksum_only=path.endswith(".sha256"))
+            return
         if path == "/metrics" and self.metrics is not None:
             if not self.is_admin(scope):
                 raise Unauthorized(
@@ -155,6 +167,45 @@ class DataPlane:
             await self._read(active, parts[2], send)
         else:
             raise NotFound(f"no route {method} {path}")
+
+    async def _send_pyz(self, scope, send, *, checksum_only: bool) -> None:
+        """The orchestrator's own build, for machines to run (it holds no secret: open unless
+        ``--private-downloads``)."""
+        if self.private_downloads and not self.is_admin(scope):
+            raise Unauthorized(
+                "downloads are private here (--private-downloads): send an admin credential "
+                "as Authorization: Bearer <server token>"
+            )
+        download = self.download
+        if download is None:
+            raise NotFound(
+                "this orchestrator does not run from a pyz: start it from swamp.pyz, or pass "
+                "'swamp serve --pyz PATH' to serve one"
+            )
+        digest = [(b"x-swamp-sha256", download.sha256.encode())]
+        if checksum_only:
+            body = f"{download.sha256}  swamp.pyz\n".encode()
+            await _respond(send, 200, body, "text/plain; charset=utf-8", digest)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/zip"),
+                    (b"content-length", str(download.size).encode()),
+                    (b"content-disposition", b'attachment; filename="swamp.pyz"'),
+                    *digest,
+                ],
+            }
+        )
+        if scope["method"] == "HEAD":
+            await send({"type": "http.response.body", "body": b""})
+            return
+        async with await trio.open_file(download.path, "rb") as f:
+            while chunk := await f.read(CHUNK):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     def _authorize(self, scope):
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")

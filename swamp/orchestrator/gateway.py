@@ -215,6 +215,14 @@ class Gateway:
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
         if verify:
             self._to_verify_send.send_nowait(member)
+        if params.version and params.version != __version__:
+            log.warning(
+                "worker %s runs swamp %s, this orchestrator %s: it can download this build "
+                "from /swamp.pyz",
+                name,
+                params.version,
+                __version__,
+            )
         log.info(
             "worker %s enrolled (%s) platform=%s/%s capacity=%d",
             name,

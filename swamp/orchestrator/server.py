@@ -38,6 +38,7 @@ from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.downloads import Download, running_pyz
 from swamp.orchestrator.episode import Episodes
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.metrics import Metrics
@@ -75,6 +76,8 @@ class ServeOptions:
     trusted_hosts: tuple[str, ...] = ()
     ship_env: tuple[str, ...] = ()
     queue_timeout: str | None = None  # --queue-timeout / SWAMP_QUEUE_TIMEOUT; None: 10m
+    pyz: Path | None = None  # the build GET /swamp.pyz serves (default: the one running)
+    private_downloads: bool = False
     json: bool = False
 
 
@@ -91,6 +94,8 @@ def check_options(options: ServeOptions) -> RequestPolicy:
     environment.check_names(options.ship_env, source="--ship-env")
     if options.queue_timeout is not None:
         parse_queue_timeout(options.queue_timeout, what="--queue-timeout (SWAMP_QUEUE_TIMEOUT)")
+    if options.pyz is not None and not Path(options.pyz).is_file():
+        raise UserError(f"--pyz {options.pyz} is not a file")
     if bool(options.tls_cert) != bool(options.tls_key):
         raise UserError("--tls-cert and --tls-key go together: pass both or neither")
     for path in (options.tls_cert, options.tls_key):
@@ -234,7 +239,13 @@ def _first_os_error(group: BaseExceptionGroup) -> OSError | None:
 
 
 def _announce(
-    options: ServeOptions, repo: Repo, url: str, data_plane: str, swept: dict, queue_timeout: float
+    options: ServeOptions,
+    repo: Repo,
+    url: str,
+    data_plane: str,
+    swept: dict,
+    queue_timeout: float,
+    download: Download | None,
 ) -> None:
     info = {
         "event": "listening",
@@ -245,6 +256,11 @@ def _announce(
         "reconciled": swept,
         "verifyOnEnroll": options.verify_on_enroll,
         "queueTimeoutSeconds": queue_timeout,
+        **(
+            {"download": f"{data_plane}/swamp.pyz", "downloadSha256": download.sha256}
+            if download
+            else {}
+        ),
         "shipEnv": list(options.ship_env),
     }
     if options.json:
@@ -266,6 +282,8 @@ def _announce(
             )
         if options.ship_env:
             print(f"  every dispatch ships: {', '.join(options.ship_env)}", flush=True)
+        if download:
+            print(f"  workers download this build from {data_plane}/swamp.pyz", flush=True)
         waits = f"up to {format_age(queue_timeout)}" if queue_timeout else "without limit"
         print(
             f"  queue: a placed step waits {waits} for a matching worker (--queue-timeout)",
@@ -348,6 +366,8 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     )
     if options.verify_on_enroll:
         gateway.prober = verifier.probe
+    pyz = options.pyz or running_pyz()
+    download = Download.of(pyz) if pyz is not None else None
     local_credential = new_local_credential() if options.auth == "token" else None
     auth = AdminAuth(
         mode=options.auth, server_tokens=ServerTokenBook(store), local_credential=local_credential
@@ -356,7 +376,14 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         gateway=gateway,
         dispatch=dispatch,
         admin=Admin(repo, gateway, dispatch, verifier),
-        dataplane=DataPlane(dispatch, credentials, pool, metrics=metrics),
+        dataplane=DataPlane(
+            dispatch,
+            credentials,
+            pool,
+            metrics=metrics,
+            download=download,
+            private_downloads=options.private_downloads,
+        ),
         auth=auth,
         policy=policy,
     )
@@ -399,7 +426,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
                 repo.write_serve_file(url, data_plane, admin_credential=local_credential)
-                _announce(options, repo, url, data_plane, swept, queue_timeout)
+                _announce(options, repo, url, data_plane, swept, queue_timeout, download)
                 nursery.start_soon(_checkpointer, store)
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)

@@ -158,6 +158,15 @@ class Session:
             channel.heartbeat = reply.heartbeat_seconds
         if self.reaper is not None:  # frozen as long as the orchestrator would drop us
             self.reaper.set_silence(channel.heartbeat * channel.missed)
+        if reply.orchestrator_version and reply.orchestrator_version != __version__:
+            self.reporter.emit(
+                "warning",
+                message=(
+                    f"this worker runs swamp {__version__} but the orchestrator runs "
+                    f"{reply.orchestrator_version}: the matching build is at "
+                    f"{self.config.data_plane()}/swamp.pyz"
+                ),
+            )
         capped = self.enrollment.capacity < self.config.concurrency
         self.reporter.emit(
             "enrolled",

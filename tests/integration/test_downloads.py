@@ -1,0 +1,97 @@
+"""The orchestrator serves its own build: a machine downloads it, checks it, runs a worker."""
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import zipapp
+
+import httpx
+import pytest
+import trio
+
+from swamp.repo import Repo
+from tests.integration.conftest import ROOT, wait_until
+from tests.integration.hostile import RawSocket, enroll_params
+
+pytestmark = pytest.mark.integration
+
+
+def _small_pyz(tmp) -> object:
+    """A zipapp of this checkout's ``swamp`` package (its dependencies come from the
+    interpreter running it): enough to show a downloaded file runs as a worker."""
+    staging = tmp / "staging"
+    shutil.copytree(ROOT / "swamp", staging / "swamp", ignore=shutil.ignore_patterns("__pycache__"))
+    (staging / "__main__.py").write_text("from swamp.cli import main\n\nmain()\n")
+    target = tmp / "swamp.pyz"
+    zipapp.create_archive(staging, target)
+    return target
+
+
+def test_a_machine_downloads_the_build_checks_it_and_runs_a_worker_from_it(cluster):
+    built = _small_pyz(cluster.tmp)
+    serve = cluster.serve("--pyz", str(built))
+    listening = serve.wait_for(lambda e: e.get("event") == "listening")
+    base = cluster.url.replace("ws://", "http://")
+    assert listening["download"] == f"{base}/swamp.pyz"
+    answer = httpx.get(f"{base}/swamp.pyz")
+    assert answer.status_code == 200
+    digest = hashlib.sha256(answer.content).hexdigest()
+    assert answer.headers["x-swamp-sha256"] == digest == listening["downloadSha256"]
+    assert httpx.get(f"{base}/swamp.pyz.sha256").text == f"{digest}  swamp.pyz\n"
+    downloaded = cluster.tmp / "machine" / "swamp.pyz"
+    downloaded.parent.mkdir()
+    downloaded.write_bytes(answer.content)
+    worker = subprocess.Popen(
+        [sys.executable, str(downloaded), "worker", "connect", cluster.url, "--json"],
+        env={**cluster.env, "SWAMP_WORKER_TOKEN": cluster.mint("fromfile")},
+        cwd=downloaded.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        first = worker.stdout.readline()
+        while '"enrolled"' not in first and first:
+            first = worker.stdout.readline()
+        assert '"workerName": "fromfile"' in first
+        code, _ = cluster.run("swamp/echo", "echo", "--target", "fromfile")
+        assert code == 0
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=10) == 0
+
+
+def test_private_downloads_need_a_credential_and_no_build_is_a_clear_404(cluster):
+    built = _small_pyz(cluster.tmp)
+    cluster.serve("--pyz", str(built), "--private-downloads")
+    base = cluster.url.replace("ws://", "http://")
+    refused = httpx.get(f"{base}/swamp.pyz")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    token = cluster.cli_json("server", "token", "create", "provisioner")["token"]
+    allowed = httpx.get(f"{base}/swamp.pyz", headers={"Authorization": f"Bearer {token}"})
+    assert allowed.status_code == 200 and allowed.content == built.read_bytes()
+
+
+def test_without_a_build_the_download_says_how_to_get_one(cluster):
+    cluster.serve()
+    missing = httpx.get(cluster.url.replace("ws://", "http://") + "/swamp.pyz")
+    assert missing.status_code == 404
+    assert "swamp serve --pyz PATH" in missing.json()["error"]["message"]
+
+
+async def test_a_worker_of_another_version_is_warned_about_with_the_download(cluster):
+    serve = cluster.serve()
+    worker = await RawSocket.open(cluster.url)
+    params = enroll_params(cluster.mint("old"), version="0.0.1")
+    reply = await worker.request("worker.enroll", params)
+    assert reply["type"] == "response"
+    assert reply["result"]["orchestratorVersion"] != "0.0.1"  # the worker learns the version
+    await trio.to_thread.run_sync(
+        lambda: wait_until(
+            lambda: "runs swamp 0.0.1" in serve.log.read_text(), what="the version warning"
+        )
+    )
+    assert "/swamp.pyz" in serve.log.read_text()
+    await worker.aclose()
+    assert Repo(cluster.repo).running_server()  # still serving
