@@ -8,6 +8,7 @@
     python3 build.py bench     # run the dispatch benchmark
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
     python3 build.py soak      # steps over a fleet under SIGKILLs and a restart (minutes)
+    python3 build.py pyz       # dist/swamp.pyz: the one file every machine runs
     python3 build.py lock      # refresh constraints.txt from a clean resolve
 
 Each task first makes sure `.venv/` exists and holds exactly the versions in constraints.txt
@@ -50,6 +51,111 @@ def ensure_venv() -> None:
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"], check=True)
     STAMP.write_text(_fingerprint())
+
+
+# The pyz's own __main__: before shiv unpacks its site-packages, choose where (shiv's default,
+# ~/.shiv, is unusable for a service without a writable HOME), and tell swamp which file it runs
+# from (its children are started from the same file; the orchestrator serves it).
+LAUNCHER = """\
+import os
+import sys
+import tempfile
+
+
+def _writable(path):
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _cache_root():
+    for base in (os.environ.get("XDG_CACHE_HOME"), os.path.expanduser("~/.cache")):
+        if base and base.startswith("/") and _writable(os.path.join(base, "swamp")):
+            return os.path.join(base, "swamp")
+    private = os.path.join(tempfile.gettempdir(), "swamp-%d" % os.getuid())
+    if _writable(private):
+        info = os.lstat(private)
+        if info.st_uid == os.getuid() and not info.st_mode & 0o077:
+            return private
+    sys.exit("swamp.pyz: no private, writable directory to unpack into; set SHIV_ROOT")
+
+
+os.environ.setdefault("SHIV_ROOT", _cache_root())
+os.environ["SWAMP_PYZ"] = os.path.abspath(sys.argv[0])
+import _bootstrap  # noqa: E402
+
+_bootstrap.bootstrap()
+"""
+PYZ_LIMIT = 5 * 1024 * 1024
+
+
+def build_pyz(target: Path) -> int:
+    """dist/swamp.pyz from exactly the runtime versions in constraints.txt: pure Python only,
+    reproducible (the same inputs give the same bytes), bytecode compiled on first run."""
+    import shutil
+    import tomllib
+    import zipfile
+
+    build = ROOT / "build" / "pyz"
+    site = build / "site-packages"
+    shutil.rmtree(build, ignore_errors=True)
+    site.mkdir(parents=True)
+    pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = ["-c", str(ROOT / "constraints.txt")]
+    subprocess.run([*pip, *constraints, "shiv"], check=True)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    subprocess.run(
+        [*pip, *constraints, "--no-compile", "--only-binary=:all:", "--target", str(site), *deps],
+        check=True,
+    )
+    subprocess.run(
+        [*pip, "--no-deps", "--no-compile", "--target", str(site), str(ROOT)], check=True
+    )
+    compiled = [p for p in site.rglob("*") if p.suffix in (".so", ".pyd", ".dylib") and p.is_file()]
+    impure = [
+        w.parent.name
+        for w in site.glob("*.dist-info/WHEEL")
+        if "Root-Is-Purelib: true" not in w.read_text()
+    ]
+    if compiled or impure:
+        sys.exit(f"refusing to build: platform-specific content {impure or compiled[:5]}")
+    for junk in (site / "bin", *site.rglob("__pycache__")):
+        shutil.rmtree(junk, ignore_errors=True)
+    raw = build / "shiv.pyz"
+    subprocess.run(
+        [
+            str(PY),
+            "-m",
+            "shiv",
+            "--site-packages",
+            str(site),
+            "-e",
+            "swamp.cli:main",
+            "-o",
+            str(raw),
+            "-p",
+            "/usr/bin/env python3",
+            "--reproducible",
+            "--compile-pyc",
+            "--no-modify",
+        ],
+        check=True,
+    )
+    target.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(raw) as source, open(target, "wb") as out:
+        out.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for info in source.infolist():
+                data = LAUNCHER.encode() if info.filename == "__main__.py" else source.read(info)
+                zipped.writestr(info, data)
+    target.chmod(0o755)
+    size = target.stat().st_size
+    if size >= PYZ_LIMIT:
+        sys.exit(f"{target} is {size} bytes: over the {PYZ_LIMIT}-byte limit")
+    print(f"{target} ({size / 1048576:.1f} MiB)")
+    return 0
 
 
 def run(*args: str) -> int:
@@ -95,6 +201,8 @@ def main(argv: list[str]) -> int:
         return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
     if task == "soak":
         return run(str(ROOT / "bench" / "soak.py"), *rest)
+    if task == "pyz":
+        return build_pyz(ROOT / "dist" / "swamp.pyz")
     print(f"unknown task {task!r}\n{__doc__}", file=sys.stderr)
     return 2
 

@@ -7,6 +7,7 @@ being drained (:meth:`LineReader.drain`), or the child blocks on a full pipe.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -51,6 +52,11 @@ class LineReader:
 
 
 def swamp_argv(*args: str) -> list[str]:
+    """How to start another swamp: from the same pyz when this one runs from a pyz (its
+    launcher says which, in ``SWAMP_PYZ``), else as ``python -m swamp``."""
+    pyz = os.environ.get("SWAMP_PYZ")
+    if pyz and os.path.isfile(pyz):
+        return [sys.executable, pyz, *args]
     return [sys.executable, "-m", "swamp", *args]
 
 

@@ -1,0 +1,143 @@
+"""swamp.pyz: built from the locked versions, pure Python, and enough on its own — with nothing
+but python3 and environment variables — for an orchestrator and its workers."""
+
+import hashlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+
+import httpx
+import pytest
+
+from tests.integration.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    target = tmp_path_factory.mktemp("dist") / "swamp.pyz"
+    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(target)!r}))"
+    built = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    return target
+
+
+def _env(**extra) -> dict:
+    return {"PATH": "/usr/bin:/bin", **extra}  # env -i: no HOME, no PYTHONPATH, no venv
+
+
+def _swamp(pyz, *args, cwd, env=None, timeout=60):
+    return subprocess.run(
+        [PYTHON, "-I", str(pyz), *args],
+        cwd=cwd,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_pyz_is_pure_python_small_and_reproducible(pyz, tmp_path):
+    assert pyz.stat().st_size < 5 * 1024 * 1024
+    with zipfile.ZipFile(pyz) as archive:
+        names = archive.namelist()
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
+    assert any(n.endswith("swamp/cli/__init__.py") for n in names)
+    again = tmp_path / "again.pyz"
+    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(again)!r}))"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(pyz.read_bytes()).digest()
+
+
+def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    shutil.copy(pyz, machine / "swamp.pyz")
+    local = machine / "swamp.pyz"
+    version = _swamp(local, "version", "--json", cwd=machine)
+    assert version.returncode == 0, version.stderr
+    assert json.loads(version.stdout)["protocolVersion"] >= 1
+    assert _swamp(local, "init", "repo", cwd=machine).returncode == 0
+    repo = machine / "repo"
+    serve = subprocess.Popen(
+        [PYTHON, "-I", str(local), "serve", "--port", "0", "--json", "--repo-dir", str(repo)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    workers = []
+    try:
+        listening = json.loads(serve.stdout.readline())
+        url = listening["url"]
+        # it serves itself
+        served = httpx.get(listening["download"])
+        assert served.content == local.read_bytes()
+        assert served.headers["x-swamp-sha256"] == hashlib.sha256(served.content).hexdigest()
+        token = json.loads(
+            _swamp(
+                local,
+                "worker",
+                "token",
+                "create",
+                "pool",
+                "--duration",
+                "1h",
+                "--max-enrollments",
+                "2",
+                "--json",
+                "--repo-dir",
+                str(repo),
+                cwd=machine,
+            ).stdout
+        )["token"]
+        for i in range(2):
+            worker = subprocess.Popen(
+                [PYTHON, "-I", str(local), "worker", "connect", "--json"],
+                env=_env(
+                    SWAMP_ORCHESTRATOR_URL=url,
+                    SWAMP_WORKER_TOKEN=token,
+                    SWAMP_WORKER_CACHE_DIR=str(machine / f"cache-{i}"),
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            workers.append(worker)
+        for worker in workers:
+            line = worker.stdout.readline()
+            while line and '"enrolled"' not in line:
+                line = worker.stdout.readline()
+            assert '"enrolled"' in line
+        ran = _swamp(
+            local,
+            "model",
+            "method",
+            "run",
+            "command/shell",
+            "run",
+            "--arg",
+            "command=echo hi",
+            "--label",
+            "fleet=pool",
+            "--repo-dir",
+            str(repo),
+            "--json",
+            cwd=machine,
+        )
+        assert ran.returncode == 0, ran.stderr
+        verified = _swamp(local, "worker", "verify", "--repo-dir", str(repo), "--json", cwd=machine)
+        report = json.loads(verified.stdout)
+        assert verified.returncode == 0 and report["passed"] == report["total"] == 2
+    finally:
+        for proc in [*workers, serve]:
+            proc.send_signal(signal.SIGTERM)
+        for proc in [*workers, serve]:
+            assert proc.wait(timeout=15) == 0
