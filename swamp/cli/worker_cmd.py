@@ -188,37 +188,6 @@ def connect(
     raise typer.Exit(status)
 
 
-UNIT = """\
-# swamp worker, run by systemd. Configure it with {env_file} (mode 0600, owned by root):
-#   SWAMP_ORCHESTRATOR_URL=wss://orchestrator.example:7420
-#   SWAMP_WORKER_TOKEN=<name.secret>         (or SWAMP_WORKER_TOKEN_FILE=/path/to/secret)
-#   SWAMP_WORKER_CACHE_DIR=/var/lib/swamp-worker
-# A stop sends SIGTERM: the worker takes no new work and exits 0 once its running steps are done
-# (up to TimeoutStopSec). Exit 0 is never restarted; exit 1 (a revoked or wrong token, a full
-# fleet) is not restarted either: it would fail the same way again.
-[Unit]
-Description=swamp worker
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-Type=simple
-EnvironmentFile={env_file}
-ExecStart={exec_start} worker connect
-{user}KillSignal=SIGTERM
-KillMode=mixed
-TimeoutStopSec=300
-Restart=on-failure
-RestartSec=5
-RestartPreventExitStatus=1
-StateDirectory=swamp-worker
-NoNewPrivileges=yes
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-
 @app.command("unit", short_help="Print a systemd unit that runs a worker.")
 @command
 def unit(
@@ -245,14 +214,9 @@ def unit(
             raise UserError(f"{what} must be an absolute path (got {value!r})")
     if user is not None and not user.replace("-", "").replace("_", "").isalnum():
         raise UserError(f"invalid --user {user!r}")
-    print(
-        UNIT.format(
-            env_file=env_file,
-            exec_start=exec_start,
-            user=f"User={user}\n" if user else "",
-        ),
-        end="",
-    )
+    from swamp.domain.provisioning import unit as render_unit
+
+    print(render_unit(exec_start=exec_start, env_file=env_file, user=user), end="")
 
 
 @app.command("list", short_help="The pool: workers, status, slots, labels.")
@@ -481,6 +445,26 @@ def token_create(
         show_default=False,
         help="At most N slots per worker; a worker asking for more gets N.",
     ),
+    cloud_init: bool = typer.Option(
+        False,
+        "--cloud-init",
+        help="Print #cloud-config user-data that makes a machine a worker with this token: "
+        "python3, the orchestrator's build (sha256 checked), an environment file (0600) and "
+        "a systemd unit.",
+    ),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", help="Print a Kubernetes Secret and Deployment instead."
+    ),
+    compose: bool = typer.Option(False, "--compose", help="Print a Compose service instead."),
+    orchestrator_url: str = typer.Option(
+        None,
+        "--orchestrator-url",
+        show_default=False,
+        help="The URL machines connect to (default: the running server's), e.g. wss://host:7420.",
+    ),
+    output: Path = typer.Option(
+        None, "--output", help="Write the provisioning file here (mode 0600: it holds the token)."
+    ),
     server: str = SERVER,
     server_token: str = SERVER_TOKEN,
     ca_cert: Path = CA_CERT,
@@ -496,11 +480,16 @@ def token_create(
     --allow-labels lists the keys they may set, --max-concurrency caps their slots. Example:
     swamp worker token create gpu --duration 7d --max-enrollments unlimited --label gpu=true
     --allow-labels zone --max-concurrency 4
+
+    With --cloud-init (or --kubernetes, --compose) it prints, instead, a file that provisions
+    a machine as a worker with the new token, downloading the orchestrator's own build
+    (swamp serve must serve one: it runs from swamp.pyz, or --pyz).
     """
     from swamp.domain.claims import ClaimPolicy
     from swamp.domain.durations import parse_duration
     from swamp.domain.labels import parse_labels
     from swamp.domain.tokens import parse_max_enrollments
+    from swamp.errors import UserError
     from swamp.protocol.messages import TokenCreateRequest
 
     parse_duration(duration, what="--duration")  # bad input is refused here, on either route
@@ -518,6 +507,11 @@ def token_create(
         allow_labels=allowed,
         max_concurrency=max_concurrency,
     )
+    chosen = [("cloud-init", cloud_init), ("kubernetes", kubernetes), ("compose", compose)]
+    kinds = [kind for kind, on in chosen if on]
+    if len(kinds) > 1:
+        raise UserError("choose one of --cloud-init, --kubernetes, --compose")
+    build = _served_build(orchestrator_url, server, repo_dir, ca_cert) if kinds else None
     item = with_admin(
         lambda api: api.token_create(request),
         repo_dir=repo_dir,
@@ -525,6 +519,9 @@ def token_create(
         server_token=server_token,
         ca_cert=ca_cert,
     )
+    if build is not None:
+        _provision(kinds[0], build, item, output)
+        return
     if json_output:
         emit_json(item.to_json())
         return
@@ -543,6 +540,61 @@ def token_create(
         "This is shown once and never again: store it now. Give it to a worker with "
         "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL"
     )
+
+
+def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dict:
+    """The orchestrator's URL and the sha256 of the build it serves, asked for *before* the
+    token is minted, so a failure here mints nothing."""
+    import httpx
+
+    from swamp.admin.routes import running_server
+    from swamp.errors import PeerError, UserError
+
+    url = url or server or running_server(repo_dir)
+    if not url or not url.startswith(("ws://", "wss://")):
+        raise UserError(
+            "provisioning needs the orchestrator's URL: pass --orchestrator-url wss://host:port "
+            "(or run it in the repo of a running 'swamp serve')"
+        )
+    base = ("https://" if url.startswith("wss://") else "http://") + url.split("://", 1)[1]
+    base = base.rstrip("/")
+    try:
+        answer = httpx.get(
+            f"{base}/swamp.pyz.sha256", timeout=10, verify=str(ca_cert) if ca_cert else True
+        )
+    except httpx.HTTPError as exc:
+        raise PeerError(f"cannot reach the orchestrator at {base}: {exc}") from None
+    if answer.status_code != 200:
+        raise PeerError(
+            f"the orchestrator at {base} serves no build (HTTP {answer.status_code}): start it "
+            "from swamp.pyz, or with 'swamp serve --pyz PATH'"
+        )
+    words = answer.text.split()
+    sha256 = words[0] if words else ""
+    if len(sha256) != 64:
+        raise PeerError(f"the orchestrator at {base} sent a malformed checksum")
+    return {"url": url, "download": f"{base}/swamp.pyz", "sha256": sha256}
+
+
+def _provision(kind: str, build: dict, item, output: Path | None) -> None:
+    import os
+
+    from swamp.domain import provisioning
+
+    if kind == "cloud-init":
+        text = provisioning.cloud_init(token=item.token, **build)
+    elif kind == "kubernetes":
+        text = provisioning.kubernetes(name=item.name, token=item.token, **build)
+    else:
+        text = provisioning.compose(token=item.token, **build)
+    if output is None:
+        print(text, end="")
+        return
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+    print(f"wrote {output} (mode 0600: it holds the token for {item.name})", file=sys.stderr)
 
 
 @token_app.command("list", short_help="Tokens: state, deadline, enrollments.")

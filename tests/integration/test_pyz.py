@@ -11,6 +11,7 @@ import zipfile
 
 import httpx
 import pytest
+import yaml
 
 from tests.integration.conftest import ROOT
 
@@ -141,3 +142,72 @@ def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
             proc.send_signal(signal.SIGTERM)
         for proc in [*workers, serve]:
             assert proc.wait(timeout=15) == 0
+
+
+def test_cloud_init_provisions_a_worker_from_the_orchestrators_build(pyz, cluster):
+    cluster.serve("--pyz", str(pyz))
+    digest = hashlib.sha256(pyz.read_bytes()).hexdigest()
+    out = cluster.tmp / "user-data.yaml"
+    made = cluster.cli(
+        "worker",
+        "token",
+        "create",
+        "pool",
+        "--duration",
+        "1h",
+        "--max-enrollments",
+        "5",
+        "--cloud-init",
+        "--output",
+        str(out),
+    )
+    assert made.returncode == 0, made.stderr
+    assert out.stat().st_mode & 0o777 == 0o600
+    text = out.read_text()
+    assert text.startswith("#cloud-config\n")
+    config = yaml.safe_load(text)
+    base = cluster.url.replace("ws://", "http://")
+    commands = [" ".join(c) for c in config["runcmd"]]
+    assert any(f"{base}/swamp.pyz" in c for c in commands)
+    assert any(f"{digest}  /opt/swamp/swamp.pyz" in c and "sha256sum -c" in c for c in commands)
+    files = {f["path"]: f for f in config["write_files"]}
+    env_file = files["/etc/swamp/worker.env"]
+    assert env_file["permissions"] == "0600"
+    unit = files["/etc/systemd/system/swamp-worker.service"]["content"]
+    assert "KillSignal=SIGTERM" in unit and "EnvironmentFile=/etc/swamp/worker.env" in unit
+    if shutil.which("cloud-init"):
+        schema = subprocess.run(
+            ["cloud-init", "schema", "--config-file", str(out)], capture_output=True, text=True
+        )
+        assert schema.returncode == 0, schema.stdout + schema.stderr
+    # the unit's ExecStart, with its environment file, against this orchestrator: it enrolls
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = exec_start.removeprefix("ExecStart=").replace("/opt/swamp/swamp.pyz", str(pyz)).split()
+    env = dict(line.split("=", 1) for line in env_file["content"].splitlines() if line)
+    env["SWAMP_WORKER_CACHE_DIR"] = str(cluster.tmp / "cache")
+    worker = subprocess.Popen(
+        argv, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        line = worker.stdout.readline()
+        while line and "enrolled as" not in line:
+            line = worker.stdout.readline()
+        assert "enrolled as pool-" in line
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=15) == 0
+    # the other two shapes parse, and carry the checked download
+    for flag, kinds in (("--kubernetes", ["Secret", "Deployment"]), ("--compose", None)):
+        printed = cluster.cli("worker", "token", "create", f"k{flag[2]}", "--duration", "1h", flag)
+        assert printed.returncode == 0, printed.stderr
+        documents = list(yaml.safe_load_all(printed.stdout))
+        if kinds:
+            assert [d["kind"] for d in documents] == kinds
+        assert digest in printed.stdout and f"{base}/swamp.pyz" in printed.stdout
+
+
+def test_provisioning_without_a_served_build_mints_nothing(cluster):
+    cluster.serve()
+    made = cluster.cli("worker", "token", "create", "pool", "--duration", "1h", "--cloud-init")
+    assert made.returncode == 1 and "serves no build" in made.stderr
+    assert cluster.cli_json("worker", "token", "list") == []
