@@ -95,13 +95,18 @@ def cloud_init(*, url: str, download: str, sha256: str, token: str) -> str:
     )
 
 
-def kubernetes(*, name: str, url: str, download: str, sha256: str, token: str) -> str:
-    """A Secret with the token and a Deployment whose container fetches the checked build."""
-    fetch = (
+def _fetch_and_run(download: str, sha256: str) -> str:
+    """A container's command: fetch the build with the image's own python, check it, run it."""
+    return (
         f"python3 -c \"import urllib.request; urllib.request.urlretrieve('{download}', "
         f"'/tmp/swamp.pyz')\" && echo '{sha256}  /tmp/swamp.pyz' | sha256sum -c - && "
         "exec python3 /tmp/swamp.pyz worker connect"
     )
+
+
+def kubernetes(*, name: str, url: str, download: str, sha256: str, token: str) -> str:
+    """A Secret with the token and a Deployment whose container fetches the checked build."""
+    fetch = _fetch_and_run(download, sha256)
     return (
         "apiVersion: v1\n"
         "kind: Secret\n"
@@ -135,11 +140,7 @@ def kubernetes(*, name: str, url: str, download: str, sha256: str, token: str) -
 
 def compose(*, url: str, download: str, sha256: str, token: str) -> str:
     """A Compose service (the token in a secret file next to it: ``./swamp_token``)."""
-    fetch = (
-        f"python3 -c \"import urllib.request; urllib.request.urlretrieve('{download}', "
-        f"'/tmp/swamp.pyz')\" && echo '{sha256}  /tmp/swamp.pyz' | sha256sum -c - && "
-        "exec python3 /tmp/swamp.pyz worker connect"
-    )
+    fetch = _fetch_and_run(download, sha256)
     return (
         f"# write the token to ./swamp_token (mode 0600) first: {token}\n"
         "services:\n"
