@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from swamp.domain.workflow import Dependency
+from swamp.errors import UserError
 
 DONE = frozenset({"succeeded", "failed", "skipped"})
+MAX_EXPANSIONS = 1000  # a forEach runs a step at most this many times
 RUN_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -59,6 +61,22 @@ def job_status(steps: Iterable[tuple[str, bool]]) -> str:
 
 def run_status(jobs: Iterable[str]) -> str:
     return "failed" if any(s == "failed" for s in jobs) else "succeeded"
+
+
+def expansion_items(value: object, *, step: str) -> list:
+    """What a ``forEach.in`` gave, as the items to run the step for: a list as it is, a table as
+    ``{key, value}`` entries; anything else, or more than :data:`MAX_EXPANSIONS`, is an error."""
+    if isinstance(value, dict):
+        value = [{"key": k, "value": v} for k, v in value.items()]
+    if not isinstance(value, list):
+        kind = "null" if value is None else type(value).__name__
+        raise UserError(f"step {step!r}: forEach.in gave {kind}, not a list")
+    if len(value) > MAX_EXPANSIONS:
+        raise UserError(
+            f"step {step!r}: forEach.in gave {len(value)} items; a step runs at most "
+            f"{MAX_EXPANSIONS} times (split the list, or fan out in a nested workflow)"
+        )
+    return value
 
 
 def expansion_name(template: str, item: object, index: int) -> str:

@@ -28,7 +28,14 @@ from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
-from swamp.domain.workflow_run import combined, decide, expansion_name, job_status, run_status
+from swamp.domain.workflow_run import (
+    combined,
+    decide,
+    expansion_items,
+    expansion_name,
+    job_status,
+    run_status,
+)
 from swamp.errors import NeedsOrchestrator, SwampError, UserError
 from swamp.protocol.messages import RunEvent, RunResult, StepEvent, decode_event
 from swamp.store.datastore import Datastore, iso
@@ -343,12 +350,7 @@ class _Run:
                 items = render(step.for_each.items, self.context())
             except ExpressionError as exc:
                 raise UserError(f"step {step.name!r}: forEach.in: {exc.message}") from None
-            if isinstance(items, dict):
-                items = [{"key": k, "value": v} for k, v in items.items()]
-            if not isinstance(items, list):
-                raise UserError(
-                    f"step {step.name!r}: forEach.in gave {type(items).__name__}, not a list"
-                )
+            items = expansion_items(items, step=step.name)
             seen: set[str] = set()
             for index, item in enumerate(items):
                 binding = {step.for_each.item: item}

@@ -88,6 +88,33 @@ CASES = [
     (["serve", "--auth", "maybe", "--port", "0"], "expected token or none"),
     (["serve", "--grace-window", "0s", "--port", "0"], "must be positive"),
     (["server", "token", "create", "Bad.Name"], "invalid server token name"),
+    (["serve", "--queue-timeout", "5x", "--port", "0"], "invalid --queue-timeout"),
+    (["serve", "--pyz", "/nowhere/swamp.pyz", "--port", "0"], "is not a file"),
+    (
+        ["worker", "connect", "ws://127.0.0.1:9", "--token", "a.b", "--max-dispatches", "0"],
+        "expected 1 or more",
+    ),
+    (
+        ["worker", "connect", "ws://127.0.0.1:9", "--token", "a.b", "--idle-timeout", "soon"],
+        "--idle-timeout (SWAMP_WORKER_IDLE_TIMEOUT)",
+    ),
+    (
+        ["worker", "connect", "ws://127.0.0.1:9", "--token", "a.b", "--concurrency", "lots"],
+        "SWAMP_WORKER_CONCURRENCY",
+    ),
+    (["worker", "unit", "--exec", "swamp"], "must be an absolute path"),
+    (
+        ["worker", "token", "create", "p", "--duration", "1h", "--cloud-init", "--compose"],
+        "choose one of",
+    ),
+    (
+        ["worker", "token", "create", "p", "--duration", "1h", "--cloud-init"],
+        "needs the orchestrator's URL",
+    ),
+    (["workflow", "run", "nope"], "no workflow 'nope'"),
+    (["workflow", "run", "nope", "--timeout", "soon"], "invalid --timeout"),
+    (["workflow", "create", "Bad Name"], "invalid workflow name"),
+    (["workflow", "history", "get"], "needs a run id"),
 ]
 
 

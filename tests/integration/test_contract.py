@@ -152,6 +152,14 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
         reply = await worker.request("capability.queryData", params)
         assert _coded(reply), (params, reply)
         sent += 1
+    # its drain announcement: only the three reasons; anything else is a coded error
+    for params in [{"reason": "because"}, {"reason": 7}, {}, *_mutations(rng, {}, 20)]:
+        reply = await worker.request("worker.drain", params)
+        assert reply["type"] == "error" and _coded(reply), (params, reply)
+        sent += 1
+    listed = cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+    assert [w["status"] for w in listed if w["name"] == "raw"] == ["idle"]  # nothing changed
+    assert (await worker.request("worker.drain", {"reason": "signal"}))["type"] == "response"
     await worker.aclose()
     # every admin verb, on an admin socket
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)

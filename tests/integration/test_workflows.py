@@ -339,3 +339,34 @@ def test_affinity_keeps_a_job_on_one_worker_and_a_nested_workflow_runs_inline(cl
     nested = cluster.cli_json("workflow", "history", "get", child["childRunId"])["run"]
     assert nested["workflow"] == "hello-child" and nested["inputs"] == {"who": "parent"}
     assert _steps(nested)["main.say"]["logTail"] == ["hello parent"]
+
+
+def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(cluster):
+    _install(cluster, "ci")
+    for args, needle in (
+        (["--input", "fail_b=maybe"], "inputs: data.fail_b must be boolean"),
+        (["--input", "fail_b"], "expected name=value"),
+    ):
+        result = cluster.cli("workflow", "run", "ci", *args)
+        assert result.returncode == 2 and needle in result.stderr, result.stderr
+    assert cluster.query('modelType == "swamp/workflow-run"') == []
+    items = json.dumps(list(range(1001)))
+    _write(
+        cluster,
+        "wide",
+        f"""\
+        name = "wide"
+        [inputs.properties.items]
+        type = "array"
+        default = {items}
+        [[jobs]]
+        name = "fan"
+        [[jobs.steps]]
+        name = "each"
+        forEach = {{ item = "i", in = "${{{{ inputs.items }}}}" }}
+        task = {{ type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }}
+        """,
+    )
+    code, run, _ = _run(cluster, "wide")
+    assert code == 1 and run["jobs"][0]["status"] == "failed"
+    assert "gave 1001 items; a step runs at most 1000 times" in run["jobs"][0]["error"]

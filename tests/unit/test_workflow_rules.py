@@ -133,3 +133,17 @@ def test_a_nested_workflow_missing_a_required_input_is_found_by_validation():
     assert [p.line() for p in problems] == [
         "jobs[0].steps[0].task.inputs: workflow 'child' needs input 'who'"
     ]
+
+
+def test_what_a_for_each_may_give():
+    from swamp.domain.workflow_run import MAX_EXPANSIONS, expansion_items
+    from swamp.errors import UserError
+
+    assert expansion_items([1, 2], step="s") == [1, 2]
+    assert expansion_items({"a": 1}, step="s") == [{"key": "a", "value": 1}]
+    for bad, needle in (("abc", "gave str"), (None, "gave null")):
+        with pytest.raises(UserError, match=needle):
+            expansion_items(bad, step="s")
+    assert len(expansion_items(list(range(MAX_EXPANSIONS)), step="s")) == MAX_EXPANSIONS
+    with pytest.raises(UserError, match="at most 1000 times"):
+        expansion_items(list(range(MAX_EXPANSIONS + 1)), step="s")
