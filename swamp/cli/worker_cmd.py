@@ -200,6 +200,7 @@ def unit(
         "/etc/swamp/worker.env", "--env-file", help="The EnvironmentFile the unit reads."
     ),
     user: str = typer.Option(None, "--user", help="Run as this user (default: root)."),
+    json_output: bool = JSON,
 ) -> None:
     """Print a systemd service for 'swamp worker connect', configured from an EnvironmentFile
     (keep it mode 0600: it holds the token). SIGTERM drains (TimeoutStopSec=300 lets running
@@ -216,7 +217,11 @@ def unit(
         raise UserError(f"invalid --user {user!r}")
     from swamp.domain.provisioning import unit as render_unit
 
-    print(render_unit(exec_start=exec_start, env_file=env_file, user=user), end="")
+    text = render_unit(exec_start=exec_start, env_file=env_file, user=user)
+    if json_output:
+        emit_json({"path": "/etc/systemd/system/swamp-worker.service", "content": text})
+        return
+    print(text, end="")
 
 
 @app.command("list", short_help="The pool: workers, status, slots, labels.")
@@ -520,7 +525,7 @@ def token_create(
         ca_cert=ca_cert,
     )
     if build is not None:
-        _provision(kinds[0], build, item, output)
+        _provision(kinds[0], build, item, output, json_output=json_output)
         return
     if json_output:
         emit_json(item.to_json())
@@ -576,7 +581,7 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dic
     return {"url": url, "download": f"{base}/swamp.pyz", "sha256": sha256}
 
 
-def _provision(kind: str, build: dict, item, output: Path | None) -> None:
+def _provision(kind: str, build: dict, item, output: Path | None, *, json_output: bool) -> None:
     import os
 
     from swamp.domain import provisioning
@@ -588,13 +593,19 @@ def _provision(kind: str, build: dict, item, output: Path | None) -> None:
     else:
         text = provisioning.compose(token=item.token, **build)
     if output is None:
-        print(text, end="")
+        if json_output:  # the token item, with the file that provisions a machine with it
+            emit_json({**item.to_json(), "provisioning": {"kind": kind, "content": text}})
+        else:
+            print(text, end="")
         return
     fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
-    print(f"wrote {output} (mode 0600: it holds the token for {item.name})", file=sys.stderr)
+    if json_output:
+        emit_json({"name": item.name, "provisioning": {"kind": kind, "path": str(output)}})
+    else:
+        print(f"wrote {output} (mode 0600: it holds the token for {item.name})", file=sys.stderr)
 
 
 @token_app.command("list", short_help="Tokens: state, deadline, enrollments.")

@@ -232,6 +232,8 @@ def test_the_systemd_unit_verifies_and_runs_its_command(cluster):
     path.write_text(unit.replace(f"ExecStart={sys.executable} worker", f"ExecStart={exe} worker"))
     assert "KillSignal=SIGTERM" in unit and "TimeoutStopSec=300" in unit
     assert "Restart=on-failure" in unit and "RestartPreventExitStatus=1" in unit
+    described = cluster.cli_json("worker", "unit", "--exec", sys.executable)
+    assert described["content"] == unit and described["path"].endswith("swamp-worker.service")
     if shutil.which("systemd-analyze"):
         check = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True)
         assert check.returncode == 0, check.stderr

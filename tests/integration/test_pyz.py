@@ -196,6 +196,11 @@ def test_cloud_init_provisions_a_worker_from_the_orchestrators_build(pyz, cluste
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=15) == 0
+    as_json = cluster.cli_json(
+        "worker", "token", "create", "js", "--duration", "1h", "--cloud-init"
+    )
+    assert as_json["provisioning"]["kind"] == "cloud-init" and as_json["token"].startswith("js.")
+    assert as_json["token"] in as_json["provisioning"]["content"]
     # the other two shapes parse, and carry the checked download
     for flag, kinds in (("--kubernetes", ["Secret", "Deployment"]), ("--compose", None)):
         printed = cluster.cli("worker", "token", "create", f"k{flag[2]}", "--duration", "1h", flag)
