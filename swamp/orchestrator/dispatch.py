@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -56,7 +56,6 @@ class RunRequest:
     workflow: str | None = None  # which run/step this is, when a workflow placed it
     job: str | None = None
     step: str | None = None
-    environment: dict[str, str] = field(default_factory=dict)  # extra, for this dispatch only
 
     def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
         """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
@@ -155,10 +154,7 @@ class DispatchService:
             model_name=request.model.name,
             method=request.method,
             args=args,
-            environment={
-                **environment.ship(self.environ, request.shipped_names(self.ship_env)),
-                **request.environment,
-            },
+            environment=environment.ship(self.environ, request.shipped_names(self.ship_env)),
             read_scope=request.scope(),
         )
         info = StepInfo(
