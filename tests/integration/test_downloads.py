@@ -95,3 +95,13 @@ async def test_a_worker_of_another_version_is_warned_about_with_the_download(clu
     assert "/swamp.pyz" in serve.log.read_text()
     await worker.aclose()
     assert Repo(cluster.repo).running_server()  # still serving
+
+
+def test_a_web_page_cannot_reach_the_new_http_routes(cluster):
+    built = _small_pyz(cluster.tmp)
+    cluster.serve("--pyz", str(built))
+    base = cluster.url.replace("ws://", "http://")
+    for path in ("/swamp.pyz", "/swamp.pyz.sha256", "/metrics"):
+        answer = httpx.get(base + path, headers={"Origin": "https://evil.example"})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+        assert httpx.get(base + path).status_code in (200, 401)  # control: no Origin
