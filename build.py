@@ -7,6 +7,7 @@
     python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
     python3 build.py bench     # run the dispatch benchmark
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
+    python3 build.py bench-startup  # the pyz: --version, and a worker started to enrolled
     python3 build.py soak      # steps over a fleet under SIGKILLs and a restart (minutes)
     python3 build.py pyz       # dist/swamp.pyz: the one file every machine runs
     python3 build.py lock      # refresh constraints.txt from a clean resolve
@@ -111,7 +112,8 @@ def build_pyz(target: Path) -> int:
         check=True,
     )
     subprocess.run(
-        [*pip, "--no-deps", "--no-compile", "--target", str(site), str(ROOT)], check=True
+        [*pip, "--no-deps", "--no-compile", "--upgrade", "--target", str(site), str(ROOT)],
+        check=True,
     )
     compiled = [p for p in site.rglob("*") if p.suffix in (".so", ".pyd", ".dylib") and p.is_file()]
     impure = [
@@ -197,6 +199,10 @@ def main(argv: list[str]) -> int:
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
+    if task == "bench-startup":
+        if "--pyz" not in rest and build_pyz(ROOT / "dist" / "swamp.pyz") != 0:
+            return 1
+        return run(str(ROOT / "bench" / "startup.py"), *rest)
     if task == "bench-queue":
         return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
     if task == "soak":

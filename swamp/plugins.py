@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import stat
+import sys
 
 import pluggy
 
 from swamp import hooks
+from swamp.domain.text import printable
 from swamp.errors import SwampError, UnknownModel
 from swamp.models.framework import ModelType
+
+log = logging.getLogger(__name__)
 
 
 def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
@@ -19,6 +25,9 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
 
     pm.register(builtin, name="swamp.builtin")
     pm.register(fleet_probe, name="swamp.fleet_probe")
+    for directory in plugin_dirs():
+        if directory not in sys.path:  # after our own: a plugin cannot shadow swamp's modules
+            sys.path.append(directory)
     if load_entry_points:
         pm.load_setuptools_entrypoints(hooks.PROJECT)
     for module_name in _extra_plugins():
@@ -31,6 +40,39 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
         if not pm.is_registered(module):
             pm.register(module, name=module_name)
     return pm
+
+
+def plugin_dirs() -> list[str]:
+    """Where plugins live besides the interpreter's own path, for a pyz run as ``python3 -I``
+    (which ignores ``PYTHONPATH``): the directories in ``SWAMP_PLUGIN_PATH``, then a
+    ``plugins`` directory beside the pyz (``pip install --target``), taken only when no other
+    user could have put code in it."""
+    dirs = [d for d in os.environ.get("SWAMP_PLUGIN_PATH", "").split(os.pathsep) if d]
+    pyz = os.environ.get("SWAMP_PYZ")
+    if pyz:
+        beside = os.path.join(os.path.dirname(pyz), "plugins")
+        if _private(beside):
+            dirs.append(beside)
+    return [os.path.abspath(d) for d in dirs]
+
+
+def _private(directory: str) -> bool:
+    """A directory owned by us or root that neither group nor others can write; one that
+    exists but is not is skipped with a warning that says why."""
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    if info.st_uid in (os.getuid(), 0) and not info.st_mode & 0o022:
+        return True
+    log.warning(
+        "ignoring %s: another user could write to it (make it yours and chmod go-w, or name "
+        "it in SWAMP_PLUGIN_PATH)",
+        printable(directory),
+    )
+    return False
 
 
 def _extra_plugins() -> list[str]:

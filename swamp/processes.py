@@ -53,11 +53,13 @@ class LineReader:
 
 def swamp_argv(*args: str) -> list[str]:
     """How to start another swamp: from the same pyz when this one runs from a pyz (its
-    launcher says which, in ``SWAMP_PYZ``), else as ``python -m swamp``."""
+    launcher says which, in ``SWAMP_PYZ``), else as ``python -m swamp``; isolated (``-I``) when
+    this one is."""
     pyz = os.environ.get("SWAMP_PYZ")
+    isolated = ["-I"] if sys.flags.isolated else []  # a child as isolated as its parent
     if pyz and os.path.isfile(pyz):
-        return [sys.executable, pyz, *args]
-    return [sys.executable, "-m", "swamp", *args]
+        return [sys.executable, *isolated, pyz, *args]
+    return [sys.executable, *isolated, "-m", "swamp", *args]
 
 
 async def start_serve(

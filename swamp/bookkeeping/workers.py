@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
+from swamp import __version__
 from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
@@ -161,7 +162,9 @@ _ITEM_FIELDS = (
 def worker_items(
     records: list[dict], live: dict[str, dict] | None = None, *, show_all: bool = False
 ) -> dict:
-    """The listing shape shared by the CLI and the server: live state wins over records."""
+    """The listing shape shared by the CLI and the server: live state wins over records; the
+    answering swamp's version comes along, so a worker of another version can be pointed out."""
+
     merged = {r["name"]: r for r in records}
     merged.update(live or {})
     items = [{k: r[k] for k in _ITEM_FIELDS if k in r} for r in merged.values()]
@@ -170,4 +173,9 @@ def worker_items(
     if not show_all:
         hidden = sum(1 for r in items if r["status"] == WorkerStatus.DISCONNECTED.value)
         items = [r for r in items if r["status"] != WorkerStatus.DISCONNECTED.value]
-    return {"workers": items, "count": len(items), "hiddenDisconnected": hidden}
+    return {
+        "workers": items,
+        "count": len(items),
+        "hiddenDisconnected": hidden,
+        "orchestratorVersion": __version__,
+    }

@@ -28,6 +28,34 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain Click help: rewraps paragraphs, starts faster
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _versions() -> dict:
+    from swamp import __version__
+    from swamp.protocol.frames import PROTOCOL_VERSION
+
+    return {"version": __version__, "protocolVersion": PROTOCOL_VERSION}
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print("swamp {version} (protocol {protocolVersion})".format(**_versions()))
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the version and exit ('swamp version --json' for machines).",
+    ),
+) -> None:
+    """An orchestrator and its worker fleets."""
+
+
 app.command("init", short_help="Create a repo (swamp.toml, models/, database).")(repo_cmd.init)
 app.command("serve", short_help="Run the orchestrator.")(serve_cmd.serve)
 app.command("demo", short_help="See it work: an orchestrator, two workers, dispatches.")(
@@ -42,16 +70,13 @@ app.add_typer(workflow_cmd.app, name="workflow")
 
 @app.command("version", short_help="Print the version and protocol version.")
 def version(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Print swamp's version and its protocol version."""
-    import json
-
-    from swamp import __version__
-    from swamp.protocol.frames import PROTOCOL_VERSION
-
+    """Print swamp's version and its protocol version (the same as 'swamp --version')."""
     if json_output:
-        print(json.dumps({"version": __version__, "protocolVersion": PROTOCOL_VERSION}))
+        import json
+
+        print(json.dumps(_versions()))
     else:
-        print(f"swamp {__version__} (protocol {PROTOCOL_VERSION})")
+        _print_version(True)
 
 
 def main() -> None:

@@ -251,6 +251,9 @@ def list_workers(
     if json_output:
         emit_json(reply.to_json())
         return
+    ours = reply.orchestrator_version
+    behind = [w for w in reply.workers if ours and w.swamp_version and w.swamp_version != ours]
+    headers = ["NAME", "STATUS", "SLOTS", "LABELS", "PLATFORM/ARCH", "LAST SEEN"]
     rows = [
         [
             w.name,
@@ -259,11 +262,12 @@ def list_workers(
             format_labels(w.labels),
             f"{w.platform}/{w.arch}",
             w.last_seen_at or "-",
+            *([w.swamp_version or "?"] if behind else []),
         ]
         for w in reply.workers
     ]
     if rows:
-        print(table(["NAME", "STATUS", "SLOTS", "LABELS", "PLATFORM/ARCH", "LAST SEEN"], rows))
+        print(table([*headers, "VERSION"] if behind else headers, rows))
     else:
         print(
             "No connected workers."
@@ -276,6 +280,15 @@ def list_workers(
         print(printable(f"{worker.name} is unverified: {worker.verify_failure_reason or '?'}"))
     if unverified:
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
+    for worker in behind:
+        print(
+            printable(f"{worker.name} runs swamp {worker.swamp_version}, the orchestrator {ours}.")
+        )
+    if behind:
+        print(
+            "Workers of another version still run work; the orchestrator's own build is at "
+            "its /swamp.pyz ('swamp worker token create NAME --cloud-init' provisions with it)."
+        )
     hidden = reply.hidden_disconnected
     if hidden:
         print(

@@ -623,6 +623,7 @@ class WorkerListReply(Message):
     workers: list[WorkerItem] = field(default_factory=list)
     count: int = 0
     hidden_disconnected: int = 0
+    orchestrator_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,15 @@ async def test_a_worker_of_another_version_is_warned_about_with_the_download(clu
         )
     )
     assert "/swamp.pyz" in serve.log.read_text()
+    # and `worker list` points it out, on both routes, the same way
+    for route in ((), ("--server", cluster.url)):
+        listed = await trio.to_thread.run_sync(cluster.cli, "worker", "list", *route)
+        assert listed.returncode == 0, listed.stderr
+        assert "VERSION" in listed.stdout.splitlines()[0]
+        assert "runs swamp 0.0.1, the orchestrator" in listed.stdout
+        as_json = await trio.to_thread.run_sync(cluster.cli_json, "worker", "list", *route)
+        assert as_json["orchestratorVersion"] != "0.0.1"
+        assert [w["swampVersion"] for w in as_json["workers"]] == ["0.0.1"]
     await worker.aclose()
     assert Repo(cluster.repo).running_server()  # still serving
 

@@ -57,14 +57,30 @@ def test_the_pyz_is_pure_python_small_and_reproducible(pyz, tmp_path):
     assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(pyz.read_bytes()).digest()
 
 
+def _install_beside(machine):
+    """``plugins/swamp-diskspace`` laid out as ``pip install --target plugins`` leaves it: the
+    package and its dist-info, whose entry point the pyz finds."""
+    source = ROOT / "plugins" / "swamp-diskspace"
+    target = machine / "plugins"
+    shutil.copytree(source / "swamp_diskspace", target / "swamp_diskspace")
+    info = target / "swamp_diskspace-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: swamp-diskspace\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[swamp]\ndiskspace = swamp_diskspace\n")
+    target.chmod(0o755)
+
+
 def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
     machine = tmp_path / "machine"
     machine.mkdir()
     shutil.copy(pyz, machine / "swamp.pyz")
     local = machine / "swamp.pyz"
+    _install_beside(machine)  # a plugin next to the file, on the workers' machine
     version = _swamp(local, "version", "--json", cwd=machine)
     assert version.returncode == 0, version.stderr
     assert json.loads(version.stdout)["protocolVersion"] >= 1
+    flag = _swamp(local, "--version", cwd=machine)
+    assert flag.stdout == f"swamp {json.loads(version.stdout)['version']} (protocol 2)\n"
     assert _swamp(local, "init", "repo", cwd=machine).returncode == 0
     repo = machine / "repo"
     serve = subprocess.Popen(
@@ -106,6 +122,7 @@ def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
                     SWAMP_ORCHESTRATOR_URL=url,
                     SWAMP_WORKER_TOKEN=token,
                     SWAMP_WORKER_CACHE_DIR=str(machine / f"cache-{i}"),
+                    SWAMP_DISKSPACE_MIN_FREE_MB="1",
                 ),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -137,6 +154,8 @@ def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
         verified = _swamp(local, "worker", "verify", "--repo-dir", str(repo), "--json", cwd=machine)
         report = json.loads(verified.stdout)
         assert verified.returncode == 0 and report["passed"] == report["total"] == 2
+        for verdict in report["workers"]:  # the plugin beside the file was loaded and ran
+            assert verdict["seams"]["disk-space"]["ok"], verdict
     finally:
         for proc in [*workers, serve]:
             proc.send_signal(signal.SIGTERM)

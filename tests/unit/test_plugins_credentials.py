@@ -1,3 +1,6 @@
+import os
+import sys
+
 import pytest
 
 from swamp.errors import SwampError
@@ -45,6 +48,28 @@ def test_swamp_plugins_env_loads_modules(monkeypatch):
     monkeypatch.setenv("SWAMP_PLUGINS", "no_such_module_anywhere")
     with pytest.raises(SwampError, match="SWAMP_PLUGINS"):
         plugin_manager(load_entry_points=False)
+
+
+def test_plugin_dirs_beside_the_pyz_only_when_private(monkeypatch, tmp_path, caplog):
+    from swamp.plugins import plugin_dirs
+
+    (tmp_path / "swamp.pyz").write_bytes(b"")
+    beside = tmp_path / "plugins"
+    beside.mkdir(mode=0o755)
+    beside.chmod(0o755)
+    extra = tmp_path / "extra"
+    monkeypatch.setenv("SWAMP_PYZ", str(tmp_path / "swamp.pyz"))
+    monkeypatch.setenv("SWAMP_PLUGIN_PATH", f"{extra}{os.pathsep}")
+    assert plugin_dirs() == [str(extra), str(beside)]
+    beside.chmod(0o775)  # a group could drop code into it: not taken, and said why
+    assert plugin_dirs() == [str(extra)]
+    assert "another user could write to it" in caplog.text
+    extra.mkdir()
+    (extra / "swamp_here_plugin.py").write_text("X = 1\n")
+    monkeypatch.setenv("SWAMP_PLUGINS", "swamp_here_plugin")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    pm = plugin_manager(load_entry_points=False)  # found on SWAMP_PLUGIN_PATH, appended
+    assert pm.has_plugin("swamp_here_plugin") and sys.path[-1] == str(extra)
 
 
 def test_credentials_expire_slide_and_revoke():
