@@ -1,6 +1,7 @@
 """The orchestrator serves its own build: a machine downloads it, checks it, runs a worker."""
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -8,22 +9,24 @@ import zipapp
 
 import httpx
 import pytest
-import trio
 
-from swamp.repo import Repo
+from swamp import __version__
 from tests.integration.conftest import ROOT, wait_until
-from tests.integration.hostile import RawSocket, enroll_params
 
 pytestmark = pytest.mark.integration
 
 
-def _small_pyz(tmp) -> object:
+def _small_pyz(tmp, version: str | None = None) -> object:
     """A zipapp of this checkout's ``swamp`` package (its dependencies come from the
-    interpreter running it): enough to show a downloaded file runs as a worker."""
-    staging = tmp / "staging"
+    interpreter running it): enough to show a downloaded file runs as a worker; ``version``
+    makes it a build of another version."""
+    staging = tmp / f"staging-{version}"
     shutil.copytree(ROOT / "swamp", staging / "swamp", ignore=shutil.ignore_patterns("__pycache__"))
+    if version:
+        init = staging / "swamp" / "__init__.py"
+        init.write_text(init.read_text().replace(f'"{__version__}"', f'"{version}"'))
     (staging / "__main__.py").write_text("from swamp.cli import main\n\nmain()\n")
-    target = tmp / "swamp.pyz"
+    target = tmp / f"swamp-{version}.pyz" if version else tmp / "swamp.pyz"
     zipapp.create_archive(staging, target)
     return target
 
@@ -80,30 +83,42 @@ def test_without_a_build_the_download_says_how_to_get_one(cluster):
     assert "swamp serve --pyz PATH" in missing.json()["error"]["message"]
 
 
-async def test_a_worker_of_another_version_is_warned_about_with_the_download(cluster):
+def test_a_worker_of_another_version_enrolls_with_a_warning_on_both_sides(cluster):
     serve = cluster.serve()
-    worker = await RawSocket.open(cluster.url)
-    params = enroll_params(cluster.mint("old"), version="0.0.1")
-    reply = await worker.request("worker.enroll", params)
-    assert reply["type"] == "response"
-    assert reply["result"]["orchestratorVersion"] != "0.0.1"  # the worker learns the version
-    await trio.to_thread.run_sync(
-        lambda: wait_until(
-            lambda: "runs swamp 0.0.1" in serve.log.read_text(), what="the version warning"
-        )
+    old = _small_pyz(cluster.tmp, version="0.0.1")
+    worker = subprocess.Popen(
+        [sys.executable, str(old), "worker", "connect", cluster.url, "--json"],
+        env={**cluster.env, "SWAMP_WORKER_TOKEN": cluster.mint("old")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
-    assert "/swamp.pyz" in serve.log.read_text()
-    # and `worker list` points it out, on both routes, the same way
-    for route in ((), ("--server", cluster.url)):
-        listed = await trio.to_thread.run_sync(cluster.cli, "worker", "list", *route)
-        assert listed.returncode == 0, listed.stderr
-        assert "VERSION" in listed.stdout.splitlines()[0]
-        assert "runs swamp 0.0.1, the orchestrator" in listed.stdout
-        as_json = await trio.to_thread.run_sync(cluster.cli_json, "worker", "list", *route)
-        assert as_json["orchestratorVersion"] != "0.0.1"
-        assert [w["swampVersion"] for w in as_json["workers"]] == ["0.0.1"]
-    await worker.aclose()
-    assert Repo(cluster.repo).running_server()  # still serving
+    try:
+        events = []
+        while not events or events[-1].get("event") != "enrolled":
+            line = worker.stdout.readline()
+            assert line, f"the worker exited: {events}"
+            events.append(json.loads(line))
+        warning = next(e["message"] for e in events if e.get("event") == "warning")
+        base = cluster.url.replace("ws://", "http://")
+        assert f"runs swamp 0.0.1 but the orchestrator runs {__version__}" in warning
+        assert f"{base}/swamp.pyz" in warning
+        wait_until(lambda: "runs swamp 0.0.1" in serve.log.read_text(), what="the server's warning")
+        assert f"this orchestrator {__version__}" in serve.log.read_text()
+        # `worker list` points it out, on both routes, the same way
+        for route in ((), ("--server", cluster.url)):
+            listed = cluster.cli("worker", "list", *route)
+            assert listed.returncode == 0, listed.stderr
+            assert "VERSION" in listed.stdout.splitlines()[0]
+            assert f"old runs swamp 0.0.1, the orchestrator {__version__}." in listed.stdout
+            as_json = cluster.cli_json("worker", "list", *route)
+            assert as_json["orchestratorVersion"] == __version__
+            assert [w["swampVersion"] for w in as_json["workers"]] == ["0.0.1"]
+        code, _ = cluster.run("swamp/echo", "echo", "--target", "old")  # it still runs work
+        assert code == 0
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=10) == 0
 
 
 def test_a_web_page_cannot_reach_the_new_http_routes(cluster):
