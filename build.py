@@ -5,7 +5,8 @@
     python3 build.py test      # run the whole test suite (add -m "not integration" for the
                                # fast loop: the pure core, the store, the protocol; seconds)
     python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
-    python3 build.py bench     # run the dispatch benchmark
+    python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
+    python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
     python3 build.py bench-startup  # the pyz: --version, and a worker started to enrolled
     python3 build.py soak      # steps over a fleet under SIGKILLs and a restart (minutes)
@@ -199,6 +200,8 @@ def main(argv: list[str]) -> int:
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
+    if task == "bench-fleet":
+        return run(str(ROOT / "bench" / "fleet.py"), *rest)
     if task == "bench-startup":
         if "--pyz" not in rest and build_pyz(ROOT / "dist" / "swamp.pyz") != 0:
             return 1

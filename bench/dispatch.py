@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Dispatch benchmark: a real orchestrator, real worker processes, a no-op method by placement.
+"""Dispatch benchmark, as ratios to the floor.
 
-Measures what a client sees for ``swamp/echo`` dispatched by label through ``swamp serve`` to
-``swamp worker connect`` processes (lease and status writes included): sequential latency
-(p50/p99) and throughput with many dispatches in flight. Prints one JSON object.
+Each round runs, for each shape (1 worker × 32 slots, 8 workers × 4 slots), the floor
+(``bench/floor.py``: the same hop with nothing else) and swamp — a real ``swamp serve``, real
+``swamp worker connect`` processes, ``swamp/echo`` dispatched by label through the client —
+one after the other, alternating which goes first. Each measures sequential latency on one
+client (p50, p99) and throughput with every slot kept busy (32 clients, one call in flight
+each). Prints one JSON object: every run, the median of each figure over the rounds, and
+swamp's figures as ratios to the floor's (latency: lower is better; throughput: higher is).
 
-    python3 build.py bench [--workers 8] [--concurrency 4] [--sequential 500] [--total 4000]
+    python3 build.py bench [--rounds 3] [--sequential 400] [--total 2000] [--shapes 1x32,8x4]
+        [--swamp-only]
 """
 
 from __future__ import annotations
@@ -16,17 +21,22 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import floor
 import trio
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
-from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled
+from swamp.processes import LineReader, start_serve, start_worker, stop_all, wait_enrolled
 from swamp.repo import Repo
+
+HERE = Path(__file__).resolve().parent
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -34,10 +44,12 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-async def main(args) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="swamp-bench-"))
+# -- the two systems: each yields a factory of clients ------------------------------------------
+
+
+@asynccontextmanager
+async def swamp_system(root: Path, workers: int, slots: int, env: dict):
     repo, _ = Repo.init(root / "repo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     procs: list = []
     logs = contextlib.ExitStack()  # every process's stderr, kept in the temp dir
 
@@ -50,95 +62,167 @@ async def main(args) -> dict:
         )
         procs.append(serve)
         store = repo.open_store()
-        readers = []
-        for i in range(args.workers):
+        readers = [serve_lines]
+        for i in range(workers):
             _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
             worker, reader = await start_worker(
                 url,
                 credential,
-                "--label",
-                "role=bench",
-                "--concurrency",
-                str(args.concurrency),
+                *("--label", "role=bench", "--concurrency", str(slots)),
                 env=env,
                 stderr=log_file(f"worker-{i}.log"),
             )
             procs.append(worker)
             readers.append(reader)
         store.close()
-        await wait_enrolled(readers)
+        await wait_enrolled(readers[1:])
+        admin = repo.admin_credential_for(url)
+        params = {
+            "model": "swamp/echo",
+            "method": "echo",
+            "args": {},
+            "placement": {"labels": {"role": "bench"}},
+        }
+
+        @asynccontextmanager
+        async def client():
+            async with connect(url, server_token=admin) as channel:
+
+                async def call() -> dict:
+                    result = await channel.call("model.method.run", params, timeout=60)
+                    assert result["status"] == "succeeded", result
+                    return result
+
+                yield call
+
         async with trio.open_nursery() as drains:
-            for reader in [serve_lines, *readers]:
+            for reader in readers:
                 drains.start_soon(reader.drain)
-            result = await measure(url, repo.admin_credential_for(url), args)
+            yield client
             drains.cancel_scope.cancel()
-        return result
     finally:
         await stop_all(procs)
         logs.close()
-        if not os.environ.get("SWAMP_BENCH_KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
-        else:
-            print(f"kept {root} (logs of every process)", file=sys.stderr)
 
 
-async def measure(url: str, admin: str | None, args) -> dict:
-    """Sequential latency on one client, then throughput with every slot kept busy."""
-    params = {
-        "model": "swamp/echo",
-        "method": "echo",
-        "args": {},
-        "placement": {"labels": {"role": "bench"}},
-    }
-    async with connect(url, server_token=admin) as channel:
+@asynccontextmanager
+async def floor_system(root: Path, workers: int, slots: int, env: dict):
+    procs: list = []
+    argv = [sys.executable, str(HERE / "floor.py")]
+    try:
+        server = await trio.lowlevel.open_process(
+            [*argv, "serve", str(root / "floor.db")], stdout=subprocess.PIPE, env=env
+        )
+        procs.append(server)
+        server_lines = LineReader(server.stdout)
+        with trio.fail_after(30):
+            url = (await server_lines.until(lambda e: "url" in e))["url"]
+        readers = [server_lines]
+        for _ in range(workers):
+            worker = await trio.lowlevel.open_process(
+                [*argv, "worker", url, str(slots)], stdout=subprocess.PIPE, env=env
+            )
+            procs.append(worker)
+            readers.append(LineReader(worker.stdout))
+        await wait_enrolled(readers[1:])
+        async with trio.open_nursery() as drains:
+            for reader in readers:
+                drains.start_soon(reader.drain)
+            yield lambda: floor.client(url)
+            drains.cancel_scope.cancel()
+    finally:
+        await stop_all(procs)
+
+
+# -- the measurement, the same for both ---------------------------------------------------------
+
+
+async def measure(client, *, sequential: int, total: int, in_flight: int) -> dict:
+    """Sequential latency on one client, then throughput with ``in_flight`` clients."""
+    async with client() as call:
         for _ in range(50):  # warm up
-            await channel.call("model.method.run", params)
+            await call()
         latencies = []
-        for _ in range(args.sequential):
+        for _ in range(sequential):
             started = time.perf_counter()
-            result = await channel.call("model.method.run", params)
+            await call()
             latencies.append((time.perf_counter() - started) * 1000)
-            assert result["status"] == "succeeded", result
-
-    in_flight = args.workers * args.concurrency
     done = 0
 
-    async def client(count: int) -> None:
+    async def one_client(count: int) -> None:
         nonlocal done
-        async with connect(url, server_token=admin) as channel:
+        async with client() as call:
             for _ in range(count):
-                result = await channel.call("model.method.run", params, timeout=60)
-                assert result["status"] == "succeeded", result
+                await call()
                 done += 1
 
-    per_client = args.total // in_flight
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for _ in range(in_flight):
-            nursery.start_soon(client, per_client)
+            nursery.start_soon(one_client, total // in_flight)
     elapsed = time.perf_counter() - started
     return {
-        "workers": args.workers,
-        "concurrency": args.concurrency,
-        "sequential": {
-            "count": len(latencies),
-            "p50_ms": round(percentile(latencies, 50), 3),
-            "p99_ms": round(percentile(latencies, 99), 3),
-            "mean_ms": round(statistics.mean(latencies), 3),
-        },
-        "throughput": {
-            "in_flight": in_flight,
-            "dispatches": done,
-            "seconds": round(elapsed, 2),
-            "dispatches_per_second": round(done / elapsed, 1),
-        },
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "per_second": round(done / elapsed, 1),
     }
+
+
+async def run_once(system, workers: int, slots: int, args) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="swamp-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    try:
+        async with system(root, workers, slots, env) as client:
+            return await measure(
+                client, sequential=args.sequential, total=args.total, in_flight=workers * slots
+            )
+    finally:
+        if os.environ.get("SWAMP_BENCH_KEEP"):
+            print(f"kept {root} (logs of every process)", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def median_of(runs: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+
+
+async def main(args) -> dict:
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
+    systems = {"swamp": swamp_system} if args.swamp_only else {"floor": floor_system}
+    systems.setdefault("swamp", swamp_system)
+    runs: dict = {f"{w}x{s}": {name: [] for name in systems} for w, s in shapes}
+    for round_no in range(args.rounds):
+        order = list(systems) if round_no % 2 == 0 else list(reversed(systems))
+        for workers, slots in shapes:
+            for name in order:
+                figures = await run_once(systems[name], workers, slots, args)
+                runs[f"{workers}x{slots}"][name].append(figures)
+                print(
+                    f"round {round_no + 1} {workers}x{slots} {name}: {json.dumps(figures)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    result: dict = {"rounds": args.rounds, "sequential": args.sequential, "total": args.total}
+    for shape, by_system in runs.items():
+        medians = {name: median_of(r) for name, r in by_system.items()}
+        entry = {"median": medians, "runs": by_system}
+        if "floor" in medians:
+            swamp, base = medians["swamp"], medians["floor"]
+            entry["ratio_to_floor"] = {
+                "p50": round(swamp["p50_ms"] / base["p50_ms"], 2),
+                "p99": round(swamp["p99_ms"] / base["p99_ms"], 2),
+                "throughput": round(swamp["per_second"] / base["per_second"], 2),
+            }
+        result[shape] = entry
+    return result
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--sequential", type=int, default=500)
-    parser.add_argument("--total", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sequential", type=int, default=400)
+    parser.add_argument("--total", type=int, default=2000)
+    parser.add_argument("--shapes", default="1x32,8x4", help="WORKERSxSLOTS, comma-separated")
+    parser.add_argument("--swamp-only", action="store_true", help="no floor, no ratios")
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Fleet benchmark: many idle workers on one orchestrator.
+
+A real ``swamp serve``; one fleet token; then ``--workers`` lightweight workers spoken at the
+protocol level by this one process (one websocket each: enroll, then the heartbeat the
+orchestrator asks for, nothing else), ``--parallel`` enrolling at a time. Measures:
+
+- enrollments per second over the first and the last thousand (their ratio: flat or not);
+- the store's size (database + WAL) every thousand members (linear or not);
+- with all of them enrolled and idle: the orchestrator's CPU over ``--idle-seconds`` (share of
+  one core) and its resident memory per worker (RSS growth over the empty orchestrator's).
+
+Prints one JSON object.
+
+    python3 build.py bench-fleet [--workers 10000] [--parallel 32] [--idle-seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from swamp import __version__
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.processes import start_serve, stop_all
+from swamp.protocol.frames import PROTOCOL_VERSION
+from swamp.protocol.messages import EnrollRequest
+from swamp.repo import Repo
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def store_bytes(repo: Path) -> int:
+    return sum(p.stat().st_size for p in (repo / ".swamp").glob("swamp.db*"))
+
+
+class Member:
+    """One lightweight worker: its socket, and the heartbeat the orchestrator asked for."""
+
+    def __init__(self, url: str, token: str, index: int) -> None:
+        self.url = url
+        self.token = token
+        self.index = index
+        self.enrolled = trio.Event()
+        self.heartbeat = 5.0
+        self.error: str | None = None
+
+    async def run(self, stop: trio.Event) -> None:
+        enroll = EnrollRequest(
+            token=self.token,
+            instance_id=str(uuid.uuid4()),
+            machine_id=f"fleet-bench-{self.index}",
+            protocol_version=PROTOCOL_VERSION,
+            platform="linux",
+            arch="x86_64",
+            version=__version__,
+        )
+        try:
+            async with open_websocket_url(self.url, message_queue_size=4) as ws:
+                frame = {"type": "request", "id": "1", "method": "worker.enroll"}
+                await ws.send_message(json.dumps({**frame, "params": enroll.to_json()}))
+                reply = json.loads(await ws.get_message())
+                if reply.get("type") != "response":
+                    self.error = json.dumps(reply)[:300]
+                    self.enrolled.set()
+                    return
+                self.heartbeat = float(reply["result"].get("heartbeatSeconds") or 5.0)
+                self.enrolled.set()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._discard, ws)
+                    nursery.start_soon(self._beat, ws)
+                    await stop.wait()
+                    nursery.cancel_scope.cancel()
+        except (ConnectionClosed, OSError) as exc:
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
+            self.enrolled.set()
+
+    async def _discard(self, ws) -> None:
+        while True:
+            await ws.get_message()
+
+    async def _beat(self, ws) -> None:
+        await trio.sleep(self.heartbeat * (self.index % 97) / 97)  # spread over the interval
+        while True:
+            await ws.send_message('{"type":"ping"}')
+            await trio.sleep(self.heartbeat)
+
+
+async def main(args) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="swamp-fleet-"))
+    repo, _ = Repo.init(root / "repo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    procs = []
+    try:
+        with open(root / "serve.log", "wb") as log:
+            serve, lines, url = await start_serve(repo.root, env=env, stderr=log)
+            procs.append(serve)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lines.drain)
+                result = await measure(serve, repo, url, args, nursery)
+                nursery.cancel_scope.cancel()
+        return result
+    finally:
+        await stop_all(procs)
+        if os.environ.get("SWAMP_BENCH_KEEP"):
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
+    store = repo.open_store()
+    _, token = TokenBook(store).mint("fleet", duration_seconds=3600, max_enrollments=args.workers)
+    store.close()
+    await trio.sleep(1)
+    rss_empty = rss_kib(serve.pid)
+    stop = trio.Event()
+    members = [Member(url, token, i) for i in range(args.workers)]
+    done_at: list[float] = []
+    sizes: list[dict] = []
+    limiter = trio.CapacityLimiter(args.parallel)
+    started = time.perf_counter()
+
+    async def enroll(member: Member) -> None:
+        async with limiter:
+            nursery.start_soon(member.run, stop)
+            await member.enrolled.wait()
+        if member.error:
+            raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
+        done_at.append(time.perf_counter())
+        if len(done_at) % 1000 == 0:
+            sizes.append({"members": len(done_at), "store_bytes": store_bytes(repo.root)})
+            print(
+                f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async with trio.open_nursery() as enrolling:
+        for member in members:
+            enrolling.start_soon(enroll, member)
+    enroll_seconds = time.perf_counter() - started
+
+    def rate(window: list[float]) -> float:
+        return round((len(window) - 1) / (window[-1] - window[0]), 1)
+
+    first = rate(done_at[:1000])
+    last = rate(done_at[-1000:])
+    await trio.sleep(args.settle)
+    cpu_before, wall_before = cpu_seconds(serve.pid), time.perf_counter()
+    await trio.sleep(args.idle_seconds)
+    idle_cpu = (cpu_seconds(serve.pid) - cpu_before) / (time.perf_counter() - wall_before)
+    rss_full = rss_kib(serve.pid)
+    stop.set()
+    heartbeat = members[0].heartbeat
+    return {
+        "workers": args.workers,
+        "heartbeat_seconds": heartbeat,
+        "enroll_seconds": round(enroll_seconds, 1),
+        "enrollments_per_second": {
+            "first_thousand": first,
+            "last_thousand": last,
+            "last_over_first": round(last / first, 2),
+        },
+        "idle_cpu_share_of_a_core": round(idle_cpu, 3),
+        "rss_kib": {"empty": rss_empty, "full": rss_full},
+        "kib_per_worker": round((rss_full - rss_empty) / args.workers, 1),
+        "store": sizes,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=10_000)
+    parser.add_argument("--parallel", type=int, default=32)
+    parser.add_argument("--idle-seconds", type=float, default=30)
+    parser.add_argument("--settle", type=float, default=5)
+    print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
