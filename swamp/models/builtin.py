@@ -101,7 +101,8 @@ STEP_LEASE = ModelType(
     "swamp/step-lease",
     methods=(),
     internal=True,
-    resources=(ResourceSpec("lease", garbage_collection=10),),
+    # one row per dispatch: inserted at acquire, replaced in place as it ends
+    resources=(ResourceSpec("lease", garbage_collection=1),),
 )
 
 PENDING_DISPATCH = ModelType(

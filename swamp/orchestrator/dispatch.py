@@ -33,11 +33,10 @@ from swamp.models.runner import run_method
 from swamp.orchestrator.episode import Emit, Episodes, Step, Work, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
-from swamp.orchestrator.records import WorkerRecords
 from swamp.plugins import ModelRegistry
 from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
 from swamp.repo import ModelInstance
-from swamp.store.datastore import Datastore
+from swamp.store.datastore import Datastore, iso
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
@@ -74,7 +73,6 @@ class DispatchService:
         episodes: Episodes,
         queue: DispatchQueue,
         *,
-        records: WorkerRecords,
         environ: dict[str, str] | None = None,
         ship_env: tuple[str, ...] = (),
         fence_seconds: float = 0,
@@ -87,7 +85,6 @@ class DispatchService:
         self.pool = pool
         self.episodes = episodes
         self.queue = queue
-        self.records = records
         self.clock = clock
         # after losing a worker, wait this long before running its step elsewhere (fencing)
         self.fence_seconds = fence_seconds
@@ -216,10 +213,14 @@ class DispatchService:
             self._set_status(member, WorkerStatus.BUSY.value)
 
     def _set_status(self, member: Member, status: str) -> None:
+        """Busy and idle are the pool's live view (``worker list --server``, ``/metrics``), not
+        versions: a flip per dispatch would be two durable writes on the hot path for a fact
+        that is stale a millisecond later. Real status changes (enrolled, unverified,
+        draining, disconnected) are versions; they are written where they happen."""
         if member.status == WorkerStatus.DRAINING.value:
             return  # draining until it leaves: its slots no longer make it busy or idle
         member.status = status
-        self.records.status(member, status, active=sorted(member.active))
+        member.last_seen_at = iso(self.clock())
 
 
 async def run_here(

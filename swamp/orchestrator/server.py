@@ -352,7 +352,6 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         pool,
         episodes,
         queue,
-        records=records,
         ship_env=options.ship_env,
         fence_seconds=fence_seconds(options.heartbeat_seconds),
         queue_timeout=queue_timeout,

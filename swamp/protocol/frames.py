@@ -27,6 +27,7 @@ class Request:
     id: str
     method: str
     params: dict
+    quiet: bool = False  # the caller reads no events: the handler's stream is not sent at all
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def decode(text: str | bytes) -> Frame:
                 params = {}
             if not isinstance(params, dict):
                 raise MalformedFrame("request params must be a JSON object")
-            return Request(_id(obj), method, params)
+            return Request(_id(obj), method, params, obj.get("quiet") is True)
         if kind == "response":
             return Response(_id(obj), obj.get("result"))
         if kind == "error":
@@ -144,9 +145,10 @@ def _dump(obj: dict) -> str:
 
 def encode(frame: Frame) -> str:
     if isinstance(frame, Request):
-        return _dump(
-            {"type": "request", "id": frame.id, "method": frame.method, "params": frame.params}
-        )
+        obj = {"type": "request", "id": frame.id, "method": frame.method, "params": frame.params}
+        if frame.quiet:
+            obj["quiet"] = True
+        return _dump(obj)
     if isinstance(frame, Response):
         return _dump({"type": "response", "id": frame.id, "result": frame.result})
     if isinstance(frame, Error):

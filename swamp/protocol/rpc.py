@@ -150,11 +150,15 @@ class IncomingCall:
         self.id = request.id
         self.method = request.method
         self.params = request.params
+        self.quiet = request.quiet  # the caller said it reads no events
         self.dropped = 0  # events dropped because the caller was not reading
 
     async def emit(self, event: dict) -> None:
         """Stream an event to the caller. On a ``drop_events`` channel this never waits: when
-        the caller is not reading, the event is dropped and counted."""
+        the caller is not reading, the event is dropped and counted. To a quiet caller nothing
+        is sent."""
+        if self.quiet:
+            return
         channel = self.channel
         if not channel.drop_events:
             await channel._send(frames.Stream(self.id, event))
@@ -487,7 +491,8 @@ class RpcChannel:
         self._pending[call_id] = pending
         try:
             with trio.move_on_after(timeout if timeout is not None else math.inf):
-                await self._send(frames.Request(call_id, method, params or {}))
+                request = frames.Request(call_id, method, params or {}, on_event is None)
+                await self._send(request)
                 await pending.done.wait()
         finally:
             if not pending.done.is_set():

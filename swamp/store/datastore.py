@@ -1,7 +1,8 @@
 """Versioned, immutable data in one SQLite file.
 
 A record is ``(model type, model name, data name, version)`` → JSON attributes + optional bytes.
-``latest`` is the highest version. Writes never update a row: they insert the next version.
+``latest`` is the highest version. Writes insert the next version; only where a spec keeps a
+single version (``garbage_collection = 1``) does a compare-and-swap replace the row in place.
 
 Transitions are compare-and-swap on ``latest``. :meth:`Datastore.transition` reads the latest
 version, asks a pure ``decide`` function for the next attributes, and inserts ``version + 1``
@@ -385,7 +386,16 @@ class Datastore:
         if self.broken:
             raise StoreBroken(self.broken)
         try:
-            if expected_version is None:
+            if expected_version and policy.garbage_collection == 1:
+                # One version is kept: the next replaces it in place, a compare-and-swap in
+                # one UPDATE (no insert and trim: one row, one write).
+                inserted = self.db.execute(
+                    "UPDATE data SET version=?, spec=?, attributes=?, content=?, created_at=?, "
+                    "created_epoch=?, expires_epoch=? WHERE model_type=? AND model_name=? "
+                    "AND name=? AND version=? RETURNING version",
+                    (expected_version + 1, *row, *item, expected_version),
+                ).fetchall()
+            elif expected_version is None:
                 inserted = self.db.execute(
                     "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,? "
                     "FROM data WHERE model_type=? AND model_name=? AND name=? RETURNING version",

@@ -200,8 +200,8 @@ class Cluster:
     def workers(self, *extra: str) -> list[dict]:
         return self.cli_json("worker", "list", "--repo-dir", str(self.repo), *extra)["workers"]
 
-    def query(self, predicate: str) -> list[dict]:
-        return self.cli_json("data", "query", predicate, "--repo-dir", str(self.repo))
+    def query(self, predicate: str, *more: str) -> list[dict]:
+        return self.cli_json("data", "query", predicate, *more, "--repo-dir", str(self.repo))
 
     def close(self) -> None:
         live = [proc for proc in reversed(self.procs) if proc.p.poll() is None]

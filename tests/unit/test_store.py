@@ -42,6 +42,25 @@ def test_garbage_collection_keeps_n_versions_at_write_time(store):
     assert store.versions(KEY) == [4, 5]
 
 
+def test_a_single_version_spec_is_one_row_replaced_by_compare_and_swap(store):
+    policy = SpecPolicy("item", garbage_collection=1)
+    first = store.write(KEY, {"state": "active"}, policy=policy, expected_version=0)
+    store.db.execute("CREATE TEMP TABLE seen (n INTEGER)")
+    store.db.execute(
+        "CREATE TEMP TRIGGER no_insert AFTER INSERT ON main.data BEGIN "
+        "INSERT INTO seen VALUES (1); END"
+    )
+    ended, wrote = store.transition(
+        KEY, lambda cur: {"state": "done"}, policy=policy, current=first
+    )
+    assert wrote and ended.version == 2 and store.versions(KEY) == [2]
+    assert store.latest(KEY).attributes == {"state": "done"}
+    assert store.db.execute("SELECT COUNT(*) FROM seen").fetchone()[0] == 0  # updated in place
+    with pytest.raises(Conflict):  # the compare-and-swap still refuses a stale version
+        store.write(KEY, {"state": "late"}, policy=policy, expected_version=1)
+    assert store.latest(KEY).attributes == {"state": "done"}
+
+
 def test_lifetimes_expire(tmp_path):
     now = [1000.0]
     s = Datastore(tmp_path / "x.db", clock=lambda: now[0])
