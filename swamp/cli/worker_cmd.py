@@ -131,6 +131,13 @@ def connect(
         hidden=True,
         help="Announce another protocol version (for compatibility testing).",
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        envvar="SWAMP_WORKER_VERBOSE",
+        help="A line for every dispatch as it starts and ends (always so with --json).",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Enroll with the orchestrator and run what it dispatches, until stopped.
@@ -184,7 +191,7 @@ def connect(
         protocol_version=protocol_version,
         insecure=insecure,
     )
-    status = run_async(run_worker, config, Reporter(json_lines=json_output))
+    status = run_async(run_worker, config, Reporter(json_lines=json_output, verbose=verbose))
     raise typer.Exit(status)
 
 

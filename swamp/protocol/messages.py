@@ -114,40 +114,50 @@ def _dump(value):
 class Message:
     """Base of every payload. Subclasses are frozen dataclasses; see the module docstring."""
 
-    _hints: ClassVar[dict[str, Any]]
+    _layout: ClassVar[tuple[tuple[str, str, Any, bool], ...]]
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        cls._hints = {}  # resolved lazily: annotations are strings until every class exists
+        cls._layout = ()  # on first use: annotations are strings until every class exists
 
     @classmethod
-    def _resolved(cls) -> dict[str, Any]:
-        if not cls._hints:
-            cls._hints = typing.get_type_hints(cls, globalns=globals())
-        return cls._hints
+    def _fields(cls) -> tuple[tuple[str, str, Any, bool], ...]:
+        """Each field's name, wire name, type hint and whether it is required; once per class
+        (every frame of the dispatch path is encoded or decoded through this)."""
+        if not cls._layout:
+            hints = typing.get_type_hints(cls, globalns=globals())
+            cls._layout = tuple(
+                (
+                    f.name,
+                    _camel(f.name),
+                    hints[f.name],
+                    f.default is MISSING and f.default_factory is MISSING,
+                )
+                for f in fields(cls)
+            )
+        return cls._layout
 
     @classmethod
     def decode(cls, payload: object, *, where: str | None = None):
         where = where or cls.__name__
         if not isinstance(payload, dict):
             raise MalformedFrame(f"{where}: expected an object")
-        hints = cls._resolved()
         values = {}
-        for f in fields(cls):
-            key = _camel(f.name)
-            if key not in payload or payload[key] is None:
-                if f.default is MISSING and f.default_factory is MISSING:
+        for name, key, hint, required in cls._fields():
+            value = payload.get(key)
+            if value is None:
+                if required:
                     raise MalformedFrame(f"{where}: '{key}' is missing")
                 continue
-            values[f.name] = _check(hints[f.name], payload[key], f"{where}.{key}")
+            values[name] = _check(hint, value, f"{where}.{key}")
         return cls(**values)
 
     def to_json(self) -> dict:
         out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name, key, _, _ in self._fields():
+            value = getattr(self, name)
             if value is not None:
-                out[_camel(f.name)] = _dump(value)
+                out[key] = _dump(value)
         return out
 
 

@@ -10,8 +10,11 @@ from swamp.domain.text import printable
 
 
 class Reporter:
-    def __init__(self, *, json_lines: bool, stream=None) -> None:
+    def __init__(self, *, json_lines: bool, verbose: bool = False, stream=None) -> None:
         self.json_lines = json_lines
+        # a line per dispatch (started, finished) for machines (--json) or on request
+        # (--verbose); a busy worker's journal otherwise holds its lifecycle only
+        self.per_dispatch = json_lines or verbose
         self.stream = stream or sys.stdout
 
     def emit(self, event: str, **fields) -> None:

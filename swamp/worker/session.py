@@ -88,6 +88,9 @@ class Session:
         self._nursery: trio.Nursery | None = None
         self.active = 0
         self.completed = 0
+        # what every method sees of this machine's environment, worked out once, not per
+        # dispatch (swamp's own variables already dropped)
+        self._local_env = environment.overlay(os.environ, {})
         self.channel: RpcChannel | None = None
         self.http: httpx.AsyncClient | None = None
 
@@ -214,7 +217,7 @@ class Session:
         self.idle = trio.Event()
         self._set_idle_deadline()
         started = time.monotonic()
-        self.reporter.emit(
+        self._report(
             "dispatch_started",
             dispatchId=dispatch_id,
             modelType=model_type.type,
@@ -232,7 +235,7 @@ class Session:
                 method=method.name,
                 dispatch_id=dispatch_id,
                 env={
-                    **environment.overlay(os.environ, request.environment),
+                    **environment.overlay(self._local_env, request.environment),
                     **environment.step_identity(request.step_id, request.attempt),
                 },
                 cache_dir=self.cache_dir,
@@ -243,7 +246,7 @@ class Session:
                 self.running[dispatch_id] = stop
                 outcome = await run_method(method, args, ctx)
             if stop.cancelled_caught:  # a second signal stopped it
-                self.reporter.emit(
+                self._report(
                     "dispatch_finished",
                     dispatchId=dispatch_id,
                     status="stopped",
@@ -251,7 +254,7 @@ class Session:
                 )
                 raise WorkerStopped("a second signal during the drain stopped it")
         except trio.Cancelled:
-            self.reporter.emit(
+            self._report(
                 "dispatch_finished",
                 dispatchId=dispatch_id,
                 status="cancelled",
@@ -263,11 +266,11 @@ class Session:
             self.active -= 1
             if self.active == 0:
                 self.idle.set()
-                if self._nursery is not None:  # after this dispatch has reported its end
-                    self._nursery.start_soon(self._check_drain)
+                if self._nursery is not None and self.drain.draining:
+                    self._nursery.start_soon(self._check_drain)  # after this one has reported
             self._set_idle_deadline()
         self.completed += 1
-        self.reporter.emit(
+        self._report(
             "dispatch_finished",
             dispatchId=dispatch_id,
             status=outcome.status,
@@ -275,6 +278,10 @@ class Session:
             error=outcome.error,
         )
         return outcome.to_message().to_json()
+
+    def _report(self, event: str, **fields) -> None:
+        if self.reporter.per_dispatch:
+            self.reporter.emit(event, **fields)
 
     # -- the drain ----------------------------------------------------------------------------
 
