@@ -132,11 +132,17 @@ class RepoAdmin:
         )
         if self.gateway is not None:
             self.gateway.arm_token_deadline(token)
-        return TokenItem.decode(dict(token_item(token, self.clock()), token=credential))
+        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        return TokenItem.decode(dict(item, token=credential))
 
     async def token_list(self, request: Empty = Empty()) -> TokenListReply:
         now = self.clock()
-        return TokenListReply([TokenItem.decode(token_item(t, now)) for t in self.tokens.all()])
+        return TokenListReply(
+            [
+                TokenItem.decode(token_item(t, now, self.tokens.bindings(t.name)))
+                for t in self.tokens.all()
+            ]
+        )
 
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
         token, revoked = await retry_busy(lambda: self.tokens.revoke(request.name))
@@ -144,7 +150,8 @@ class RepoAdmin:
             await self.gateway.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
             )
-        return TokenItem.decode(dict(token_item(token, self.clock()), alreadyRevoked=not revoked))
+        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        return TokenItem.decode(dict(item, alreadyRevoked=not revoked))
 
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
 

@@ -23,6 +23,7 @@ from swamp.errors import UserError
 INFRASTRUCTURE_TYPES = frozenset(
     {
         "swamp/enrollment-token",
+        "swamp/token-binding",
         "swamp/server-token",
         "swamp/worker",
         "swamp/step-lease",

@@ -2,19 +2,21 @@
 
 A token is ``<name>.<secret>``. Only ``sha256(secret)`` is stored; the plaintext is shown once, at
 mint. A token admits up to ``max_enrollments`` machines (1 by default, an integer, or
-``"unlimited"``); each admitted machine is a *binding* ``{machineId, workerName, enrolledAt}``.
+``"unlimited"``); each admitted machine is a *binding* ``{machineId, workerName, enrolledAt}``,
+stored as a record of its own — the token keeps only their count, so an enrollment costs the
+same in a fleet of ten thousand as in a fleet of ten.
 
-Redeem is the heart of it. The shell reads the latest record, calls :func:`redeem`, and gets a
-decision: reject (with a coded reason), re-authenticate (no write), or bind (write the returned
-record). The shell writes it as a compare-and-swap on the record's version, so two processes
-racing for the last slot can never both win: the loser re-reads and decides again.
+Redeem is the heart of it. The shell reads the token and the machine's binding (if any), calls
+:func:`redeem`, and gets a decision: reject (with a coded reason), re-authenticate (no write), or
+bind (write the binding and the token with its count one higher). The shell does all of it in
+one write transaction, so two processes racing for the last place can never both win.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
@@ -80,7 +82,9 @@ class Token:
     expires_at_epoch: float
     secret_hash: str
     max_enrollments: int | Unlimited = 1
-    bindings: tuple[Binding, ...] = field(default_factory=tuple)
+    enrollments: int = 0  # machines bound (each binding is a record of its own)
+    # bindings an old record held inline (the shell moves them to records of their own)
+    legacy_bindings: tuple[Binding, ...] = field(default_factory=tuple)
     revoked_at: str | None = None
     claims: ClaimPolicy = field(default_factory=ClaimPolicy)
 
@@ -88,11 +92,12 @@ class Token:
 
     @classmethod
     def from_attributes(cls, attrs: dict) -> Token:
-        """Read a stored record, including the legacy single-machine shape.
+        """Read a stored record, including the older shapes.
 
-        A legacy record has ``boundMachineId`` (+ ``enrolledAt``) and no ``bindings``; it reads as
-        a one-element binding list named after the token. Nothing is rewritten here: the next
-        transition writes the new shape.
+        An older fleet record lists its ``bindings`` inline; an older single-machine one has
+        ``boundMachineId`` (+ ``enrolledAt``) instead, read as one binding named after the
+        token. Both come back in ``legacy_bindings`` (and count as enrollments); nothing is
+        rewritten here.
         """
         bindings = tuple(
             Binding(b["machineId"], b.get("workerName") or attrs["name"], b["enrolledAt"])
@@ -116,7 +121,8 @@ class Token:
             else _epoch(attrs["expiresAt"]),
             secret_hash=attrs["secretHash"],
             max_enrollments=attrs.get("maxEnrollments", 1),
-            bindings=bindings,
+            enrollments=int(attrs.get("enrollments", len(bindings))),
+            legacy_bindings=bindings,
             revoked_at=attrs.get("revokedAt"),
             claims=ClaimPolicy.from_attributes(attrs),
         )
@@ -130,7 +136,7 @@ class Token:
             "expiresAtEpoch": self.expires_at_epoch,
             "secretHash": self.secret_hash,
             "maxEnrollments": self.max_enrollments,
-            "bindings": [b.to_json() for b in self.bindings],
+            "enrollments": self.enrollments,
         }
         if self.revoked_at:
             attrs["revokedAt"] = self.revoked_at
@@ -148,17 +154,16 @@ class Token:
     def live(self, now: float) -> bool:
         return self.effective_state(now) in (TokenState.UNUSED, TokenState.ENROLLED)
 
-    def binding_for(self, machine_id: str) -> Binding | None:
-        for binding in self.bindings:
-            if binding.machine_id == machine_id:
-                return binding
-        return None
-
     def has_room(self) -> bool:
-        return self.max_enrollments == "unlimited" or len(self.bindings) < self.max_enrollments
+        return self.max_enrollments == "unlimited" or self.enrollments < self.max_enrollments
 
     def enrollments_text(self) -> str:
-        return f"{len(self.bindings)} / {self.max_enrollments}"
+        return f"{self.enrollments} / {self.max_enrollments}"
+
+    def migrated(self) -> Token:
+        """This token in the current shape: its inline bindings gone (the shell has written
+        them as records), their count kept."""
+        return replace(self, legacy_bindings=())
 
 
 def _epoch(text: str) -> float:
@@ -267,6 +272,7 @@ class Redeemed:
 def redeem(
     token: Token | None,
     *,
+    known: Binding | None,
     name: str,
     secret: str,
     machine_id: str,
@@ -278,8 +284,9 @@ def redeem(
 ) -> Redeemed:
     """Decide an enrollment attempt. Raises ``Rejected`` with a code naming the reason.
 
-    ``name_new(token)`` gives the name a *new* binding gets (called only when one is made); a
-    known machine keeps the name stored in its binding. The worker's claimed ``labels`` and
+    ``known`` is this machine's binding under this token, if it has one: it keeps the name
+    stored there. ``name_new(token)`` gives the name a *new* binding gets (called only when one
+    is made). The worker's claimed ``labels`` and
     ``capacity`` are judged by the token's claim policy *before* anything is bound, so a refused
     worker never uses up an enrollment.
     """
@@ -303,7 +310,6 @@ def redeem(
         labels=labels or {},
         capacity=capacity,
     )
-    known = token.binding_for(machine_id)
     if known is not None:
         return Redeemed(token=token, binding=known, write=None, granted=granted)
     if not token.has_room():
@@ -318,7 +324,7 @@ def redeem(
         )
     binding = Binding(machine_id=machine_id, worker_name=name_new(token), enrolled_at=now_iso)
     TOKEN_LIFECYCLE.check(token.state, TokenState.ENROLLED)
-    updated = replace(token, state=TokenState.ENROLLED, bindings=token.bindings + (binding,))
+    updated = replace(token, state=TokenState.ENROLLED, enrollments=token.enrollments + 1)
     return Redeemed(token=updated, binding=binding, write=updated, granted=granted)
 
 
@@ -330,13 +336,12 @@ def revoke(token: Token, *, now_iso: str) -> Token | None:
     return replace(token, state=TokenState.REVOKED, revoked_at=now_iso)
 
 
-def prune(token: Token, machine_ids: Collection[str]) -> Token | None:
-    """The token without the bindings of these machines (their slots free again), or ``None``
-    when none of them is bound (no write)."""
-    kept = tuple(b for b in token.bindings if b.machine_id not in machine_ids)
-    if len(kept) == len(token.bindings):
+def prune(token: Token, released: int) -> Token | None:
+    """The token once ``released`` of its bindings are gone (their places free again), or
+    ``None`` when none was (no write)."""
+    if released <= 0:
         return None
-    return replace(token, bindings=kept)
+    return replace(token, enrollments=max(0, token.enrollments - released))
 
 
 def expire(token: Token, *, now: float) -> Token | None:

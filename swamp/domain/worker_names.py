@@ -11,11 +11,13 @@ chosen is stored in the machine's binding and reused from then on, so it never c
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
+import re
+from collections.abc import Callable
 
 from swamp.domain.tokens import Token
 
 SUFFIX_LENGTH = 8
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 def machine_digest(machine_id: str) -> str:
@@ -26,15 +28,26 @@ def is_fleet(token: Token) -> bool:
     return token.max_enrollments != 1
 
 
-def worker_name_for(token: Token, machine_id: str, taken: Collection[str] = ()) -> str:
-    """The name a *new* binding gets. ``taken``: names used by other machines and tokens."""
+def worker_name_for(
+    token: Token, machine_id: str, taken: Callable[[str], bool] = lambda name: False
+) -> str:
+    """The name a *new* binding gets. ``taken(name)``: is that name used by another machine
+    (of this token or another) or by another token? The shell answers with indexed lookups,
+    never a scan of the fleet."""
     if not is_fleet(token):
         return token.name
     digest = machine_digest(machine_id)
-    in_use = set(taken) | {b.worker_name for b in token.bindings if b.machine_id != machine_id}
     for length in range(SUFFIX_LENGTH, len(digest) + 1):
         candidate = f"{token.name}-{digest[:length]}"
-        if candidate not in in_use:
+        if not taken(candidate):
             return candidate
     # 64 hex digits of SHA-256 equal means the same machine id: unreachable for two machines.
     raise AssertionError(f"no free name for machine {machine_id!r} under token {token.name!r}")
+
+
+def fleet_suffix(worker_name: str) -> tuple[str, str] | None:
+    """``(token, hex suffix)`` when ``worker_name`` has the shape of a fleet member's name."""
+    token, sep, suffix = worker_name.rpartition("-")
+    if sep and token and len(suffix) >= SUFFIX_LENGTH and _HEX.fullmatch(suffix):
+        return token, suffix
+    return None

@@ -91,6 +91,13 @@ SERVER_TOKEN = ModelType(
     internal=True,
     resources=(ResourceSpec("token", garbage_collection=10),),
 )
+TOKEN_BINDING = ModelType(
+    "swamp/token-binding",
+    methods=(),
+    internal=True,
+    # one item per machine a token admitted (instance: the token's name)
+    resources=(ResourceSpec("binding", garbage_collection=1),),
+)
 WORKER = ModelType(
     "swamp/worker",
     methods=(),
@@ -124,6 +131,7 @@ BUILTIN_TYPES = (
     ECHO,
     FLEET_PROBE,
     ENROLLMENT_TOKEN,
+    TOKEN_BINDING,
     SERVER_TOKEN,
     WORKER,
     STEP_LEASE,

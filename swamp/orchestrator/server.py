@@ -309,6 +309,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     swept = {
+        "tokens": await retry_busy(TokenBook(store).migrate),
         "leases": await retry_busy(LeaseBook(store).reconcile),
         "workers": await retry_busy(WorkerBook(store).reconcile),
         "queued": await retry_busy(PendingBook(store).reconcile),
@@ -317,11 +318,13 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     if any(swept.values()):
         log.info(
             "boot reconciliation: expired %d lease(s), disconnected %d worker(s), orphaned %d "
-            "queued step(s), failed %d interrupted workflow run(s)",
+            "queued step(s), failed %d interrupted workflow run(s), moved the bindings of %d "
+            "token(s) to records of their own",
             swept["leases"],
             swept["workers"],
             swept["queued"],
             swept["runs"],
+            swept["tokens"],
         )
     queue_timeout = effective_timeout(
         None,

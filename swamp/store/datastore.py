@@ -290,6 +290,17 @@ class Datastore:
             params.append(model_name)
         return self._latest(where, params)
 
+    def latest_with_prefix(self, model_type: str, model_name: str, prefix: str) -> list[Record]:
+        """The latest version of each item of one instance whose name starts with ``prefix``:
+        a range of the primary key, so its cost follows the matches, not the instance's size."""
+        if not prefix:
+            raise ValueError("an empty prefix would read the whole instance")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return self._latest(
+            "model_type = ? AND model_name = ? AND name >= ? AND name < ?",
+            [model_type, model_name, prefix, upper],
+        )
+
     def _latest(self, where: str, params: list) -> list[Record]:
         with self._sql("reading the datastore"):
             rows = self.db.execute(
@@ -476,22 +487,48 @@ class Datastore:
             return record, True
         raise StoreError(f"gave up on {key} after {MAX_CAS_RETRIES} concurrent updates")
 
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several reads and writes as one: ``BEGIN IMMEDIATE`` takes the write lock first, so
+        what is read inside cannot change before the writes land (across processes too), and
+        all of it commits or none. Not re-entrant."""
+        if self.broken:
+            raise StoreBroken(self.broken)
+        with self._sql("starting a write transaction", writing=True):
+            self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            with self._sql("committing a write transaction", writing=True):
+                self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
     def delete_items(self, keys: Iterable[Key]) -> int:
-        """Remove every version of the given data items (bookkeeping GC)."""
+        """Remove every version of the given data items (bookkeeping GC); inside a
+        :meth:`transaction` it joins it."""
+        if self.db.in_transaction:
+            return self._delete(keys)
+        with self.transaction():
+            return self._delete(keys)
+
+    def _delete(self, keys: Iterable[Key]) -> int:
         count = 0
         with self._sql("deleting from the datastore", writing=True):
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                for key in keys:
-                    count += self.db.execute(
-                        "DELETE FROM data WHERE model_type=? AND model_name=? AND name=?",
-                        (key.model_type, key.model_name, key.name),
-                    ).rowcount
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+            for key in keys:
+                count += self.db.execute(
+                    "DELETE FROM data WHERE model_type=? AND model_name=? AND name=?",
+                    (key.model_type, key.model_name, key.name),
+                ).rowcount
         return count
+
+    def delete_instance(self, model_type: str, model_name: str) -> int:
+        """Remove every item of one model instance; call it inside a :meth:`transaction`."""
+        with self._sql("deleting from the datastore", writing=True):
+            return self.db.execute(
+                "DELETE FROM data WHERE model_type=? AND model_name=?", (model_type, model_name)
+            ).rowcount
 
     def collect_garbage(self, *, batch: int = 500) -> int:
         """Delete rows whose lifetime has lapsed, in small batches (never one big transaction)."""

@@ -193,35 +193,85 @@ def test_forced_suffix_clash_gives_two_distinct_stable_names(cluster):
     assert a2.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == name_a
 
 
-def test_a_legacy_record_enrolls_its_bound_machine_and_rejects_others(cluster):
-    cluster.serve()
-    credential = cluster.mint("old")
-    db = sqlite3.connect(cluster.repo / ".swamp" / "swamp.db")
-    (attrs_text,) = db.execute("SELECT attributes FROM data WHERE model_name='old'").fetchone()
-    attrs = json.loads(attrs_text)
-    for key in ("bindings", "maxEnrollments", "expiresAtEpoch"):
-        del attrs[key]
-    attrs.update(
-        state="enrolled", boundMachineId="legacy-machine-1", enrolledAt="2026-01-01T00:00:00.000Z"
+def test_records_of_an_older_version_are_moved_to_binding_records_at_boot(cluster):
+    """A repo written by an older swamp: a single-machine token in the oldest shape
+    (``boundMachineId``) and a fleet token listing its bindings inline. The next boot moves the
+    bindings to records of their own; the bound machines keep their names, the places left are
+    counted right."""
+    single, fleet = (
+        cluster.mint("old"),
+        cluster.cli_json(
+            "worker",
+            "token",
+            "create",
+            "oldfleet",
+            "--duration",
+            "1h",
+            "--max-enrollments",
+            "3",
+            "--repo-dir",
+            str(cluster.repo),
+        )["token"],
     )
-    db.execute("UPDATE data SET attributes=? WHERE model_name='old'", (json.dumps(attrs),))
+    db = sqlite3.connect(cluster.repo / ".swamp" / "swamp.db")
+    for name, change in (
+        (
+            "old",
+            {
+                "state": "enrolled",
+                "boundMachineId": "legacy-machine-1",
+                "enrolledAt": "2026-01-01T00:00:00.000Z",
+            },
+        ),
+        (
+            "oldfleet",
+            {
+                "state": "enrolled",
+                "bindings": [
+                    {
+                        "machineId": f"fleet-machine-{i}",
+                        "workerName": f"oldfleet-name{i}",
+                        "enrolledAt": "2026-01-01T00:00:00.000Z",
+                    }
+                    for i in (1, 2)
+                ],
+            },
+        ),
+    ):
+        query = "SELECT attributes FROM data WHERE model_name=? AND model_type=?"
+        (text,) = db.execute(query, (name, "swamp/enrollment-token")).fetchone()
+        attrs = json.loads(text)
+        del attrs["enrollments"]
+        if name == "old":
+            del attrs["maxEnrollments"], attrs["expiresAtEpoch"]
+        attrs.update(change)
+        db.execute("UPDATE data SET attributes=? WHERE model_name=?", (json.dumps(attrs), name))
     db.commit()
     db.close()
-    bound = cluster.worker(credential, cache_dir=_cache(cluster, "legacy", "legacy-machine-1"))
+    cluster.serve()
+    bound = cluster.worker(single, cache_dir=_cache(cluster, "legacy", "legacy-machine-1"))
     assert bound.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == "old"
-    other = cluster.worker(credential, cache_dir=_cache(cluster, "new"), wait=False)
+    other = cluster.worker(single, cache_dir=_cache(cluster, "new"), wait=False)
     assert other.wait_exit() == 1
     assert "allowance exhausted" in other.wait_for(lambda e: e.get("event") == "stopped")["reason"]
-    # re-authenticating wrote nothing: the record is still in the legacy shape
-    listed = _tokens(cluster)["old"]
-    assert listed["bindings"] == [
+    again = cluster.worker(fleet, cache_dir=_cache(cluster, "f1", "fleet-machine-1"))
+    assert again.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == "oldfleet-name1"
+    third = cluster.worker(fleet, cache_dir=_cache(cluster, "f3"))
+    assert third.wait_for(lambda e: e.get("event") == "enrolled")["workerName"].startswith(
+        "oldfleet-"
+    )
+    listed = _tokens(cluster)
+    assert listed["old"]["bindings"] == [
         {
             "machineId": "legacy-machine-1",
             "workerName": "old",
             "enrolledAt": "2026-01-01T00:00:00.000Z",
         }
     ]
-    assert _token_versions(cluster, "old") == 1
+    assert listed["oldfleet"]["enrollments"] == 3 and len(listed["oldfleet"]["bindings"]) == 3
+    assert (
+        _token_versions(cluster, "old") == 2
+    )  # minted, then moved once; re-enrolling wrote nothing
 
 
 def test_unlimited_enrolls_twenty_machines(cluster):

@@ -197,7 +197,8 @@ def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance,
     assert results.count("bound") == allowance
     refusal = "allowance_exhausted" if allowance == 1 else "fleet_full"
     assert results.count(refusal) == machines - allowance
-    bindings = book.get("race").bindings
+    assert book.get("race").enrollments == allowance
+    bindings = book.bindings("race")
     assert len(bindings) == allowance
     assert len({b.worker_name for b in bindings}) == allowance
 

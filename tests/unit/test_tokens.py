@@ -25,9 +25,10 @@ def mint(name="pool", secret="s3cret", duration=3600, existing=None, max_enrollm
     )
 
 
-def redeem(token, machine="m1", secret="s3cret", now=NOW + 1, name="pool"):
+def redeem(token, machine="m1", secret="s3cret", now=NOW + 1, name="pool", known=None):
     return rules.redeem(
         token,
+        known=known,
         name=name,
         secret=secret,
         machine_id=machine,
@@ -42,7 +43,7 @@ def test_mint_stores_only_a_hash():
     assert token.state is TokenState.UNUSED
     assert "s3cret" not in str(token.to_attributes())
     assert token.secret_hash == rules.hash_secret("s3cret")
-    assert token.bindings == ()
+    assert token.enrollments == 0
 
 
 def test_mint_refuses_a_live_name_but_allows_a_dead_one():
@@ -72,10 +73,10 @@ def test_first_redeem_binds_and_enrolls():
 
 
 def test_a_bound_machine_reauthenticates_without_a_write():
-    enrolled = redeem(mint()).write
-    again = redeem(enrolled)
+    first = redeem(mint())
+    again = redeem(first.write, known=first.binding)  # the shell found its binding
     assert again.write is None
-    assert again.binding == enrolled.bindings[0]
+    assert again.binding == first.binding and again.token.enrollments == 1
 
 
 def test_a_second_machine_is_refused_when_the_allowance_is_spent():
@@ -90,14 +91,14 @@ def test_several_enrollments_when_allowed():
     token = mint(max_enrollments=3)
     for machine in ("m1", "m2", "m3"):
         token = redeem(token, machine=machine).write
-    assert len(token.bindings) == 3
+    assert token.enrollments == 3
     with pytest.raises(FleetFull, match="has all its places taken") as full:
         redeem(token, machine="m4")  # a fleet: not permanent, the worker waits for a place
     assert not isinstance(full.value, Rejected) and "(3 / 3)" in full.value.message
     unlimited = mint(max_enrollments="unlimited")
     for i in range(50):
         unlimited = redeem(unlimited, machine=f"m{i}").write
-    assert len(unlimited.bindings) == 50
+    assert unlimited.enrollments == 50
 
 
 @pytest.mark.parametrize(
@@ -196,15 +197,17 @@ def test_credentials_split_at_the_first_dot():
 
 def test_legacy_records_read_as_one_binding_without_rewrite():
     attrs = mint().to_attributes()
-    del attrs["bindings"]
+    del attrs["enrollments"]
     del attrs["maxEnrollments"]
     attrs.update(state="enrolled", boundMachineId="m-old", enrolledAt="t-old")
     legacy = Token.from_attributes(attrs)
-    assert legacy.bindings[0].machine_id == "m-old"
-    assert legacy.bindings[0].worker_name == "pool"
-    assert redeem(legacy, machine="m-old").write is None
+    (old,) = legacy.legacy_bindings
+    assert old.machine_id == "m-old" and old.worker_name == "pool" and legacy.enrollments == 1
+    assert redeem(legacy, machine="m-old", known=old).write is None
     with pytest.raises(Rejected, match="allowance exhausted"):
         redeem(legacy, machine="m-new")
+    migrated = legacy.migrated().to_attributes()  # the shell moved the binding to a record
+    assert "boundMachineId" not in migrated and migrated["enrollments"] == 1
 
 
 def test_round_trip_of_the_stored_shape():

@@ -6,13 +6,13 @@ import pytest
 
 from swamp.domain import tokens as rules
 from swamp.domain.tokens import Binding, Token, TokenState
-from swamp.domain.worker_names import worker_name_for
+from swamp.domain.worker_names import fleet_suffix, worker_name_for
 
 # Two machine ids whose SHA-256 digests share their first 8 hex digits (found by search).
 CLASH_A, CLASH_B = "clash-machine-00022136", "clash-machine-00080544"
 
 
-def token(max_enrollments=3, bindings=(), name="pool"):
+def token(max_enrollments=3, enrollments=0, name="pool"):
     return Token(
         name=name,
         state=TokenState.UNUSED,
@@ -21,7 +21,7 @@ def token(max_enrollments=3, bindings=(), name="pool"):
         expires_at_epoch=10**10,
         secret_hash=rules.hash_secret("s"),
         max_enrollments=max_enrollments,
-        bindings=tuple(bindings),
+        enrollments=enrollments,
     )
 
 
@@ -47,29 +47,23 @@ def test_fleet_members_get_a_stable_hash_suffix(allowance):
 
 def test_a_clash_with_another_machine_of_the_token_lengthens_the_suffix():
     first = worker_name_for(token(), CLASH_A)
-    bound = token(bindings=[Binding(CLASH_A, first, "t")])
-    second = worker_name_for(bound, CLASH_B)
+    second = worker_name_for(token(enrollments=1), CLASH_B, lambda name: name == first)
     assert first == f"pool-{digest(CLASH_A)[:8]}"
     assert second == f"pool-{digest(CLASH_B)[:9]}"
 
 
 def test_a_clash_with_another_tokens_worker_lengthens_the_suffix_too():
     short = f"pool-{digest('m1')[:8]}"
-    assert worker_name_for(token(), "m1", taken={short}) == f"pool-{digest('m1')[:9]}"
+    assert worker_name_for(token(), "m1", {short}.__contains__) == f"pool-{digest('m1')[:9]}"
     longer = {short, f"pool-{digest('m1')[:9]}"}
-    assert worker_name_for(token(), "m1", taken=longer) == f"pool-{digest('m1')[:10]}"
-
-
-def test_the_same_machine_never_clashes_with_its_own_binding():
-    own = f"pool-{digest('m1')[:8]}"
-    assert worker_name_for(token(bindings=[Binding("m1", own, "t")]), "m1") == own
+    assert worker_name_for(token(), "m1", longer.__contains__) == f"pool-{digest('m1')[:10]}"
 
 
 def test_the_name_stored_in_the_binding_is_reused_by_redeem():
-    stored = token(bindings=[Binding("m1", "pool-custom", "t")], max_enrollments=3)
     calls = []
     decision = rules.redeem(
-        stored,
+        token(enrollments=1),
+        known=Binding("m1", "pool-custom", "t"),
         name="pool",
         secret="s",
         machine_id="m1",
@@ -81,24 +75,31 @@ def test_the_name_stored_in_the_binding_is_reused_by_redeem():
     assert calls == []  # naming is only consulted for a new binding
 
 
-def test_prune_frees_slots_and_writes_nothing_when_nothing_matches():
-    full = token(max_enrollments=2, bindings=[Binding("m1", "a", "t"), Binding("m2", "b", "t")])
+def test_prune_frees_places_and_writes_nothing_when_nothing_was_released():
+    full = token(max_enrollments=2, enrollments=2)
     assert not full.has_room()
-    pruned = rules.prune(full, {"m1"})
-    assert [b.machine_id for b in pruned.bindings] == ["m2"] and pruned.has_room()
-    assert rules.prune(full, {"m9"}) is None
+    pruned = rules.prune(full, 1)
+    assert pruned.enrollments == 1 and pruned.has_room()
+    assert rules.prune(full, 0) is None
+
+
+def test_a_fleet_members_name_is_recognised_by_its_shape():
+    assert fleet_suffix(f"pool-{digest('m1')[:8]}") == ("pool", digest("m1")[:8])
+    assert fleet_suffix("a-b-0123abcd") == ("a-b", "0123abcd")
+    for not_one in ("pool", "pool-abc", "pool-XYZ01234", "-0123abcd"):
+        assert fleet_suffix(not_one) is None
 
 
 def test_a_legacy_record_without_the_stored_epoch_still_reads():
     attrs = token(max_enrollments=1).to_attributes()
     attrs.update(expiresAt="2030-01-01T00:00:00.000Z", boundMachineId="m-old", state="enrolled")
-    for key in ("expiresAtEpoch", "bindings", "maxEnrollments"):
+    for key in ("expiresAtEpoch", "enrollments", "maxEnrollments"):
         del attrs[key]
     legacy = Token.from_attributes(attrs)
     assert legacy.expires_at_epoch == 1893456000.0
-    assert legacy.bindings == (Binding("m-old", "pool", attrs["createdAt"]),)
-    rewritten = rules.prune(legacy, {"m-old"}).to_attributes()
-    assert "boundMachineId" not in rewritten and rewritten["bindings"] == []
+    assert legacy.legacy_bindings == (Binding("m-old", "pool", attrs["createdAt"]),)
+    rewritten = rules.prune(legacy, 1).to_attributes()
+    assert "boundMachineId" not in rewritten and rewritten["enrollments"] == 0
 
 
 @pytest.mark.parametrize("value,expected", [(3, 3), ("unlimited", "unlimited")])
