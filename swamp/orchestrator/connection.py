@@ -65,6 +65,8 @@ class Connection:
             heartbeat=gateway.heartbeat_seconds,
             name=f"client {peer}",
             max_in_flight=PENDING_IN_FLIGHT,
+            pings=False,  # the peer pings; we answer (and watch its silence, all in one task)
+            sweeper=gateway.sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
 

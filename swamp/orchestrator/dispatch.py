@@ -75,7 +75,7 @@ class DispatchService:
         *,
         environ: dict[str, str] | None = None,
         ship_env: tuple[str, ...] = (),
-        fence_seconds: float = 0,
+        fence: Callable[[Member], float] = lambda member: 0,
         queue_timeout: float | None = None,
         observe: Callable[[str, str], None] = lambda what, value: None,
         clock=time.time,
@@ -86,8 +86,9 @@ class DispatchService:
         self.episodes = episodes
         self.queue = queue
         self.clock = clock
-        # after losing a worker, wait this long before running its step elsewhere (fencing)
-        self.fence_seconds = fence_seconds
+        # after losing a worker, wait this long before running its step elsewhere (fencing):
+        # it depends on the heartbeat the worker was told
+        self.fence = fence
         self.queue_timeout = queue_timeout  # serve --queue-timeout; None: the default
         self.environ = dict(os.environ if environ is None else environ)
         self.ship_env = environment.check_names(ship_env, source="--ship-env")
@@ -193,14 +194,14 @@ class DispatchService:
                     "after %gs",
                     member.name,
                     then.reason,
-                    self.fence_seconds,
+                    self.fence(member),
                 )
                 await safe_emit(
                     emit, Redispatched(worker=member.name, reason=then.reason).to_json()
                 )
                 # Fencing: if the lost worker is alive behind a partition (or frozen), its own
                 # deadline (or its reaper's) kills the first copy before this one can start.
-                await trio.sleep(self.fence_seconds)
+                await trio.sleep(self.fence(member))
             else:
                 # The worker counted a slot we think is free (one still letting go of a
                 # cancelled dispatch): back off a little, so the same answer cannot spin.

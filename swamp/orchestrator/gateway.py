@@ -33,6 +33,7 @@ from swamp.domain.workers import (
     check_machine_id,
     check_platform_word,
     check_version,
+    heartbeat_interval,
 )
 from swamp.errors import (
     AlreadyConnected,
@@ -48,7 +49,7 @@ from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.timers import Deadlines
 from swamp.protocol.frames import PROTOCOL_VERSION
 from swamp.protocol.messages import DrainRequest, EnrollReply, EnrollRequest, Verdict
-from swamp.protocol.rpc import RpcChannel
+from swamp.protocol.rpc import RpcChannel, SilenceSweeper
 from swamp.store.datastore import Datastore, iso
 from swamp.store.retry import retry_busy
 
@@ -113,7 +114,9 @@ class Gateway:
         self.pool = pool
         self.credentials = credentials
         self.grace_seconds = grace_seconds
-        self.heartbeat_seconds = heartbeat_seconds
+        self.heartbeat_seconds = heartbeat_seconds  # serve --heartbeat: the shortest interval
+        # every socket's silence deadline, checked by one task (see RpcChannel)
+        self.sweeper = SilenceSweeper(tick=min(1.0, heartbeat_seconds / 2))
         self.clock = clock
         self.grace = Deadlines("grace windows")
         self.token_deadlines = Deadlines("token deadlines")
@@ -212,6 +215,9 @@ class Gateway:
             verify_failure_reason=pending,
         )
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
+        # the interval this worker is told (and held to) grows with the pool
+        channel.heartbeat = heartbeat_interval(self.heartbeat_seconds, len(self.pool.members) + 1)
+        member.heartbeat = channel.heartbeat
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
         if verify:
             self._to_verify_send.send_nowait(member)
@@ -238,7 +244,7 @@ class Gateway:
             token_expires_at=token.expires_at,
             token_expires_at_epoch=token.expires_at_epoch,
             reconnect=reconnect,
-            heartbeat_seconds=self.heartbeat_seconds,
+            heartbeat_seconds=channel.heartbeat,
             protocol_version=PROTOCOL_VERSION,
             orchestrator_version=__version__,
         ), member
@@ -382,6 +388,7 @@ class Gateway:
             await nursery.start(self.grace.run, self._grace_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             await nursery.start(self._watch_repo)
+            await nursery.start(self.sweeper.run)
             nursery.start_soon(self._verify_enrollments, nursery)
             task_status.started()
 

@@ -34,6 +34,7 @@ class Member:
     record: Record | None = None  # the latest worker record this process wrote
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
+    heartbeat: float = 5.0  # the interval it was told at enrollment (its silence deadline's unit)
 
     @property
     def connected(self) -> bool:

@@ -356,7 +356,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         episodes,
         queue,
         ship_env=options.ship_env,
-        fence_seconds=fence_seconds(options.heartbeat_seconds),
+        fence=lambda member: fence_seconds(member.heartbeat),
         queue_timeout=queue_timeout,
         observe=metrics.on_dispatch,
     )

@@ -12,10 +12,13 @@ the orchestrator relays a worker's output to a client without awaiting the clien
 with ``drop_events`` drops streamed events when its outbox is full, counting them, and tells the
 caller how many before its answer. Requests, answers and errors are never dropped.
 
-Liveness is an application frame, because Hypercorn sends no websocket pings: each side sends
-``ping`` every ``heartbeat`` seconds, and — where ``drop_silent`` — a peer from which nothing at
-all arrived for ``heartbeat * missed`` seconds is dropped. The watcher that decides it never
-sends, so a blocked send cannot hide a silent peer. This also catches half-open connections.
+Liveness is an application frame, because Hypercorn sends no websocket pings. The side that
+dialled sends ``ping`` every ``heartbeat`` seconds and the other answers ``pong``; the answering
+side (``pings=False``: the orchestrator, with thousands of idle workers) sends nothing of its
+own. Where ``drop_silent``, a peer from which nothing at all arrived for ``heartbeat * missed``
+seconds is dropped — by a watcher task of the channel's own, or, for the orchestrator's many
+sockets, by one :class:`SilenceSweeper` for all of them. The watcher never sends, so a blocked
+send cannot hide a silent peer. This also catches half-open connections.
 
 What a peer can make the channel hold is bounded: at most ``max_in_flight`` requests are handled
 at once (one more gets a coded ``busy`` error), and every answer the read loop itself owes — a
@@ -187,6 +190,39 @@ class _Pending:
         self.on_event = on_event
 
 
+class SilenceSweeper:
+    """One watcher for many channels: every ``tick`` seconds, drop each channel whose peer has
+    been silent past its own deadline (``heartbeat * missed``), and ping each that has sent
+    nothing for ``1.5 * heartbeat`` — its answers to the peer's pings are stuck behind frames it
+    has not read yet (a worker streaming a flood of output), so the peer would think it gone.
+    An idle socket's pongs keep it from ever needing one. A task per socket waking twice a
+    heartbeat costs the orchestrator more than its idle workers' heartbeats do."""
+
+    def __init__(self, tick: float = 1.0) -> None:
+        self.tick = tick
+        self.channels: set[RpcChannel] = set()
+        self.dropped = 0
+
+    def __repr__(self) -> str:
+        return f"<SilenceSweeper channels={len(self.channels)} dropped={self.dropped}>"
+
+    def sweep(self, now: float) -> None:
+        for channel in list(self.channels):
+            if channel.closed:
+                self.channels.discard(channel)
+            elif channel.silent_too_long(now):
+                self.dropped += 1
+            elif now - channel.last_sent > 1.5 * channel.heartbeat:
+                channel.last_sent = now
+                channel._offer(frames.Ping())
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.tick)
+            self.sweep(trio.current_time())
+
+
 class RpcChannel:
     def __init__(
         self,
@@ -199,11 +235,16 @@ class RpcChannel:
         max_in_flight: int = 1024,
         drop_silent: bool = True,
         drop_events: bool = False,
+        pings: bool = True,
+        sweeper: SilenceSweeper | None = None,
     ) -> None:
         self.transport = transport
         self.handler = handler
-        self.heartbeat = heartbeat
+        self._heartbeat = heartbeat
+        self._heartbeat_changed = trio.Event()
         self.missed = missed
+        self.pings = pings  # False: only answer the peer's pings
+        self.sweeper = sweeper  # None: a watcher task of this channel's own
         self.name = name
         # The owner may change these as it learns who the peer is.
         self.max_in_flight = max_in_flight  # requests handled at once
@@ -221,8 +262,21 @@ class RpcChannel:
         self.outbox = Outbox()
         self._scope: trio.CancelScope | None = None
         self._last_heard = trio.current_time()
+        self.last_sent = self._last_heard  # when the writer last sent a frame
         self._closed_event = trio.Event()
         self._on_close: list[Callable[[str], None]] = []
+
+    @property
+    def heartbeat(self) -> float:
+        return self._heartbeat
+
+    @heartbeat.setter
+    def heartbeat(self, seconds: float) -> None:
+        """The peer told us its interval (a worker learns it at enrollment): the pinger follows
+        at once, not after the sleep it began under the old one."""
+        self._heartbeat = seconds
+        self._heartbeat_changed.set()
+        self._heartbeat_changed = trio.Event()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -241,8 +295,12 @@ class RpcChannel:
                 self._last_heard = trio.current_time()
                 nursery.start_soon(self._writer)
                 if self.heartbeat and math.isfinite(self.heartbeat):
-                    nursery.start_soon(self._send_pings)
-                    nursery.start_soon(self._watch_silence)
+                    if self.pings:
+                        nursery.start_soon(self._send_pings)
+                    if self.sweeper is not None:
+                        self.sweeper.channels.add(self)
+                    else:
+                        nursery.start_soon(self._watch_silence)
                 task_status.started()
                 try:
                     await self._read_loop(nursery)
@@ -301,6 +359,8 @@ class RpcChannel:
         self.closed = True
         self.close_reason = reason
         self._closed_event.set()
+        if self.sweeper is not None:
+            self.sweeper.channels.discard(self)
         self.outbox.close()
         for pending in self._pending.values():
             if not pending.done.is_set():
@@ -323,6 +383,7 @@ class RpcChannel:
             self._sending = True
             try:
                 await self.transport.send(text)
+                self.last_sent = trio.current_time()
             except TransportClosed as exc:
                 self.abort(1006, exc.message)
                 return
@@ -331,20 +392,29 @@ class RpcChannel:
                 self._settle()
 
     async def _send_pings(self) -> None:
+        last = trio.current_time()
         while True:
-            await trio.sleep(self.heartbeat)
+            changed = self._heartbeat_changed
+            with trio.move_on_at(last + self.heartbeat):
+                await changed.wait()
+                continue  # a new interval: measure it from the last ping
             self._offer(frames.Ping())  # a full outbox already tells the peer we are here
+            last = trio.current_time()
 
     async def _watch_silence(self) -> None:
         """Drop a peer silent for ``heartbeat * missed`` seconds. Never sends anything."""
-        while True:
+        while not self.silent_too_long(trio.current_time()):
             await trio.sleep(self.heartbeat / 2)
-            silent = trio.current_time() - self._last_heard
-            if self.drop_silent and silent > self.heartbeat * self.missed:
-                reason = f"no heartbeat from {self.name} for {silent:.0f}s"
-                log.warning("%s", reason)
-                self.abort(4000, reason)
-                return
+
+    def silent_too_long(self, now: float) -> bool:
+        """Drop the peer (and say so) if nothing arrived from it for ``heartbeat * missed``."""
+        silent = now - self._last_heard
+        if not self.drop_silent or silent <= self.heartbeat * self.missed:
+            return False
+        reason = f"no heartbeat from {self.name} for {silent:.0f}s"
+        log.warning("%s", reason)
+        self.abort(4000, reason)
+        return True
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
         while True:

@@ -102,7 +102,13 @@ def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(clu
     assert stale["state"] == "active"  # the crash left it behind
     restarted = cluster.serve(port=int(port))
     booted = restarted.wait_for(lambda e: e.get("event") == "listening")
-    assert booted["reconciled"] == {"leases": 1, "workers": 1, "queued": 0, "runs": 0}
+    assert booted["reconciled"] == {
+        "tokens": 0,
+        "leases": 1,
+        "workers": 1,
+        "queued": 0,
+        "runs": 0,
+    }
     lease = cluster.query('modelType == "swamp/step-lease"')[0]["attributes"]
     assert lease["state"] == "expired" and lease["error"] == "orchestrator restart"
 

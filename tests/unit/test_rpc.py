@@ -9,7 +9,7 @@ import trio.testing
 
 from swamp.errors import CallTimeout, ChannelClosed, SwampError, UnknownMethod, UserError
 from swamp.protocol import frames
-from swamp.protocol.rpc import OUTBOX_FRAMES, Outbox, RpcChannel
+from swamp.protocol.rpc import OUTBOX_FRAMES, Outbox, RpcChannel, SilenceSweeper
 from swamp.protocol.transport import TransportClosed
 
 
@@ -157,6 +157,78 @@ async def test_pings_are_answered_and_keep_the_peer_alive(nursery, autojump_cloc
     await nursery.start(server.serve)
     await trio.sleep(20)
     assert not client.closed and not server.closed
+
+
+async def test_the_answering_side_only_answers_and_one_sweeper_drops_silence(
+    nursery, autojump_clock
+):
+    """The orchestrator's sockets: the worker pings, the orchestrator answers; one sweeper task
+    watches every socket's silence. A peer that keeps pinging stays and is sent nothing but
+    pongs; a peer that goes quiet is dropped after ``heartbeat * missed``."""
+    sweeper = SilenceSweeper(tick=0.5)
+    await nursery.start(sweeper.run)
+    a_tx, b_rx = trio.open_memory_channel(100)
+    b_tx, tap = trio.open_memory_channel(100)
+    c_tx, a_rx = trio.open_memory_channel(100)
+    sent = []
+
+    async def relay():  # what the answering side sends, on its way to the pinger
+        async for text in tap:
+            sent.append(json.loads(text)["type"])
+            await c_tx.send(text)
+
+    nursery.start_soon(relay)
+    pinger = RpcChannel(MemoryTransport(a_tx, a_rx), echo_handler, heartbeat=1, missed=3)
+    answering = RpcChannel(
+        MemoryTransport(b_tx, b_rx),
+        echo_handler,
+        heartbeat=1,
+        missed=3,
+        pings=False,
+        sweeper=sweeper,
+    )
+    await nursery.start(pinger.serve)
+    await nursery.start(answering.serve)
+    await trio.sleep(20)
+    assert not pinger.closed and not answering.closed and sweeper.channels == {answering}
+    assert len(sent) >= 18 and set(sent) == {"pong"}
+    quiet_tx, quiet_rx = trio.open_memory_channel(100)
+    heard_tx, heard = trio.open_memory_channel(100)
+    quiet = RpcChannel(
+        MemoryTransport(heard_tx, quiet_rx),
+        echo_handler,
+        heartbeat=1,
+        missed=3,
+        pings=False,
+        sweeper=sweeper,
+    )
+    await nursery.start(quiet.serve)
+    started = trio.current_time()
+    assert (await quiet.wait_closed()).startswith("no heartbeat from peer for")
+    assert 3 < trio.current_time() - started <= 3.5 + 0.01  # one tick past the deadline
+    assert sweeper.dropped == 1 and quiet not in sweeper.channels
+    assert not answering.closed
+
+
+async def test_the_sweeper_pings_a_socket_whose_answers_are_stuck(nursery, autojump_clock):
+    """A socket that sent nothing for 1.5 heartbeats (its pongs wait behind frames it has not
+    read) gets a ping from the sweeper, written beside the read loop, so its peer hears it."""
+    sweeper = SilenceSweeper(tick=0.5)
+    await nursery.start(sweeper.run)
+    a_tx, b_rx = trio.open_memory_channel(100)
+    b_tx, a_rx = trio.open_memory_channel(100)
+    answering = RpcChannel(
+        MemoryTransport(b_tx, b_rx),
+        echo_handler,
+        heartbeat=2,
+        missed=3,
+        pings=False,
+        sweeper=sweeper,
+    )
+    await nursery.start(answering.serve)
+    started = trio.current_time()
+    assert json.loads(await a_rx.receive()) == {"type": "ping"}
+    assert 3 < trio.current_time() - started <= 3.5 + 0.01
 
 
 async def test_requests_beyond_the_in_flight_limit_get_busy_and_nothing_piles_up(nursery):
