@@ -3,7 +3,8 @@
 
 A real ``swamp serve``; one fleet token; then ``--workers`` lightweight workers spoken at the
 protocol level by this one process (one websocket each: enroll, then the heartbeat the
-orchestrator asks for, nothing else), ``--parallel`` enrolling at a time. Measures:
+orchestrator asks for — at enrollment, and longer later as the pool grows — nothing else),
+``--parallel`` enrolling at a time. Measures:
 
 - enrollments per second over the first and the last thousand (their ratio: flat or not);
 - the store's size (database + WAL) every thousand members (linear or not);
@@ -52,8 +53,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def store_bytes(repo: Path) -> int:
-    return sum(p.stat().st_size for p in (repo / ".swamp").glob("swamp.db*"))
+def store_bytes(repo: Path) -> dict:
+    """The database file and its WAL (the WAL's size follows checkpoint timing, not growth)."""
+    files = {p.name: p.stat().st_size for p in (repo / ".swamp").glob("swamp.db*")}
+    return {"db": files.get("swamp.db", 0), "wal": files.get("swamp.db-wal", 0)}
 
 
 class Member:
@@ -98,8 +101,12 @@ class Member:
             self.enrolled.set()
 
     async def _discard(self, ws) -> None:
+        """Read what comes; a pong may carry a longer interval (the pool grew): take it, as a
+        real worker does."""
         while True:
-            await ws.get_message()
+            message = await ws.get_message()
+            if '"heartbeat"' in message:
+                self.heartbeat = max(self.heartbeat, float(json.loads(message)["heartbeat"]))
 
     async def _beat(self, ws) -> None:
         await trio.sleep(self.heartbeat * (self.index % 97) / 97)  # spread over the interval
@@ -151,7 +158,7 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
             raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
         done_at.append(time.perf_counter())
         if len(done_at) % 1000 == 0:
-            sizes.append({"members": len(done_at), "store_bytes": store_bytes(repo.root)})
+            sizes.append({"members": len(done_at), **store_bytes(repo.root)})
             print(
                 f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
                 file=sys.stderr,
@@ -168,16 +175,18 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
 
     first = rate(done_at[:1000])
     last = rate(done_at[-1000:])
+    cpu_enrolled = cpu_seconds(serve.pid)
     await trio.sleep(args.settle)
     cpu_before, wall_before = cpu_seconds(serve.pid), time.perf_counter()
     await trio.sleep(args.idle_seconds)
     idle_cpu = (cpu_seconds(serve.pid) - cpu_before) / (time.perf_counter() - wall_before)
     rss_full = rss_kib(serve.pid)
     stop.set()
-    heartbeat = members[0].heartbeat
+    beats = sorted(m.heartbeat for m in members)
     return {
         "workers": args.workers,
-        "heartbeat_seconds": heartbeat,
+        "heartbeat_seconds": {"first": beats[0], "last": beats[-1]},
+        "orchestrator_cpu_ms_per_enrollment": round(1000 * cpu_enrolled / args.workers, 2),
         "enroll_seconds": round(enroll_seconds, 1),
         "enrollments_per_second": {
             "first_thousand": first,

@@ -108,12 +108,12 @@ def check_version(value: object) -> str:
     return _check(VERSION, value, "version", "1-64 letters, digits, '.', '+', '_' or '-'")
 
 
-HEARTBEATS_PER_SECOND = 400  # what an orchestrator budgets for all its workers' heartbeats
+HEARTBEATS_PER_SECOND = 200  # what an orchestrator budgets for all its workers' heartbeats
 
 
 def heartbeat_interval(base: float, members: int) -> float:
     """How often a newly enrolled worker pings: ``serve --heartbeat`` in a small pool; in a
     large one, long enough that the whole pool sends about :data:`HEARTBEATS_PER_SECOND`
-    (10,000 workers: every 25 s). A socket that closes is noticed at once whatever the
+    (10,000 workers: every 50 s). A socket that closes is noticed at once whatever the
     interval; it bounds only how long a frozen or cut-off machine keeps its place."""
     return max(base, members / HEARTBEATS_PER_SECOND)

@@ -215,9 +215,10 @@ class Gateway:
             verify_failure_reason=pending,
         )
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
-        # the interval this worker is told (and held to) grows with the pool
+        # the interval this worker is told (and held to) grows with the pool: at enrollment,
+        # and later in the answer to a ping, for the members that enrolled while it was smaller
         channel.heartbeat = heartbeat_interval(self.heartbeat_seconds, len(self.pool.members) + 1)
-        member.heartbeat = channel.heartbeat
+        channel.heartbeat_source = self.pool_heartbeat
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
         if verify:
             self._to_verify_send.send_nowait(member)
@@ -248,6 +249,9 @@ class Gateway:
             protocol_version=PROTOCOL_VERSION,
             orchestrator_version=__version__,
         ), member
+
+    def pool_heartbeat(self) -> float:
+        return heartbeat_interval(self.heartbeat_seconds, len(self.pool.members))
 
     # -- drains, disconnects and the grace window --------------------------------------------
 

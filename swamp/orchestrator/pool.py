@@ -34,7 +34,11 @@ class Member:
     record: Record | None = None  # the latest worker record this process wrote
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
-    heartbeat: float = 5.0  # the interval it was told at enrollment (its silence deadline's unit)
+
+    @property
+    def heartbeat(self) -> float:
+        """The interval this worker was last told: its own deadlines are multiples of it."""
+        return self.channel.heartbeat if self.channel is not None else 5.0
 
     @property
     def connected(self) -> bool:

@@ -60,7 +60,8 @@ class Ping:
 
 @dataclass(frozen=True)
 class Pong:
-    pass
+    # the interval the answering side wants from now on (its pool grew); absent: unchanged
+    heartbeat: float | None = None
 
 
 Frame = Request | Response | Error | Stream | Cancel | Ping | Pong
@@ -106,7 +107,9 @@ def decode(text: str | bytes) -> Frame:
     if kind == "ping":
         return Ping()
     if kind == "pong":
-        return Pong()
+        beat = obj.get("heartbeat")
+        ok = isinstance(beat, (int, float)) and not isinstance(beat, bool) and 0 < beat <= 3600
+        return Pong(float(beat) if ok else None)
     frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
     try:
         if kind == "request":
@@ -159,4 +162,6 @@ def encode(frame: Frame) -> str:
         return _dump({"type": "cancel", "id": frame.id})
     if isinstance(frame, Ping):
         return '{"type":"ping"}'
+    if frame.heartbeat is not None:
+        return _dump({"type": "pong", "heartbeat": frame.heartbeat})
     return '{"type":"pong"}'

@@ -244,6 +244,11 @@ class RpcChannel:
         self._heartbeat_changed = trio.Event()
         self.missed = missed
         self.pings = pings  # False: only answer the peer's pings
+        # the answering side: the interval the peer should use now (it only ever grows); told
+        # in the pong, and this channel's own silence deadline follows it
+        self.heartbeat_source: Callable[[], float] | None = None
+        # the pinging side: told when the peer asked for a longer interval
+        self.on_heartbeat: Callable[[float], None] | None = None
         self.sweeper = sweeper  # None: a watcher task of this channel's own
         self.name = name
         # The owner may change these as it learns who the peer is.
@@ -406,6 +411,15 @@ class RpcChannel:
         while not self.silent_too_long(trio.current_time()):
             await trio.sleep(self.heartbeat / 2)
 
+    def _announce(self) -> float | None:
+        if self.heartbeat_source is None:
+            return None
+        wanted = self.heartbeat_source()
+        if wanted <= self.heartbeat:
+            return None
+        self.heartbeat = wanted
+        return wanted
+
     def silent_too_long(self, now: float) -> bool:
         """Drop the peer (and say so) if nothing arrived from it for ``heartbeat * missed``."""
         silent = now - self._last_heard
@@ -467,7 +481,16 @@ class RpcChannel:
                 if scope is not None:
                     scope.cancel()
             elif isinstance(frame, frames.Ping):
-                await self._send_quietly(frames.Pong())
+                await self._send_quietly(frames.Pong(self._announce()))
+            elif (
+                isinstance(frame, frames.Pong)
+                and self.pings  # only the side that pings takes an interval from the other
+                and frame.heartbeat
+                and frame.heartbeat > self.heartbeat
+            ):  # the peer's pool grew: ping less often
+                self.heartbeat = frame.heartbeat
+                if self.on_heartbeat is not None:
+                    self.on_heartbeat(frame.heartbeat)
 
     async def _handle(self, request: frames.Request, scope: trio.CancelScope) -> None:
         call = IncomingCall(self, request)

@@ -160,7 +160,9 @@ class Session:
         if reply.heartbeat_seconds > 0:
             channel.heartbeat = reply.heartbeat_seconds
         if self.reaper is not None:  # frozen as long as the orchestrator would drop us
-            self.reaper.set_silence(channel.heartbeat * channel.missed)
+            reaper = self.reaper
+            reaper.set_silence(channel.heartbeat * channel.missed)
+            channel.on_heartbeat = lambda seconds: reaper.set_silence(seconds * channel.missed)
         if reply.orchestrator_version and reply.orchestrator_version != __version__:
             self.reporter.emit(
                 "warning",

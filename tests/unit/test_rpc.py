@@ -210,6 +210,33 @@ async def test_the_answering_side_only_answers_and_one_sweeper_drops_silence(
     assert not answering.closed
 
 
+async def test_a_longer_interval_travels_in_a_pong_and_only_the_pinging_side_takes_it(
+    nursery, autojump_clock
+):
+    """The pool grew: a worker that enrolled when it was small is told the longer interval in
+    the answer to its next ping; the orchestrator's deadline for it follows; a pong sent *to*
+    the answering side (a hostile worker) changes nothing there."""
+    a, b = pair()
+    told = []
+    wanted = [1.0]
+    pinger = RpcChannel(a, echo_handler, heartbeat=1, missed=3)
+    pinger.on_heartbeat = told.append
+    answering = RpcChannel(b, echo_handler, heartbeat=1, missed=3, pings=False)
+    answering.heartbeat_source = lambda: wanted[0]
+    await nursery.start(pinger.serve)
+    await nursery.start(answering.serve)
+    await trio.sleep(5)
+    assert pinger.heartbeat == 1 and told == []
+    wanted[0] = 4.0
+    await trio.sleep(2)
+    assert pinger.heartbeat == answering.heartbeat == 4.0 and told == [4.0]
+    await trio.sleep(30)  # pinging every 4 s now: nobody is dropped
+    assert not pinger.closed and not answering.closed
+    await a.tx.send('{"type":"pong","heartbeat":3600}')
+    await trio.sleep(1)
+    assert answering.heartbeat == 4.0
+
+
 async def test_the_sweeper_pings_a_socket_whose_answers_are_stuck(nursery, autojump_clock):
     """A socket that sent nothing for 1.5 heartbeats (its pongs wait behind frames it has not
     read) gets a ping from the sweeper, written beside the read loop, so its peer hears it."""
