@@ -158,7 +158,14 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
             raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
         done_at.append(time.perf_counter())
         if len(done_at) % 1000 == 0:
-            sizes.append({"members": len(done_at), **store_bytes(repo.root)})
+            sizes.append(
+                {
+                    "members": len(done_at),
+                    "orchestrator_cpu_s": round(cpu_seconds(serve.pid), 2),
+                    "bench_cpu_s": round(cpu_seconds(os.getpid()), 2),
+                    **store_bytes(repo.root),
+                }
+            )
             print(
                 f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
                 file=sys.stderr,
