@@ -2,8 +2,9 @@
 """Project tasks on a fresh machine with nothing but python3 and access to PyPI.
 
     python3 build.py demo      # run `swamp demo` (the main job)
-    python3 build.py test      # run the whole test suite (add -m "not integration" for the
-                               # fast loop: the pure core, the store, the protocol; seconds)
+    python3 build.py test      # run the whole test suite, two processes at a time (add
+                               # -m "not integration" for the fast loop: the pure core, the
+                               # store, the protocol; seconds; -n 0 for one process)
     python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
     python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
@@ -195,7 +196,9 @@ def main(argv: list[str]) -> int:
     if task == "demo":
         return run("-m", "swamp", "demo", *rest)
     if task == "test":
-        return run("-m", "pytest", *rest)
+        # two processes: the integration tests mostly wait on real processes and sockets
+        workers = [] if any(a == "-n" or a.startswith("-n") for a in rest) else ["-n", "2"]
+        return run("-m", "pytest", *workers, *rest)
     if task == "lint":
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
     if task == "bench":

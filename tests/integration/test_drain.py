@@ -148,8 +148,8 @@ def test_idle_timeout_counts_from_the_last_dispatch(cluster):
 
 
 def test_an_ephemeral_fleet_of_one_shot_workers_stays_bounded(cluster):
-    # 64 here (six times the allowance); SWAMP_TEST_EPHEMERAL_WORKERS=200 for the full run
-    total = int(os.environ.get("SWAMP_TEST_EPHEMERAL_WORKERS", "64"))
+    # 32 here (three times the allowance); SWAMP_TEST_EPHEMERAL_WORKERS=200 for the full run
+    total = int(os.environ.get("SWAMP_TEST_EPHEMERAL_WORKERS", "32"))
     cluster.serve("--worker-retention", "2s")
     token = cluster.cli_json(
         "worker", "token", "create", "eph", "--duration", "1h", "--max-enrollments", "10"
