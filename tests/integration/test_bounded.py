@@ -10,8 +10,9 @@ import time
 
 import pytest
 import trio
+from wsproto.events import CloseConnection
 
-from tests.integration.hostile import RawSocket, Refused, rss_bytes
+from tests.integration.hostile import RawSocket, Refused, enroll_params, rss_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -107,3 +108,26 @@ async def test_requests_pipelined_before_auth_do_not_grow_memory(cluster):
     assert code in (1008, 1006), (code, reason)
     # still serving
     assert cluster.cli_json("worker", "list", "--server", cluster.url)["workers"] == []
+
+
+async def test_a_worker_cannot_stretch_its_own_silence_deadline(cluster):
+    """The interval travels orchestrator → worker, in a pong. A worker that sends the
+    orchestrator a pong asking for an hour, then goes quiet, is still dropped after three of
+    its heartbeats — and with it the fence before its steps may run elsewhere stays short."""
+    serve = cluster.serve()
+    worker = await RawSocket.open(cluster.url)
+    reply = await worker.request("worker.enroll", enroll_params(cluster.mint("stretch")))
+    assert reply["type"] == "response" and reply["result"]["heartbeatSeconds"] == 1
+    await worker.send({"type": "pong", "heartbeat": 3600})
+    started = time.monotonic()
+    closed = None
+    with trio.fail_after(30):
+        while closed is None:  # read, never answer: the sweeper's pings go unanswered
+            data = await worker.stream.receive_some(65536)
+            if not data:
+                break
+            worker.ws.receive_data(data)
+            closed = next((e for e in worker.ws.events() if isinstance(e, CloseConnection)), None)
+    assert time.monotonic() - started < 10
+    assert closed is None or closed.code == 4000
+    assert "no heartbeat from worker stretch" in serve.log.read_text()

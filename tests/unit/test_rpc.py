@@ -258,6 +258,31 @@ async def test_the_sweeper_pings_a_socket_whose_answers_are_stuck(nursery, autoj
     assert 3 < trio.current_time() - started <= 3.5 + 0.01
 
 
+async def test_a_quiet_call_is_sent_no_events_but_its_answer(nursery):
+    a, b = pair()
+    sent = []
+    original = b.send
+
+    async def spy(text):
+        sent.append(json.loads(text)["type"])
+        await original(text)
+
+    b.send = spy
+    client = RpcChannel(a, echo_handler)
+    server = RpcChannel(b, echo_handler)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    assert await client.call("echo", {"events": 50}) == {"events": 50}  # no sink: quiet
+    assert sent == ["response"]
+    seen = []
+
+    async def sink(event):
+        seen.append(event)
+
+    assert await client.call("echo", {"events": 3}, on_event=sink) == {"events": 3}
+    assert seen == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
 async def test_requests_beyond_the_in_flight_limit_get_busy_and_nothing_piles_up(nursery):
     a, b = pair()
     server = RpcChannel(b, echo_handler, max_in_flight=2)

@@ -127,6 +127,7 @@ def _scoped_world(store):
     store.write(Key("test/other", "x", "y"), {"step": 2}, policy=policy)
     store.write(Key("swamp/worker", "w1", "state"), {"machineId": "abc123"}, policy=policy)
     store.write(Key("swamp/enrollment-token", "pool", "token"), {"secretHash": "9f"}, policy=policy)
+    store.write(Key("swamp/token-binding", "pool", "m-1a"), {"machineId": "m-77"}, policy=policy)
 
 
 def _names(records):
@@ -167,6 +168,8 @@ def test_infrastructure_is_out_of_scope_and_indistinguishable_from_nothing(store
         'attributes.machineId == "abc123"',
         'attributes.secretHash == "9f"',
         'modelType == "swamp/enrollment-token"',
+        'modelType == "swamp/token-binding"',
+        'attributes.machineId == "m-77"',
         'modelType == "no/such"',
         'attributes.machineId == "zzz"',
     ):
