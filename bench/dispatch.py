@@ -33,7 +33,14 @@ import trio
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
-from swamp.processes import LineReader, start_serve, start_worker, stop_all, wait_enrolled
+from swamp.processes import (
+    LineReader,
+    start_serve,
+    start_worker,
+    stop_all,
+    wait_enrolled,
+    wait_enrolled_text,
+)
 from swamp.repo import Repo
 
 HERE = Path(__file__).resolve().parent
@@ -71,11 +78,12 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
                 *("--label", "role=bench", "--concurrency", str(slots)),
                 env=env,
                 stderr=log_file(f"worker-{i}.log"),
+                json=False,  # as an operator runs it: no line per dispatch
             )
             procs.append(worker)
             readers.append(reader)
         store.close()
-        await wait_enrolled(readers[1:])
+        await wait_enrolled_text(readers[1:])
         admin = repo.admin_credential_for(url)
         params = {
             "model": "swamp/echo",

@@ -85,11 +85,12 @@ async def start_serve(
 
 
 async def start_worker(
-    url: str, token: str, *args: str, env: dict, stderr=subprocess.DEVNULL
+    url: str, token: str, *args: str, env: dict, stderr=subprocess.DEVNULL, json: bool = True
 ) -> tuple[trio.Process, LineReader]:
-    """Start ``swamp worker connect`` with the token in its environment (never in argv)."""
+    """Start ``swamp worker connect`` with the token in its environment (never in argv); with
+    ``json=False`` it prints as an operator's worker does (its lifecycle only, as text)."""
     process = await trio.lowlevel.open_process(
-        swamp_argv("worker", "connect", url, "--json", *args),
+        swamp_argv("worker", "connect", url, *(["--json"] if json else []), *args),
         stdout=subprocess.PIPE,
         stderr=stderr,
         env=dict(env, SWAMP_WORKER_TOKEN=token),
@@ -101,6 +102,18 @@ async def wait_enrolled(readers: list[LineReader], *, timeout: float = 60) -> li
     """Each worker's ``enrolled`` event, in order."""
     with trio.fail_after(timeout):
         return [await reader.until(lambda e: e.get("event") == "enrolled") for reader in readers]
+
+
+async def wait_enrolled_text(readers: list[LineReader], *, timeout: float = 60) -> None:
+    """Each text-mode worker's ``enrolled as NAME`` line."""
+    with trio.fail_after(timeout):
+        for reader in readers:
+            while True:
+                line = await reader.readline()
+                if line is None:
+                    raise RuntimeError("the worker exited before it enrolled")
+                if line.startswith("enrolled as "):
+                    break
 
 
 async def stop_all(processes: list[trio.Process], *, grace: float = 10) -> None:
