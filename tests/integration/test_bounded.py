@@ -11,6 +11,7 @@ import time
 import pytest
 import trio
 from wsproto.events import CloseConnection
+from wsproto.utilities import LocalProtocolError
 
 from tests.integration.hostile import RawSocket, Refused, enroll_params, rss_bytes
 
@@ -50,7 +51,10 @@ async def test_sockets_that_never_enroll_are_closed_and_real_workers_still_enrol
 
                 async def keep_pinging():
                     while True:  # the attack: look alive, never enroll
-                        await ws.send({"type": "ping"})
+                        try:
+                            await ws.send({"type": "ping"})
+                        except LocalProtocolError:
+                            return  # the server's close arrived: it is closing this socket
                         await trio.sleep(0.5)
 
                 nursery.start_soon(keep_pinging)

@@ -67,8 +67,10 @@ def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
         _run(cluster, "command/shell", "run", "--arg", "command=true", "--label", "pool=x")
         for _ in range(20)
     ]
-    assert drained.wait_exit(timeout=10) == 0
-    assert time.monotonic() - signalled < 4.5
+    # it left once its step was done: not after the 60 s grace window (how soon exactly is
+    # the machine's, not a rule; the test suite shares two cores with twenty CLI processes)
+    assert drained.wait_exit(timeout=30) == 0
+    assert time.monotonic() - signalled < 30
     assert _result(step)["result"]["status"] == "succeeded"
     assert any(e.get("event", {}).get("line") == "done" for e in step.events())
     for run in burst:
@@ -76,11 +78,12 @@ def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
         assert _result(run)["result"]["worker"] in ("o0", "o1")
     starts = [e for e in drained.events() if e.get("event") == "dispatch_started"]
     assert len(starts) == 1  # nothing after the signal
-    # the status version said draining within 100 ms of the worker's event, with the reason
+    # the status version said draining when the worker announced it, with the reason — while
+    # its 3 s step still ran, not when it left
     versions = _versions(cluster, "d1")
     said = next(v for v in versions if v["attributes"]["status"] == "draining")
     assert said["attributes"]["drainReason"] == "signal"
-    assert _epoch(said["createdAt"]) - _epoch(draining["time"]) < 0.1
+    assert _epoch(said["createdAt"]) - _epoch(draining["time"]) < 2
     # and it left at once: disconnected, drained, no 60 s grace window
     final = max(versions, key=lambda v: v["version"])["attributes"]
     assert final["status"] == "disconnected" and final["disconnectReason"] == "drained (signal)"
