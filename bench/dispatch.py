@@ -19,17 +19,16 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import floor
 import trio
+from benchkit import percentile, scratch
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
@@ -44,11 +43,6 @@ from swamp.processes import (
 from swamp.repo import Repo
 
 HERE = Path(__file__).resolve().parent
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 # -- the two systems: each yields a factory of clients ------------------------------------------
@@ -177,18 +171,12 @@ async def measure(client, *, sequential: int, total: int, in_flight: int) -> dic
 
 
 async def run_once(system, workers: int, slots: int, args) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="swamp-bench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
-    try:
+    with scratch("swamp-bench-") as root:
         async with system(root, workers, slots, env) as client:
             return await measure(
                 client, sequential=args.sequential, total=args.total, in_flight=workers * slots
             )
-    finally:
-        if os.environ.get("SWAMP_BENCH_KEEP"):
-            print(f"kept {root} (logs of every process)", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def median_of(runs: list[dict]) -> dict:

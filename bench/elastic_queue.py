@@ -22,14 +22,12 @@ import argparse
 import json
 import os
 import random
-import shutil
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import trio
+from benchkit import percentile, rss_kib, scratch
 from trio_websocket import open_websocket_url
 
 from swamp import __version__
@@ -44,12 +42,6 @@ from swamp.protocol.messages import DispatchResult, EnrollRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport
 from swamp.repo import Repo
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
 
 # -- the decision ---------------------------------------------------------------------------------
 
@@ -153,13 +145,6 @@ async def _wake_once(channel: RpcChannel, url: str, token: str, label: str) -> f
 # -- a backlog ------------------------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 async def backlog(url, admin, token, serve_pid, args, env, procs, root) -> dict:
     params = {"model": "swamp/echo", "method": "echo", "placement": {"labels": {"drain": "yes"}}}
     done = 0
@@ -220,7 +205,11 @@ async def backlog(url, admin, token, serve_pid, args, env, procs, root) -> dict:
 
 async def main(args) -> dict:
     result: dict = {"decision": decisions()}
-    root = Path(tempfile.mkdtemp(prefix="swamp-bench-queue-"))
+    with scratch("swamp-bench-queue-") as root:
+        return await _measure(root, result, args)
+
+
+async def _measure(root: Path, result: dict, args) -> dict:
     repo, _ = Repo.init(root / "repo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     procs: list = []
@@ -245,10 +234,6 @@ async def main(args) -> dict:
         return result
     finally:
         await stop_all(procs)
-        if os.environ.get("SWAMP_BENCH_KEEP"):
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

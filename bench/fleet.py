@@ -22,14 +22,13 @@ import argparse
 import gc
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import trio
+from benchkit import cpu_seconds, rss_kib, scratch
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from swamp import __version__
@@ -38,20 +37,6 @@ from swamp.processes import start_serve, stop_all
 from swamp.protocol.frames import PROTOCOL_VERSION
 from swamp.protocol.messages import EnrollRequest
 from swamp.repo import Repo
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 def store_bytes(repo: Path) -> dict:
@@ -117,7 +102,11 @@ class Member:
 
 
 async def main(args) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="swamp-fleet-"))
+    with scratch("swamp-fleet-") as root:
+        return await _fleet(root, args)
+
+
+async def _fleet(root: Path, args) -> dict:
     repo, _ = Repo.init(root / "repo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     procs = []
@@ -132,10 +121,6 @@ async def main(args) -> dict:
         return result
     finally:
         await stop_all(procs)
-        if os.environ.get("SWAMP_BENCH_KEEP"):
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:

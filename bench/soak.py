@@ -23,13 +23,12 @@ import collections
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import trio
+from benchkit import scratch
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.errors import SwampError
@@ -39,7 +38,11 @@ from swamp.repo import Repo
 
 
 async def main(args) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="swamp-soak-"))
+    with scratch("swamp-soak-") as root:
+        return await _soak(root, args)
+
+
+async def _soak(root: Path, args) -> dict:
     repo, _ = Repo.init(root / "repo")
     ledger = root / "ledger"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
@@ -74,10 +77,6 @@ async def main(args) -> dict:
         return outcome
     finally:
         await stop_all([*state["procs"], *(p for p in [state.get("serve")] if p)])
-        if os.environ.get("SWAMP_BENCH_KEEP"):
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nursery) -> dict:

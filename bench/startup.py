@@ -24,13 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchkit import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin") or sys.executable
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def summary(values: list[float]) -> dict:
