@@ -198,21 +198,9 @@ def test_records_of_an_older_version_are_moved_to_binding_records_at_boot(cluste
     (``boundMachineId``) and a fleet token listing its bindings inline. The next boot moves the
     bindings to records of their own; the bound machines keep their names, the places left are
     counted right."""
-    single, fleet = (
-        cluster.mint("old"),
-        cluster.cli_json(
-            "worker",
-            "token",
-            "create",
-            "oldfleet",
-            "--duration",
-            "1h",
-            "--max-enrollments",
-            "3",
-            "--repo-dir",
-            str(cluster.repo),
-        )["token"],
-    )
+    single = cluster.mint("old")
+    create = ("worker", "token", "create", "oldfleet", "--duration", "1h")
+    fleet = cluster.cli_json(*create, "--max-enrollments", "3")["token"]
     db = sqlite3.connect(cluster.repo / ".swamp" / "swamp.db")
     for name, change in (
         (

@@ -41,6 +41,13 @@ def pair():
     return MemoryTransport(a_tx, a_rx), MemoryTransport(b_tx, b_rx)
 
 
+def answering_side(transport, sweeper=None, heartbeat=1):
+    """The orchestrator's side of a worker socket: it answers pings and sends none."""
+    return RpcChannel(
+        transport, echo_handler, heartbeat=heartbeat, missed=3, pings=False, sweeper=sweeper
+    )
+
+
 async def echo_handler(call):
     if call.method == "echo":
         for i in range(call.params.get("events", 0)):
@@ -179,14 +186,7 @@ async def test_the_answering_side_only_answers_and_one_sweeper_drops_silence(
 
     nursery.start_soon(relay)
     pinger = RpcChannel(MemoryTransport(a_tx, a_rx), echo_handler, heartbeat=1, missed=3)
-    answering = RpcChannel(
-        MemoryTransport(b_tx, b_rx),
-        echo_handler,
-        heartbeat=1,
-        missed=3,
-        pings=False,
-        sweeper=sweeper,
-    )
+    answering = answering_side(MemoryTransport(b_tx, b_rx), sweeper)
     await nursery.start(pinger.serve)
     await nursery.start(answering.serve)
     await trio.sleep(20)
@@ -194,14 +194,7 @@ async def test_the_answering_side_only_answers_and_one_sweeper_drops_silence(
     assert len(sent) >= 18 and set(sent) == {"pong"}
     quiet_tx, quiet_rx = trio.open_memory_channel(100)
     heard_tx, heard = trio.open_memory_channel(100)
-    quiet = RpcChannel(
-        MemoryTransport(heard_tx, quiet_rx),
-        echo_handler,
-        heartbeat=1,
-        missed=3,
-        pings=False,
-        sweeper=sweeper,
-    )
+    quiet = answering_side(MemoryTransport(heard_tx, quiet_rx), sweeper)
     await nursery.start(quiet.serve)
     started = trio.current_time()
     assert (await quiet.wait_closed()).startswith("no heartbeat from peer for")
@@ -221,7 +214,7 @@ async def test_a_longer_interval_travels_in_a_pong_and_only_the_pinging_side_tak
     wanted = [1.0]
     pinger = RpcChannel(a, echo_handler, heartbeat=1, missed=3)
     pinger.on_heartbeat = told.append
-    answering = RpcChannel(b, echo_handler, heartbeat=1, missed=3, pings=False)
+    answering = answering_side(b)
     answering.heartbeat_source = lambda: wanted[0]
     await nursery.start(pinger.serve)
     await nursery.start(answering.serve)
@@ -244,14 +237,7 @@ async def test_the_sweeper_pings_a_socket_whose_answers_are_stuck(nursery, autoj
     await nursery.start(sweeper.run)
     a_tx, b_rx = trio.open_memory_channel(100)
     b_tx, a_rx = trio.open_memory_channel(100)
-    answering = RpcChannel(
-        MemoryTransport(b_tx, b_rx),
-        echo_handler,
-        heartbeat=2,
-        missed=3,
-        pings=False,
-        sweeper=sweeper,
-    )
+    answering = answering_side(MemoryTransport(b_tx, b_rx), sweeper, heartbeat=2)
     await nursery.start(answering.serve)
     started = trio.current_time()
     assert json.loads(await a_rx.receive()) == {"type": "ping"}
