@@ -112,6 +112,11 @@ async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nur
                             placement=PlacementSpec(labels={"pool": "soak"}),
                         )  # fmt: skip
             except SwampError as exc:  # the orchestrator went away mid-step: a reasoned failure
+                if exc.code == "unauthorized":
+                    # a restarted orchestrator is listening but has not written its new local
+                    # credential yet: nothing ran; read it again
+                    await trio.sleep(0.2)
+                    continue
                 if step is not None and step not in results:
                     results[step] = {"status": "failed", "error": f"{exc.code}: {exc.message}"}
                     step = next(next_step, None)
