@@ -3,7 +3,8 @@ thread that writes them.
 
 ``swamp model method run … | less`` left open, or a suspended terminal, must not stop the CLI
 from reading its socket and answering heartbeats, so the loop never writes to a pipe itself.
-When the queue is full, lines are dropped and counted, and the count is reported at the end.
+When the queue is full, lines are dropped and counted: the first drop is said at once on
+stderr, the count at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +31,20 @@ class LinePump:
         try:
             self._queue.put_nowait((text, stream or sys.stdout, end))
         except queue.Full:
+            if not self.dropped:
+                self._say_dropping()
             self.dropped += 1
+
+    def _say_dropping(self) -> None:
+        """One line, now, where the reader of the output is not the reader of the errors."""
+        try:
+            print(
+                "… the output is not being read fast enough: dropping lines (counted at the end)",
+                file=sys.stderr,
+                flush=True,
+            )
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Wait until every queued line is written (or the pipe is gone)."""

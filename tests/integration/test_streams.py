@@ -106,6 +106,7 @@ def test_a_stopped_orchestrator_is_noticed_by_a_streaming_worker(cluster):
 def test_a_cli_whose_output_is_not_read_keeps_its_connection_and_says_what_it_dropped(cluster):
     import subprocess
     import sys
+    import threading
 
     cluster.serve()
     worker = cluster.worker(cluster.mint("w1"))
@@ -118,14 +119,28 @@ def test_a_cli_whose_output_is_not_read_keeps_its_connection_and_says_what_it_dr
     try:
         finished = worker.wait_for(lambda e: e.get("event") == "dispatch_finished", timeout=120)
         assert finished["status"] == "succeeded"
-        out, err = cli.communicate(timeout=60)  # the pager scrolls at last
+        # the CLI says so the moment it starts dropping (its stderr is read, its stdout not)
+        said: list[str] = []
+
+        def until_dropping() -> None:
+            for raw in iter(cli.stderr.readline, b""):
+                said.append(raw.decode())
+                if "dropping lines" in said[-1]:
+                    return
+
+        reader = threading.Thread(target=until_dropping, daemon=True)
+        reader.start()
+        reader.join(60)
+        assert any("not being read fast enough: dropping lines" in line for line in said)
+        out, rest = cli.communicate(timeout=60)  # the pager scrolls at last
     finally:
         cli.kill()
+    err = "".join(said) + rest.decode()
     assert cli.returncode == 0, err
     shown = out.decode().splitlines()
-    notes = [line for line in err.decode().splitlines() if "dropped" in line]
+    notes = [line for line in err.splitlines() if "dropped" in line]
     assert len(notes) == 1 and "not being read" in notes[0]
     dropped = int(notes[0].split()[1])
     assert dropped > 0 and len(shown) + dropped == LINES
-    assert "succeeded on w1" in err.decode()
+    assert "succeeded on w1" in err
     assert not any(e.get("event") == "disconnected" for e in worker.events())
