@@ -10,13 +10,14 @@ each). Prints one JSON object: every run, the median of each figure over the rou
 swamp's figures as ratios to the floor's (latency: lower is better; throughput: higher is).
 
     python3 build.py bench [--rounds 3] [--sequential 400] [--total 2000] [--shapes 1x32,8x4]
-        [--swamp-only]
+        [--swamp-only] [--floors]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -108,12 +109,12 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
 
 
 @asynccontextmanager
-async def floor_system(root: Path, workers: int, slots: int, env: dict):
+async def floor_system(root: Path, workers: int, slots: int, env: dict, *, serve="serve"):
     procs: list = []
     argv = [sys.executable, str(HERE / "floor.py")]
     try:
         server = await trio.lowlevel.open_process(
-            [*argv, "serve", str(root / "floor.db")], stdout=subprocess.PIPE, env=env
+            [*argv, serve, str(root / "floor.db")], stdout=subprocess.PIPE, env=env
         )
         procs.append(server)
         server_lines = LineReader(server.stdout)
@@ -186,6 +187,8 @@ def median_of(runs: list[dict]) -> dict:
 async def main(args) -> dict:
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     systems = {"swamp": swamp_system} if args.swamp_only else {"floor": floor_system}
+    if args.floors:  # the same floor behind Hypercorn: what the HTTP server costs the hop
+        systems["floor_hypercorn"] = functools.partial(floor_system, serve="serve-hypercorn")
     systems.setdefault("swamp", swamp_system)
     runs: dict = {f"{w}x{s}": {name: [] for name in systems} for w, s in shapes}
     for round_no in range(args.rounds):
@@ -204,12 +207,16 @@ async def main(args) -> dict:
         medians = {name: median_of(r) for name, r in by_system.items()}
         entry = {"median": medians, "runs": by_system}
         if "floor" in medians:
-            swamp, base = medians["swamp"], medians["floor"]
-            entry["ratio_to_floor"] = {
-                "p50": round(swamp["p50_ms"] / base["p50_ms"], 2),
-                "p99": round(swamp["p99_ms"] / base["p99_ms"], 2),
-                "throughput": round(swamp["per_second"] / base["per_second"], 2),
-            }
+            base = medians["floor"]
+            for name in ("swamp", "floor_hypercorn"):
+                if name not in medians:
+                    continue
+                key = "ratio_to_floor" if name == "swamp" else f"{name}_ratio_to_floor"
+                entry[key] = {
+                    "p50": round(medians[name]["p50_ms"] / base["p50_ms"], 2),
+                    "p99": round(medians[name]["p99_ms"] / base["p99_ms"], 2),
+                    "throughput": round(medians[name]["per_second"] / base["per_second"], 2),
+                }
         result[shape] = entry
     return result
 
@@ -221,4 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("--total", type=int, default=2000)
     parser.add_argument("--shapes", default="1x32,8x4", help="WORKERSxSLOTS, comma-separated")
     parser.add_argument("--swamp-only", action="store_true", help="no floor, no ratios")
+    parser.add_argument(
+        "--floors", action="store_true", help="also the floor behind Hypercorn (swamp's server)"
+    )
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))

@@ -8,9 +8,14 @@ connected worker with the most free slots and waits, without polling, when none 
 authentication, no validation, no events, no queue records: what is left is the cost of the
 stack (Python, trio, websockets, SQLite) for this shape of work, on this machine, now.
 
+``serve-hypercorn`` is the same server behind Hypercorn (swamp's HTTP server) instead of a bare
+trio-websocket listener: the difference is what one port for HTTP and websockets costs the hop
+(``python3 build.py bench --floors``).
+
 Run as processes by ``bench/dispatch.py`` (``python3 build.py bench``):
 
     python3 bench/floor.py serve DB        # prints {"url": ...} once listening
+    python3 bench/floor.py serve-hypercorn DB
     python3 bench/floor.py worker URL SLOTS
 """
 
@@ -112,6 +117,61 @@ async def serve(db_path: str) -> None:
         print(json.dumps({"url": f"ws://127.0.0.1:{port}/"}), flush=True)
 
 
+class AsgiSocket:
+    """An accepted ASGI websocket with trio-websocket's two calls, for the same server code."""
+
+    def __init__(self, receive, send) -> None:
+        self.receive, self.send = receive, send
+
+    async def get_message(self) -> str:
+        message = await self.receive()
+        if message["type"] != "websocket.receive":
+            raise ConnectionClosed(None)
+        return message.get("text") or message.get("bytes", b"").decode()
+
+    async def send_message(self, text: str) -> None:
+        await self.send({"type": "websocket.send", "text": text})
+
+
+async def serve_hypercorn(db_path: str) -> None:
+    import hypercorn.config
+    import hypercorn.trio
+
+    floor = Floor(db_path)
+
+    class Accepted:
+        def __init__(self, receive, send) -> None:
+            self.receive, self.send = receive, send
+
+        async def accept(self) -> AsgiSocket:
+            await self.receive()  # websocket.connect
+            await self.send({"type": "websocket.accept"})
+            return AsgiSocket(self.receive, self.send)
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "websocket":
+            await floor.handle(Accepted(receive, send))
+        elif scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].removeprefix("lifespan.")
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+
+    config = hypercorn.config.Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+
+    class Status:
+        @staticmethod
+        def started(binds) -> None:
+            address = binds[0].split("://", 1)[1]
+            print(json.dumps({"url": f"ws://{address}/"}), flush=True)
+
+    await hypercorn.trio.serve(app, config, task_status=Status())
+
+
 async def work(url: str, slots: int) -> None:
     """A no-op method, answered at once (a no-op needs no task of its own)."""
     async with open_websocket_url(url) as ws:
@@ -144,6 +204,8 @@ async def client(url: str):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         trio.run(serve, sys.argv[2])
+    elif sys.argv[1:2] == ["serve-hypercorn"]:
+        trio.run(serve_hypercorn, sys.argv[2])
     elif sys.argv[1:2] == ["worker"]:
         trio.run(work, sys.argv[2], int(sys.argv[3]))
     else:
