@@ -6,11 +6,31 @@ import os
 import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from swamp import __version__
+from swamp.protocol.frames import PROTOCOL_VERSION
+
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def enroll_params(token: str, machine_id: str, labels: dict[str, str] | None = None) -> dict:
+    """``worker.enroll`` params of a worker spoken by a benchmark (a new process each time)."""
+    from swamp.protocol.messages import EnrollRequest
+
+    return EnrollRequest(
+        token=token,
+        instance_id=str(uuid.uuid4()),
+        machine_id=machine_id,
+        protocol_version=PROTOCOL_VERSION,
+        platform="linux",
+        arch="x86_64",
+        version=__version__,
+        labels=labels or {},
+    ).to_json()
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -27,18 +27,16 @@ import uuid
 from pathlib import Path
 
 import trio
-from benchkit import percentile, rss_kib, scratch
+from benchkit import enroll_params, percentile, rss_kib, scratch
 from trio_websocket import open_websocket_url
 
-from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
 from swamp.domain.placement import Placement
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign
 from swamp.processes import start_serve, start_worker, stop_all
-from swamp.protocol.frames import PROTOCOL_VERSION
-from swamp.protocol.messages import DispatchResult, EnrollRequest
+from swamp.protocol.messages import DispatchResult
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport
 from swamp.repo import Repo
@@ -124,17 +122,8 @@ async def _wake_once(channel: RpcChannel, url: str, token: str, label: str) -> f
         async with open_websocket_url(url) as ws:
             worker = RpcChannel(WebSocketTransport(ws), handle, name="bench worker")
             await nursery.start(worker.serve)
-            enroll = EnrollRequest(
-                token=token,
-                instance_id=str(uuid.uuid4()),
-                machine_id=f"bench-{label}",
-                protocol_version=PROTOCOL_VERSION,
-                platform="linux",
-                arch="x86_64",
-                version=__version__,
-                labels={"wake": label},
-            )
-            await worker.call("worker.enroll", enroll.to_json(), timeout=30)
+            enroll = enroll_params(token, f"bench-{label}", {"wake": label})
+            await worker.call("worker.enroll", enroll, timeout=30)
             times["enrolled"] = time.perf_counter()
             await got.wait()
             await finished.wait()  # the result got home before this worker leaves

@@ -24,18 +24,14 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import trio
-from benchkit import cpu_seconds, rss_kib, scratch
+from benchkit import cpu_seconds, enroll_params, rss_kib, scratch
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all
-from swamp.protocol.frames import PROTOCOL_VERSION
-from swamp.protocol.messages import EnrollRequest
 from swamp.repo import Repo
 
 
@@ -57,19 +53,11 @@ class Member:
         self.error: str | None = None
 
     async def run(self, stop: trio.Event) -> None:
-        enroll = EnrollRequest(
-            token=self.token,
-            instance_id=str(uuid.uuid4()),
-            machine_id=f"fleet-bench-{self.index}",
-            protocol_version=PROTOCOL_VERSION,
-            platform="linux",
-            arch="x86_64",
-            version=__version__,
-        )
+        enroll = enroll_params(self.token, f"fleet-bench-{self.index}")
         try:
             async with open_websocket_url(self.url, message_queue_size=4) as ws:
                 frame = {"type": "request", "id": "1", "method": "worker.enroll"}
-                await ws.send_message(json.dumps({**frame, "params": enroll.to_json()}))
+                await ws.send_message(json.dumps({**frame, "params": enroll}))
                 reply = json.loads(await ws.get_message())
                 if reply.get("type") != "response":
                     self.error = json.dumps(reply)[:300]

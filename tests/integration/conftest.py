@@ -180,6 +180,14 @@ class Cluster:
             "worker", "token", "create", name, "--duration", duration, "--repo-dir", str(self.repo)
         )["token"]
 
+    def mint_fleet(self, name: str, places: str, *extra: str, duration: str = "1h") -> str:
+        """A fleet token admitting ``places`` machines (``unlimited`` too); ``extra``: more
+        flags of ``worker token create``, e.g. ``--label``."""
+        return self.cli_json(
+            "worker", "token", "create", name, "--duration", duration,
+            "--max-enrollments", places, *extra, "--repo-dir", str(self.repo),
+        )["token"]  # fmt: skip
+
     def worker(
         self, token: str, *extra: str, cache_dir: Path | None = None, wait: bool = True
     ) -> Proc:

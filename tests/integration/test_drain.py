@@ -154,9 +154,7 @@ def test_an_ephemeral_fleet_of_one_shot_workers_stays_bounded(cluster):
     # 32 here (three times the allowance); SWAMP_TEST_EPHEMERAL_WORKERS=200 for the full run
     total = int(os.environ.get("SWAMP_TEST_EPHEMERAL_WORKERS", "32"))
     cluster.serve("--worker-retention", "2s")
-    token = cluster.cli_json(
-        "worker", "token", "create", "eph", "--duration", "1h", "--max-enrollments", "10"
-    )["token"]
+    token = cluster.mint_fleet("eph", "10")
     marks = cluster.tmp / "marks"
     marks.mkdir()
     batch = 8

@@ -142,18 +142,7 @@ def test_a_single_machine_token_is_unchanged(cluster):
 
 def test_a_worker_keeps_its_own_fleet_label_and_the_orchestrator_warns(cluster):
     serve = cluster.serve()
-    token = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "pool",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "2",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
+    token = cluster.mint_fleet("pool", "2")
     proc = cluster.worker(token, "--label", "fleet=gpus")
     name = proc.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     assert cluster.workers()[0]["labels"] == {"fleet": "gpus"}
@@ -165,18 +154,7 @@ def test_a_worker_keeps_its_own_fleet_label_and_the_orchestrator_warns(cluster):
 
 def test_forced_suffix_clash_gives_two_distinct_stable_names(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "pool",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "unlimited",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
+    token = cluster.mint_fleet("pool", "unlimited")
     a = cluster.worker(token, cache_dir=_cache(cluster, "a", CLASH_A))
     b = cluster.worker(token, cache_dir=_cache(cluster, "b", CLASH_B))
     name_a = a.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
@@ -199,8 +177,7 @@ def test_records_of_an_older_version_are_moved_to_binding_records_at_boot(cluste
     bindings to records of their own; the bound machines keep their names, the places left are
     counted right."""
     single = cluster.mint("old")
-    create = ("worker", "token", "create", "oldfleet", "--duration", "1h")
-    fleet = cluster.cli_json(*create, "--max-enrollments", "3")["token"]
+    fleet = cluster.mint_fleet("oldfleet", "3")
     db = sqlite3.connect(cluster.repo / ".swamp" / "swamp.db")
     for name, change in (
         (
@@ -264,18 +241,7 @@ def test_records_of_an_older_version_are_moved_to_binding_records_at_boot(cluste
 
 def test_unlimited_enrolls_twenty_machines(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "swarm",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "unlimited",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
+    token = cluster.mint_fleet("swarm", "unlimited")
     procs = [cluster.worker(token, wait=False) for _ in range(20)]
     names = {
         p.wait_for(lambda e: e.get("event") == "enrolled", timeout=90)["workerName"] for p in procs
@@ -289,18 +255,7 @@ def test_unlimited_enrolls_twenty_machines(cluster):
 
 async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "ten",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "10",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
+    token = cluster.mint_fleet("ten", "10")
     outcomes = []
     go = trio.Event()
 
@@ -371,30 +326,8 @@ def test_bad_max_enrollments_values(cluster):
 
 def test_stale_members_are_forgotten_and_their_slots_released(cluster):
     cluster.serve("--worker-retention", "2s", "--grace-window", "1s")
-    token = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "eph",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "1",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
-    fleet = cluster.cli_json(
-        "worker",
-        "token",
-        "create",
-        "ephemeral",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "2",
-        "--repo-dir",
-        str(cluster.repo),
-    )["token"]
+    token = cluster.mint_fleet("eph", "1")
+    fleet = cluster.mint_fleet("ephemeral", "2")
     single = cluster.worker(token)
     first = cluster.worker(fleet)
     cluster.worker(fleet)

@@ -53,9 +53,7 @@ async def test_an_impostor_gets_none_of_its_victims_targeted_work(cluster):
     victim = cluster.mint("victim")
     cluster.worker(victim)
     victim_id = cluster.workers()[0]["instanceId"]
-    pool = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "5"
-    )["token"]
+    pool = cluster.mint_fleet("pool", "5")
 
     # the victim's name as instance id: not an instance id at all
     _, refused = await Impostor.enroll(cluster.url, pool, instanceId="victim")

@@ -45,9 +45,7 @@ def _epoch(text: str) -> float:
 
 async def test_twelve_steps_on_three_workers_of_two_slots_wait_for_a_free_slot(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "3"
-    )["token"]
+    token = cluster.mint_fleet("pool", "3")
     for i in range(3):
         cluster.worker(token, "--concurrency", "2", cache_dir=cluster.tmp / f"cache-{i}")
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)
@@ -212,9 +210,7 @@ def test_a_waiting_step_is_orphaned_by_an_orchestrator_crash(cluster):
 
 def test_metrics_show_supply_and_demand_and_need_a_credential(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "2"
-    )["token"]
+    token = cluster.mint_fleet("pool", "2")
     cluster.worker(token, "--concurrency", "3", cache_dir=cluster.tmp / "c1")
     run = _run_in_background(
         cluster, "command/shell", "run", "--arg", "command=true", "--label", "gpu=true"

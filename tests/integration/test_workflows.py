@@ -42,9 +42,7 @@ def _steps(run: dict) -> dict[str, dict]:
 
 def test_fan_out_over_every_member_of_a_fleet(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "3"
-    )["token"]
+    token = cluster.mint_fleet("pool", "3")
     names = {
         cluster.worker(token, cache_dir=cluster.tmp / f"c{i}").wait_for(
             lambda e: e.get("event") == "enrolled"
@@ -322,9 +320,7 @@ CHILD = """\
 
 def test_affinity_keeps_a_job_on_one_worker_and_a_nested_workflow_runs_inline(cluster):
     cluster.serve()
-    token = cluster.cli_json(
-        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "2"
-    )["token"]
+    token = cluster.mint_fleet("pool", "2")
     for i in range(2):
         cluster.worker(token, "--concurrency", "2", cache_dir=cluster.tmp / f"c{i}")
     _write(cluster, "pinned", PINNED)
