@@ -13,8 +13,8 @@ pending socket can take is bounded, because anyone who can reach the port can op
   (the :class:`~swamp.protocol.rpc.RpcChannel` answers more with ``busy``) and may send
   :data:`PENDING_FRAMES` frames in all (more closes it). That also bounds what it is sent back,
   so the close frame always fits in the socket's buffer, even when the peer never reads.
-- **memory** — Hypercorn buffers an incoming message up to the frame limit before we see it, so
-  :data:`MAX_PENDING` × the frame limit is the most untrusted sockets can hold.
+- **memory** — the websocket library buffers an incoming message up to the frame limit before we
+  see it, so :data:`MAX_PENDING` × the frame limit is the most untrusted sockets can hold.
 
 Admin sockets are kept here too, by principal, so that revoking a server token closes the
 sockets it opened.

@@ -1,4 +1,7 @@
-"""The one ASGI app: websocket upgrades are the control plane, plain HTTP the data plane.
+"""The app: websocket upgrades are the control plane, plain HTTP the data plane.
+
+Upgrades arrive from the listener (:meth:`App.websocket`, trio-websocket) or, rarely, through
+Hypercorn (the ASGI ``websocket`` scope); plain HTTP always through Hypercorn (ASGI).
 
 Every request first passes the request policy (browsers are not clients; the Host header must
 name this orchestrator), then the credential in its ``Authorization`` header is identified once.
@@ -10,6 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import suppress
+
+import trio_websocket
 
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
@@ -21,7 +27,8 @@ from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
-from swamp.protocol.transport import AsgiTransport
+from swamp.orchestrator.listener import Upgrade
+from swamp.protocol.transport import AsgiTransport, WebSocketTransport
 
 log = logging.getLogger("swamp.app")
 
@@ -82,23 +89,46 @@ class App:
         return isinstance(self.auth.identify(_headers(scope).get("authorization")), Principal)
 
     async def _websocket(self, scope, receive, send) -> None:
+        """An upgrade Hypercorn took (one on a kept-alive HTTP connection); most come straight
+        from the listener (:meth:`websocket`)."""
         message = await receive()
         if message["type"] != "websocket.connect":
             return
-        authorization = _headers(scope).get("authorization")
+        await send({"type": "websocket.accept"})
+        client = scope.get("client") or ("?", 0)
+        await self._connect(
+            AsgiTransport(receive, send), _headers(scope), peer=f"{client[0]}:{client[1]}"
+        )
+
+    async def websocket(self, upgrade: Upgrade) -> None:
+        """An upgrade from the listener: the same policy as every request, then the socket."""
+        reason = self.policy.refusal(upgrade.headers)
+        if reason is not None:
+            log.warning("refused a websocket request from %s: %s", upgrade.peer, printable(reason))
+            body, content_headers = _refusal(reason)
+            with suppress(trio_websocket.ConnectionClosed):
+                await upgrade.request.reject(403, extra_headers=content_headers, body=body)
+            return
+        try:
+            ws = await upgrade.request.accept()
+        except trio_websocket.ConnectionClosed:
+            return
+        transport = WebSocketTransport(ws, idle=upgrade.idle)
+        await self._connect(transport, upgrade.headers, peer=upgrade.peer)
+
+    async def _connect(self, transport, headers: dict[str, str], *, peer: str) -> None:
+        authorization = headers.get("authorization")
         identity = self.auth.identify(authorization)
         if authorization and isinstance(identity, Unauthorized):
             log.info("refused an admin credential: %s", printable(identity.message))
-        await send({"type": "websocket.accept"})
-        client = scope.get("client") or ("?", 0)
         connection = Connection(
-            AsgiTransport(receive, send),
+            transport,
             gateway=self.gateway,
             dispatch=self.dispatch,
             admin=self.admin,
             admission=self.admission,
             identity=identity,
-            peer=f"{client[0]}:{client[1]}",
+            peer=peer,
         )
         await connection.serve()
 
@@ -110,9 +140,14 @@ class App:
             connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
 
 
-async def _refuse(kind: str, receive, send, reason: str) -> None:
+def _refusal(reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     body = json.dumps({"error": {"code": "forbidden", "message": reason}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    return body, [(b"content-type", b"application/json")]
+
+
+async def _refuse(kind: str, receive, send, reason: str) -> None:
+    body, content_type = _refusal(reason)
+    headers = [*content_type, (b"content-length", str(len(body)).encode())]
     if kind == "http":
         await send({"type": "http.response.start", "status": 403, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -33,6 +33,7 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.errors import CannotListen, SwampError, UserError
+from swamp.orchestrator import listener
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
 from swamp.orchestrator.app import App
@@ -220,36 +221,22 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
 
 
 async def _listen(app, config, stop: trio.Event, options: ServeOptions, task_status) -> None:
-    """Hypercorn's serve, with a port that cannot be bound reported in one line."""
-    import hypercorn.trio
-
-    listening = False
-
-    def started(binds) -> None:
-        nonlocal listening
-        listening = True
-        task_status.started(binds)
-
-    status = type("Status", (), {"started": staticmethod(started)})()
+    """The listener (one port: websockets and HTTP), with a port that cannot be bound reported
+    in one line."""
     try:
-        await hypercorn.trio.serve(app, config, shutdown_trigger=stop.wait, task_status=status)
-    except (OSError, BaseExceptionGroup) as exc:  # Hypercorn raises it from within a nursery
-        cause = exc if isinstance(exc, OSError) else _first_os_error(exc)
-        if listening or cause is None:
-            raise
+        await listener.serve(
+            app,
+            app.websocket,
+            config,
+            max_message_size=config.websocket_max_message_size,
+            shutdown_trigger=stop.wait,
+            task_status=task_status,
+        )
+    except OSError as exc:
         raise CannotListen(
-            f"cannot listen on {options.host}:{options.port}: {cause.strerror or cause} (is "
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc} (is "
             "another program using the port? pass --port, or --port 0 for a free one)"
         ) from None
-
-
-def _first_os_error(group: BaseExceptionGroup) -> OSError | None:
-    for exc in group.exceptions:
-        if isinstance(exc, OSError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup) and (found := _first_os_error(exc)):
-            return found
-    return None
 
 
 def _announce(
@@ -317,7 +304,6 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
 
 async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, task_status) -> None:
     import hypercorn.config
-    import hypercorn.trio
 
     raise_file_limit()
     store = repo.open_store(orchestrator=True)
@@ -448,7 +434,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
-            # Hypercorn has returned: every connection is closed or past its graceful timeout.
+            # The listener has returned: every connection is closed or past its graceful timeout.
             with trio.move_on_after(5):
                 await records.settled()  # the last status versions (disconnected) go in
                 await queue.writer.settled()

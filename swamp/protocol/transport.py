@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import ssl
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -63,10 +64,19 @@ def _closed(exc: trio_websocket.ConnectionClosed) -> str:
 
 
 class WebSocketTransport:
-    """A trio-websocket client connection."""
+    """A trio-websocket connection: a client's, or one the orchestrator's listener accepted.
 
-    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+    An accepted one is given ``idle`` (seconds since its socket last received anything): closing
+    it then drains like :class:`AsgiTransport` — after the close frame, what the peer still
+    sends is dropped until it answers the close, goes quiet for :data:`DRAIN_QUIET` seconds, or
+    :data:`DRAIN_MAX` seconds have passed — so a peer still busy sending is not cut off with a
+    reset before it has read why it was closed."""
+
+    def __init__(
+        self, ws: trio_websocket.WebSocketConnection, *, idle: Callable[[], float] | None = None
+    ) -> None:
         self.ws = ws
+        self.idle = idle
 
     async def send(self, text: str) -> None:
         try:
@@ -86,12 +96,25 @@ class WebSocketTransport:
         return message if isinstance(message, str) else message.decode("utf-8", "replace")
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None:
-        with trio.move_on_after(2) as scope:
-            scope.shield = True
-            try:
-                await self.ws.aclose(code, reason)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
+        with trio.CancelScope(shield=True):
+            if self.idle is None:
+                with trio.move_on_after(2):
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await self.ws.aclose(code, _close_reason(reason))
+                return
+            # trio-websocket drops what arrives after the close frame while it waits for the
+            # peer's close; whichever way the wait ends, the socket is closed
+            with trio.move_on_after(DRAIN_MAX):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._give_up_when_quiet, nursery.cancel_scope)
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await self.ws.aclose(code, _close_reason(reason))
+                    nursery.cancel_scope.cancel()
+
+    async def _give_up_when_quiet(self, scope: trio.CancelScope) -> None:
+        while (quiet := self.idle()) < DRAIN_QUIET:
+            await trio.sleep(DRAIN_QUIET - quiet)
+        scope.cancel()
 
 
 DRAIN_QUIET = 2.0

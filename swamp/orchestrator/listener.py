@@ -1,0 +1,228 @@
+"""One port, two servers: a websocket upgrade goes to trio-websocket, anything else to Hypercorn.
+
+Every dispatch crosses the control plane four times (client → orchestrator → worker → back), so
+its websocket path is the hot one. Measured with ``python3 build.py bench --floors``, the same
+hop behind Hypercorn's ASGI websockets reaches about 0.7 of the floor's throughput, behind
+trio-websocket all of it (the floor *is* trio-websocket); an idle socket also costs less there.
+HTTP — downloads, the data plane, ``/metrics`` — stays with Hypercorn, on the same port: users
+and firewalls see one address.
+
+Who serves a new connection is decided from its first request head, read here (bounded in size
+and time) and then handed on, unread, with the rest of the stream. Only a complete, well-formed
+websocket upgrade goes to trio-websocket; anything else — an HTTP request, a malformed or
+oversized head, an HTTP/2 preface — goes to Hypercorn exactly as it arrived, and Hypercorn
+answers it as it always did (a later upgrade on a kept-alive HTTP connection too).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+import trio_websocket
+
+log = logging.getLogger("swamp.listener")
+
+HEAD_LIMIT = 16 * 1024  # h11's own limit on a request head
+HEAD_TIMEOUT = 10.0  # the TLS handshake and the first request head, together
+RECEIVE_BYTES = 16 * 1024
+SINGLE = frozenset({"host", "origin", "authorization"})  # what the policy and auth read
+
+
+def upgrade_headers(head: bytes) -> dict[str, str] | None:
+    """The headers (lowercase names to their first values) of ``head``, a complete HTTP/1.1
+    request head, if it asks for a websocket with every header the handshake needs; ``None``
+    otherwise (Hypercorn's to answer). The request policy is checked on these, the exact bytes
+    the peer sent: the websocket library keeps some headers (``Host``) to itself."""
+    lines = head.decode("latin-1").split("\r\n")
+    request_line = lines[0].split(" ")
+    if len(request_line) != 3 or request_line[0] != "GET" or request_line[2] != "HTTP/1.1":
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            break
+        name, sep, value = line.partition(":")
+        name = name.lower()
+        if not sep or not name or name != name.strip() or (name in headers and name in SINGLE):
+            return None  # malformed or ambiguous: Hypercorn (h11) says how
+        headers.setdefault(name, value.strip(" \t"))
+
+    def tokens(name: str) -> set[str]:
+        return {t.strip().lower() for t in headers.get(name, "").split(",")}
+
+    if (
+        "websocket" in tokens("upgrade")
+        and "upgrade" in tokens("connection")
+        and headers.get("host")
+        and headers.get("sec-websocket-key")
+        and headers.get("sec-websocket-version") == "13"
+    ):
+        return headers
+    return None
+
+
+async def read_head(stream: trio.abc.Stream) -> bytes:
+    """What the peer sent until the end of its first request head (``\\r\\n\\r\\n``), the limit,
+    or the end of the stream — whichever comes first. The caller bounds the time."""
+    buffered = bytearray()
+    while b"\r\n\r\n" not in buffered and len(buffered) < HEAD_LIMIT:
+        data = await stream.receive_some(HEAD_LIMIT - len(buffered))
+        if not data:
+            break
+        buffered += data
+    return bytes(buffered)
+
+
+class Prefaced(trio.abc.HalfCloseableStream):
+    """The accepted stream with the bytes already read from it put back in front.
+
+    Everything else (``socket``, ``transport_stream``, ``do_handshake``...) is the wrapped
+    stream's, so Hypercorn sees the socket, or the TLS stream, it would have seen."""
+
+    def __init__(self, stream: trio.abc.Stream, preface: bytes) -> None:
+        self._stream = stream
+        self._preface = preface
+        self._last_received = trio.current_time()
+
+    def idle(self) -> float:
+        """Seconds since the peer last sent anything (how a close knows it has gone quiet)."""
+        return trio.current_time() - self._last_received
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._preface:
+            await trio.lowlevel.checkpoint()
+            size = len(self._preface) if max_bytes is None else max_bytes
+            data, self._preface = self._preface[:size], self._preface[size:]
+            return data
+        data = await self._stream.receive_some(max_bytes)
+        self._last_received = trio.current_time()
+        return data
+
+    async def send_all(self, data) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()  # AttributeError on TLS, as Hypercorn expects
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def peer_of(stream: trio.abc.Stream) -> str:
+    socket = getattr(stream, "socket", None) or stream.transport_stream.socket
+    try:
+        host, port, *_ = socket.getpeername()
+    except OSError:
+        return "?:0"
+    return f"{host}:{port}"
+
+
+@dataclass
+class Upgrade:
+    """A websocket upgrade, for the app to accept or reject."""
+
+    request: trio_websocket.WebSocketRequest
+    headers: dict[str, str]  # as the peer sent them, lowercase names, first values
+    peer: str  # host:port
+    idle: Callable[[], float]  # seconds since the peer last sent anything (a draining close)
+
+
+async def serve(
+    app,
+    websocket: Callable[[Upgrade], Awaitable[None]],
+    config,
+    *,
+    max_message_size: int,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen on ``config.bind`` until ``shutdown_trigger`` returns; then stop accepting and
+    give open connections ``config.graceful_timeout`` seconds before they are cancelled.
+
+    ``app`` is the ASGI app Hypercorn serves; ``websocket(upgrade)`` gets each upgrade
+    (to accept or reject). Binding errors (``OSError``) are raised before anything starts."""
+    from hypercorn.statsd import StatsdLogger
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import repr_socket_addr, wrap_app
+
+    config.set_statsd_logger_class(StatsdLogger)
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+    ssl_context = config.create_ssl_context()
+    sockets = config.create_sockets()
+    bound = [(s, True) for s in sockets.secure_sockets] + [
+        (s, False) for s in sockets.insecure_sockets
+    ]
+    binds = []
+    listeners = []
+    for sock, secure in bound:
+        sock.listen(config.backlog)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        address = repr_socket_addr(sock.family, sock.getsockname())
+        binds.append(f"{'https' if secure else 'http'}://{address}")
+
+    async def handle(stream: trio.SocketStream) -> None:
+        peer = peer_of(stream)
+        try:
+            await _one_connection(stream, peer)
+        except Exception:  # the orchestrator never dies of what one peer did
+            log.exception("a connection from %s failed", peer)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _one_connection(stream: trio.SocketStream, peer: str) -> None:
+        served: trio.abc.Stream = stream
+        if ssl_context is not None:
+            served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
+        with trio.move_on_after(HEAD_TIMEOUT) as waited:
+            try:
+                head = await read_head(served)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return  # a failed TLS handshake, or gone before it said anything
+        if waited.cancelled_caught:
+            return
+        end = head.find(b"\r\n\r\n")
+        prefaced = Prefaced(served, head)
+        headers = upgrade_headers(head[: end + 4]) if end >= 0 else None
+        if headers is None:
+            await TCPServer(asgi, config, context, ConnectionState({}), prefaced).run()
+            return
+        async with trio.open_nursery() as nursery:
+            request = None
+            with trio.move_on_after(HEAD_TIMEOUT):  # the handshake is answered at once, or never
+                try:
+                    request = await trio_websocket.wrap_server_stream(
+                        nursery,
+                        prefaced,
+                        message_queue_size=1,
+                        max_message_size=max_message_size,
+                        receive_buffer_size=RECEIVE_BYTES,
+                    )
+                except trio_websocket.ConnectionClosed:
+                    pass
+            if request is not None:
+                await websocket(Upgrade(request, headers, peer, prefaced.idle))
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as connections:
+        async with trio.open_nursery() as accepting:
+            accepting.start_soon(
+                partial(trio.serve_listeners, handle, listeners, handler_nursery=connections)
+            )
+            task_status.started(binds)
+            await shutdown_trigger()
+            accepting.cancel_scope.cancel()
+        await context.terminated.set()  # kept-alive HTTP connections close now
+        connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
