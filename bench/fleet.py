@@ -9,7 +9,10 @@ orchestrator asks for — at enrollment, and longer later as the pool grows — 
 - enrollments per second over the first and the last thousand (their ratio: flat or not);
 - the store's size (database + WAL) every thousand members (linear or not);
 - with all of them enrolled and idle: the orchestrator's CPU over ``--idle-seconds`` (share of
-  one core) and its resident memory per worker (RSS growth over the empty orchestrator's).
+  one core) and its resident memory per worker: the RSS growth from the first thousand (idle,
+  after ``--settle`` seconds) to all of them, per worker added — what one more worker costs.
+  The growth from the empty orchestrator is reported too; it also holds what the first
+  connections load once (code, caches, buffers), which no single worker costs.
 
 Prints one JSON object.
 
@@ -146,10 +149,18 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
                 flush=True,
             )
 
+    baseline = min(1000, args.workers // 2)
     async with trio.open_nursery() as enrolling:
-        for member in members:
+        for member in members[:baseline]:
             enrolling.start_soon(enroll, member)
-    enroll_seconds = time.perf_counter() - started
+    paused = time.perf_counter()
+    await trio.sleep(args.settle)  # the first thousand idle: memory's baseline
+    rss_baseline = rss_kib(serve.pid)
+    pause = time.perf_counter() - paused
+    async with trio.open_nursery() as enrolling:
+        for member in members[baseline:]:
+            enrolling.start_soon(enroll, member)
+    enroll_seconds = time.perf_counter() - started - pause
 
     def rate(window: list[float]) -> float:
         return round((len(window) - 1) / (window[-1] - window[0]), 1)
@@ -175,8 +186,9 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
             "last_over_first": round(last / first, 2),
         },
         "idle_cpu_share_of_a_core": round(idle_cpu, 3),
-        "rss_kib": {"empty": rss_empty, "full": rss_full},
-        "kib_per_worker": round((rss_full - rss_empty) / args.workers, 1),
+        "rss_kib": {"empty": rss_empty, f"at_{baseline}": rss_baseline, "full": rss_full},
+        "kib_per_worker": round((rss_full - rss_baseline) / (args.workers - baseline), 1),
+        "kib_per_worker_from_empty": round((rss_full - rss_empty) / args.workers, 1),
         "store": sizes,
     }
 

@@ -20,7 +20,6 @@ import heapq
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from swamp.domain.placement import Placement
 from swamp.domain.queue import WaitingQueue, WaitingStep
@@ -52,9 +51,10 @@ class Requirement:
         return cls(keys=frozenset(keys))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slots:
-    """One member as scheduling sees it. ``schedulable``: connected, verified, not draining."""
+    """One member as scheduling sees it. ``schedulable``: connected, verified, not draining.
+    (One per worker, so slotted; its labels never change once it is in an index.)"""
 
     name: str
     instance_id: str = ""
@@ -69,7 +69,7 @@ class Slots:
     def free(self) -> int:
         return max(0, self.capacity - self.active) if self.schedulable else 0
 
-    @cached_property
+    @property
     def index_keys(self) -> frozenset[Key]:
         """Every key the index files it under (its labels, platform, arch and ``ALL``)."""
         return frozenset({*self.labels.items(), (_OS, self.platform), (_ARCH, self.arch), ALL})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 import trio_websocket
@@ -96,32 +97,29 @@ class App:
             return
         await send({"type": "websocket.accept"})
         client = scope.get("client") or ("?", 0)
-        await self._connect(
-            AsgiTransport(receive, send), _headers(scope), peer=f"{client[0]}:{client[1]}"
-        )
+        transport = AsgiTransport(receive, send)
+        await self._connection(transport, _headers(scope), peer=f"{client[0]}:{client[1]}").serve()
 
-    async def websocket(self, upgrade: Upgrade) -> None:
-        """An upgrade from the listener: the same policy as every request, then the socket."""
+    async def websocket(self, upgrade: Upgrade) -> Callable[[], Awaitable[None]] | None:
+        """An upgrade from the listener: the same policy as every request; accepted, it is
+        served by what this returns (the listener keeps nothing of the handshake meanwhile)."""
         reason = self.policy.refusal(upgrade.headers)
         if reason is not None:
             log.warning("refused a websocket request from %s: %s", upgrade.peer, printable(reason))
             body, content_headers = _refusal(reason)
             with suppress(trio_websocket.ConnectionClosed):
                 await upgrade.request.reject(403, extra_headers=content_headers, body=body)
-            return
-        try:
-            ws = await upgrade.request.accept()
-        except trio_websocket.ConnectionClosed:
-            return
+            return None
+        ws = await upgrade.request.accept()
         transport = WebSocketTransport(ws, idle=upgrade.idle)
-        await self._connect(transport, upgrade.headers, peer=upgrade.peer)
+        return self._connection(transport, upgrade.headers, peer=upgrade.peer).serve
 
-    async def _connect(self, transport, headers: dict[str, str], *, peer: str) -> None:
+    def _connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
         authorization = headers.get("authorization")
         identity = self.auth.identify(authorization)
         if authorization and isinstance(identity, Unauthorized):
             log.info("refused an admin credential: %s", printable(identity.message))
-        connection = Connection(
+        return Connection(
             transport,
             gateway=self.gateway,
             dispatch=self.dispatch,
@@ -130,7 +128,6 @@ class App:
             identity=identity,
             peer=peer,
         )
-        await connection.serve()
 
     def close_revoked_admins(self) -> None:
         """After a repo change: close the admin sockets of server tokens revoked meanwhile."""

@@ -13,7 +13,6 @@ import logging
 
 import trio
 
-from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import Conflict, Forbidden, SwampError, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
@@ -38,6 +37,22 @@ WORKER_VERBS = frozenset({"capability.queryData", "worker.drain"})
 
 
 class Connection:
+    __slots__ = (  # one per socket
+        "gateway",
+        "dispatch",
+        "admin",
+        "admission",
+        "identity",
+        "peer",
+        "role",
+        "member",
+        "enrolling",
+        "_enrolled_or_failed",
+        "_deadline",
+        "channel",
+        "__weakref__",
+    )
+
     def __init__(
         self,
         transport: Transport,
@@ -58,7 +73,8 @@ class Connection:
         self.role: str | None = None
         self.member: Member | None = None
         self.enrolling = False
-        self._enrolled_or_failed = trio.Event()
+        self._enrolled_or_failed: trio.Event | None = None  # made while the deadline waits
+        self._deadline = trio.CancelScope()  # cancelled once the socket has a role
         self.channel = RpcChannel(
             transport,
             self.handle,
@@ -85,10 +101,7 @@ class Connection:
                 "authenticate; this one was the oldest",
             )
         self.channel.on_close(self._closed)
-        async with open_unwrapping_nursery() as nursery:
-            nursery.start_soon(self._pending_deadline)
-            await self.channel.serve()
-            nursery.cancel_scope.cancel()
+        await self.channel.serve(alongside=self._pending_deadline)
 
     def _closed(self, reason: str) -> None:
         """The socket is gone (or given up on): forget it now, whatever its tasks still do."""
@@ -99,8 +112,13 @@ class Connection:
     async def _pending_deadline(self) -> None:
         """Close the socket if it has not earned a role in time (an enrollment under way is
         allowed to finish: its time is the orchestrator's, not the peer's)."""
-        await trio.sleep(self.admission.deadline)
+        with self._deadline:
+            await trio.sleep(self.admission.deadline)
+        if self._deadline.cancelled_caught:
+            return
         while self.enrolling:
+            if self._enrolled_or_failed is None:
+                self._enrolled_or_failed = trio.Event()
             await self._enrolled_or_failed.wait()
         if self.admission.is_pending(self):
             self.admission.timed_out += 1
@@ -133,6 +151,7 @@ class Connection:
             if self.role is None:
                 self.role = "admin"
                 self.admission.trusted(self, self.identity)
+                self._deadline.cancel()
                 self.channel.max_in_flight, self.channel.frame_budget = ADMIN_IN_FLIGHT, None
                 # A client that stops reading (piped into a pager, suspended) is slow, not
                 # gone: its runs go on and it misses streamed lines (counted) rather than being
@@ -163,10 +182,12 @@ class Connection:
         finally:
             self.enrolling = False
             self.admission.engaged(self, False)
-            self._enrolled_or_failed.set()
-            self._enrolled_or_failed = trio.Event()
+            if self._enrolled_or_failed is not None:
+                self._enrolled_or_failed.set()
+                self._enrolled_or_failed = None
         self.role, self.member = "worker", member
         self.admission.trusted(self)
+        self._deadline.cancel()
         self.channel.max_in_flight = worker_in_flight(member.capacity)
         self.channel.frame_budget = None
         self.channel.name = f"worker {member.name}"

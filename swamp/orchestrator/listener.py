@@ -83,6 +83,8 @@ class Prefaced(trio.abc.HalfCloseableStream):
     Everything else (``socket``, ``transport_stream``, ``do_handshake``...) is the wrapped
     stream's, so Hypercorn sees the socket, or the TLS stream, it would have seen."""
 
+    __slots__ = ("_stream", "_preface", "_last_received")
+
     def __init__(self, stream: trio.abc.Stream, preface: bytes) -> None:
         self._stream = stream
         self._preface = preface
@@ -139,7 +141,7 @@ class Upgrade:
 
 async def serve(
     app,
-    websocket: Callable[[Upgrade], Awaitable[None]],
+    websocket: Callable[[Upgrade], Awaitable[Callable[[], Awaitable[None]] | None]],
     config,
     *,
     max_message_size: int,
@@ -149,8 +151,9 @@ async def serve(
     """Listen on ``config.bind`` until ``shutdown_trigger`` returns; then stop accepting and
     give open connections ``config.graceful_timeout`` seconds before they are cancelled.
 
-    ``app`` is the ASGI app Hypercorn serves; ``websocket(upgrade)`` gets each upgrade
-    (to accept or reject). Binding errors (``OSError``) are raised before anything starts."""
+    ``app`` is the ASGI app Hypercorn serves; ``websocket(upgrade)`` gets each upgrade, accepts
+    or rejects it, and returns what then serves the socket (``None`` if nothing does).
+    Binding errors (``OSError``) are raised before anything starts."""
     from hypercorn.statsd import StatsdLogger
     from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
@@ -176,45 +179,52 @@ async def serve(
     async def handle(stream: trio.SocketStream) -> None:
         peer = peer_of(stream)
         try:
-            await _one_connection(stream, peer)
+            served: trio.abc.Stream = stream
+            if ssl_context is not None:
+                served = trio.SSLStream(
+                    stream, ssl_context, server_side=True, https_compatible=True
+                )
+            with trio.move_on_after(HEAD_TIMEOUT) as waited:
+                try:
+                    head = await read_head(served)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return  # a failed TLS handshake, or gone before it said anything
+            if waited.cancelled_caught:
+                return
+            end = head.find(b"\r\n\r\n")
+            prefaced = Prefaced(served, head)
+            headers = upgrade_headers(head[: end + 4]) if end >= 0 else None
+            del head  # this frame lives as long as the socket; the head need not
+            if headers is None:
+                await TCPServer(asgi, config, context, ConnectionState({}), prefaced).run()
+                return
+            async with trio.open_nursery() as nursery:
+                run = await _upgrade(nursery, prefaced, headers, peer)
+                del headers
+                if run is not None:
+                    await run()
+                nursery.cancel_scope.cancel()
         except Exception:  # the orchestrator never dies of what one peer did
             log.exception("a connection from %s failed", peer)
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _one_connection(stream: trio.SocketStream, peer: str) -> None:
-        served: trio.abc.Stream = stream
-        if ssl_context is not None:
-            served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
-        with trio.move_on_after(HEAD_TIMEOUT) as waited:
+    async def _upgrade(nursery, prefaced: Prefaced, headers: dict, peer: str):
+        """The handshake, and the app's answer to it: what serves the socket from now on, or
+        ``None``. Its own frame, so that what the handshake needed goes when it is done."""
+        with trio.move_on_after(HEAD_TIMEOUT):  # the handshake is answered at once, or never
             try:
-                head = await read_head(served)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return  # a failed TLS handshake, or gone before it said anything
-        if waited.cancelled_caught:
-            return
-        end = head.find(b"\r\n\r\n")
-        prefaced = Prefaced(served, head)
-        headers = upgrade_headers(head[: end + 4]) if end >= 0 else None
-        if headers is None:
-            await TCPServer(asgi, config, context, ConnectionState({}), prefaced).run()
-            return
-        async with trio.open_nursery() as nursery:
-            request = None
-            with trio.move_on_after(HEAD_TIMEOUT):  # the handshake is answered at once, or never
-                try:
-                    request = await trio_websocket.wrap_server_stream(
-                        nursery,
-                        prefaced,
-                        message_queue_size=1,
-                        max_message_size=max_message_size,
-                        receive_buffer_size=RECEIVE_BYTES,
-                    )
-                except trio_websocket.ConnectionClosed:
-                    pass
-            if request is not None:
-                await websocket(Upgrade(request, headers, peer, prefaced.idle))
-            nursery.cancel_scope.cancel()
+                request = await trio_websocket.wrap_server_stream(
+                    nursery,
+                    prefaced,
+                    message_queue_size=1,
+                    max_message_size=max_message_size,
+                    receive_buffer_size=RECEIVE_BYTES,
+                )
+                return await websocket(Upgrade(request, headers, peer, prefaced.idle))
+            except trio_websocket.ConnectionClosed:
+                pass
+        return None
 
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:

@@ -15,7 +15,7 @@ from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Record
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Member:
     name: str
     instance_id: str

@@ -1,7 +1,8 @@
 """An RPC channel over one websocket: requests, responses, streamed events, cancels, heartbeats.
 
 Both ends run the same class. :meth:`RpcChannel.serve` owns everything the channel does: the read
-loop, one task per incoming request, the writer, the pinger and the silence watcher. When the
+loop, one task per incoming request, the writer (started when there is a frame to send; an
+orchestrator's idle socket gives it up), the pinger and the silence watcher. When the
 socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
 :meth:`on_close` callbacks run at once: nothing waits on a dead peer.
 
@@ -72,6 +73,19 @@ class Outbox:
     else by count. A frame that does not fit waits (:meth:`put`) or is refused (:meth:`offer`).
     """
 
+    __slots__ = (
+        "max_frames",
+        "max_event_bytes",
+        "_queue",
+        "frames",
+        "event_bytes",
+        "closed",
+        "_changed",
+        "_waiting",
+        "_released",
+        "on_item",
+    )
+
     def __init__(
         self, *, max_frames: int = OUTBOX_FRAMES, max_event_bytes: int = OUTBOX_EVENT_BYTES
     ) -> None:
@@ -83,6 +97,8 @@ class Outbox:
         self.closed = False
         self._changed = trio.Event()
         self._waiting = 0  # tasks in put() or get(): only they need waking
+        self._released = False  # get() returns None once, when it finds nothing to send
+        self.on_item: Callable[[], None] | None = None  # a frame came in (start a writer)
 
     def __repr__(self) -> str:
         return f"<Outbox frames={self.frames} eventBytes={self.event_bytes}>"
@@ -116,6 +132,8 @@ class Outbox:
         if self.closed or not self._fits(text, event):
             return False
         self._append(text, event)
+        if self.on_item is not None:
+            self.on_item()
         return True
 
     async def put(self, text: str, *, event: bool) -> None:
@@ -126,11 +144,17 @@ class Outbox:
         if self.closed:
             raise trio.ClosedResourceError
         self._append(text, event)
+        if self.on_item is not None:
+            self.on_item()
 
-    async def get(self) -> str:
+    async def get(self) -> str | None:
+        """The next frame to send; ``None`` after :meth:`release` if there is none."""
         while not self._queue:
             if self.closed:
                 raise trio.EndOfChannel
+            if self._released:
+                self._released = False
+                return None
             await self._wait()
         text, event = self._queue.popleft()
         if event:
@@ -139,6 +163,12 @@ class Outbox:
             self.frames -= 1
         self._wake()
         return text
+
+    def release(self) -> None:
+        """Let the writer go the next time it finds nothing to send (an idle socket need not
+        keep a task waiting; the next frame starts one)."""
+        self._released = True
+        self._wake()
 
     def close(self) -> None:
         self.closed = True
@@ -215,6 +245,8 @@ class SilenceSweeper:
             elif now - channel.last_sent > 1.5 * channel.heartbeat:
                 channel.last_sent = now
                 channel._offer(frames.Ping())
+            else:
+                channel.release_idle_writer(now, self.tick)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -224,6 +256,42 @@ class SilenceSweeper:
 
 
 class RpcChannel:
+    # slots: an orchestrator holds one channel per worker (10,000 of them), and an instance
+    # dictionary of this many attributes is most of a channel's size
+    __slots__ = (
+        "transport",
+        "handler",
+        "_heartbeat",
+        "_heartbeat_changed",
+        "missed",
+        "pings",
+        "heartbeat_source",
+        "on_heartbeat",
+        "sweeper",
+        "name",
+        "max_in_flight",
+        "frame_budget",
+        "drop_silent",
+        "drop_events",
+        "closed",
+        "close_reason",
+        "_close_code",
+        "_ids",
+        "_pending",
+        "_incoming",
+        "_sending",
+        "_settled",
+        "outbox",
+        "_writing",
+        "_nursery",
+        "_scope",
+        "_last_heard",
+        "last_sent",
+        "_closed_event",
+        "_on_close",
+        "__weakref__",
+    )
+
     def __init__(
         self,
         transport: Transport,
@@ -241,7 +309,7 @@ class RpcChannel:
         self.transport = transport
         self.handler = handler
         self._heartbeat = heartbeat
-        self._heartbeat_changed = trio.Event()
+        self._heartbeat_changed: trio.Event | None = None  # the pinger waits on it
         self.missed = missed
         self.pings = pings  # False: only answer the peer's pings
         # the answering side: the interval the peer should use now (it only ever grows); told
@@ -263,8 +331,11 @@ class RpcChannel:
         self._pending: dict[str, _Pending] = {}
         self._incoming: dict[str, trio.CancelScope] = {}
         self._sending = False  # the writer is inside transport.send
-        self._settled = trio.Event()  # set (and replaced) as answers are handed over and sent
+        # made by finish() and set (then dropped) as answers are handed over and sent
+        self._settled: trio.Event | None = None
         self.outbox = Outbox()
+        self._writing = False  # a writer task runs (it is started when there is a frame)
+        self._nursery: trio.Nursery | None = None
         self._scope: trio.CancelScope | None = None
         self._last_heard = trio.current_time()
         self.last_sent = self._last_heard  # when the writer last sent a frame
@@ -280,8 +351,9 @@ class RpcChannel:
         """The peer told us its interval (a worker learns it at enrollment): the pinger follows
         at once, not after the sleep it began under the old one."""
         self._heartbeat = seconds
-        self._heartbeat_changed.set()
-        self._heartbeat_changed = trio.Event()
+        if self._heartbeat_changed is not None:
+            self._heartbeat_changed.set()
+            self._heartbeat_changed = None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -292,13 +364,25 @@ class RpcChannel:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> str:
-        """Run until the socket closes (or :meth:`close`); returns why it ended."""
+    async def serve(
+        self,
+        *,
+        alongside: Callable[[], Awaitable[None]] | None = None,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> str:
+        """Run until the socket closes (or :meth:`close`); returns why it ended. ``alongside``
+        runs in the channel's own nursery, cancelled with it (an owner's timer needs no
+        nursery of its own)."""
         try:
             async with open_unwrapping_nursery() as nursery:
                 self._scope = nursery.cancel_scope
+                self._nursery = nursery
                 self._last_heard = trio.current_time()
-                nursery.start_soon(self._writer)
+                self.outbox.on_item = self._want_writer
+                if self.outbox.frames or self.outbox.event_bytes:
+                    self._want_writer()
+                if alongside is not None:
+                    nursery.start_soon(alongside)
                 if self.heartbeat and math.isfinite(self.heartbeat):
                     if self.pings:
                         nursery.start_soon(self._send_pings)
@@ -342,14 +426,17 @@ class RpcChannel:
             self._scope.cancel()
 
     def _settle(self) -> None:
-        self._settled.set()
-        self._settled = trio.Event()
+        if self._settled is not None:
+            self._settled.set()
+            self._settled = None
 
     async def finish(self, code: int, reason: str, *, timeout: float = 5.0) -> None:
         """Close once every call being handled has answered and every answer has gone out: a
         drained worker's last result must reach the orchestrator before the close does."""
         with trio.move_on_after(timeout):
             while self._incoming or self.outbox.frames or self.outbox.event_bytes or self._sending:
+                if self._settled is None:
+                    self._settled = trio.Event()
                 await self._settled.wait()
         self.abort(code, reason)
 
@@ -378,27 +465,45 @@ class RpcChannel:
             except Exception:  # one owner's bug must not keep the others from cleaning up
                 log.exception("a close callback of %s failed", self.name)
 
+    def _want_writer(self) -> None:
+        if not self._writing and self._nursery is not None and not self.closed:
+            self._writing = True
+            self._nursery.start_soon(self._writer)
+
     async def _writer(self) -> None:
-        """The one task that sends on the socket."""
-        while True:
-            try:
-                text = await self.outbox.get()
-            except trio.EndOfChannel:
-                return
-            self._sending = True
-            try:
-                await self.transport.send(text)
-                self.last_sent = trio.current_time()
-            except TransportClosed as exc:
-                self.abort(1006, exc.message)
-                return
-            finally:
-                self._sending = False
-                self._settle()
+        """The one task that sends on the socket, while there is something to send."""
+        try:
+            while True:
+                try:
+                    text = await self.outbox.get()
+                except trio.EndOfChannel:
+                    return
+                if text is None:  # released: the next frame starts a writer again
+                    return
+                self._sending = True
+                try:
+                    await self.transport.send(text)
+                    self.last_sent = trio.current_time()
+                except TransportClosed as exc:
+                    self.abort(1006, exc.message)
+                    return
+                finally:
+                    self._sending = False
+                    self._settle()
+        finally:
+            self._writing = False
+
+    def release_idle_writer(self, now: float, idle: float) -> None:
+        """Let the writer go if nothing was sent for ``idle`` seconds: thousands of idle
+        workers need no task each waiting to send (it comes back with the next frame)."""
+        if self._writing and not self._sending and now - self.last_sent > idle:
+            self.outbox.release()
 
     async def _send_pings(self) -> None:
         last = trio.current_time()
         while True:
+            if self._heartbeat_changed is None:
+                self._heartbeat_changed = trio.Event()
             changed = self._heartbeat_changed
             with trio.move_on_at(last + self.heartbeat):
                 await changed.wait()

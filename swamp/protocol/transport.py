@@ -72,6 +72,8 @@ class WebSocketTransport:
     :data:`DRAIN_MAX` seconds have passed — so a peer still busy sending is not cut off with a
     reset before it has read why it was closed."""
 
+    __slots__ = ("ws", "idle")
+
     def __init__(
         self, ws: trio_websocket.WebSocketConnection, *, idle: Callable[[], float] | None = None
     ) -> None:

@@ -203,6 +203,47 @@ async def test_the_answering_side_only_answers_and_one_sweeper_drops_silence(
     assert not answering.closed
 
 
+def _writers(channel) -> int:
+    """How many writer tasks ``channel`` has right now."""
+    return sum(
+        1
+        for task in channel._nursery.child_tasks
+        if task.coro.cr_code is RpcChannel._writer.__code__
+    )
+
+
+async def test_an_idle_answering_socket_gives_up_its_writer_and_gets_it_back(
+    nursery, autojump_clock
+):
+    """Ten thousand idle workers need not keep a task each waiting to send: the sweeper lets an
+    idle socket's writer go, and the next frame starts one — nothing queued is lost."""
+    sweeper = SilenceSweeper(tick=0.5)
+    await nursery.start(sweeper.run)
+    ours, theirs = pair()
+    answering = answering_side(ours, sweeper, heartbeat=10)
+    peer = RpcChannel(theirs, echo_handler, heartbeat=10, pings=False, drop_silent=False)
+    await nursery.start(answering.serve)
+    await nursery.start(peer.serve)
+    assert _writers(answering) == 0  # nothing sent yet: no writer
+    assert await peer.call("echo", {"n": 1}) == {"n": 1}
+    assert _writers(answering) == 1
+    await trio.sleep(2)  # idle past a tick
+    assert _writers(answering) == 0 and not answering.closed
+    for i in range(50):  # a burst after the pause: every answer arrives, in order
+        assert await peer.call("echo", {"n": i}) == {"n": i}
+    await trio.sleep(2)
+    results = []
+
+    async def one(i: int) -> None:
+        results.append((await peer.call("echo", {"i": i}))["i"])
+
+    async with trio.open_nursery() as calls:  # many at once: still one writer
+        for i in range(20):
+            calls.start_soon(one, i)
+            assert _writers(answering) <= 1
+    assert sorted(results) == list(range(20))
+
+
 async def test_a_longer_interval_travels_in_a_pong_and_only_the_pinging_side_takes_it(
     nursery, autojump_clock
 ):
