@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import BY_CODE, DispatchFailed
+from swamp.ids import new_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
@@ -163,7 +163,7 @@ class DispatchService:
             request.job,
             request.step,
         )
-        step_id = uuid.uuid4().hex
+        step_id = new_id()
         attempt = busy = 0
         while True:
             ticket = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
@@ -241,7 +241,7 @@ async def run_here(
         model_name=request.model.name,
         method=request.method,
         dispatch_id=None,
-        env={**env, **environment.step_identity(uuid.uuid4().hex, 1)},
+        env={**env, **environment.step_identity(new_id(), 1)},
     )
     await safe_emit(emit, Started(where="orchestrator").to_json())
     outcome = await run_method(model_type.method(request.method), args, ctx)

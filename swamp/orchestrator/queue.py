@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from swamp.domain.queue import (
 from swamp.domain.scheduler import Requirement, assign, requirements_of
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
+from swamp.ids import new_id
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.write_behind import WriteBehind
@@ -149,7 +149,7 @@ class DispatchQueue:
         )
 
     def _start_waiting(self, ticket: Ticket, emit: Emit) -> None:
-        ticket.queue_id = uuid.uuid4().hex
+        ticket.queue_id = new_id()
         ticket.queued_at = self.clock()
         placement, info = ticket.placement, ticket.info
         attrs = {
@@ -207,7 +207,7 @@ class DispatchQueue:
         for assignment in assignments:
             ticket: Ticket = assignment.step.ticket
             member = self.pool.members[assignment.worker]
-            ticket.dispatch_id = uuid.uuid4().hex
+            ticket.dispatch_id = new_id()
             ticket.member = member
             self.pool.reserve(member, ticket.dispatch_id, indexed=True)
             ticket.woken.set()

@@ -396,8 +396,9 @@ class Datastore:
         # processes without a BEGIN/COMMIT round trip.
         if self.broken:
             raise StoreBroken(self.broken)
+        in_place = bool(expected_version) and policy.garbage_collection == 1
         try:
-            if expected_version and policy.garbage_collection == 1:
+            if in_place:
                 # One version is kept: the next replaces it in place, a compare-and-swap in
                 # one UPDATE (no insert and trim: one row, one write).
                 inserted = self.db.execute(
@@ -432,7 +433,11 @@ class Datastore:
                 f"{expected_version}"
             )
         version = inserted[0][0]
-        if policy.garbage_collection is not None and version > policy.garbage_collection:
+        if (
+            not in_place  # replaced in place: there is no older version to trim
+            and policy.garbage_collection is not None
+            and version > policy.garbage_collection
+        ):
             with suppress(StoreError), self._sql("trimming old versions", writing=True):
                 self.db.execute(  # the write stands; old versions go now or at the next one
                     "DELETE FROM data WHERE model_type=? AND model_name=? AND name=? "

@@ -91,3 +91,31 @@ def test_credentials_expire_slide_and_revoke():
     assert creds.verify(dispatch) is None and creds.verify(other) is not None
     creds.revoke(other)
     assert creds.verify(other) is None
+
+
+def test_ids_and_secrets_are_hex_and_never_repeat_across_blocks():
+    from swamp import ids
+
+    drawn = [ids.new_id() for _ in range(3 * ids.BLOCK // 16 + 7)]  # several blocks' worth
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in drawn)
+    assert len(set(drawn)) == len(drawn)
+    secret = ids.secret_hex(32)
+    assert len(secret) == 64 and secret not in "".join(drawn)
+
+
+def test_a_forked_child_draws_from_a_block_of_its_own():
+    import os
+
+    from swamp import ids
+
+    ids.new_id()  # a block is in use
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id must not be the parent's next id
+        os.write(write, ids.new_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert len(child) == 32 and child != ids.new_id()

@@ -1,0 +1,47 @@
+"""Random ids and secrets, drawn from the operating system a block at a time.
+
+A dispatch needs three (a step id, a dispatch id, a data-plane credential); one ``getrandom``
+system call each was a measurable part of a dispatch. The bytes are the kernel's CSPRNG output
+either way (``os.urandom``), handed out in order and never twice; a forked child starts a block
+of its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+BLOCK = 4096
+
+
+class _Pool:
+    __slots__ = ("_block", "_at")
+
+    def __init__(self) -> None:
+        self._block = b""
+        self._at = 0
+
+    def take(self, count: int) -> bytes:
+        if self._at + count > len(self._block):
+            self._block = os.urandom(max(BLOCK, count))
+            self._at = 0
+        chunk = self._block[self._at : self._at + count]
+        self._at += count
+        return chunk
+
+    def forget(self) -> None:
+        self._block, self._at = b"", 0
+
+
+_pool = _Pool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool.forget)
+
+
+def new_id() -> str:
+    """128 random bits as 32 hex digits (the shape of ``uuid4().hex``)."""
+    return _pool.take(16).hex()
+
+
+def secret_hex(nbytes: int = 32) -> str:
+    """A secret of ``nbytes`` random bytes, in hex (as ``secrets.token_hex``)."""
+    return _pool.take(nbytes).hex()
