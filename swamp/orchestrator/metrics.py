@@ -111,6 +111,7 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self._by_outcome: dict[str, object] = {}  # outcomes are a few words and error codes
         self.rejections = Counter(
             "swamp_enrollment_rejections",
             "Enrollments refused, by reason (the error code)",
@@ -135,7 +136,10 @@ class Metrics:
     # -- what the shells report ------------------------------------------------------------
 
     def on_dispatch(self, what: str, outcome: str) -> None:
-        self.dispatches.labels(outcome=outcome).inc()
+        counter = self._by_outcome.get(outcome)
+        if counter is None:  # a labelled child once per outcome, not a lookup per dispatch
+            counter = self._by_outcome[outcome] = self.dispatches.labels(outcome=outcome)
+        counter.inc()
 
     def on_queue(self, what: str, value: float) -> None:
         if what == "waited":

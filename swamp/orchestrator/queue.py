@@ -38,7 +38,7 @@ from swamp.domain.queue import (
 from swamp.domain.scheduler import Requirement, assign, requirements_of
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
-from swamp.ids import new_id
+from swamp.ids import new_id, ordered_id
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.write_behind import WriteBehind
@@ -207,7 +207,7 @@ class DispatchQueue:
         for assignment in assignments:
             ticket: Ticket = assignment.step.ticket
             member = self.pool.members[assignment.worker]
-            ticket.dispatch_id = new_id()
+            ticket.dispatch_id = ordered_id()
             ticket.member = member
             self.pool.reserve(member, ticket.dispatch_id, indexed=True)
             ticket.woken.set()

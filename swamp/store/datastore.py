@@ -23,6 +23,7 @@ processes keep SQLite's default auto-checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -74,10 +75,24 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 MAX_CAS_RETRIES = 64
 
 
+_second: list = [None, ""]  # the last whole second formatted, and its text
+
+
 def iso(epoch: float) -> str:
-    return (
-        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
+    """``2026-11-30T12:00:00.123Z``: UTC, milliseconds (as ``datetime`` rounds and truncates).
+    A dispatch stamps four of these; the whole second is formatted once per second."""
+    fraction, whole = math.modf(epoch)
+    micros = round(fraction * 1_000_000)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1, micros + 1_000_000
+    second = int(whole)
+    if _second[0] != second:
+        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second[0], _second[1] = second, text
+        return f"{text}.{micros // 1000:03d}Z"
+    return f"{_second[1]}.{micros // 1000:03d}Z"
 
 
 def parse_iso(text: object) -> float | None:

@@ -119,3 +119,12 @@ def test_a_forked_child_draws_from_a_block_of_its_own():
     os.close(read)
     os.close(write)
     assert len(child) == 32 and child != ids.new_id()
+
+
+def test_ordered_ids_sort_as_they_were_made():
+    from swamp import ids
+
+    made = [ids.ordered_id() for _ in range(2000)]
+    stamps = [i[:16] for i in made]  # two in the same nanosecond sort by their random part
+    assert sorted(stamps) == stamps and len(set(made)) == len(made)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in made)

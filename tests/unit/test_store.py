@@ -251,3 +251,24 @@ def test_reads_entries_parse():
     entries = parse_reads(["cache", "@command/shell", "@test/*"], source="x")
     assert [e.instance for e in entries] == ["cache", None, None]
     assert [e.type_pattern for e in entries] == [None, "command/shell", "test/*"]
+
+
+def test_iso_formats_as_datetime_does_rounding_and_all():
+    import random
+    from datetime import UTC, datetime
+
+    from swamp.store.datastore import iso
+
+    def by_datetime(epoch: float) -> str:
+        text = datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+        return text.replace("+00:00", "Z")
+
+    edges = [
+        whole + fraction
+        for whole in (0, 1, 1_796_040_000)
+        for fraction in (0.0, 0.0000005, 0.0005, 0.5, 0.999, 0.9995, 0.9999994, 0.9999995)
+    ]
+    rng = random.Random(7)
+    for epoch in edges + [rng.uniform(0, 4e9) for _ in range(20_000)]:
+        assert iso(epoch) == by_datetime(epoch), epoch
+    assert iso(1_796_040_000.25) == "2026-11-30T12:00:00.250Z"
