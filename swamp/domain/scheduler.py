@@ -64,15 +64,17 @@ class Slots:
     capacity: int = 1
     active: int = 0
     schedulable: bool = True
+    # every key the index files it under (its labels, platform, arch and ``ALL``); worked out
+    # once, as every change of its load re-files it
+    index_keys: tuple[Key, ...] = field(init=False, repr=False, default=())
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.active) if self.schedulable else 0
 
-    @property
-    def index_keys(self) -> frozenset[Key]:
-        """Every key the index files it under (its labels, platform, arch and ``ALL``)."""
-        return frozenset({*self.labels.items(), (_OS, self.platform), (_ARCH, self.arch), ALL})
+    def __post_init__(self) -> None:
+        keys = (*self.labels.items(), (_OS, self.platform), (_ARCH, self.arch), ALL)
+        self.index_keys = tuple(dict.fromkeys(keys))
 
     def satisfies(self, requirement: Requirement) -> bool:
         """Labels and platform, regardless of load (a target is resolved by the index)."""

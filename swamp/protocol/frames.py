@@ -142,8 +142,12 @@ def decode(text: str | bytes) -> Frame:
     raise MalformedFrame(f"unknown frame type {kind!r}", frame_id=frame_id)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps with options
+# builds an encoder per call
+
+
 def _dump(obj: dict) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+    return _ENCODER.encode(obj)
 
 
 def encode(frame: Frame) -> str:

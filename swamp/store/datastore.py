@@ -75,6 +75,7 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 MAX_CAS_RETRIES = 64
 
 
+_CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # built once, not per write
 _second: list = [None, ""]  # the last whole second formatted, and its text
 
 
@@ -396,7 +397,7 @@ class Datastore:
         now = self.clock()
         created_at = iso(now)
         lifetime = policy.lifetime_seconds()
-        encoded = json.dumps(attributes, separators=(",", ":"), sort_keys=True)
+        encoded = _CANONICAL.encode(attributes)
         item = (key.model_type, key.model_name, key.name)
         row = (
             policy.name,
