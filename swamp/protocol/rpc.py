@@ -91,11 +91,13 @@ class Outbox:
     ) -> None:
         self.max_frames = max_frames
         self.max_event_bytes = max_event_bytes
-        self._queue: deque[tuple[str, bool]] = deque()
+        # made for the first frame and dropped when the writer is let go: an idle socket's
+        # outbox holds no queue (a deque is 600 bytes, and an orchestrator holds thousands)
+        self._queue: deque[tuple[str, bool]] | None = None
         self.frames = 0
         self.event_bytes = 0
         self.closed = False
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None  # made when someone waits
         self._waiting = 0  # tasks in put() or get(): only they need waking
         self._released = False  # get() returns None once, when it finds nothing to send
         self.on_item: Callable[[], None] | None = None  # a frame came in (start a writer)
@@ -109,6 +111,8 @@ class Outbox:
         return self.frames < self.max_frames
 
     def _append(self, text: str, event: bool) -> None:
+        if self._queue is None:
+            self._queue = deque()
         self._queue.append((text, event))
         if event:
             self.event_bytes += len(text)
@@ -117,11 +121,13 @@ class Outbox:
         self._wake()
 
     def _wake(self) -> None:
-        if self._waiting:
+        if self._waiting and self._changed is not None:
             self._changed.set()
-            self._changed = trio.Event()
+            self._changed = None
 
     async def _wait(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
         self._waiting += 1
         try:
             await self._changed.wait()
@@ -154,6 +160,7 @@ class Outbox:
                 raise trio.EndOfChannel
             if self._released:
                 self._released = False
+                self._queue = None
                 return None
             await self._wait()
         text, event = self._queue.popleft()
@@ -339,7 +346,7 @@ class RpcChannel:
         self._scope: trio.CancelScope | None = None
         self._last_heard = trio.current_time()
         self.last_sent = self._last_heard  # when the writer last sent a frame
-        self._closed_event = trio.Event()
+        self._closed_event: trio.Event | None = None  # made by wait_closed()
         self._on_close: list[Callable[[str], None]] = []
 
     @property
@@ -442,7 +449,10 @@ class RpcChannel:
 
     async def wait_closed(self) -> str:
         """Wait until the channel has closed, for whatever reason; returns the reason."""
-        await self._closed_event.wait()
+        if not self.closed:
+            if self._closed_event is None:
+                self._closed_event = trio.Event()
+            await self._closed_event.wait()
         return self.close_reason
 
     def _mark_closed(self, reason: str) -> None:
@@ -450,7 +460,8 @@ class RpcChannel:
             return
         self.closed = True
         self.close_reason = reason
-        self._closed_event.set()
+        if self._closed_event is not None:
+            self._closed_event.set()
         if self.sweeper is not None:
             self.sweeper.channels.discard(self)
         self.outbox.close()
