@@ -210,6 +210,7 @@ class Gateway:
             channel=channel,
             enrolled_at=record.attributes["enrolledAt"],
             last_seen_at=record.attributes["lastSeenAt"],
+            record=record,
             status=status,
             verify_failure_reason=pending,
         )

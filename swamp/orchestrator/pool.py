@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from swamp.domain.scheduler import PoolIndex, Slots
 from swamp.domain.workers import WorkerStatus, is_schedulable
 from swamp.protocol.rpc import RpcChannel
+from swamp.store.datastore import Record
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -30,6 +31,7 @@ class Member:
     status: str = WorkerStatus.IDLE.value
     enrolled_at: str = ""
     last_seen_at: str = ""
+    record: Record | None = None  # the latest worker record this process wrote
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
 

@@ -40,12 +40,13 @@ class WorkerRecords:
         active = list(active) if active is not None else None
 
         def write():
-            # the latest record is read again (a point lookup per real status change) rather
-            # than kept on each of thousands of members
-            return self.workers.set_status(member.name, status, reason=reason, active=active)
+            return self.workers.set_status(
+                member.name, status, reason=reason, active=active, current=member.record
+            )
 
         def then(record) -> None:
             if record is not None:
+                member.record = record
                 member.last_seen_at = record.attributes["lastSeenAt"]
 
         self.writer.put(f"{member.name} as {status}", write, then)
