@@ -49,55 +49,142 @@ def _describe(hint) -> str:
     return "a value"
 
 
-def _check(hint, value, where: str):
-    """``value`` if it has the JSON shape ``hint`` describes, else :class:`MalformedFrame`."""
+class _Mismatch(Exception):
+    """A value of the wrong shape: ``tail`` says what was wrong, ``path`` where below the
+    field being decoded (``.key``, ``[i]``). Only the failing path pays for building it."""
+
+    def __init__(self, tail: str) -> None:
+        self.tail = tail
+        self.path: tuple[str, ...] = ()
+
+    def under(self, part: str) -> _Mismatch:
+        self.path = (part, *self.path)
+        return self
+
+
+_CHECKERS: dict[Any, typing.Callable[[Any], Any]] = {}
+
+
+def _checker(hint) -> typing.Callable[[Any], Any]:
+    """A function that returns a value of the JSON shape ``hint`` describes (an int becomes a
+    float where a float is asked for) or raises :class:`_Mismatch`: worked out once per hint,
+    as every frame on the dispatch path goes through these."""
+    check = _CHECKERS.get(hint)
+    if check is None:
+        check = _CHECKERS[hint] = _build(hint)
+    return check
+
+
+def _build(hint) -> typing.Callable[[Any], Any]:
     origin = typing.get_origin(hint)
+    expected = f"expected {_describe(hint)}"
+
     if hint is Any:
-        return value
+        return lambda value: value
     if origin in (Union, types.UnionType):
         options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check(option, value, where)
-            except MalformedFrame:
-                continue
-        raise MalformedFrame(
-            f"{where}: expected {' or '.join(_describe(o) for o in options if o is not type(None))}"
-        )
+        nullable = type(None) in options
+        checks = [_checker(o) for o in options if o is not type(None)]
+        union = "expected " + " or ".join(_describe(o) for o in options if o is not type(None))
+
+        def check_union(value):
+            if value is None and nullable:
+                return None
+            for check in checks:
+                try:
+                    return check(value)
+                except _Mismatch:
+                    continue
+            raise _Mismatch(union)
+
+        return check_union
     if origin is Literal:
-        if value in typing.get_args(hint) and type(value) in (str, int):
-            return value
-        raise MalformedFrame(f"{where}: expected {_describe(hint)}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif hint is dict:
-        if isinstance(value, dict):
-            return value
-    elif origin is dict:
-        _, value_hint = typing.get_args(hint)
-        if isinstance(value, dict):
-            return {str(k): _check(value_hint, v, f"{where}.{k}") for k, v in value.items()}
-    elif origin is list:
-        (item_hint,) = typing.get_args(hint)
-        if isinstance(value, list):
-            return [_check(item_hint, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    elif isinstance(hint, type) and issubclass(hint, Message):
-        return hint.decode(value, where=where)
-    raise MalformedFrame(f"{where}: expected {_describe(hint)}")
+        allowed = typing.get_args(hint)
+
+        def check_literal(value):
+            if type(value) in (str, int) and value in allowed:
+                return value
+            raise _Mismatch(expected)
+
+        return check_literal
+    if hint is bool or hint is str or hint is dict:
+
+        def check_type(value, kind=hint):
+            if isinstance(value, kind):
+                return value
+            raise _Mismatch(expected)
+
+        return check_type
+    if hint is int:
+
+        def check_int(value):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise _Mismatch(expected)
+
+        return check_int
+    if hint is float:
+
+        def check_float(value):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and math.isfinite(value):
+                return float(value)
+            raise _Mismatch(expected)
+
+        return check_float
+    if origin is dict:
+        check_item = _checker(typing.get_args(hint)[1])
+
+        def check_map(value):
+            if not isinstance(value, dict):
+                raise _Mismatch(expected)
+            out = {}
+            for key, item in value.items():
+                try:
+                    out[str(key)] = check_item(item)
+                except _Mismatch as exc:
+                    raise exc.under(f".{key}") from None
+            return out
+
+        return check_map
+    if origin is list:
+        check_item = _checker(typing.get_args(hint)[0])
+
+        def check_list(value):
+            if not isinstance(value, list):
+                raise _Mismatch(expected)
+            out = []
+            for index, item in enumerate(value):
+                try:
+                    out.append(check_item(item))
+                except _Mismatch as exc:
+                    raise exc.under(f"[{index}]") from None
+            return out
+
+        return check_list
+    if isinstance(hint, type) and issubclass(hint, Message):
+        return hint._decode
+
+    def refuse(value):
+        raise _Mismatch(expected)
+
+    return refuse
+
+
+def _check(hint, value, where: str):
+    """``value`` if it has the JSON shape ``hint`` describes, else :class:`MalformedFrame`."""
+    try:
+        return _checker(hint)(value)
+    except _Mismatch as exc:
+        raise MalformedFrame(f"{where}{''.join(exc.path)}: {exc.tail}") from None
+
+
+def _plain(hint) -> bool:
+    """Whether values of ``hint`` go to JSON as they are (no message, list or map inside)."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return all(_plain(o) for o in typing.get_args(hint))
+    return origin is Literal or hint in (str, int, float, bool, type(None))
 
 
 def _dump(value):
@@ -114,24 +201,26 @@ def _dump(value):
 class Message:
     """Base of every payload. Subclasses are frozen dataclasses; see the module docstring."""
 
-    _layout: ClassVar[tuple[tuple[str, str, Any, bool], ...]]
+    # each field: name, wire name, checker, required, and whether it goes out as it is
+    _layout: ClassVar[tuple[tuple[str, str, Any, bool, bool], ...]]
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         cls._layout = ()  # on first use: annotations are strings until every class exists
 
     @classmethod
-    def _fields(cls) -> tuple[tuple[str, str, Any, bool], ...]:
-        """Each field's name, wire name, type hint and whether it is required; once per class
-        (every frame of the dispatch path is encoded or decoded through this)."""
+    def _fields(cls) -> tuple[tuple[str, str, Any, bool, bool], ...]:
+        """Each field's name, wire name, checker, whether it is required and whether it is
+        plain; once per class (every frame of the dispatch path goes through this)."""
         if not cls._layout:
             hints = typing.get_type_hints(cls, globalns=globals())
             cls._layout = tuple(
                 (
                     f.name,
                     _camel(f.name),
-                    hints[f.name],
+                    _checker(hints[f.name]),
                     f.default is MISSING and f.default_factory is MISSING,
+                    _plain(hints[f.name]),
                 )
                 for f in fields(cls)
             )
@@ -139,25 +228,35 @@ class Message:
 
     @classmethod
     def decode(cls, payload: object, *, where: str | None = None):
-        where = where or cls.__name__
+        try:
+            return cls._decode(payload)
+        except _Mismatch as exc:
+            where = where or cls.__name__
+            raise MalformedFrame(f"{where}{''.join(exc.path)}: {exc.tail}") from None
+
+    @classmethod
+    def _decode(cls, payload: object):
         if not isinstance(payload, dict):
-            raise MalformedFrame(f"{where}: expected an object")
+            raise _Mismatch("expected an object")
         values = {}
-        for name, key, hint, required in cls._fields():
+        for name, key, check, required, _ in cls._fields():
             value = payload.get(key)
             if value is None:
                 if required:
-                    raise MalformedFrame(f"{where}: '{key}' is missing")
+                    raise _Mismatch(f"'{key}' is missing")
                 continue
-            values[name] = _check(hint, value, f"{where}.{key}")
+            try:
+                values[name] = check(value)
+            except _Mismatch as exc:
+                raise exc.under(f".{key}") from None
         return cls(**values)
 
     def to_json(self) -> dict:
         out = {}
-        for name, key, _, _ in self._fields():
+        for name, key, _, _, plain in self._fields():
             value = getattr(self, name)
             if value is not None:
-                out[key] = _dump(value)
+                out[key] = value if plain else _dump(value)
         return out
 
 

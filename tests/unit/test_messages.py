@@ -2,6 +2,7 @@
 
 import json
 import types
+import dataclasses
 import typing
 
 import pytest
@@ -74,7 +75,8 @@ def strategy_for(hint):
 
 
 def instances(cls):
-    return st.builds(cls, **{name: strategy_for(hint) for name, _, hint, _ in cls._fields()})
+    hints = typing.get_type_hints(cls, globalns=vars(messages))
+    return st.builds(cls, **{f.name: strategy_for(hints[f.name]) for f in dataclasses.fields(cls)})
 
 
 def test_there_is_a_message_per_payload():
