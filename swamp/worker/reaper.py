@@ -13,7 +13,8 @@ which process groups it runs:
 
 When the pipe closes (the worker is gone, however it went) the reaper kills every tracked group
 and exits; when the beats stop for ``silence`` seconds (a SIGSTOPped or wedged worker) it kills
-them and waits. The orchestrator re-dispatches a lost worker's step only after that deadline has
+them — and, where ``/proc`` tells, every session the worker started, in case it froze between
+starting a command and saying so — and waits. The orchestrator re-dispatches a lost worker's step only after that deadline has
 passed (it fences), so the two copies never overlap. The reaper uses nothing but the standard
 library, and costs one process per worker — never one per dispatch.
 """
@@ -44,6 +45,30 @@ def _kill(groups: set[int]) -> None:
     groups.clear()
 
 
+def sessions_of(parent: int) -> set[int]:
+    """The process groups ``parent`` started as sessions of their own (its commands), from
+    ``/proc``; empty where there is none. A frozen worker may have started a command and not
+    yet told the reaper (it is frozen between the two): this finds that one too."""
+    found: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            ppid, group, session = int(fields[1]), int(fields[2]), int(fields[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and session == int(entry) and int(entry) != me:
+            found.add(group)
+    return found
+
+
 def main(fd: int = 0) -> None:
     """The reaper process: read commands from ``fd`` until it closes."""
     _ignore_stop_signals()  # only the pipe's end stops it
@@ -53,6 +78,9 @@ def main(fd: int = 0) -> None:
     while True:
         ready, _, _ = select.select([fd], [], [], silence)
         if not ready:  # no beat: the worker is frozen or wedged
+            worker = os.getppid()
+            if worker > 1:
+                groups |= sessions_of(worker)
             _kill(groups)
             continue
         chunk = os.read(fd, 4096)

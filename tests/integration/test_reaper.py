@@ -57,6 +57,19 @@ async def test_silence_kills_the_groups_but_the_reaper_waits_for_more():
     assert await _dies(second, 5)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="found through /proc")
+async def test_silence_also_kills_a_command_the_worker_had_not_told_it_about():
+    """Frozen between starting a command and saying so (the window is short, but a loaded
+    machine can stop a worker right there): the reaper finds the worker's command sessions
+    itself, and the command does not outlive the freeze."""
+    reaper = await Reaper.start()
+    reaper.set_silence(3)
+    untold = await _sleeper()  # started, never tracked
+    assert await _dies(untold, 8)
+    assert reaper.process.returncode is None  # the reaper did not take itself for one
+    await reaper.aclose()
+
+
 async def test_terminal_signals_do_not_stop_the_reaper():
     reaper = await Reaper.start()
     sleeper = await _sleeper()
