@@ -1,8 +1,8 @@
 """Every message round-trips, and any payload at all decodes or fails with one coded error."""
 
+import dataclasses
 import json
 import types
-import dataclasses
 import typing
 
 import pytest
