@@ -15,8 +15,9 @@ When the pipe closes (the worker is gone, however it went) the reaper kills ever
 and exits; when the beats stop for ``silence`` seconds (a SIGSTOPped or wedged worker) it kills
 them — and, where ``/proc`` tells, every session the worker started, in case it froze between
 starting a command and saying so — and waits. The orchestrator re-dispatches a lost worker's
-step only after that deadline has passed (it fences), so the two copies never overlap. The reaper uses nothing but the standard
-library, and costs one process per worker — never one per dispatch.
+step only after that deadline has passed (it fences), so the two copies never overlap. The
+reaper uses nothing but the standard library, and costs one process per worker — never one per
+dispatch.
 """
 
 from __future__ import annotations
