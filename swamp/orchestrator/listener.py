@@ -95,6 +95,8 @@ class Prefaced(trio.abc.HalfCloseableStream):
         return trio.current_time() - self._last_received
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):  # our own slots are never the wrapped stream's
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
