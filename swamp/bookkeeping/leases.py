@@ -24,10 +24,11 @@ class LeaseBook:
         self.store = store
         self.clock = clock
 
-    def acquire(
+    def opened(
         self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
-    ) -> Record:
-        attrs = {
+    ) -> dict:
+        """The attributes of a lease that starts now (nothing is written yet)."""
+        return {
             "leaseId": lease_id,
             "dispatchId": lease_id,
             "workerName": worker,
@@ -38,7 +39,24 @@ class LeaseBook:
             "hasWrites": False,
             "createdAt": iso(self.clock()),
         }
-        return self.store.write(key(lease_id), attrs, policy=POLICY, expected_version=0)
+
+    def insert(self, attrs: dict) -> Record:
+        """The lease's first (and often only) row: active, or already ended or write-bearing
+        when the dispatch got there before its row was written."""
+        return self.store.write(key(attrs["leaseId"]), attrs, policy=POLICY, expected_version=0)
+
+    def insert_many(self, many: list[dict]) -> list[Record]:
+        """Several first rows in one transaction (one commit for all of them)."""
+        with self.store.transaction():
+            return [self.insert(attrs) for attrs in many]
+
+    def ended(self, attrs: dict, state: LeaseState, *, error: str | None = None) -> dict:
+        """``attrs`` ended now (nothing is written)."""
+        return rules.end(attrs, state, now_iso=iso(self.clock()), error=error)
+
+    def write_bearing(self, attrs: dict) -> dict:
+        """``attrs`` marked write-bearing (nothing is written)."""
+        return rules.mark_writes(attrs) or attrs
 
     def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None:
         record, _ = self.store.transition(

@@ -5,6 +5,12 @@
 :func:`~swamp.domain.episodes.lease_ending` decides. What becomes of the step afterwards is the
 caller's (the dispatch service, or the verifier for a probe). Running dispatches are kept in
 :attr:`Episodes.active` for the data plane and the capability verbs.
+
+A lease's row is written behind: :meth:`Episodes.write_leases` inserts it once the dispatch has
+run for :data:`LEASE_WRITE_DELAY` (several in one commit). A dispatch that ends sooner — most
+do — writes its row once, already ended, before its result goes anywhere; one that writes data
+inserts it, marked write-bearing, before its first write is persisted. What a crash can lose
+is the row of a dispatch younger than the delay, whose result nobody has seen.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.dispatch")
 CANCEL_SETTLE = 30  # how long a cancelled dispatch waits for the worker to report it stopped
+LEASE_WRITE_DELAY = 0.05  # a running dispatch's lease row is in the store by then
 Emit = Callable[[dict], Awaitable[None]]
 
 
@@ -82,6 +89,8 @@ class ActiveDispatch:
     outputs: list[dict] = field(default_factory=list)
     credential: str | None = None
     lease: Record | None = None  # the latest lease record this process wrote
+    opened: dict | None = None  # the lease's attributes, while its row is not written yet
+    opened_at: float = 0.0  # trio time
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,9 @@ class Episodes:
         self.leases = LeaseBook(store, clock=clock)
         self.active: dict[str, ActiveDispatch] = {}
         self.completed = 0
+        # leases whose row is not written yet, oldest first (see write_leases)
+        self._unwritten: dict[str, ActiveDispatch] = {}
+        self._lease_opened: trio.Event | None = None  # made while write_leases has nothing
 
     def __repr__(self) -> str:
         return f"<Episodes active={len(self.active)} completed={self.completed}>"
@@ -109,15 +121,18 @@ class Episodes:
         )
         credential = None
         try:
-            active.lease = await retry_busy(
-                lambda: self.leases.acquire(
-                    lease_id=dispatch_id,
-                    worker=member.name,
-                    model_type=work.model_type.type,
-                    model_name=work.model_name,
-                    method=work.method,
-                )
+            active.opened = self.leases.opened(
+                lease_id=dispatch_id,
+                worker=member.name,
+                model_type=work.model_type.type,
+                model_name=work.model_name,
+                method=work.method,
             )
+            active.opened_at = trio.current_time()
+            self._unwritten[dispatch_id] = active
+            if self._lease_opened is not None:
+                self._lease_opened.set()
+                self._lease_opened = None
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             active.credential = credential
             self.active[dispatch_id] = active
@@ -190,19 +205,73 @@ class Episodes:
         """End the lease durably (retried while the database is locked); a lease that cannot be
         ended is expired by the next boot's reconciliation, so the step's outcome stands."""
         try:
-            active.lease = await retry_busy(
-                lambda: self.leases.end(active.id, state, error=error, current=active.lease)
-            )
+            if not await self._insert_lease(
+                active, lambda opened: self.leases.ended(opened, state, error=error)
+            ):
+                active.lease = await retry_busy(
+                    lambda: self.leases.end(active.id, state, error=error, current=active.lease)
+                )
         except SwampError as exc:
             log.warning("could not end lease %s as %s: %s", active.id, state.value, exc)
 
     async def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
         if not active.has_writes:
-            active.lease = await retry_busy(
-                lambda: self.leases.mark_writes(active.id, current=active.lease)
-            )
+            if not await self._insert_lease(active, self.leases.write_bearing):
+                active.lease = await retry_busy(
+                    lambda: self.leases.mark_writes(active.id, current=active.lease)
+                )
             active.has_writes = True
+
+    async def _insert_lease(self, active: ActiveDispatch, change: Callable[[dict], dict]) -> bool:
+        """If the lease's row is not written yet, write it now as ``change`` makes it, and say
+        so. Should that fail, the row goes back to be written behind, as it was opened."""
+        if self._unwritten.pop(active.id, None) is None:
+            return False
+        try:
+            active.lease = await retry_busy(lambda: self.leases.insert(change(active.opened)))
+        except BaseException:
+            self._unwritten[active.id] = active
+            raise
+        active.opened = None
+        return True
+
+    async def write_leases(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Insert the row of every lease that has been running for :data:`LEASE_WRITE_DELAY`,
+        those due together in one transaction. Sleeps until the oldest is due, or until a lease
+        opens when there is none: no timer per dispatch, nothing done when idle."""
+        task_status.started()
+        while True:
+            if not self._unwritten:
+                self._lease_opened = trio.Event()
+                await self._lease_opened.wait()
+                continue
+            oldest = next(iter(self._unwritten.values()))
+            due = oldest.opened_at + LEASE_WRITE_DELAY
+            if trio.current_time() < due:
+                await trio.sleep_until(due)
+                continue  # the oldest may have ended meanwhile: look again
+            try:
+                await retry_busy(self._write_due_leases)
+            except SwampError as exc:
+                log.warning("could not write the leases of running dispatches: %s", exc)
+                await trio.sleep(LEASE_WRITE_DELAY)
+
+    def _write_due_leases(self) -> None:
+        """One transaction; nothing changes here unless it commits (then no dispatch can have
+        moved on meanwhile: this does not wait)."""
+        now = trio.current_time()
+        due = []
+        for active in self._unwritten.values():
+            if active.opened_at + LEASE_WRITE_DELAY > now:
+                break
+            due.append(active)
+        if not due:
+            return
+        records = self.leases.insert_many([active.opened for active in due])
+        for active, record in zip(due, records, strict=True):
+            active.lease, active.opened = record, None
+            del self._unwritten[active.id]
 
     async def keep_credentials_fresh(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Slide every running dispatch's credential expiry, so a dispatch keeps its data-plane

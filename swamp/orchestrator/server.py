@@ -423,6 +423,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
             await nursery.start(queue.writer.run)
             await nursery.start(gateway.run)
             await nursery.start(episodes.keep_credentials_fresh)
+            await nursery.start(episodes.write_leases)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
                     lambda task_status: _listen(app, config, stop, options, task_status)

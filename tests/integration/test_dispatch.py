@@ -44,7 +44,7 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
     )
     assert [r["attributes"]["status"] for r in statuses] == ["idle"]
     every_lease = cluster.query('modelType == "swamp/step-lease"', "--all-versions")
-    assert len(every_lease) == 2 and {r["version"] for r in every_lease} == {2}
+    assert len(every_lease) == 2  # one row each, however long the dispatch ran
 
     listed = {
         w["name"]: w for w in cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]

@@ -92,6 +92,8 @@ def test_orchestrator_restart_reconciles_and_workers_come_back_by_themselves(clu
     worker = cluster.worker(cluster.mint("w1"), cache_dir=cluster.tmp / "cache")
     run = _run_in_background(cluster, "test/steps", "wait", "--target", "w1")
     run.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")
+    # a running dispatch's lease row is written behind, within moments of its start
+    wait_until(lambda: cluster.query('modelType == "swamp/step-lease"'), what="the lease's row")
     serve.p.kill()  # a crash: nothing is cleaned up
     serve.wait_exit()
     assert run.wait_exit() != 0

@@ -1,0 +1,141 @@
+"""A dispatch's lease row, written behind, in-process: a real datastore and episodes; the
+worker's socket is a stand-in that answers when the test says so. Time is trio's (autojump):
+the write-behind delay passes only when every task is blocked."""
+
+import uuid
+
+import pytest
+import trio
+import trio.testing
+
+from swamp.domain.query import parse as parse_predicate
+from swamp.domain.read_scope import ReadScope
+from swamp.models.builtin import ECHO
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.episode import LEASE_WRITE_DELAY, Episodes, Step, Work
+from swamp.orchestrator.pool import Member
+from swamp.protocol.messages import DispatchResult
+from swamp.store.datastore import Datastore
+
+
+class Worker:
+    """The one call a dispatch makes on a worker's channel, answered when ``answer`` is set."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.answer = trio.Event()
+        self.received = trio.Event()
+        self.on_receipt = None  # called with the dispatch id as the frame arrives
+
+    async def call(self, method, params, **kwargs):
+        assert method == "worker.dispatch"
+        if self.on_receipt is not None:
+            await self.on_receipt(params["dispatchId"])
+        self.received.set()
+        await self.answer.wait()
+        return DispatchResult(status="succeeded").to_json()
+
+
+def member(channel) -> Member:
+    return Member(
+        name="w",
+        instance_id=str(uuid.uuid4()),
+        machine_id="m",
+        token_name="t",
+        labels={},
+        platform="linux",
+        arch="x86_64",
+        capacity=4,
+        version="1",
+        channel=channel,
+    )
+
+
+WORK = Work(ECHO, "default", "echo", {}, {}, ReadScope.of(ECHO.type, "default"))
+
+
+async def ignore(event):
+    return None
+
+
+@pytest.fixture
+async def episodes(tmp_path):
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    service = Episodes(store, Credentials())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.write_leases)
+        yield service
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+def rows(episodes) -> list:
+    """(version, state, hasWrites) of every version of every lease row."""
+    leases = parse_predicate('modelType == "swamp/step-lease"')
+    return [
+        (r.version, r.attributes["state"], r.attributes["hasWrites"])
+        for r in episodes.store.query(leases, all_versions=True)
+    ]
+
+
+async def test_a_dispatch_shorter_than_the_delay_writes_its_row_once_already_ended(episodes):
+    worker = Worker()
+    worker.answer.set()
+    episode = await episodes.run(member(worker), "d1", WORK, Step("s"), ignore)
+    assert episode.result.status == "succeeded"
+    assert rows(episodes) == [(1, "completed", False)]  # in the store before run() returned
+
+
+async def test_a_longer_dispatch_is_in_the_store_while_it_runs_then_ended_in_place(
+    episodes, autojump_clock
+):
+    worker = Worker()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
+        await worker.received.wait()
+        assert rows(episodes) == []  # not yet: it may end before the delay
+        await trio.sleep(LEASE_WRITE_DELAY * 2)
+        assert rows(episodes) == [(1, "active", False)]
+        worker.answer.set()
+    assert rows(episodes) == [(2, "completed", False)]
+
+
+async def test_leases_due_together_are_written_in_one_transaction(episodes, autojump_clock):
+    worker = Worker()
+    commits = []
+    original = episodes.leases.insert_many
+    episodes.leases.insert_many = lambda many: commits.append(len(many)) or original(many)
+    async with trio.open_nursery() as nursery:
+        for n in range(5):
+            nursery.start_soon(episodes.run, member(worker), f"d{n}", WORK, Step(f"s{n}"), ignore)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(LEASE_WRITE_DELAY * 2)
+        assert commits == [5] and {r[1] for r in rows(episodes)} == {"active"}
+        worker.answer.set()
+    assert sorted(rows(episodes)) == [(2, "completed", False)] * 5
+
+
+async def test_a_dispatch_that_writes_data_first_makes_its_row_write_bearing(episodes):
+    worker = Worker()
+    seen = []
+
+    async def write_data(dispatch_id):  # what the data plane does before persisting a write
+        await episodes.record_write(episodes.active[dispatch_id])
+        seen.extend(rows(episodes))
+
+    worker.on_receipt = write_data
+    worker.answer.set()
+    await episodes.run(member(worker), "d1", WORK, Step("s"), ignore)
+    assert seen == [(1, "active", True)]  # durable before the write it announces
+    assert rows(episodes) == [(2, "completed", True)]
+
+
+async def test_a_cancelled_dispatch_still_leaves_its_row(episodes):
+    worker = Worker()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
+        await worker.received.wait()
+        nursery.cancel_scope.cancel()
+    assert rows(episodes) == [(1, "cancelled", False)]
+    assert episodes.active == {}
