@@ -29,7 +29,7 @@ from pathlib import Path
 
 import floor
 import trio
-from benchkit import percentile, scratch
+from benchkit import cpu_seconds, percentile, scratch
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
@@ -101,7 +101,7 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
         async with trio.open_nursery() as drains:
             for reader in readers:
                 drains.start_soon(reader.drain)
-            yield client
+            yield client, [p.pid for p in procs]
             drains.cancel_scope.cancel()
     finally:
         await stop_all(procs)
@@ -131,7 +131,7 @@ async def floor_system(root: Path, workers: int, slots: int, env: dict, *, serve
         async with trio.open_nursery() as drains:
             for reader in readers:
                 drains.start_soon(reader.drain)
-            yield lambda: floor.client(url)
+            yield (lambda: floor.client(url)), [p.pid for p in procs]
             drains.cancel_scope.cancel()
     finally:
         await stop_all(procs)
@@ -140,8 +140,10 @@ async def floor_system(root: Path, workers: int, slots: int, env: dict, *, serve
 # -- the measurement, the same for both ---------------------------------------------------------
 
 
-async def measure(client, *, sequential: int, total: int, in_flight: int) -> dict:
-    """Sequential latency on one client, then throughput with ``in_flight`` clients."""
+async def measure(client, pids: list[int], *, sequential: int, total: int, in_flight: int) -> dict:
+    """Sequential latency on one client, then throughput with ``in_flight`` clients, and the
+    CPU each side spent per dispatch meanwhile (µs: the server, its workers together, the
+    benchmark's own clients) — steadier than a rate on a shared machine."""
     async with client() as call:
         for _ in range(50):  # warm up
             await call()
@@ -159,24 +161,39 @@ async def measure(client, *, sequential: int, total: int, in_flight: int) -> dic
                 await call()
                 done += 1
 
+    before = [cpu_seconds(pid) for pid in pids], time.process_time()
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for _ in range(in_flight):
             nursery.start_soon(one_client, total // in_flight)
     elapsed = time.perf_counter() - started
+    after = [cpu_seconds(pid) for pid in pids], time.process_time()
+    spent = [b - a for a, b in zip(before[0], after[0], strict=True)]
+
+    def per_dispatch(seconds: float) -> float:
+        return round(seconds / max(done, 1) * 1e6, 1)
+
     return {
         "p50_ms": round(percentile(latencies, 50), 3),
         "p99_ms": round(percentile(latencies, 99), 3),
         "per_second": round(done / elapsed, 1),
+        "server_cpu_us": per_dispatch(spent[0]),
+        "workers_cpu_us": per_dispatch(sum(spent[1:])),
+        "client_cpu_us": per_dispatch(after[1] - before[1]),
+        "total_cpu_us": per_dispatch(sum(spent) + after[1] - before[1]),
     }
 
 
 async def run_once(system, workers: int, slots: int, args) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     with scratch("swamp-bench-") as root:
-        async with system(root, workers, slots, env) as client:
+        async with system(root, workers, slots, env) as (client, pids):
             return await measure(
-                client, sequential=args.sequential, total=args.total, in_flight=workers * slots
+                client,
+                pids,
+                sequential=args.sequential,
+                total=args.total,
+                in_flight=workers * slots,
             )
 
 
@@ -216,6 +233,8 @@ async def main(args) -> dict:
                     "p50": round(medians[name]["p50_ms"] / base["p50_ms"], 2),
                     "p99": round(medians[name]["p99_ms"] / base["p99_ms"], 2),
                     "throughput": round(medians[name]["per_second"] / base["per_second"], 2),
+                    "server_cpu": round(medians[name]["server_cpu_us"] / base["server_cpu_us"], 2),
+                    "total_cpu": round(medians[name]["total_cpu_us"] / base["total_cpu_us"], 2),
                 }
         result[shape] = entry
     return result
