@@ -42,8 +42,8 @@ class LeaseBook:
 
     def insert(self, attrs: dict) -> Record:
         """The lease's first (and often only) row: active, or already ended or write-bearing
-        when the dispatch got there before its row was written."""
-        return self.store.write(key(attrs["leaseId"]), attrs, policy=POLICY, expected_version=0)
+        when the dispatch got there before its row was written. Its id is the dispatch's, new."""
+        return self.store.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
 
     def insert_many(self, many: list[dict]) -> list[Record]:
         """Several first rows in one transaction (one commit for all of them)."""

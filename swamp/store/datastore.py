@@ -391,9 +391,12 @@ class Datastore:
         policy: SpecPolicy,
         content: bytes | None = None,
         expected_version: int | None = None,
+        fresh: bool = False,
     ) -> Record:
         """Insert the next version. With ``expected_version`` (0 = must not exist) it is a
-        compare-and-swap: ``Conflict`` if ``latest`` is not that version any more."""
+        compare-and-swap: ``Conflict`` if ``latest`` is not that version any more. ``fresh``:
+        the key holds an id made for it just now, so no version can exist — version 1 is one
+        plain INSERT, without looking (a clash would still be refused by the key)."""
         now = self.clock()
         created_at = iso(now)
         lifetime = policy.lifetime_seconds()
@@ -423,6 +426,9 @@ class Datastore:
                     "AND name=? AND version=? RETURNING version",
                     (expected_version + 1, *row, *item, expected_version),
                 ).fetchall()
+            elif fresh:
+                self.db.execute("INSERT INTO data VALUES (?,?,?,1,?,?,?,?,?,?)", (*item, *row))
+                inserted = [(1,)]
             elif expected_version is None:
                 inserted = self.db.execute(
                     "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,? "

@@ -61,6 +61,15 @@ def test_a_single_version_spec_is_one_row_replaced_by_compare_and_swap(store):
     assert store.latest(KEY).attributes == {"state": "done"}
 
 
+def test_a_fresh_key_is_version_one_and_a_clash_is_still_refused(store):
+    policy = SpecPolicy("item", garbage_collection=1)
+    record = store.write(KEY, {"state": "done"}, policy=policy, fresh=True)
+    assert record.version == 1 and store.latest(KEY).attributes == {"state": "done"}
+    with pytest.raises(Conflict):
+        store.write(KEY, {"state": "other"}, policy=policy, fresh=True)
+    assert store.versions(KEY) == [1] and store.latest(KEY).attributes == {"state": "done"}
+
+
 def test_lifetimes_expire(tmp_path):
     now = [1000.0]
     s = Datastore(tmp_path / "x.db", clock=lambda: now[0])
