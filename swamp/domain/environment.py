@@ -90,9 +90,22 @@ def step_identity(step_id: str, attempt: int) -> dict[str, str]:
     return {"SWAMP_STEP_ID": step_id, "SWAMP_ATTEMPT": str(attempt)}
 
 
+def own(local: Mapping[str, str]) -> dict[str, str]:
+    """The worker's own environment as methods may see it: swamp's credentials dropped."""
+    return {k: v for k, v in local.items() if not k.upper().startswith("SWAMP_")}
+
+
 def overlay(local: Mapping[str, str], shipped: Mapping[str, str]) -> dict[str, str]:
     """The environment a method sees on the worker: the worker's own (minus swamp's credentials),
     with the shipped values winning, denied names dropped from the shipped side."""
-    merged = {k: v for k, v in local.items() if not k.upper().startswith("SWAMP_")}
-    merged.update({k: v for k, v in shipped.items() if not denied(k)})
+    return with_shipped(own(local), shipped)
+
+
+def with_shipped(own_env: dict[str, str], shipped: Mapping[str, str]) -> dict[str, str]:
+    """:func:`overlay` of an environment :func:`own` has already filtered (a worker works it
+    out once, not per dispatch)."""
+    merged = dict(own_env)
+    for name, value in shipped.items():
+        if not denied(name):
+            merged[name] = value
     return merged

@@ -90,7 +90,7 @@ class Session:
         self.completed = 0
         # what every method sees of this machine's environment, worked out once, not per
         # dispatch (swamp's own variables already dropped)
-        self._local_env = environment.overlay(os.environ, {})
+        self._local_env = environment.own(os.environ)
         self.channel: RpcChannel | None = None
         self.http: httpx.AsyncClient | None = None
 
@@ -236,10 +236,8 @@ class Session:
                 model_name=request.model_name,
                 method=method.name,
                 dispatch_id=dispatch_id,
-                env={
-                    **environment.overlay(self._local_env, request.environment),
-                    **environment.step_identity(request.step_id, request.attempt),
-                },
+                env=environment.with_shipped(self._local_env, request.environment)
+                | environment.step_identity(request.step_id, request.attempt),
                 cache_dir=self.cache_dir,
             )
             if self.reaper is not None:
