@@ -14,7 +14,6 @@ import os
 import time
 import tomllib
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import trio
 
@@ -71,6 +70,7 @@ from swamp.protocol.messages import (
     WorkflowShowReply,
     WorkflowValidateReply,
 )
+from swamp.protocol.rpc import no_events
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.retry import retry_busy
@@ -78,10 +78,6 @@ from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
 EventSink = Callable[[dict], Awaitable[None]]
-
-
-async def _ignore(event: dict) -> None:
-    return None
 
 
 class RepoAdmin:
@@ -279,6 +275,7 @@ class RepoAdmin:
             outputs=outcome.outputs,
             error=outcome.error,
             result=outcome.result,
+            started_at=run.started_at,
         )
 
     async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply:
@@ -324,7 +321,7 @@ class RepoAdmin:
                 f"workflow {request.name!r} has placed steps: run it through a running "
                 "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
-        record = await self.engine.run(workflow, inputs, on_event or _ignore, timeout=timeout)
+        record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
         return WorkflowRunReply(record)
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
@@ -370,7 +367,7 @@ class RepoAdmin:
     async def method_run(
         self, request: MethodRunRequest, on_event: EventSink | None = None
     ) -> RunResult:
-        emit = on_event or _ignore
+        emit = on_event or no_events
         spec = request.placement
         placement = Placement(
             target=spec.target,
@@ -386,20 +383,18 @@ class RepoAdmin:
             env_names=check_names(request.env, source="--env"),
             read_scope=self.repo.read_scope(model),
             queue_timeout=request.queue_timeout,
+            started_at=iso(self.clock()),
         )
-        started = iso(self.clock())
         if self.dispatch is not None:
-            result = await self.dispatch.run(run, emit)
-        else:
-            if request.queue_timeout is not None:
-                parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
-            if placement.is_remote():
-                raise NeedsOrchestrator(
-                    f"running on a worker ({placement.describe()}) needs a running "
-                    "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
-                )
-            result = await self._run_here(run, emit)
-        return replace(result, started_at=started)
+            return await self.dispatch.run(run, emit)
+        if request.queue_timeout is not None:
+            parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
+        if placement.is_remote():
+            raise NeedsOrchestrator(
+                f"running on a worker ({placement.describe()}) needs a running "
+                "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
+            )
+        return await self._run_here(run, emit)
 
 
 def _queue_item(attrs: dict, now: float) -> QueueItem:

@@ -39,7 +39,8 @@ class Admin:
         async def handle(call: IncomingCall) -> dict:
             request = request_type.decode(call.params)
             if name in ("method_run", "workflow_run"):  # they stream events as they go
-                return (await operation(request, call.emit)).to_json()
+                emit = None if call.quiet else call.emit  # a quiet caller gets none built
+                return (await operation(request, emit)).to_json()
             return (await operation(request)).to_json()
 
         handle.__name__ = name

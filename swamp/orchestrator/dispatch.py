@@ -55,6 +55,7 @@ class RunRequest:
     workflow: str | None = None  # which run/step this is, when a workflow placed it
     job: str | None = None
     step: str | None = None
+    started_at: str | None = None  # when the run was asked for (its result says so)
 
     def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
         """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
@@ -135,6 +136,7 @@ class DispatchService:
             dispatch_id=dispatch_id,
             error=result.error,
             result=result.result,
+            started_at=request.started_at,
         )
 
     async def _run_remote(

@@ -45,6 +45,7 @@ from swamp.protocol.messages import (
     OutputHandle,
     decode_event,
 )
+from swamp.protocol.rpc import no_events
 from swamp.store.datastore import Datastore, Record
 from swamp.store.retry import retry_busy
 
@@ -148,7 +149,8 @@ class Episodes:
                 step_id=step.id,
                 attempt=step.attempt,
             ).to_json()
-            await safe_emit(emit, Dispatched(worker=member.name, dispatch_id=dispatch_id).to_json())
+            if emit is not no_events:
+                await safe_emit(emit, Dispatched(member.name, dispatch_id).to_json())
             episode = await self._call(member, active, params, emit)
             state, error = lease_ending(episode.end)
             await self._end_lease(active, state, error)

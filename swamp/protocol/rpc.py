@@ -62,6 +62,11 @@ log = logging.getLogger("swamp.rpc")
 EventSink = Callable[[dict], Awaitable[None]]
 
 
+async def no_events(event: dict) -> None:
+    """The sink of a caller that reads no events: whoever emits may skip building them."""
+    return None
+
+
 OUTBOX_FRAMES = 1024  # requests, answers, pongs waiting for the writer; more wait for room
 OUTBOX_EVENT_BYTES = 16 * 1024 * 1024  # streamed events waiting; more are dropped or wait
 DROPPED_KIND = "dropped"
