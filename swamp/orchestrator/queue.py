@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -66,7 +66,7 @@ class Ticket:
 
     placement: Placement
     info: StepInfo
-    woken: trio.Event = field(default_factory=trio.Event)
+    woken: trio.Event | None = None  # made when it has to wait
     member: Member | None = None
     dispatch_id: str | None = None
     failure: SwampError | None = None
@@ -111,9 +111,17 @@ class DispatchQueue:
                 "orchestrator holds); retry later, or add workers"
             )
         ticket = Ticket(placement, info)
-        step = WaitingStep(Requirement.of(placement), ticket=ticket)
+        requirement = Requirement.of(placement)
+        if not len(self.waiting):  # nobody is ahead of it: what assign() decides, directly
+            slots = self.pool.index.choose(requirement)
+            if slots is not None:
+                self.pool.index.take(slots.name)
+                self._give(ticket, slots.name)
+                return ticket
+        ticket.woken = trio.Event()
+        step = WaitingStep(requirement, ticket=ticket)
         self.waiting.add(step)
-        self._hand_out(assign(self.waiting, self.pool.index, [step.requirement]))
+        self._hand_out(assign(self.waiting, self.pool.index, [requirement]))
         if ticket.member is not None:
             return ticket
         gone = self.never_returns(placement)
@@ -206,11 +214,15 @@ class DispatchQueue:
     def _hand_out(self, assignments) -> None:
         for assignment in assignments:
             ticket: Ticket = assignment.step.ticket
-            member = self.pool.members[assignment.worker]
-            ticket.dispatch_id = ordered_id()
-            ticket.member = member
-            self.pool.reserve(member, ticket.dispatch_id, indexed=True)
+            self._give(ticket, assignment.worker)
             ticket.woken.set()
+
+    def _give(self, ticket: Ticket, name: str) -> None:
+        """The member's slot, already taken in the index, is the ticket's."""
+        member = self.pool.members[name]
+        ticket.dispatch_id = ordered_id()
+        ticket.member = member
+        self.pool.reserve(member, ticket.dispatch_id, indexed=True)
 
     def _fail_unreachable(self, member: Member) -> None:
         """Steps targeting a member whose token is dead fail now, not at their deadline."""
