@@ -139,9 +139,13 @@ def test_max_dispatches_runs_exactly_that_many_then_exits(cluster):
 
 def test_idle_timeout_counts_from_the_last_dispatch(cluster):
     cluster.serve()
-    worker = cluster.worker(cluster.mint("w1"), "--idle-timeout", "2s")
-    code, _ = cluster.run("command/shell", "run", "--arg", "command=sleep 3", "--target", "w1")
-    assert code == 0  # a 3 s step under a 2 s idle timeout: no drain while it runs
+    token = cluster.mint("w1")
+    # the step waits for the worker, so it is dispatched as the worker enrolls, however long
+    # a command takes to start on a loaded machine (the idle time starts at enrollment)
+    run = _run(cluster, "command/shell", "run", "--arg", "command=sleep 3", "--target", "w1")
+    run.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")
+    worker = cluster.worker(token, "--idle-timeout", "2s")
+    assert run.wait_exit() == 0  # a 3 s step under a 2 s idle timeout: no drain while it runs
     assert worker.wait_exit(timeout=10) == 0
     events = worker.events()
     ended = next(e for e in events if e.get("event") == "dispatch_finished")
