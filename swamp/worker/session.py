@@ -91,6 +91,7 @@ class Session:
         # what every method sees of this machine's environment, worked out once, not per
         # dispatch (swamp's own variables already dropped)
         self._local_env = environment.own(os.environ)
+        self._data_plane = config.data_plane()  # worked out once, like the environment
         self.channel: RpcChannel | None = None
         self.http: httpx.AsyncClient | None = None
 
@@ -215,22 +216,25 @@ class Session:
         dispatch_id = request.dispatch_id
         if request.takes_slot and self.drain.accepted():  # the last one --max-dispatches allows
             self._nursery.start_soon(self.drain.trigger, "max-dispatches")
+        if self.active == 0:
+            self.idle = trio.Event()  # set again when the last slot empties
         self.active += 1
-        self.idle = trio.Event()
         self._set_idle_deadline()
         started = time.monotonic()
-        self._report(
-            "dispatch_started",
-            dispatchId=dispatch_id,
-            modelType=model_type.type,
-            method=method.name,
-        )
+        reporting = self.reporter.per_dispatch  # lines per dispatch: --json or --verbose only
+        if reporting:
+            self._report(
+                "dispatch_started",
+                dispatchId=dispatch_id,
+                modelType=model_type.type,
+                method=method.name,
+            )
         try:
             ctx = RemoteContext(
                 call=call,
                 channel=call.channel,
                 http=self.http,
-                data_plane=self.config.data_plane(),
+                data_plane=self._data_plane,
                 credential=request.credential,
                 model_type=model_type,
                 model_name=request.model_name,
@@ -270,13 +274,14 @@ class Session:
                     self._nursery.start_soon(self._check_drain)  # after this one has reported
             self._set_idle_deadline()
         self.completed += 1
-        self._report(
-            "dispatch_finished",
-            dispatchId=dispatch_id,
-            status=outcome.status,
-            durationMs=round((time.monotonic() - started) * 1000),
-            error=outcome.error,
-        )
+        if reporting:
+            self._report(
+                "dispatch_finished",
+                dispatchId=dispatch_id,
+                status=outcome.status,
+                durationMs=round((time.monotonic() - started) * 1000),
+                error=outcome.error,
+            )
         return outcome.to_message().to_json()
 
     def _report(self, event: str, **fields) -> None:
