@@ -703,11 +703,15 @@ class RpcChannel:
         call_id = str(next(self._ids))
         pending = _Pending(on_event)
         self._pending[call_id] = pending
+        request = frames.Request(call_id, method, params or {}, on_event is None)
         try:
-            with trio.move_on_after(timeout if timeout is not None else math.inf):
-                request = frames.Request(call_id, method, params or {}, on_event is None)
+            if timeout is None:  # no deadline: no cancel scope to keep
                 await self._send(request)
                 await pending.done.wait()
+            else:
+                with trio.move_on_after(timeout):
+                    await self._send(request)
+                    await pending.done.wait()
         finally:
             if not pending.done.is_set():
                 with trio.CancelScope(shield=True):
