@@ -148,10 +148,14 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
         for _ in range(50):  # warm up
             await call()
         latencies = []
+        one_by_one = [cpu_seconds(pid) for pid in pids], time.process_time()
         for _ in range(sequential):
             started = time.perf_counter()
             await call()
             latencies.append((time.perf_counter() - started) * 1000)
+        one_by_one = [
+            cpu_seconds(pid) - cpu for pid, cpu in zip(pids, one_by_one[0], strict=True)
+        ], time.process_time() - one_by_one[1]
     done = 0
 
     async def one_client(count: int) -> None:
@@ -176,6 +180,8 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
     return {
         "p50_ms": round(percentile(latencies, 50), 3),
         "p99_ms": round(percentile(latencies, 99), 3),
+        # CPU per sequential dispatch, all processes together: how much of the latency is work
+        "sequential_cpu_us": round((sum(one_by_one[0]) + one_by_one[1]) / sequential * 1e6, 1),
         "per_second": round(done / elapsed, 1),
         "server_cpu_us": per_dispatch(spent[0]),
         "workers_cpu_us": per_dispatch(sum(spent[1:])),
