@@ -190,13 +190,27 @@ class Outbox:
 class IncomingCall:
     """One request being handled: its params, and a way to stream events back to the caller."""
 
-    def __init__(self, channel: RpcChannel, request: frames.Request) -> None:
+    def __init__(
+        self,
+        channel: RpcChannel,
+        request: frames.Request,
+        scope: trio.CancelScope | None = None,
+    ) -> None:
         self.channel = channel
         self.id = request.id
         self.method = request.method
         self.params = request.params
         self.quiet = request.quiet  # the caller said it reads no events
         self.dropped = 0  # events dropped because the caller was not reading
+        self._scope = scope  # the handler's: the caller's cancel, or stop(), cancels it
+        self.stopped: SwampError | None = None  # why stop() ended it, if it did
+
+    def stop(self, why: SwampError) -> None:
+        """End the handler from this side: it is cancelled, and the caller is answered ``why``
+        (not ``cancelled``). A handler needs no cancel scope of its own for this."""
+        if self._scope is not None and self.stopped is None:
+            self.stopped = why
+            self._scope.cancel()
 
     async def emit(self, event: dict) -> None:
         """Stream an event to the caller. On a ``drop_events`` channel this never waits: when
@@ -614,7 +628,7 @@ class RpcChannel:
                     self.on_heartbeat(frame.heartbeat)
 
     async def _handle(self, request: frames.Request, scope: trio.CancelScope) -> None:
-        call = IncomingCall(self, request)
+        call = IncomingCall(self, request, scope)
         try:
             with scope:
                 try:
@@ -637,7 +651,9 @@ class RpcChannel:
                     await self._send_quietly(call._dropped_notice())
                 await self._send_quietly(frames.Response(request.id, result))
             if scope.cancelled_caught and not self.closed:
-                await self._send_error(request.id, Cancelled("cancelled by the caller"))
+                await self._send_error(
+                    request.id, call.stopped or Cancelled("cancelled by the caller")
+                )
         finally:
             self._incoming.pop(request.id, None)
             self._settle()

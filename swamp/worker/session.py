@@ -80,7 +80,7 @@ class Session:
         self._enrolled = trio.Event()
         self.drain = drain or Drain(reporter)
         self.drain.session = self
-        self.running: dict[str, trio.CancelScope] = {}
+        self.running: dict[str, IncomingCall] = {}
         self.idle = trio.Event()  # set while no dispatch runs
         self.idle.set()
         self._idle_at = math.inf  # --idle-timeout: when this session's idle time is up
@@ -246,22 +246,13 @@ class Session:
             )
             if self.reaper is not None:
                 ctx.processes = self.reaper
-            with trio.CancelScope() as stop:
-                self.running[dispatch_id] = stop
-                outcome = await run_method(method, args, ctx)
-            if stop.cancelled_caught:  # a second signal stopped it
-                self._report(
-                    "dispatch_finished",
-                    dispatchId=dispatch_id,
-                    status="stopped",
-                    durationMs=round((time.monotonic() - started) * 1000),
-                )
-                raise WorkerStopped("a second signal during the drain stopped it")
+            self.running[dispatch_id] = call  # a second signal stops it (stop_dispatches)
+            outcome = await run_method(method, args, ctx)
         except trio.Cancelled:
             self._report(
                 "dispatch_finished",
                 dispatchId=dispatch_id,
-                status="cancelled",
+                status="stopped" if call.stopped else "cancelled",
                 durationMs=round((time.monotonic() - started) * 1000),
             )
             raise
@@ -306,8 +297,8 @@ class Session:
 
     def stop_dispatches(self) -> int:
         """Cancel every running dispatch (each then reports itself stopped); how many."""
-        for scope in self.running.values():
-            scope.cancel()
+        for call in self.running.values():
+            call.stop(WorkerStopped("a second signal during the drain stopped it"))
         return len(self.running)
 
     def leave(self, reason: str) -> None:

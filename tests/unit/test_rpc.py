@@ -7,7 +7,14 @@ import pytest
 import trio
 import trio.testing
 
-from swamp.errors import CallTimeout, ChannelClosed, SwampError, UnknownMethod, UserError
+from swamp.errors import (
+    CallTimeout,
+    ChannelClosed,
+    SwampError,
+    UnknownMethod,
+    UserError,
+    WorkerStopped,
+)
 from swamp.protocol import frames
 from swamp.protocol.rpc import OUTBOX_FRAMES, Outbox, RpcChannel, SilenceSweeper
 from swamp.protocol.transport import TransportClosed
@@ -447,3 +454,34 @@ async def test_close_callbacks_run_at_once_whatever_the_tasks_are_doing(nursery)
     await nursery.start(server.serve)
     server.abort(1008, "gone")
     assert seen == ["gone", "second"]
+
+
+async def test_a_handler_stopped_from_its_own_side_answers_why(nursery):
+    """A worker's second signal stops a running dispatch through the call itself (no cancel
+    scope of its own per dispatch): the caller gets the reason, not ``cancelled``."""
+    a, b = pair()
+    calls = []
+
+    async def handler(call):
+        calls.append(call)
+        await trio.sleep_forever()
+
+    client = RpcChannel(a, echo_handler, heartbeat=math.inf)
+    server = RpcChannel(b, handler, heartbeat=math.inf)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    async with trio.open_nursery() as inner:
+        failures = []
+
+        async def call() -> None:
+            try:
+                await client.call("work", {}, timeout=None)
+            except SwampError as exc:
+                failures.append(exc)
+
+        inner.start_soon(call)
+        await trio.testing.wait_all_tasks_blocked()
+        calls[0].stop(WorkerStopped("a second signal during the drain stopped it"))
+    [failure] = failures
+    assert isinstance(failure, WorkerStopped) and "second signal" in failure.message
+    assert not server.closed and server._incoming == {}
