@@ -259,6 +259,21 @@ class Episodes:
                 log.warning("could not write the leases of running dispatches: %s", exc)
                 await trio.sleep(LEASE_WRITE_DELAY)
 
+    def write_unwritten_leases(self) -> None:
+        """At shutdown: the rows not written yet go in as they are (active), so the next boot
+        finds and expires them, as it does any lease a stopped orchestrator left running."""
+        running = list(self._unwritten.values())
+        self._unwritten.clear()
+        if not running:
+            return
+        try:
+            records = self.leases.insert_many([active.opened for active in running])
+        except SwampError as exc:
+            log.warning("could not write the leases of running dispatches: %s", exc)
+            return
+        for active, record in zip(running, records, strict=True):
+            active.lease, active.opened = record, None
+
     def _write_due_leases(self) -> None:
         """One transaction; nothing changes here unless it commits (then no dispatch can have
         moved on meanwhile: this does not wait)."""

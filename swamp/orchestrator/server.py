@@ -445,6 +445,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
             nursery.cancel_scope.cancel()
     finally:
         repo.remove_serve_file()
+        episodes.write_unwritten_leases()  # still running: the next boot expires them
         store.checkpoint()
         store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

@@ -139,3 +139,17 @@ async def test_a_cancelled_dispatch_still_leaves_its_row(episodes):
         nursery.cancel_scope.cancel()
     assert rows(episodes) == [(1, "cancelled", False)]
     assert episodes.active == {}
+
+
+async def test_rows_not_yet_written_go_in_at_shutdown_as_active(episodes):
+    """A dispatch still running when the orchestrator stops leaves its row, active, for the
+    next boot's reconciliation to expire (as before rows were written behind)."""
+    worker = Worker()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
+        await worker.received.wait()
+        assert rows(episodes) == []
+        episodes.write_unwritten_leases()
+        assert rows(episodes) == [(1, "active", False)]
+        worker.answer.set()
+    assert rows(episodes) == [(2, "completed", False)]  # ended in place if it still ends
