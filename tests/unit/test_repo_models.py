@@ -1,0 +1,75 @@
+"""Model instances from ``models/*.toml``: a long-lived process reads them again only when the
+directory's listing changed, and sees every change that matters."""
+
+import os
+
+import pytest
+
+from swamp.errors import UserError
+from swamp.repo import Repo
+
+
+@pytest.fixture
+def repo(tmp_path):
+    (tmp_path / "models").mkdir()
+    return Repo(tmp_path)
+
+
+def write(repo, name: str, text: str) -> None:
+    (repo.root / "models" / f"{name}.toml").write_text(text)
+
+
+def reads_counted(monkeypatch) -> list:
+    """Count the parses of model files."""
+    import swamp.repo as module
+
+    parsed = []
+    real = module.tomllib.loads
+
+    def loads(text):
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(module.tomllib, "loads", loads)
+    return parsed
+
+
+def test_unchanged_files_are_not_read_again(repo, monkeypatch):
+    write(repo, "a", 'type = "command/shell"\n')
+    write(repo, "b", 'type = "swamp/echo"\n')
+    parsed = reads_counted(monkeypatch)
+    first = repo.model_instances()
+    assert sorted(first) == ["a", "b"] and len(parsed) == 2
+    for _ in range(5):
+        assert repo.model_instances() == first
+    assert len(parsed) == 2
+    first.clear()  # what a caller does with its copy changes nothing kept
+    assert sorted(repo.model_instances()) == ["a", "b"]
+
+
+def test_an_added_removed_or_rewritten_file_is_seen_at_once(repo):
+    write(repo, "a", 'type = "command/shell"\n')
+    assert repo.model_instances()["a"].type == "command/shell"
+    write(repo, "b", 'type = "swamp/echo"\n')
+    assert sorted(repo.model_instances()) == ["a", "b"]
+    path = repo.root / "models" / "a.toml"
+    stat = path.stat()
+    path.write_text('type = "swamp/echo"\n')  # rewritten in place: another size, same mtime
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert repo.model_instances()["a"].type == "swamp/echo"
+    path.write_text('type = "test/echo"\n')  # the same size, a later mtime
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert repo.model_instances()["a"].type == "test/echo"
+    (repo.root / "models" / "b.toml").unlink()
+    assert sorted(repo.model_instances()) == ["a"]
+
+
+def test_a_broken_file_is_an_error_every_time_until_fixed(repo):
+    write(repo, "a", 'type = "command/shell"\n')
+    repo.model_instances()
+    write(repo, "a", "type = \n")
+    for _ in range(2):
+        with pytest.raises(UserError, match="not valid TOML"):
+            repo.model_instances()
+    write(repo, "a", 'type = "swamp/echo"\n')
+    assert repo.model_instances()["a"].type == "swamp/echo"
