@@ -52,6 +52,7 @@ from swamp.store.retry import retry_busy
 log = logging.getLogger("swamp.dispatch")
 CANCEL_SETTLE = 30  # how long a cancelled dispatch waits for the worker to report it stopped
 LEASE_WRITE_DELAY = 0.05  # a running dispatch's lease row is in the store by then
+LEASE_RETRY_CAP = 5.0  # the longest wait between attempts while the store refuses writes
 Emit = Callable[[dict], Awaitable[None]]
 
 
@@ -243,6 +244,7 @@ class Episodes:
         those due together in one transaction. Sleeps until the oldest is due, or until a lease
         opens when there is none: no timer per dispatch, nothing done when idle."""
         task_status.started()
+        pause = 0.0  # after a failed write (a broken store): waits longer each time, said once
         while True:
             if not self._unwritten:
                 self._lease_opened = trio.Event()
@@ -256,8 +258,14 @@ class Episodes:
             try:
                 await retry_busy(self._write_due_leases)
             except SwampError as exc:
-                log.warning("could not write the leases of running dispatches: %s", exc)
-                await trio.sleep(LEASE_WRITE_DELAY)
+                if not pause:
+                    log.warning("could not write the leases of running dispatches: %s", exc)
+                pause = min(LEASE_RETRY_CAP, max(LEASE_WRITE_DELAY, pause * 2))
+                await trio.sleep(pause)  # they stay due: their dispatches' ends try too
+                continue
+            if pause:
+                log.info("the leases of running dispatches are written again")
+                pause = 0.0
 
     def write_unwritten_leases(self) -> None:
         """At shutdown: the rows not written yet go in as they are (active), so the next boot

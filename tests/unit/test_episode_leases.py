@@ -10,6 +10,7 @@ import trio.testing
 
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.read_scope import ReadScope
+from swamp.errors import StoreError
 from swamp.models.builtin import ECHO
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.episode import LEASE_WRITE_DELAY, Episodes, Step, Work
@@ -153,3 +154,29 @@ async def test_rows_not_yet_written_go_in_at_shutdown_as_active(episodes):
         assert rows(episodes) == [(1, "active", False)]
         worker.answer.set()
     assert rows(episodes) == [(2, "completed", False)]  # ended in place if it still ends
+
+
+async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_once(
+    episodes, autojump_clock, caplog
+):
+    worker = Worker()
+    attempts = []
+    original = episodes.leases.insert_many
+
+    def refuse(many):
+        attempts.append(trio.current_time())
+        if len(attempts) <= 8:
+            raise StoreError("the database file was deleted")
+        return original(many)
+
+    episodes.leases.insert_many = refuse
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
+        await worker.received.wait()
+        await trio.sleep(30)
+        assert len(attempts) == 9  # waits of 0.05, 0.1, 0.2 … 3.2, then 5 s: not every 50 ms
+        assert attempts[-1] - attempts[0] > 10
+        assert rows(episodes) == [(1, "active", False)]  # written once the store took it
+        worker.answer.set()
+    warnings = [r for r in caplog.records if "could not write the leases" in r.getMessage()]
+    assert len(warnings) == 1
