@@ -24,12 +24,18 @@ class MemoryTransport:
     def __init__(self, send_channel, receive_channel):
         self.tx, self.rx = send_channel, receive_channel
         self.closed_with = None
+        self.writes: list[int] = []  # frames per write, for the writes of several
 
     async def send(self, text):
         try:
             await self.tx.send(text)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise TransportClosed("connection closed") from None
+
+    async def send_many(self, texts):
+        self.writes.append(len(texts))
+        for text in texts:
+            await self.send(text)
 
     async def receive(self):
         try:
@@ -485,3 +491,48 @@ async def test_a_handler_stopped_from_its_own_side_answers_why(nursery):
     [failure] = failures
     assert isinstance(failure, WorkerStopped) and "second signal" in failure.message
     assert not server.closed and server._incoming == {}
+
+
+class Gated(MemoryTransport):
+    """A socket whose first writes wait for the test to open it (a write still going out)."""
+
+    def __init__(self, send_channel, receive_channel):
+        super().__init__(send_channel, receive_channel)
+        self.open = trio.Event()
+
+    async def send(self, text):
+        await self.open.wait()
+        await super().send(text)
+
+
+async def test_frames_that_queue_up_during_a_write_go_out_together_in_order(nursery):
+    a_tx, b_rx = trio.open_memory_channel(1000)
+    b_tx, a_rx = trio.open_memory_channel(1000)
+    socket = Gated(a_tx, a_rx)
+    channel = RpcChannel(socket, echo_handler, heartbeat=math.inf)
+    await nursery.start(channel.serve)
+    assert channel._offer(frames.Response("0", {"n": 0}))
+    await trio.testing.wait_all_tasks_blocked()  # the writer is sending frame 0
+    for n in range(1, 100):
+        assert channel._offer(frames.Response(str(n), {"n": n}))
+    socket.open.set()
+    got = [json.loads(await b_rx.receive())["result"]["n"] for _ in range(100)]
+    assert got == list(range(100))
+    assert socket.writes == [64, 35]  # after the lone frame 0: at most 64 frames a write
+
+
+async def test_a_write_of_several_frames_stays_near_its_byte_bound(nursery):
+    a_tx, b_rx = trio.open_memory_channel(1000)
+    b_tx, a_rx = trio.open_memory_channel(1000)
+    socket = Gated(a_tx, a_rx)
+    channel = RpcChannel(socket, echo_handler, heartbeat=math.inf)
+    await nursery.start(channel.serve)
+    big = "x" * 100_000
+    assert channel._offer(frames.Response("0", {"n": 0}))
+    await trio.testing.wait_all_tasks_blocked()
+    for n in range(1, 10):
+        assert channel._offer(frames.Response(str(n), {"n": n, "pad": big}))
+    socket.open.set()
+    for _ in range(10):
+        await b_rx.receive()
+    assert sum(socket.writes) == 9 and max(socket.writes) <= 3  # 256 KiB and one frame more
