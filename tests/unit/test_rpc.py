@@ -505,34 +505,34 @@ class Gated(MemoryTransport):
         await super().send(text)
 
 
-async def test_frames_that_queue_up_during_a_write_go_out_together_in_order(nursery):
+async def writing_frame_0(nursery):
+    """A channel whose writer is busy sending frame 0 (the socket's far end, to read from)."""
     a_tx, b_rx = trio.open_memory_channel(1000)
     b_tx, a_rx = trio.open_memory_channel(1000)
     socket = Gated(a_tx, a_rx)
     channel = RpcChannel(socket, echo_handler, heartbeat=math.inf)
     await nursery.start(channel.serve)
     assert channel._offer(frames.Response("0", {"n": 0}))
-    await trio.testing.wait_all_tasks_blocked()  # the writer is sending frame 0
+    await trio.testing.wait_all_tasks_blocked()
+    return socket, channel, b_rx
+
+
+async def test_frames_that_queue_up_during_a_write_go_out_together_in_order(nursery):
+    socket, channel, far_end = await writing_frame_0(nursery)
     for n in range(1, 100):
         assert channel._offer(frames.Response(str(n), {"n": n}))
     socket.open.set()
-    got = [json.loads(await b_rx.receive())["result"]["n"] for _ in range(100)]
+    got = [json.loads(await far_end.receive())["result"]["n"] for _ in range(100)]
     assert got == list(range(100))
     assert socket.writes == [64, 35]  # after the lone frame 0: at most 64 frames a write
 
 
 async def test_a_write_of_several_frames_stays_near_its_byte_bound(nursery):
-    a_tx, b_rx = trio.open_memory_channel(1000)
-    b_tx, a_rx = trio.open_memory_channel(1000)
-    socket = Gated(a_tx, a_rx)
-    channel = RpcChannel(socket, echo_handler, heartbeat=math.inf)
-    await nursery.start(channel.serve)
+    socket, channel, far_end = await writing_frame_0(nursery)
     big = "x" * 100_000
-    assert channel._offer(frames.Response("0", {"n": 0}))
-    await trio.testing.wait_all_tasks_blocked()
     for n in range(1, 10):
         assert channel._offer(frames.Response(str(n), {"n": n, "pad": big}))
     socket.open.set()
     for _ in range(10):
-        await b_rx.receive()
+        await far_end.receive()
     assert sum(socket.writes) == 9 and max(socket.writes) <= 3  # 256 KiB and one frame more
