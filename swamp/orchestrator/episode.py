@@ -270,17 +270,11 @@ class Episodes:
     def write_unwritten_leases(self) -> None:
         """At shutdown: the rows not written yet go in as they are (active), so the next boot
         finds and expires them, as it does any lease a stopped orchestrator left running."""
-        running = list(self._unwritten.values())
-        self._unwritten.clear()
-        if not running:
-            return
         try:
-            records = self.leases.insert_many([active.opened for active in running])
+            self._insert_rows(list(self._unwritten.values()))
         except SwampError as exc:
             log.warning("could not write the leases of running dispatches: %s", exc)
-            return
-        for active, record in zip(running, records, strict=True):
-            active.lease, active.opened = record, None
+        self._unwritten.clear()
 
     def _write_due_leases(self) -> None:
         """One transaction; nothing changes here unless it commits (then no dispatch can have
@@ -291,10 +285,14 @@ class Episodes:
             if active.opened_at + LEASE_WRITE_DELAY > now:
                 break
             due.append(active)
-        if not due:
+        self._insert_rows(due)
+
+    def _insert_rows(self, leases: list[ActiveDispatch]) -> None:
+        """Their rows, as opened, in one transaction; each is then written (not before)."""
+        if not leases:
             return
-        records = self.leases.insert_many([active.opened for active in due])
-        for active, record in zip(due, records, strict=True):
+        records = self.leases.insert_many([active.opened for active in leases])
+        for active, record in zip(leases, records, strict=True):
             active.lease, active.opened = record, None
             del self._unwritten[active.id]
 
