@@ -1,8 +1,10 @@
 """An RPC channel over one websocket: requests, responses, streamed events, cancels, heartbeats.
 
-Both ends run the same class. :meth:`RpcChannel.serve` owns everything the channel does: the read
-loop, one task per incoming request, the writer (started when there is a frame to send; an
-orchestrator's idle socket gives it up), the pinger and the silence watcher. When the
+Both ends run the same class. :meth:`RpcChannel.serve` owns everything the channel does: the
+read loop, one task per incoming request, the writer (started when there is a frame to send; an
+orchestrator's idle socket gives it up), the pinger and the silence watcher. The read loop is
+wherever the transport reads the socket (:meth:`Transport.pump`): over trio-websocket, each
+frame is taken inside its reader task as it is parsed, with no queue or task in between. When the
 socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
 :meth:`on_close` callbacks run at once: nothing waits on a dead peer.
 
@@ -440,7 +442,7 @@ class RpcChannel:
                         nursery.start_soon(self._watch_silence)
                 task_status.started()
                 try:
-                    await self._read_loop(nursery)
+                    await self.transport.pump(self._take)
                 except TransportClosed as exc:
                     self._mark_closed(exc.message)
                 nursery.cancel_scope.cancel()
@@ -593,67 +595,73 @@ class RpcChannel:
         self.abort(4000, reason)
         return True
 
-    async def _read_loop(self, nursery: trio.Nursery) -> None:
-        while True:
-            text = await self.transport.receive()
-            self._last_heard = trio.current_time()
-            if self.frame_budget is not None:
-                self.frame_budget -= 1
-                if self.frame_budget < 0:
-                    self.abort(1008, "too many frames before enrolling or authenticating")
-                    return
+    async def _take(self, text: str) -> None:
+        """One frame from the peer. Called where the socket is read (see
+        :meth:`Transport.pump`), one frame at a time, in order: whatever this awaits holds up
+        the frames behind it, which is the bound on what a peer can make the channel hold."""
+        if self.closed:
+            return  # the socket's last frames after a close: nobody is listening
+        self._last_heard = trio.current_time()
+        if self.frame_budget is not None:
+            self.frame_budget -= 1
+            if self.frame_budget < 0:
+                self.abort(1008, "too many frames before enrolling or authenticating")
+                return
+        try:
+            frame = frames.decode(text)
+        except MalformedFrame as exc:
+            await self._send_error(exc.frame_id, exc)
+            return
+        if isinstance(frame, frames.Request):
+            if frame.id in self._incoming:
+                await self._send_error(
+                    frame.id, DuplicateId(f"request id {frame.id!r} is already in flight")
+                )
+                return
+            if len(self._incoming) >= self.max_in_flight:
+                await self._send_error(
+                    frame.id,
+                    Busy(
+                        f"{len(self._incoming)} requests are already in flight on this socket "
+                        f"(the limit is {self.max_in_flight}); wait for their answers"
+                    ),
+                )
+                return
+            scope = trio.CancelScope()
             try:
-                frame = frames.decode(text)
-            except MalformedFrame as exc:
-                await self._send_error(exc.frame_id, exc)
-                continue
-            if isinstance(frame, frames.Request):
-                if frame.id in self._incoming:
-                    await self._send_error(
-                        frame.id, DuplicateId(f"request id {frame.id!r} is already in flight")
-                    )
-                    continue
-                if len(self._incoming) >= self.max_in_flight:
-                    await self._send_error(
-                        frame.id,
-                        Busy(
-                            f"{len(self._incoming)} requests are already in flight on this socket "
-                            f"(the limit is {self.max_in_flight}); wait for their answers"
-                        ),
-                    )
-                    continue
-                scope = trio.CancelScope()
-                self._incoming[frame.id] = scope
-                nursery.start_soon(self._handle, frame, scope)
-            elif isinstance(frame, (frames.Response, frames.Error)):
-                pending = self._pending.pop(frame.id, None) if frame.id else None
-                if pending is None:
-                    continue  # a late answer to a call that timed out or was cancelled
-                if isinstance(frame, frames.Response):
-                    pending.result = frame.result
-                else:
-                    pending.error = from_wire(frame.error)
-                pending.done.set()
-            elif isinstance(frame, frames.Stream):
-                # the sink must not wait on another socket (see the module docstring)
-                pending = self._pending.get(frame.id)
-                if pending is not None and pending.on_event is not None:
-                    await pending.on_event(frame.event)
-            elif isinstance(frame, frames.Cancel):
-                scope = self._incoming.get(frame.id)
-                if scope is not None:
-                    scope.cancel()
-            elif isinstance(frame, frames.Ping):
-                await self._send_quietly(frames.Pong(self._announce()))
-            elif (
-                isinstance(frame, frames.Pong)
-                and self.pings  # only the side that pings takes an interval from the other
-                and frame.heartbeat
-                and frame.heartbeat > self.heartbeat
-            ):  # the peer's pool grew: ping less often
-                self.heartbeat = frame.heartbeat
-                if self.on_heartbeat is not None:
-                    self.on_heartbeat(frame.heartbeat)
+                self._nursery.start_soon(self._handle, frame, scope)
+            except RuntimeError:  # serve() is on its way out: nobody would answer
+                return
+            self._incoming[frame.id] = scope
+        elif isinstance(frame, (frames.Response, frames.Error)):
+            pending = self._pending.pop(frame.id, None) if frame.id else None
+            if pending is None:
+                return  # a late answer to a call that timed out or was cancelled
+            if isinstance(frame, frames.Response):
+                pending.result = frame.result
+            else:
+                pending.error = from_wire(frame.error)
+            pending.done.set()
+        elif isinstance(frame, frames.Stream):
+            # the sink must not wait on another socket (see the module docstring)
+            pending = self._pending.get(frame.id)
+            if pending is not None and pending.on_event is not None:
+                await pending.on_event(frame.event)
+        elif isinstance(frame, frames.Cancel):
+            scope = self._incoming.get(frame.id)
+            if scope is not None:
+                scope.cancel()
+        elif isinstance(frame, frames.Ping):
+            await self._send_quietly(frames.Pong(self._announce()))
+        elif (
+            isinstance(frame, frames.Pong)
+            and self.pings  # only the side that pings takes an interval from the other
+            and frame.heartbeat
+            and frame.heartbeat > self.heartbeat
+        ):  # the peer's pool grew: ping less often
+            self.heartbeat = frame.heartbeat
+            if self.on_heartbeat is not None:
+                self.on_heartbeat(frame.heartbeat)
 
     async def _handle(self, request: frames.Request, scope: trio.CancelScope) -> None:
         call = IncomingCall(self, request, scope)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -31,6 +31,10 @@ class Transport(Protocol):
     async def send_many(self, texts: list[str]) -> None: ...
 
     async def receive(self) -> str: ...
+
+    async def pump(self, take: Callable[[str], Awaitable[None]]) -> None:
+        """Hand every message to ``take``, in order, until the socket closes (then raise
+        :class:`TransportClosed`). ``take`` may run in the task that reads the socket."""
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None: ...
 
@@ -57,6 +61,10 @@ def _describe(code: int | None, reason: str | None) -> str:
         return "connection closed"
     text = f"connection closed (code {code}"
     return text + (f": {reason})" if reason else ")")
+
+
+def _text(message: str | bytes) -> str:
+    return message if isinstance(message, str) else message.decode("utf-8", "replace")
 
 
 def _closed(exc: trio_websocket.ConnectionClosed) -> str:
@@ -126,7 +134,34 @@ class WebSocketTransport:
             raise TransportClosed(_closed(exc)) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise TransportClosed(f"connection lost: {exc}") from None
-        return message if isinstance(message, str) else message.decode("utf-8", "replace")
+        return _text(message)
+
+    async def pump(self, take: Callable[[str], Awaitable[None]]) -> None:
+        """Hand each message to ``take`` inside trio-websocket's reader task, as it is parsed:
+        no queue and no second task to wake per message. Messages that arrived before this was
+        called are taken first, in order. What ``take`` raises ends the pump and is raised
+        here, in the caller's task (the reader, which belongs to the socket's nursery, goes on
+        to the close and drops what else arrives). Needs trio-websocket's internals (pinned in
+        ``constraints.txt``); without them it receives one message at a time."""
+        ws = self.ws
+        queued = getattr(ws, "_recv_channel", None)
+        if queued is None or not hasattr(ws, "_send_channel"):
+            while True:
+                await take(await self.receive())
+        while True:  # what came before: the reader put it in the queue
+            try:
+                message = queued.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            await take(_text(message))
+        taker = ws._send_channel = _Taker(take, ws._send_channel)
+        try:  # the reader closes the queue when it stops, whatever the cause
+            await queued.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            pass
+        if taker.failed is not None:
+            raise taker.failed
+        raise TransportClosed(_closed(trio_websocket.ConnectionClosed(ws._close_reason)))
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None:
         with trio.CancelScope(shield=True):
@@ -152,6 +187,30 @@ class WebSocketTransport:
 
 DRAIN_QUIET = 2.0
 DRAIN_MAX = 10.0
+
+
+class _Taker:
+    """Stands in for trio-websocket's message queue (its reader ``send``s each message and
+    ``aclose``s the queue on a close frame): each message goes straight to ``take``."""
+
+    __slots__ = ("take", "queue", "failed")
+
+    def __init__(self, take: Callable[[str], Awaitable[None]], queue) -> None:
+        self.take = take
+        self.queue = queue  # the real queue: closing it wakes pump() to say the socket closed
+        self.failed: Exception | None = None  # raised by take: pump() raises it for its caller
+
+    async def send(self, message: str | bytes) -> None:
+        if self.failed is not None:
+            return
+        try:
+            await self.take(_text(message))
+        except Exception as exc:  # the caller's bug, not the reader's: it surfaces there
+            self.failed = exc
+            await self.queue.aclose()
+
+    async def aclose(self) -> None:
+        await self.queue.aclose()
 
 
 class AsgiTransport:
@@ -194,6 +253,10 @@ class AsgiTransport:
             return (message.get("bytes") or b"").decode("utf-8", "replace")
         self.closed = True
         raise TransportClosed(_describe(message.get("code"), message.get("reason")))
+
+    async def pump(self, take: Callable[[str], Awaitable[None]]) -> None:
+        while True:
+            await take(await self.receive())
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None:
         if self.closed:

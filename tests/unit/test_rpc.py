@@ -43,6 +43,10 @@ class MemoryTransport:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise TransportClosed("connection closed") from None
 
+    async def pump(self, take):
+        while True:
+            await take(await self.receive())
+
     async def aclose(self, code=1000, reason=""):
         self.closed_with = self.closed_with or (code, reason)
         await self.tx.aclose()
