@@ -90,6 +90,11 @@ class Prefaced(trio.abc.HalfCloseableStream):
         self._preface = preface
         self._last_received = trio.current_time()
 
+    @property
+    def plain_stream(self) -> trio.abc.Stream:
+        """What this passes written bytes to unchanged (a write may go straight to it)."""
+        return self._stream
+
     def idle(self) -> float:
         """Seconds since the peer last sent anything (how a close knows it has gone quiet)."""
         return trio.current_time() - self._last_received

@@ -8,10 +8,12 @@ frame is taken inside its reader task as it is parsed, with no queue or task in 
 socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
 :meth:`on_close` callbacks run at once: nothing waits on a dead peer.
 
-**Only the writer touches the socket's send side.** Everyone else puts frames into a bounded
-outbox; what queued up while the writer's last write went out goes together in its next one
-(one system call and one wake-up of the peer instead of one per frame, which under load is
-most of what sending costs). A send to a peer that does not read can block for good (Hypercorn
+**Nobody but the writer waits to send.** A frame with nothing queued or being written before
+it goes to the socket at once if the socket has room (a write that cannot wait, so the peer
+starts on it while this side goes on); otherwise it goes into a bounded outbox, and what
+queued up while the writer's last write went out goes together in its next one (one system
+call and one wake-up of the peer instead of one per frame, which under load is most of what
+sending costs). A send to a peer that does not read can block for good (Hypercorn
 even shields it from cancellation), so no read loop, heartbeat or handler of *another* socket
 may ever wait on one: the orchestrator relays a worker's output to a client without awaiting
 the client, and a channel with ``drop_events`` drops streamed events when its outbox is full,
@@ -94,6 +96,7 @@ class Outbox:
         "_changed",
         "_waiting",
         "_released",
+        "_kicked",
         "on_item",
     )
 
@@ -111,6 +114,7 @@ class Outbox:
         self._changed: trio.Event | None = None  # made when someone waits
         self._waiting = 0  # tasks in put() or get(): only they need waking
         self._released = False  # get() returns None once, when it finds nothing to send
+        self._kicked = False  # get() returns "" once, when it finds nothing to send
         self.on_item: Callable[[], None] | None = None  # a frame came in (start a writer)
 
     def __repr__(self) -> str:
@@ -164,11 +168,20 @@ class Outbox:
         if self.on_item is not None:
             self.on_item()
 
+    @property
+    def waiting(self) -> bool:
+        """Frames are waiting for the writer (a new one must go after them)."""
+        return bool(self._queue)
+
     async def get(self) -> str | None:
-        """The next frame to send; ``None`` after :meth:`release` if there is none."""
+        """The next frame to send; ``None`` after :meth:`release` and ``""`` after
+        :meth:`kick`, if there is none."""
         while not self._queue:
             if self.closed:
                 raise trio.EndOfChannel
+            if self._kicked:
+                self._kicked = False
+                return ""
             if self._released:
                 self._released = False
                 self._queue = None
@@ -199,6 +212,11 @@ class Outbox:
         if out:
             self._wake()
         return out
+
+    def kick(self) -> None:
+        """Wake the writer though no frame came (it has something else to send)."""
+        self._kicked = True
+        self._wake()
 
     def release(self) -> None:
         """Let the writer go the next time it finds nothing to send (an idle socket need not
@@ -484,7 +502,13 @@ class RpcChannel:
         """Close once every call being handled has answered and every answer has gone out: a
         drained worker's last result must reach the orchestrator before the close does."""
         with trio.move_on_after(timeout):
-            while self._incoming or self.outbox.frames or self.outbox.event_bytes or self._sending:
+            while (
+                self._incoming
+                or self.outbox.frames
+                or self.outbox.event_bytes
+                or self._sending
+                or self.transport.unflushed
+            ):
                 if self._settled is None:
                     self._settled = trio.Event()
                 await self._settled.wait()
@@ -521,28 +545,37 @@ class RpcChannel:
 
     def _want_writer(self) -> None:
         if not self._writing and self._nursery is not None and not self.closed:
+            try:
+                self._nursery.start_soon(self._writer)
+            except RuntimeError:  # serve() is on its way out: nothing will be sent now
+                return
             self._writing = True
-            self._nursery.start_soon(self._writer)
 
     async def _writer(self) -> None:
         """The one task that sends on the socket, while there is something to send."""
         try:
             while True:
-                try:
-                    text = await self.outbox.get()
-                except trio.EndOfChannel:
-                    return
-                if text is None:  # released: the next frame starts a writer again
-                    return
-                self._sending = True
-                try:
-                    more = self.outbox.take_ready(
+                if self.transport.unflushed:  # the rest of a frame written at once goes first
+                    batch = []
+                else:
+                    try:
+                        text = await self.outbox.get()
+                    except trio.EndOfChannel:
+                        return
+                    if text is None:  # released: the next frame starts a writer again
+                        return
+                    if not text:  # kicked: look again
+                        continue
+                    # what queued up while the last write went out goes in the same write
+                    batch = [text] + self.outbox.take_ready(
                         max_frames=WRITE_FRAMES - 1, max_bytes=WRITE_BYTES - len(text)
                     )
-                    if more:  # what queued up while the last write went out: one write
-                        await self.transport.send_many([text, *more])
+                self._sending = True
+                try:
+                    if len(batch) == 1 and not self.transport.unflushed:
+                        await self.transport.send(batch[0])
                     else:
-                        await self.transport.send(text)
+                        await self.transport.send_many(batch)
                     self.last_sent = trio.current_time()
                 except TransportClosed as exc:
                     self.abort(1006, exc.message)
@@ -552,6 +585,24 @@ class RpcChannel:
                     self._settle()
         finally:
             self._writing = False
+
+    def _write_now(self, text: str) -> bool:
+        """Write a frame to the socket at once, without waiting, when nothing is queued or being
+        written before it and the socket has room. The peer can start on it while this side
+        goes on, and no writer needs waking: frames handed to the writer go out only after
+        every task woken with the sender has run (a worker would get a burst of dispatches
+        together, late, and sit idle in between). A frame the socket takes only part of is
+        finished by the writer before anything else."""
+        if self.outbox.waiting or self._sending or self._nursery is None:
+            return False
+        written = self.transport.write_now(text)
+        if written is None:
+            return False
+        self.last_sent = trio.current_time()
+        if not written:
+            self._want_writer()
+            self.outbox.kick()
+        return True
 
     def release_idle_writer(self, now: float, idle: float) -> None:
         """Let the writer go if nothing was sent for ``idle`` seconds: thousands of idle
@@ -709,6 +760,8 @@ class RpcChannel:
     async def _send(self, frame: frames.Frame) -> None:
         """Queue a frame for the writer, waiting while the outbox is full."""
         text = self._encode(frame)
+        if self._write_now(text):
+            return
         try:
             await self.outbox.put(text, event=isinstance(frame, frames.Stream))
         except trio.ClosedResourceError:
@@ -720,7 +773,9 @@ class RpcChannel:
             text = self._encode(frame)
         except (ChannelClosed, FrameTooLarge):
             return False
-        return self.outbox.offer(text, event=isinstance(frame, frames.Stream))
+        return self._write_now(text) or self.outbox.offer(
+            text, event=isinstance(frame, frames.Stream)
+        )
 
     async def _send_quietly(self, frame: frames.Frame) -> None:
         try:

@@ -7,6 +7,7 @@ client library (trio-websocket) can each be swapped without touching the protoco
 from __future__ import annotations
 
 import json
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
+from wsproto.connection import ConnectionState
 from wsproto.events import TextMessage
 
 from swamp.concurrency import open_unwrapping_nursery
@@ -29,6 +31,15 @@ class Transport(Protocol):
     async def send(self, text: str) -> None: ...
 
     async def send_many(self, texts: list[str]) -> None: ...
+
+    def write_now(self, text: str) -> bool | None:
+        """Write a message without waiting, if the socket can take it now: ``True`` when all of
+        it went, ``False`` when part did (the next ``send``/``send_many`` sends the rest first;
+        :attr:`unflushed` until then), ``None`` when nothing was written."""
+
+    @property
+    def unflushed(self) -> bool:
+        """Part of a message written by :meth:`write_now` still waits to be sent."""
 
     async def receive(self) -> str: ...
 
@@ -83,15 +94,68 @@ class WebSocketTransport:
     :data:`DRAIN_MAX` seconds have passed — so a peer still busy sending is not cut off with a
     reset before it has read why it was closed."""
 
-    __slots__ = ("ws", "idle")
+    __slots__ = ("ws", "idle", "_plain", "_rest")
 
     def __init__(
         self, ws: trio_websocket.WebSocketConnection, *, idle: Callable[[], float] | None = None
     ) -> None:
         self.ws = ws
         self.idle = idle
+        self._plain: trio.SocketStream | None | bool = None  # found at the first write_now
+        self._rest = b""  # what the socket did not take of a write_now
+
+    @property
+    def unflushed(self) -> bool:
+        return bool(self._rest)
+
+    def _plain_stream(self) -> trio.SocketStream | None:
+        """The TCP stream the websocket's bytes go to unchanged, if there is one: not under TLS
+        (bytes are encrypted on the way), nor without trio-websocket's internals."""
+        if self._plain is None:
+            self._plain = False
+            stream = getattr(self.ws, "_stream", None)
+            while stream is not None and not isinstance(stream, trio.SocketStream):
+                stream = getattr(stream, "plain_stream", None)  # a wrapper that adds nothing
+            ws = self.ws
+            if stream is not None and all(
+                hasattr(ws, name) for name in ("_wsproto", "_stream_lock", "_close_reason")
+            ):
+                self._plain = stream
+        return self._plain or None
+
+    def write_now(self, text: str) -> bool | None:
+        """Write one message straight to the socket, as trio-websocket would but without
+        waiting: nothing is written if another send holds the socket, part of a message is
+        still unsent, the socket is TLS or is closing. A socket with no room takes part or
+        none of it; the rest goes first with the next send (pinned trio-websocket internals,
+        as :meth:`send_many`)."""
+        stream = self._plain_stream()
+        ws = self.ws
+        if (
+            stream is None
+            or self._rest
+            or ws._close_reason is not None
+            or ws._stream_lock.locked()
+            or ws._wsproto.state is not ConnectionState.OPEN
+        ):
+            return None
+        fd = stream.socket.fileno()
+        if fd < 0:
+            return None
+        data = ws._wsproto.send(TextMessage(data=text))
+        try:
+            sent = os.write(fd, data)
+        except OSError:  # no room (BlockingIOError), or the socket is gone: the next send says
+            sent = 0
+        if sent < len(data):
+            self._rest = data[sent:]
+            return False
+        return True
 
     async def send(self, text: str) -> None:
+        if self._rest:
+            await self.send_many([text])
+            return
         try:
             await self.ws.send_message(text)
         except trio_websocket.ConnectionClosed as exc:
@@ -102,9 +166,10 @@ class WebSocketTransport:
     async def send_many(self, texts: list[str]) -> None:
         """Several messages in one write to the socket, in order: one system call (and one
         wake-up of the peer) instead of one each, when frames queued up while the last write
-        was going out. trio-websocket has no call for it, so this does what its own
-        ``send_message`` does, for several messages under one hold of its lock (the version is
-        pinned in ``constraints.txt``; without those internals it sends them one by one)."""
+        was going out. The rest of a :meth:`write_now` goes first (``texts`` may be empty).
+        trio-websocket has no call for it, so this does what its own ``send_message`` does,
+        for several messages under one hold of its lock (the version is pinned in
+        ``constraints.txt``; without those internals it sends them one by one)."""
         ws = self.ws
         try:
             encode, lock, stream = ws._wsproto.send, ws._stream_lock, ws._stream
@@ -114,9 +179,10 @@ class WebSocketTransport:
             return
         if ws._close_reason:
             raise TransportClosed(_closed(trio_websocket.ConnectionClosed(ws._close_reason)))
-        data = b"".join(encode(TextMessage(data=text)) for text in texts)
         try:
             async with lock:
+                data = self._rest + b"".join(encode(TextMessage(data=text)) for text in texts)
+                self._rest = b""
                 try:
                     await stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -165,6 +231,9 @@ class WebSocketTransport:
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None:
         with trio.CancelScope(shield=True):
+            if self._rest:  # a message cut in two would garble the close frame behind it
+                with trio.move_on_after(2), suppress(TransportClosed):
+                    await self.send_many([])
             if self.idle is None:
                 with trio.move_on_after(2):
                     with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -257,6 +326,11 @@ class AsgiTransport:
     async def pump(self, take: Callable[[str], Awaitable[None]]) -> None:
         while True:
             await take(await self.receive())
+
+    def write_now(self, text: str) -> bool | None:
+        return None  # an ASGI server takes a message only by awaiting it
+
+    unflushed = False
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None:
         if self.closed:
