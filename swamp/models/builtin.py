@@ -108,7 +108,7 @@ STEP_LEASE = ModelType(
     "swamp/step-lease",
     methods=(),
     internal=True,
-    # one row per dispatch: inserted at acquire, replaced in place as it ends
+    # one row per dispatch: inserted when it ends or 50 ms into it, then replaced in place
     resources=(ResourceSpec("lease", garbage_collection=1),),
 )
 
