@@ -184,6 +184,10 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
         "p99_ms": round(percentile(latencies, 99), 3),
         # CPU per sequential dispatch, all processes together: how much of the latency is work
         "sequential_cpu_us": round((sum(one_by_one[0]) + one_by_one[1]) / sequential * 1e6, 1),
+        # ... and per process: where the latency of one dispatch goes
+        "sequential_server_cpu_us": round(one_by_one[0][0] / sequential * 1e6, 1),
+        "sequential_workers_cpu_us": round(sum(one_by_one[0][1:]) / sequential * 1e6, 1),
+        "sequential_client_cpu_us": round(one_by_one[1] / sequential * 1e6, 1),
         "per_second": round(done / elapsed, 1),
         "server_cpu_us": per_dispatch(spent[0]),
         "workers_cpu_us": per_dispatch(sum(spent[1:])),
@@ -243,6 +247,11 @@ async def main(args) -> dict:
                     "throughput": round(medians[name]["per_second"] / base["per_second"], 2),
                     "server_cpu": round(medians[name]["server_cpu_us"] / base["server_cpu_us"], 2),
                     "total_cpu": round(medians[name]["total_cpu_us"] / base["total_cpu_us"], 2),
+                    "sequential_server_cpu": round(
+                        medians[name]["sequential_server_cpu_us"]
+                        / base["sequential_server_cpu_us"],
+                        2,
+                    ),
                 }
         result[shape] = entry
     return result
