@@ -758,7 +758,8 @@ class RpcChannel:
         return text
 
     async def _send(self, frame: frames.Frame) -> None:
-        """Queue a frame for the writer, waiting while the outbox is full."""
+        """Write a frame at once if it can be, else queue it for the writer (waiting while the
+        outbox is full)."""
         text = self._encode(frame)
         if self._write_now(text):
             return
@@ -768,7 +769,7 @@ class RpcChannel:
             raise ChannelClosed(f"{self.name}: {self.close_reason or 'closed'}") from None
 
     def _offer(self, frame: frames.Frame) -> bool:
-        """Queue a frame if there is room now; never waits."""
+        """Write or queue a frame if there is room now; never waits."""
         try:
             text = self._encode(frame)
         except (ChannelClosed, FrameTooLarge):
