@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -43,7 +43,7 @@ class ContextBase(abc.ABC):
         model_name: str,
         method: str,
         dispatch_id: str | None,
-        env: Mapping[str, str],
+        env: Mapping[str, str] | Callable[[], Mapping[str, str]],
         cwd: str | None = None,
     ) -> None:
         self.model = model_type
@@ -51,10 +51,20 @@ class ContextBase(abc.ABC):
         self.model_name = model_name
         self.method = method
         self.dispatch_id = dispatch_id
-        self.env = dict(env)
+        self._env: dict[str, str] | None = None
+        self._make_env = env if callable(env) else lambda: env
         self.cwd = cwd
         self.outputs: list[dict] = []
         self.processes: ProcessWatch = ProcessWatch()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a command runs with (the shipped one over the local one), worked out
+        when first asked for: most methods never run a command, and a copy of a whole process
+        environment per dispatch was a measurable part of a no-op's cost on a worker."""
+        if self._env is None:
+            self._env = dict(self._make_env())
+        return self._env
 
     async def report_effects(self) -> None:
         """The method has had an effect outside the data plane (a command ran). Where it matters

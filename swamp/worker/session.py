@@ -240,8 +240,10 @@ class Session:
                 model_name=request.model_name,
                 method=method.name,
                 dispatch_id=dispatch_id,
-                env=environment.with_shipped(self._local_env, request.environment)
-                | environment.step_identity(request.step_id, request.attempt),
+                env=lambda: (
+                    environment.with_shipped(self._local_env, request.environment)
+                    | environment.step_identity(request.step_id, request.attempt)
+                ),
                 cache_dir=self.cache_dir,
             )
             if self.reaper is not None:
