@@ -64,6 +64,11 @@ class Repo:
         return self.state_dir / "swamp.db"
 
     @property
+    def journal_path(self) -> Path:
+        """Lease rows made durable and not yet in the database (``swamp.store.journal``)."""
+        return self.state_dir / "swamp.journal"
+
+    @property
     def serve_file(self) -> Path:
         return self.state_dir / "serve.json"
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.models.builtin import STEP_LEASE
 from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.journal import Entry, take_in
 
 TYPE = STEP_LEASE.type
 POLICY = STEP_LEASE.resources[0].policy
@@ -45,9 +47,15 @@ class LeaseBook:
         when the dispatch got there before its row was written. Its id is the dispatch's, new."""
         return self.store.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
 
-    def insert_many(self, many: list[dict]) -> list[Record]:
-        """Several first rows in one transaction (one commit for all of them)."""
+    def journaled(self, attrs: dict) -> Entry:
+        """The lease's first row as a journal entry (see ``swamp.store.journal``)."""
+        return Entry(key(attrs["leaseId"]), POLICY, attrs, self.clock())
+
+    def insert_many(self, many: list[dict], *, journaled: Iterable[Entry] = ()) -> list[Record]:
+        """Several first rows in one transaction (one commit for all of them), with the
+        journaled rows not in the store yet."""
         with self.store.transaction():
+            take_in(self.store, list(journaled))
             return [self.insert(attrs) for attrs in many]
 
     def ended(self, attrs: dict, state: LeaseState, *, error: str | None = None) -> dict:

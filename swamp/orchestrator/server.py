@@ -52,6 +52,7 @@ from swamp.plugins import default_registry
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
+from swamp.store.journal import Journal, replay
 from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.serve")
@@ -311,6 +312,11 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     raise_file_limit()
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
+    journal = Journal(repo.journal_path)
+    # what the last orchestrator journaled goes in before anything reads the leases
+    journaled = await retry_busy(lambda: replay(store, journal))
+    if journaled:
+        log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
     swept = {
         "tokens": await retry_busy(TokenBook(store).migrate),
         "leases": await retry_busy(LeaseBook(store).reconcile),
@@ -350,7 +356,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         records=records,
     )
     gateway.on_rejection = metrics.on_rejection
-    episodes = Episodes(store, credentials)
+    episodes = Episodes(store, credentials, journal=journal)
     queue = DispatchQueue(pool, store, observe=metrics.on_queue)
     metrics.watch(pool, queue)
     dispatch = DispatchService(
@@ -446,6 +452,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     finally:
         repo.remove_serve_file()
         episodes.write_unwritten_leases()  # still running: the next boot expires them
+        journal.close()
         store.checkpoint()
         store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

@@ -4,6 +4,8 @@ import signal
 
 import pytest
 
+from swamp.client import connect
+from swamp.repo import Repo
 from tests.integration.conftest import Proc, logs_of, result_of, wait_until
 
 pytestmark = pytest.mark.integration
@@ -294,3 +296,26 @@ def test_a_step_whose_command_already_ran_is_not_run_again(cluster):
     assert run.wait_exit(timeout=40) == 1
     assert "had run a command" in result_error(run)
     assert counter.read_text() == "ran\n"  # once, not again on the other worker
+
+
+async def test_a_result_its_client_saw_survives_a_kill_of_the_orchestrator(cluster):
+    """The lease's end is durable before the client has the result: here it is still only in
+    the journal when the orchestrator is killed, and the next boot puts it in the store."""
+    serve = cluster.serve()
+    port = int(cluster.url.rsplit(":", 1)[1])
+    cluster.worker(cluster.mint("w1"))
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    params = {"model": "swamp/echo", "method": "echo", "args": {}, "placement": {"target": "w1"}}
+    async with connect(cluster.url, server_token=credential) as channel:
+        result = await channel.call("model.method.run", params, timeout=30)
+        serve.p.kill()  # the moment the result is here: before the row reaches the store
+    assert result["status"] == "succeeded"
+    serve.wait_exit()
+    assert cluster.query('modelType == "swamp/step-lease"') == []  # not in the store yet
+    assert (cluster.repo / ".swamp" / "swamp.journal").stat().st_size > 0  # but durable
+
+    cluster.serve(port=port)
+    [lease] = cluster.query('modelType == "swamp/step-lease"')
+    assert lease["attributes"]["dispatchId"] == result["dispatchId"]
+    assert lease["attributes"]["state"] == "completed" and lease["version"] == 1
+    assert (cluster.repo / ".swamp" / "swamp.journal").stat().st_size == 0

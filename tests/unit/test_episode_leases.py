@@ -2,6 +2,7 @@
 worker's socket is a stand-in that answers when the test says so. Time is trio's (autojump):
 the write-behind delay passes only when every task is blocked."""
 
+import os
 import uuid
 
 import pytest
@@ -13,10 +14,18 @@ from swamp.domain.read_scope import ReadScope
 from swamp.errors import StoreError
 from swamp.models.builtin import ECHO
 from swamp.orchestrator.credentials import Credentials
-from swamp.orchestrator.episode import LEASE_WRITE_DELAY, Episodes, Step, Work
+from swamp.orchestrator.episode import (
+    JOURNAL_BATCH,
+    JOURNAL_DELAY,
+    LEASE_WRITE_DELAY,
+    Episodes,
+    Step,
+    Work,
+)
 from swamp.orchestrator.pool import Member
 from swamp.protocol.messages import DispatchResult
 from swamp.store.datastore import Datastore
+from swamp.store.journal import Journal
 
 
 class Worker:
@@ -106,7 +115,9 @@ async def test_leases_due_together_are_written_in_one_transaction(episodes, auto
     worker = Worker()
     commits = []
     original = episodes.leases.insert_many
-    episodes.leases.insert_many = lambda many: commits.append(len(many)) or original(many)
+    episodes.leases.insert_many = lambda many, **kw: (
+        commits.append(len(many)) or original(many, **kw)
+    )
     async with trio.open_nursery() as nursery:
         for n in range(5):
             nursery.start_soon(episodes.run, member(worker), f"d{n}", WORK, Step(f"s{n}"), ignore)
@@ -163,11 +174,11 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
     attempts = []
     original = episodes.leases.insert_many
 
-    def refuse(many):
+    def refuse(many, **kw):
         attempts.append(trio.current_time())
         if len(attempts) <= 8:
             raise StoreError("the database file was deleted")
-        return original(many)
+        return original(many, **kw)
 
     episodes.leases.insert_many = refuse
     async with trio.open_nursery() as nursery:
@@ -180,3 +191,61 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
         worker.answer.set()
     warnings = [r for r in caplog.records if "could not write the leases" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.fixture
+async def journaled(tmp_path):
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    journal = Journal(tmp_path / "swamp.journal")
+    service = Episodes(store, Credentials(), journal=journal)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.write_leases)
+        yield service
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+async def test_a_short_dispatch_ends_in_the_journal_and_its_row_follows(journaled, autojump_clock):
+    worker = Worker()
+    worker.answer.set()
+    await journaled.run(member(worker), "d1", WORK, Step("s"), ignore)
+    # durable before run() returned: in the journal, already ended
+    assert [e.attributes["state"] for e in journaled.journal.entries()] == ["completed"]
+    assert rows(journaled) == []
+    await trio.sleep(JOURNAL_DELAY * 2)
+    assert rows(journaled) == [(1, "completed", False)]
+    assert journaled.journal.entries() == []
+
+
+async def test_a_batch_of_journaled_rows_goes_in_without_waiting_for_the_delay(journaled):
+    worker = Worker()
+    worker.answer.set()
+    for n in range(JOURNAL_BATCH):
+        await journaled.run(member(worker), f"d{n}", WORK, Step(f"s{n}"), ignore)
+    await trio.testing.wait_all_tasks_blocked()  # real clock: the delay has not passed
+    assert sorted(rows(journaled)) == [(1, "completed", False)] * JOURNAL_BATCH
+    assert journaled.journal.entries() == []
+
+
+async def test_a_journal_that_fails_sends_rows_straight_to_the_store_and_says_so_once(
+    journaled, caplog
+):
+    os.close(journaled.journal._fd)  # the file can no longer be written
+    journaled.journal._fd = os.open(os.devnull, os.O_RDONLY)
+    worker = Worker()
+    worker.answer.set()
+    for n in range(2):
+        await journaled.run(member(worker), f"d{n}", WORK, Step(f"s{n}"), ignore)
+        assert len(rows(journaled)) == n + 1  # in the store before run() returned
+    warnings = [r for r in caplog.records if "could not append to the journal" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+async def test_journaled_rows_go_in_at_shutdown(journaled):
+    worker = Worker()
+    worker.answer.set()
+    await journaled.run(member(worker), "d1", WORK, Step("s"), ignore)
+    assert rows(journaled) == []
+    journaled.write_unwritten_leases()
+    assert rows(journaled) == [(1, "completed", False)]
+    assert journaled.journal.entries() == []
