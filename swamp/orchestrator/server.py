@@ -49,6 +49,7 @@ from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import default_registry
+from swamp.protocol import messages
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
@@ -324,6 +325,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         "queued": await retry_busy(PendingBook(store).reconcile),
         "runs": await retry_busy(RunBook(store).reconcile),
     }
+    messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):
         log.info(

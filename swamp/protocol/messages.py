@@ -16,7 +16,7 @@ import math
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, Literal, Union
 
 from swamp.errors import MalformedFrame
 
@@ -206,32 +206,11 @@ class Message:
     path goes through them, and a loop over a field table costs a dispatch several times
     more than straight-line code that knows each field."""
 
-    # each field: name, wire name, checker, required, and whether it goes out as it is
-    _layout: ClassVar[tuple[tuple[str, str, Any, bool, bool], ...]]
-
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        cls._layout = ()  # on first use: annotations are strings until every class exists
+        # on first use: annotations are strings until every class exists
         cls._decode = classmethod(_decode_first)  # each class compiles its own, once
         cls.to_json = _to_json_first
-
-    @classmethod
-    def _fields(cls) -> tuple[tuple[str, str, Any, bool, bool], ...]:
-        """Each field's name, wire name, checker, whether it is required and whether it is
-        plain; once per class."""
-        if not cls._layout:
-            hints = typing.get_type_hints(cls, globalns=globals())
-            cls._layout = tuple(
-                (
-                    f.name,
-                    _camel(f.name),
-                    _checker(hints[f.name]),
-                    f.default is MISSING and f.default_factory is MISSING,
-                    _plain(hints[f.name]),
-                )
-                for f in fields(cls)
-            )
-        return cls._layout
 
     @classmethod
     def decode(cls, payload: object, *, where: str | None = None):
@@ -262,9 +241,20 @@ def _to_json_first(message) -> dict:
 _INLINE = {str: "str", bool: "bool", dict: "dict"}  # hints checked by one isinstance
 
 
+def prepare(*classes: type[Message]) -> None:
+    """Write out these classes' code (all of them, if none are named) now, not at their first
+    frame: a long-running process, before it takes any (``serve`` at boot, a worker as it
+    starts), so its first dispatch costs what the others do."""
+    every = [c for c in globals().values() if isinstance(c, type) and issubclass(c, Message)]
+    for cls in classes or every:
+        if cls is not Message:
+            _compile(cls)
+
+
 def _compile(cls) -> None:
-    """Write ``cls._decode`` and ``cls.to_json`` for its fields. They do what a loop over
-    :meth:`Message._fields` would — same checks, same messages, same output — field by field."""
+    """Write ``cls._decode`` and ``cls.to_json`` for its fields: each field's presence and JSON
+    shape checked (its hint's checker, or one ``isinstance`` for ``str``, ``bool``, ``dict``),
+    the path to a bad value in the error, ``None`` left out on the way back."""
     if cls.__dict__.get("_compiled"):
         return
     hints = typing.get_type_hints(cls, globalns=globals())
@@ -275,16 +265,15 @@ def _compile(cls) -> None:
     decode.append("    get = payload.get")
     encode = ["def to_json(self):", "    out = {}"]
     arguments = []
-    for index, (f, (name, key, check, required, plain)) in enumerate(
-        zip(fields(cls), cls._fields(), strict=True)
-    ):
-        hint = hints[name]
+    for index, f in enumerate(fields(cls)):
+        name, hint = f.name, hints[f.name]
+        key = _camel(name)
         value = f"v{index}"
-        env[f"check{index}"] = check
+        env[f"check{index}"] = _checker(hint)
         env[f"expected{index}"] = f"expected {_describe(hint)}"
         decode.append(f"    {value} = get({key!r})")
         decode.append(f"    if {value} is None:")
-        if required:
+        if f.default is MISSING and f.default_factory is MISSING:
             missing = f"'{key}' is missing"
             decode.append(f"        raise _Mismatch({missing!r})")
         elif f.default is not MISSING:
@@ -305,7 +294,7 @@ def _compile(cls) -> None:
         arguments.append(value)
         encode.append(f"    {value} = self.{name}")
         encode.append(f"    if {value} is not None:")
-        encode.append(f"        out[{key!r}] = {value if plain else f'_dump({value})'}")
+        encode.append(f"        out[{key!r}] = {value if _plain(hint) else f'_dump({value})'}")
     decode.append(f"    return cls({', '.join(arguments)})")
     encode.append("    return out")
     exec("\n".join(decode) + "\n\n" + "\n".join(encode), env)  # our own text, from field names

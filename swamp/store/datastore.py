@@ -79,11 +79,6 @@ _CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # built on
 _second: list = [None, ""]  # the last whole second formatted, and its text
 
 
-def canonical(attributes: dict) -> str:
-    """Attributes as the store keeps them: compact JSON, keys sorted."""
-    return _CANONICAL.encode(attributes)
-
-
 def iso(epoch: float) -> str:
     """``2026-11-30T12:00:00.123Z``: UTC, milliseconds (as ``datetime`` rounds and truncates).
     A dispatch stamps four of these; the whole second is formatted once per second."""
@@ -398,19 +393,16 @@ class Datastore:
         expected_version: int | None = None,
         fresh: bool = False,
         at: float | None = None,
-        encoded: str | None = None,
     ) -> Record:
         """Insert the next version. With ``expected_version`` (0 = must not exist) it is a
         compare-and-swap: ``Conflict`` if ``latest`` is not that version any more. ``fresh``:
         the key holds an id made for it just now, so no version can exist — version 1 is one
         plain INSERT, without looking (a clash would still be refused by the key). ``at``: when
-        the version was made, if not now; ``encoded``: the attributes as :func:`canonical` made
-        them already (both for a row taken in from the journal)."""
+        the version was made, if not now (a row taken in from the journal)."""
         now = self.clock() if at is None else at
         created_at = iso(now)
         lifetime = policy.lifetime_seconds()
-        if encoded is None:
-            encoded = _CANONICAL.encode(attributes)
+        encoded = _CANONICAL.encode(attributes)
         item = (key.model_type, key.model_name, key.name)
         row = (
             policy.name,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swamp.errors import Conflict, StoreError
-from swamp.store.datastore import Datastore, Key, Record, SpecPolicy, canonical
+from swamp.store.datastore import Datastore, Key, Record, SpecPolicy
 
 log = logging.getLogger("swamp.store")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -32,29 +32,24 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 @dataclass(frozen=True)
 class Entry:
-    """One journaled row: a first version, as :meth:`Datastore.write` would insert it. Its
-    attributes are encoded once, as the store keeps them, for the line and for the store."""
+    """One journaled row: a first version, as :meth:`Datastore.write` would insert it."""
 
     key: Key
     policy: SpecPolicy
     attributes: dict
     at: float  # epoch seconds: the version's timestamp
-    encoded: str = ""  # canonical(attributes), made when empty
-
-    def __post_init__(self) -> None:
-        if not self.encoded:
-            object.__setattr__(self, "encoded", canonical(self.attributes))
 
     def to_line(self) -> bytes:
+        """One line of compact JSON (the store encodes the attributes its own way later, off
+        the path the line is written on)."""
         k, p = self.key, self.policy
-        head = _ENCODER.encode(
-            {
-                "key": [k.model_type, k.model_name, k.name],
-                "spec": [p.name, p.lifetime, p.garbage_collection],
-                "at": self.at,
-            }
-        )
-        return f'{head[:-1]},"attributes":{self.encoded}}}\n'.encode()
+        body = {
+            "key": [k.model_type, k.model_name, k.name],
+            "spec": [p.name, p.lifetime, p.garbage_collection],
+            "at": self.at,
+            "attributes": self.attributes,
+        }
+        return (_ENCODER.encode(body) + "\n").encode()
 
     @classmethod
     def from_line(cls, line: bytes) -> Entry | None:
@@ -133,12 +128,7 @@ def take_in(store: Datastore, entries: list[Entry]) -> list[Record | None]:
         try:
             records.append(
                 store.write(
-                    entry.key,
-                    entry.attributes,
-                    policy=entry.policy,
-                    fresh=True,
-                    at=entry.at,
-                    encoded=entry.encoded,
+                    entry.key, entry.attributes, policy=entry.policy, fresh=True, at=entry.at
                 )
             )
         except Conflict:

@@ -22,6 +22,7 @@ from swamp.domain.drain import Stage
 from swamp.domain.urls import redact
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.plugins import default_registry
+from swamp.protocol import messages
 from swamp.worker.config import WorkerConfig
 from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
@@ -64,6 +65,14 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         mid = machine_id(Path(cache_dir))
         iid = instance_id()
         registry = default_registry()
+        # what every dispatch decodes and answers, ready before the first one
+        messages.prepare(
+            messages.EnrollReply,
+            messages.DispatchRequest,
+            messages.DispatchResult,
+            messages.OutputHandle,
+            messages.LogLine,
+        )
         outcome: list[int] = []
         reaper = await Reaper.start()
         try:
