@@ -4,10 +4,11 @@
 Each round runs, for each shape (1 worker × 32 slots, 8 workers × 4 slots), the floor
 (``bench/floor.py``: the same hop with nothing else) and swamp — a real ``swamp serve``, real
 ``swamp worker connect`` processes, ``swamp/echo`` dispatched by label through the client —
-one after the other, alternating which goes first. Each measures sequential latency on one
-client (p50, p99) and throughput with every slot kept busy (32 clients, one call in flight
-each). Prints one JSON object: every run, the median of each figure over the rounds, and
-swamp's figures as ratios to the floor's (latency: lower is better; throughput: higher is).
+one after the other, alternating which goes first. Each first warms every worker up (eight
+calls per slot, all slots busy), then measures sequential latency on one client (p50, p99) and
+throughput with every slot kept busy (32 clients, one call in flight each). Prints one JSON
+object: every run, the median of each figure over the rounds, and swamp's figures as ratios to
+the floor's (latency: lower is better; throughput: higher is).
 
     python3 build.py bench [--rounds 3] [--sequential 400] [--total 2000] [--shapes 1x32,8x4]
         [--swamp-only] [--floors]
@@ -145,8 +146,28 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
     """Sequential latency on one client, then throughput with ``in_flight`` clients, and the
     CPU each side spent per dispatch meanwhile (µs: the server, its workers together, the
     benchmark's own clients) — steadier than a rate on a shared machine."""
+
+    async def many(count: int) -> int:
+        """``count`` calls, ``in_flight`` at a time, each client its own connection."""
+        done = 0
+
+        async def one_client(calls: int) -> None:
+            nonlocal done
+            async with client() as call:
+                for _ in range(calls):
+                    await call()
+                    done += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(in_flight):
+                nursery.start_soon(one_client, count // in_flight)
+        return done
+
+    # warm up every worker (one by one, the least-loaded pick is always the same one), then
+    # the one client measured one by one
+    await many(in_flight * 8)
     async with client() as call:
-        for _ in range(50):  # warm up
+        for _ in range(50):
             await call()
         latencies = []
         one_by_one = [cpu_seconds(pid) for pid in pids], time.process_time()
@@ -158,20 +179,9 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
             [cpu_seconds(pid) - cpu for pid, cpu in zip(pids, one_by_one[0], strict=True)],
             time.process_time() - one_by_one[1],
         )
-    done = 0
-
-    async def one_client(count: int) -> None:
-        nonlocal done
-        async with client() as call:
-            for _ in range(count):
-                await call()
-                done += 1
-
     before = [cpu_seconds(pid) for pid in pids], time.process_time()
     started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(in_flight):
-            nursery.start_soon(one_client, total // in_flight)
+    done = await many(total)
     elapsed = time.perf_counter() - started
     after = [cpu_seconds(pid) for pid in pids], time.process_time()
     spent = [b - a for a, b in zip(before[0], after[0], strict=True)]
