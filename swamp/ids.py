@@ -50,6 +50,11 @@ def ordered_id() -> str:
     return f"{time.time_ns():016x}{_pool.take(8).hex()}"
 
 
+def random_bytes(count: int) -> bytes:
+    """``count`` bytes from the same source (a websocket client's masking keys)."""
+    return _pool.take(count)
+
+
 def secret_hex(nbytes: int = 32) -> str:
     """A secret of ``nbytes`` random bytes, in hex (as ``secrets.token_hex``)."""
     return _pool.take(nbytes).hex()

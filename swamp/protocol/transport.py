@@ -21,6 +21,7 @@ from wsproto.events import TextMessage
 
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import ChannelClosed
+from swamp.protocol import wsframes
 
 
 class TransportClosed(ChannelClosed):
@@ -142,7 +143,7 @@ class WebSocketTransport:
         fd = stream.socket.fileno()
         if fd < 0:
             return None
-        data = ws._wsproto.send(TextMessage(data=text))
+        data = _encode(ws, text)
         try:
             sent = os.write(fd, data)
         except OSError:  # no room (BlockingIOError), or the socket is gone: the next send says
@@ -172,7 +173,7 @@ class WebSocketTransport:
         ``constraints.txt``; without those internals it sends them one by one)."""
         ws = self.ws
         try:
-            encode, lock, stream = ws._wsproto.send, ws._stream_lock, ws._stream
+            lock, stream = ws._stream_lock, ws._stream
         except AttributeError:  # another trio-websocket: one message at a time
             for text in texts:
                 await self.send(text)
@@ -181,7 +182,7 @@ class WebSocketTransport:
             raise TransportClosed(_closed(trio_websocket.ConnectionClosed(ws._close_reason)))
         try:
             async with lock:
-                data = self._rest + b"".join(encode(TextMessage(data=text)) for text in texts)
+                data = self._rest + b"".join(_encode(ws, text) for text in texts)
                 self._rest = b""
                 try:
                     await stream.send_all(data)
@@ -220,6 +221,7 @@ class WebSocketTransport:
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             await take(_text(message))
+        wsframes.install(ws)  # the common frames read (and written) without wsproto's machinery
         taker = ws._send_channel = _Taker(take, ws._send_channel)
         try:  # the reader closes the queue when it stops, whatever the cause
             await queued.receive()
@@ -256,6 +258,14 @@ class WebSocketTransport:
 
 DRAIN_QUIET = 2.0
 DRAIN_MAX = 10.0
+
+
+def _encode(ws: trio_websocket.WebSocketConnection, text: str) -> bytes:
+    """One message's frame, as trio-websocket's ``send_message`` would write it."""
+    proto = ws._wsproto
+    if isinstance(proto, wsframes.FastFrames) and proto.state is ConnectionState.OPEN:
+        return wsframes.text_frame(text, client=proto.client)
+    return proto.send(TextMessage(data=text))
 
 
 class _Taker:
