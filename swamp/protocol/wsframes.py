@@ -155,8 +155,8 @@ class FastFrames:
                 self._owed = frame
                 continue
             yield frame
-        if self._at == len(self._buffer):
-            self._buffer.clear()
+        if self._at:  # keep only what is not read yet: at most a frame's beginning
+            del self._buffer[: self._at]
             self._at = 0
 
     def _hand(self, count: int) -> bool:

@@ -169,3 +169,14 @@ def test_a_connection_with_something_half_read_keeps_wsproto():
     server.receive_data(frame(1, b"hello", mask=b"abcd")[:4])  # a frame cut in the middle
     list(server.events())
     assert not _usable(server)
+
+
+def test_a_stream_cut_mid_frame_every_time_keeps_only_the_unread_part():
+    fast = FastFrames(opened()[1])
+    data = b"".join(frame(1, b"x" * 300, mask=b"abcd") for _ in range(2000))
+    received = 0
+    for at in range(0, len(data), 1000):  # every read ends inside a frame
+        fast.receive_data(data[at : at + 1000])
+        received += sum(1 for _ in fast.events())
+        assert len(fast._buffer) < 400  # a frame's beginning, not everything read so far
+    assert received == 2000
