@@ -245,13 +245,18 @@ class WebSocketTransport:
             # peer's close; whichever way the wait ends, the socket is closed
             with trio.move_on_after(DRAIN_MAX):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._give_up_when_quiet, nursery.cancel_scope)
+                    since = trio.current_time()
+                    nursery.start_soon(self._give_up_when_quiet, nursery.cancel_scope, since)
                     with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         await self.ws.aclose(code, _close_reason(reason))
                     nursery.cancel_scope.cancel()
 
-    async def _give_up_when_quiet(self, scope: trio.CancelScope) -> None:
-        while (quiet := self.idle()) < DRAIN_QUIET:
+    async def _give_up_when_quiet(self, scope: trio.CancelScope, since: float) -> None:
+        """Quiet is counted from the close at the earliest: a peer that had been quiet for
+        longer before it must still get the close frame (and its reason), and time to answer.
+        Counted from its last frame alone, the wait could end before the close frame went
+        out — and the peer saw the socket cut with no reason."""
+        while (quiet := min(self.idle(), trio.current_time() - since)) < DRAIN_QUIET:
             await trio.sleep(DRAIN_QUIET - quiet)
         scope.cancel()
 

@@ -5,6 +5,7 @@ it; each test also shows the attack would have worked without the defence (a con
 cannot pass by accident.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import trio
 from swamp import client
 from swamp.errors import ChannelClosed, Forbidden
 from swamp.protocol.frames import MAX_FRAME_BYTES
+from swamp.protocol.transport import DRAIN_QUIET
 from swamp.repo import Repo
 from tests.integration.hostile import RawSocket, Refused, enroll_params
 
@@ -190,6 +192,27 @@ async def test_revoking_a_server_token_closes_the_sockets_it_opened(cluster):
         assert (await bystander.call("worker.list"))["workers"] == []  # untouched
     with pytest.raises(Forbidden, match="'ops' has been revoked"):
         await client.call(cluster.url, "worker.list", server_token=ops)
+
+
+async def test_sockets_quiet_for_a_while_are_still_told_why_they_are_closed(cluster):
+    """A socket whose peer had sent nothing for longer than the close's drain window was cut
+    with no close frame about half the time (the wait for a quiet peer could end before the
+    frame went out): the client saw code 1006, not why. Eight such sockets, one revoke."""
+    ops = cluster.cli_json("server", "token", "create", "ops")["token"]
+    cluster.serve("--heartbeat", "30s")  # no pings meanwhile: the sockets stay quiet
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [
+            await stack.enter_async_context(client.connect(cluster.url, server_token=ops))
+            for _ in range(8)
+        ]
+        for channel in channels:
+            assert (await channel.call("worker.list"))["workers"] == []
+        await trio.sleep(DRAIN_QUIET + 0.5)  # the condition itself: longer quiet than the window
+        revoked = cluster.cli("server", "token", "revoke", "ops")
+        assert revoked.returncode == 0, revoked.stderr
+        with trio.fail_after(10):
+            reasons = [await channel.wait_closed() for channel in channels]
+    assert all("has been revoked" in reason for reason in reasons), reasons
 
 
 def test_auth_none_off_loopback_refuses_to_start(cluster):
