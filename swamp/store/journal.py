@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from swamp.errors import Conflict, StoreError
+from swamp.errors import Conflict, StoreError, SwampError
 from swamp.store.datastore import Datastore, Key, Record, SpecPolicy
 
 log = logging.getLogger("swamp.store")
@@ -61,9 +62,22 @@ class Entry:
             attributes, at = body["attributes"], body["at"]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None
-        if not isinstance(attributes, dict) or not isinstance(at, (int, float)):
+        if not isinstance(attributes, dict) or not all(isinstance(k, str) for k in attributes):
             return None
-        if not all(isinstance(part, str) for part in (model_type, model_name, name, spec)):
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+            return None
+        texts = (model_type, model_name, name, spec, lifetime)
+        if not all(isinstance(part, str) and part for part in texts):
+            return None
+        if garbage_collection is not None and (
+            not isinstance(garbage_collection, int)
+            or isinstance(garbage_collection, bool)
+            or garbage_collection < 1
+        ):
+            return None
+        try:
+            SpecPolicy(spec, lifetime, garbage_collection).lifetime_seconds()
+        except SwampError:
             return None
         return cls(
             Key(model_type, model_name, name),

@@ -37,6 +37,27 @@ def test_a_line_cut_short_is_skipped_and_the_whole_ones_kept(tmp_path, caplog):
     assert "skipped 1 unreadable line" in caplog.text
 
 
+def test_a_damaged_line_that_is_still_json_is_skipped_and_the_boot_goes_on(tmp_path, caplog):
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    journal = Journal(tmp_path / "swamp.journal")
+    journal.append(lease(1))
+    whole = lease(2).to_line().decode()
+    damaged = [
+        whole.replace('"infinite"', "7"),  # a lifetime that is not a duration
+        whole.replace('"infinite"', '"forever"'),
+        whole.replace(",1],", ',"ten"],'),  # versions kept, not a number
+        whole.replace('"at":1800000002.0', '"at":"noon"'),
+        whole.replace('"lease-id2"', "null"),
+        '{"key": [], "spec": [], "at": 0, "attributes": []}',
+        "[1, 2, 3]",
+    ]
+    with open(tmp_path / "swamp.journal", "a") as file:
+        file.write("\n".join(damaged) + "\n")
+    assert replay(store, journal) == 1
+    assert leases_in(store) == [("lease-id1", 1, "completed")]
+    assert "skipped 7 unreadable line(s)" in caplog.text
+
+
 def test_replay_puts_each_row_in_once_and_empties_the_journal(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     journal = Journal(tmp_path / "swamp.journal")
