@@ -8,6 +8,7 @@ by a typo would create a stray database.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -312,7 +313,11 @@ def _try_lock(fd: int) -> bool:
 
 
 def same_server(announced: object, url: str) -> bool:
-    """Is ``url`` the announced URL? Loopback spellings (127.0.0.1, localhost, ::1) are one."""
+    """Is ``url`` exactly the address ``serve`` announced (the one it bound)? Scheme, host and
+    port must all be the same; an IP address compares by value (``[::1]`` = ``[0::1]``), a name
+    by its lowercase spelling. Other spellings of loopback are *not* the same server: another
+    local user may listen on ``[::1]`` or answer for ``localhost`` on the same port, and the
+    local credential must never reach them."""
     if not isinstance(announced, str):
         return False
     try:
@@ -320,10 +325,19 @@ def same_server(announced: object, url: str) -> bool:
         a_port, b_port = a.port, b.port
     except ValueError:
         return False
-    if a.scheme != b.scheme or a_port != b_port:
+    if a.scheme != b.scheme or a_port is None or a_port != b_port:
         return False
-    loopback = {"127.0.0.1", "localhost", "::1"}
-    return a.hostname == b.hostname or (a.hostname in loopback and b.hostname in loopback)
+    host = _host_key(a.hostname)
+    return host is not None and host == _host_key(b.hostname)
+
+
+def _host_key(host: str | None) -> str | None:
+    if not host:
+        return None
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.lower()
 
 
 def adhoc(model_type: str) -> ModelInstance:

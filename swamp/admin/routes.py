@@ -6,13 +6,14 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from swamp.admin.api import AdminApi
 from swamp.admin.local import RepoAdmin
 from swamp.admin.remote import RemoteAdmin
-from swamp.domain.urls import redact, sends_in_clear
-from swamp.errors import UserError
-from swamp.repo import Repo
+from swamp.domain.urls import is_loopback, redact, sends_in_clear
+from swamp.errors import Unauthorized, UserError
+from swamp.repo import Repo, same_server
 
 
 def admin_credential(server: str, server_token: str | None, repo_dir: Path | None) -> str | None:
@@ -30,6 +31,23 @@ def admin_credential(server: str, server_token: str | None, repo_dir: Path | Non
         return Repo.find(repo_dir).admin_credential_for(server)
     except UserError:
         return None
+
+
+def _announced_elsewhere(server: str, repo_dir: Path | None) -> str | None:
+    """The address the repo's running server announced, when ``server`` is another spelling of
+    a loopback address on its port (``localhost``, ``[::1]``): the local credential was not
+    presented there, and the operator should be told why."""
+    announced = running_server(repo_dir)
+    if announced is None or same_server(announced, server):
+        return None
+    try:
+        a, b = urlsplit(announced), urlsplit(server)
+        same_port = a.scheme == b.scheme and a.port == b.port
+    except ValueError:
+        return None
+    if same_port and is_loopback(a.hostname or "") and is_loopback(b.hostname or ""):
+        return announced
+    return None
 
 
 def running_server(repo_dir: Path | None) -> str | None:
@@ -55,8 +73,17 @@ async def open_route(
         server = running_server(repo_dir)
     if server:
         credential = admin_credential(server, server_token, repo_dir)
-        async with RemoteAdmin.connect(server, credential=credential, ca_cert=ca_cert) as api:
-            yield api
+        try:
+            async with RemoteAdmin.connect(server, credential=credential, ca_cert=ca_cert) as api:
+                yield api
+        except Unauthorized as exc:
+            announced = None if credential else _announced_elsewhere(server, repo_dir)
+            if announced is None:
+                raise
+            raise Unauthorized(
+                f"{exc.message} (this repo's server announced {announced}: its local "
+                f"credential is presented to that address only; pass --server {announced})"
+            ) from None
         return
     repo = Repo.find(repo_dir)
     store = repo.open_store()

@@ -9,8 +9,10 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
+import threading
 
 import httpx
 import pytest
@@ -127,6 +129,61 @@ def test_the_cli_in_the_repo_needs_nothing_and_anyone_else_is_refused(cluster):
         env=elsewhere,
     )
     assert ran.returncode == 1 and not (cluster.tmp / "pwned").exists()
+
+
+class _Impostor:
+    """Another local user's listener on a loopback address serve did not bind: it records the
+    request head of every connection and answers 403."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.heads: list[bytes] = []
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.sock.bind((host, port))
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    head += data
+                self.heads.append(head)
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_local_credential_goes_only_to_the_address_serve_announced(cluster):
+    """Another local user listening on [::1]:PORT (serve bound 127.0.0.1:PORT) received the
+    local admin credential from 'swamp worker list --server ws://[::1]:PORT' in the repo, and
+    could replay it to run commands as the orchestrator's user."""
+    cluster.serve()
+    port = int(cluster.url.rsplit(":", 1)[1])
+    impostor = _Impostor("::1", port)
+    try:
+        for url in (f"ws://[::1]:{port}", f"ws://localhost:{port}", f"ws://LOCALHOST:{port}/"):
+            result = cluster.cli("worker", "list", "--server", url)
+            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+            if "need a credential" in result.stderr:  # the real server, reached as localhost
+                assert f"pass --server {cluster.url}" in result.stderr, result.stderr
+    finally:
+        impostor.close()
+    # the impostor did get the CLI's upgrade request (a credential would have been in it) ...
+    assert impostor.heads and all(b"upgrade: websocket" in h.lower() for h in impostor.heads)
+    credential = _local_credential(cluster).encode()
+    assert not any(credential in head or b"authorization" in head.lower() for head in impostor.heads)
+    # ... and the control: the exact address serve announced gets it, and it works
+    assert cluster.cli_json("worker", "list", "--server", cluster.url)["workers"] == []
 
 
 async def test_health_tells_strangers_only_that_it_is_up(cluster):

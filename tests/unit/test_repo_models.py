@@ -73,3 +73,26 @@ def test_a_broken_file_is_an_error_every_time_until_fixed(repo):
             repo.model_instances()
     write(repo, "a", 'type = "swamp/echo"\n')
     assert repo.model_instances()["a"].type == "swamp/echo"
+
+
+@pytest.mark.parametrize(
+    ("url", "same"),
+    [
+        ("ws://127.0.0.1:7420", True),
+        ("ws://127.0.0.1:7420/", True),
+        ("ws://[::1]:7420", False),  # another user may listen there
+        ("ws://localhost:7420", False),  # may resolve to [::1], or be answered by anyone
+        ("ws://127.0.0.2:7420", False),
+        ("ws://127.0.0.1:7421", False),
+        ("wss://127.0.0.1:7420", False),
+        ("ws://127.0.0.1", False),
+        ("ws://127.0.0.1:notaport", False),
+    ],
+)
+def test_the_local_credential_is_for_the_announced_address_only(url, same):
+    from swamp.repo import same_server
+
+    assert same_server("ws://127.0.0.1:7420", url) is same
+    assert same_server("ws://[::1]:7420", "ws://[0:0::1]:7420")  # one address, two spellings
+    assert same_server("ws://Host.Example:7420", "ws://host.example:7420")
+    assert not same_server(None, url)
