@@ -13,8 +13,11 @@ pending socket can take is bounded, because anyone who can reach the port can op
   (the :class:`~swamp.protocol.rpc.RpcChannel` answers more with ``busy``) and may send
   :data:`PENDING_FRAMES` frames in all (more closes it). That also bounds what it is sent back,
   so the close frame always fits in the socket's buffer, even when the peer never reads.
-- **memory** — the websocket library buffers an incoming message up to the frame limit before we
-  see it, so :data:`MAX_PENDING` × the frame limit is the most untrusted sockets can hold.
+- **memory** — a message is buffered whole before we see it, so until a socket has a role its
+  messages may be at most :data:`PENDING_MESSAGE_BYTES` (a larger one closes it with code 1009):
+  :data:`MAX_PENDING` × that is the most untrusted sockets can hold. Enrollment and a first
+  admin call are small; a socket that presented an accepted admin credential at its upgrade,
+  or has enrolled, may send messages up to :data:`TRUSTED_MESSAGE_BYTES`.
 
 Admin sockets are kept here too, by principal, so that revoking a server token closes the
 sockets it opened.
@@ -25,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from swamp.protocol.frames import MAX_FRAME_BYTES
+
 if TYPE_CHECKING:
     from swamp.orchestrator.admin_auth import Principal
     from swamp.orchestrator.connection import Connection
@@ -33,6 +38,8 @@ MAX_PENDING = 128
 PENDING_DEADLINE = 5.0
 PENDING_IN_FLIGHT = 1
 PENDING_FRAMES = 32
+PENDING_MESSAGE_BYTES = 64 * 1024
+TRUSTED_MESSAGE_BYTES = MAX_FRAME_BYTES + 4096  # over our own limit: a larger frame gets our error
 ADMIN_IN_FLIGHT = 64
 CLOSE_POLICY = 1008  # websocket "policy violation"
 CLOSE_REVOKED = 4001

@@ -22,6 +22,7 @@ from swamp.orchestrator.admission import (
     CLOSE_POLICY,
     PENDING_FRAMES,
     PENDING_IN_FLIGHT,
+    TRUSTED_MESSAGE_BYTES,
     Admission,
     worker_in_flight,
 )
@@ -85,6 +86,8 @@ class Connection:
             sweeper=gateway.sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
+        if isinstance(identity, Principal):  # its credential was accepted at the upgrade
+            transport.limit_messages(TRUSTED_MESSAGE_BYTES)
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} role={self.role}>"
@@ -190,5 +193,6 @@ class Connection:
         self._deadline.cancel()
         self.channel.max_in_flight = worker_in_flight(member.capacity)
         self.channel.frame_budget = None
+        self.channel.transport.limit_messages(TRUSTED_MESSAGE_BYTES)
         self.channel.name = f"worker {member.name}"
         return result.to_json()

@@ -36,6 +36,7 @@ from swamp.errors import CannotListen, SwampError, UserError
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
+from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
 from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
@@ -50,7 +51,6 @@ from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import default_registry
 from swamp.protocol import messages
-from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal, replay
@@ -233,7 +233,7 @@ async def _listen(app, config, stop: trio.Event, options: ServeOptions, task_sta
             app,
             app.websocket,
             config,
-            max_message_size=config.websocket_max_message_size,
+            max_message_size=PENDING_MESSAGE_BYTES,  # raised once a socket is trusted
             shutdown_trigger=stop.wait,
             task_status=task_status,
         )
@@ -405,9 +405,11 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     config = hypercorn.config.Config()
     host = f"[{options.host}]" if ":" in options.host else options.host
     config.bind = [f"{host}:{options.port}"]
-    # a little over our own limit, so that an oversized frame still gets our coded error; this
-    # is also what Hypercorn may buffer per socket before we see a message
-    config.websocket_max_message_size = MAX_FRAME_BYTES + 4096
+    # Hypercorn serves only an upgrade on a kept-alive HTTP connection (the listener hands every
+    # other one to trio-websocket). Its limit is one for all its sockets, and it buffers a
+    # message whole before the app sees it, trusted or not: such a socket keeps the limit of an
+    # untrusted one (our own clients never upgrade that way).
+    config.websocket_max_message_size = PENDING_MESSAGE_BYTES
     config.graceful_timeout = 3
     config.ssl_handshake_timeout = 10
     config.accesslog = None

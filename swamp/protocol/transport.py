@@ -50,6 +50,9 @@ class Transport(Protocol):
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None: ...
 
+    def limit_messages(self, size: int) -> None:
+        """From now on a message larger than ``size`` bytes closes the socket (code 1009)."""
+
 
 def describe(exc: BaseException) -> str:
     """A one-line reason for a failed websocket handshake (the cause is where the detail is)."""
@@ -152,6 +155,14 @@ class WebSocketTransport:
             self._rest = data[sent:]
             return False
         return True
+
+    def limit_messages(self, size: int) -> None:
+        """trio-websocket checks each message against the limit it was opened with, as the
+        message's pieces arrive; raised or lowered here (the version is pinned in
+        ``constraints.txt``; a test fails should the attribute go)."""
+        if not hasattr(self.ws, "_max_message_size"):
+            raise RuntimeError("this trio-websocket has no message limit to change")
+        self.ws._max_message_size = size
 
     async def send(self, text: str) -> None:
         if self._rest:
@@ -344,6 +355,9 @@ class AsgiTransport:
 
     def write_now(self, text: str) -> bool | None:
         return None  # an ASGI server takes a message only by awaiting it
+
+    def limit_messages(self, size: int) -> None:
+        pass  # Hypercorn's limit is its configuration's, one for every socket
 
     unflushed = False
 
