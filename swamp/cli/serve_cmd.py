@@ -116,6 +116,19 @@ def serve(
         help="Probe every enrolling worker (first connect and reconnect) before it gets work; "
         "one that fails stays 'unverified' with its reason in 'swamp worker list'.",
     ),
+    write_quota_bytes: str = typer.Option(
+        "256MiB",
+        "--write-quota-bytes",
+        envvar="SWAMP_WRITE_QUOTA_BYTES",
+        help="The most one dispatch may write through the data plane, in all (256MiB, 1GiB); "
+        "a write past it is refused (quota_exceeded) and nothing of it is kept.",
+    ),
+    write_quota_records: int = typer.Option(
+        10_000,
+        "--write-quota-records",
+        envvar="SWAMP_WRITE_QUOTA_RECORDS",
+        help="The most data versions one dispatch may write.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -137,11 +150,15 @@ def serve(
     import trio
 
     from swamp.domain.durations import parse_duration
+    from swamp.domain.quota import WriteQuota, parse_size
+    from swamp.errors import UserError
     from swamp.orchestrator.server import ServeOptions
     from swamp.orchestrator.server import serve as run
     from swamp.repo import Repo
 
     repo = Repo.find(repo_path(repo_dir))
+    if write_quota_records < 1:
+        raise UserError(f"invalid --write-quota-records {write_quota_records}: expected 1 or more")
     options = ServeOptions(
         host=host,
         port=port,
@@ -158,6 +175,9 @@ def serve(
         queue_timeout=queue_timeout,
         pyz=pyz,
         private_downloads=private_downloads,
+        write_quota=WriteQuota(
+            parse_size(write_quota_bytes, what="--write-quota-bytes"), write_quota_records
+        ),
         json=json_output,
     )
     handler = logging.StreamHandler()

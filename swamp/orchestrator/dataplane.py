@@ -25,6 +25,7 @@ import trio
 
 from swamp import __version__
 from swamp.domain.names import check_data_name
+from swamp.domain.quota import WriteQuota
 from swamp.errors import (
     DispatchEnded,
     Forbidden,
@@ -114,8 +115,10 @@ class DataPlane:
         metrics: Metrics | None = None,
         download: Download | None = None,
         private_downloads: bool = False,
+        quota: WriteQuota = WriteQuota(),
     ) -> None:
         self.dispatch = dispatch
+        self.quota = quota  # what one dispatch may write, in all
         self.credentials = credentials
         self.pool = pool
         self.metrics = metrics
@@ -223,6 +226,10 @@ class DataPlane:
     async def _write(self, active, spec: str, name: str, scope, receive, send) -> None:
         policy = active.model_type.resource(spec).policy
         check_data_name(name)
+        quota = self.quota
+        quota.check(
+            written_bytes=active.written_bytes, written_records=active.written_records, adding=0
+        )
         body = await _read_body(receive)
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode()
         if content_type.startswith("application/json"):
@@ -234,9 +241,22 @@ class DataPlane:
                 raise UserError("a JSON resource must be an object")
         else:
             value = body
-        await self.dispatch.episodes.record_write(active)
-        key = Key(active.model_type.type, active.model_name, name)
-        record = await retry_busy(lambda: write_value(self.dispatch.store, key, policy, value))
+        quota.check(
+            written_bytes=active.written_bytes,
+            written_records=active.written_records,
+            adding=len(body),
+        )
+        # counted before the write: two writes of one dispatch at once cannot both fit
+        active.written_bytes += len(body)
+        active.written_records += 1
+        try:
+            await self.dispatch.episodes.record_write(active)
+            key = Key(active.model_type.type, active.model_name, name)
+            record = await retry_busy(lambda: write_value(self.dispatch.store, key, policy, value))
+        except BaseException:
+            active.written_bytes -= len(body)
+            active.written_records -= 1
+            raise
         handle = {"spec": spec, "name": name, "version": record.version}
         active.outputs.append(handle)
         await _json(send, 200, handle)
