@@ -125,6 +125,12 @@ class TooLarge(UserError):
     code = "too_large"
 
 
+class QuotaExceeded(TooLarge):
+    """A dispatch tried to write more than its quota allows (bytes or records)."""
+
+    code = "quota_exceeded"
+
+
 # -- refused, conflicting, or failed (exit 1) ---------------------------------------------------
 
 
@@ -314,6 +320,12 @@ class StoreBroken(StoreError):
     nothing will be acknowledged until it is fixed and ``swamp serve`` restarted."""
 
     code = "store_broken"
+
+
+class QueryTimeout(SwampError):
+    """A query ran past its time budget and was stopped; nothing was changed."""
+
+    code = "query_timeout"
 
 
 # -- the peer or the world misbehaved (exit 1; a retry may help) --------------------------------

@@ -73,6 +73,7 @@ from swamp.protocol.messages import (
 from swamp.protocol.rpc import no_events
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
+from swamp.store.reader import ADMIN_BUDGET
 from swamp.store.retry import retry_busy
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
@@ -359,9 +360,17 @@ class RepoAdmin:
         predicate = parse_predicate(request.predicate)
         if request.limit is not None and request.limit < 1:
             raise UserError(f"invalid --limit {request.limit}: expected a positive number")
-        records = self.store.query(
-            predicate, all_versions=request.all_versions, limit=request.limit
-        )
+        if self.dispatch is not None:  # the orchestrator's: off its event loop
+            records = await self.dispatch.query(
+                predicate,
+                budget=ADMIN_BUDGET,
+                all_versions=request.all_versions,
+                limit=request.limit,
+            )
+        else:
+            records = self.store.query(
+                predicate, all_versions=request.all_versions, limit=request.limit
+            )
         return QueryReply([RecordItem.decode(r.to_json()) for r in records])
 
     async def method_run(

@@ -139,7 +139,7 @@ class Connection:
         method = call.method
         if self.role == "worker":
             if method == "capability.queryData":
-                return capabilities.query_data(self.dispatch, self.member, call.params)
+                return await capabilities.query_data(self.dispatch, self.member, call.params)
             if method == "worker.drain":
                 return self.gateway.drain(self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":

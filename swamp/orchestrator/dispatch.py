@@ -22,6 +22,7 @@ import trio
 from swamp.domain import environment
 from swamp.domain.episodes import Move, next_move
 from swamp.domain.placement import Placement
+from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
@@ -36,7 +37,8 @@ from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.plugins import ModelRegistry
 from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
 from swamp.repo import ModelInstance
-from swamp.store.datastore import Datastore, iso
+from swamp.store.datastore import Datastore, Record, iso
+from swamp.store.reader import Reader
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
@@ -79,9 +81,11 @@ class DispatchService:
         fence: Callable[[Member], float] = lambda member: 0,
         queue_timeout: float | None = None,
         observe: Callable[[str, str], None] = lambda what, value: None,
+        reader: Reader | None = None,
         clock=time.time,
     ) -> None:
         self.store = store
+        self.reader = reader  # queries off the event loop; None: on it (tests, the CLI)
         self.registry = registry
         self.pool = pool
         self.episodes = episodes
@@ -101,6 +105,25 @@ class DispatchService:
     @property
     def active(self):
         return self.episodes.active
+
+    async def query(
+        self,
+        predicate: Predicate,
+        *,
+        budget: float,
+        all_versions: bool = False,
+        limit: int | None = None,
+        scope: ReadScope | None = None,
+    ) -> list[Record]:
+        """A query for a peer (a running method, an operator): off the event loop when there
+        is a reader, and within ``budget`` seconds either way."""
+        if self.reader is not None:
+            return await self.reader.query(
+                predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope
+            )
+        return self.store.query(
+            predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope
+        )
 
     def prepare(self, request: RunRequest) -> tuple[ModelType, dict]:
         """Resolve and validate before anything runs, waits or is written."""

@@ -29,6 +29,7 @@ from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
+from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
@@ -54,6 +55,7 @@ from swamp.protocol import messages
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal, replay
+from swamp.store.reader import Reader
 from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.serve")
@@ -82,6 +84,7 @@ class ServeOptions:
     queue_timeout: str | None = None  # --queue-timeout / SWAMP_QUEUE_TIMEOUT; None: 10m
     pyz: Path | None = None  # the build GET /swamp.pyz serves (default: the one running)
     private_downloads: bool = False
+    write_quota: WriteQuota = WriteQuota()
     json: bool = False
 
 
@@ -360,6 +363,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     gateway.on_rejection = metrics.on_rejection
     episodes = Episodes(store, credentials, journal=journal)
     queue = DispatchQueue(pool, store, observe=metrics.on_queue)
+    reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
     dispatch = DispatchService(
         store,
@@ -371,6 +375,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         fence=lambda member: fence_seconds(member.heartbeat),
         queue_timeout=queue_timeout,
         observe=metrics.on_dispatch,
+        reader=reader,
     )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
     if unset:
@@ -397,6 +402,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
             metrics=metrics,
             download=download,
             private_downloads=options.private_downloads,
+            quota=options.write_quota,
         ),
         auth=auth,
         policy=policy,
@@ -457,6 +463,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         repo.remove_serve_file()
         episodes.write_unwritten_leases()  # still running: the next boot expires them
         journal.close()
+        reader.close()
         store.checkpoint()
         store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

@@ -36,24 +36,46 @@ from pathlib import Path
 from swamp.domain.durations import parse_duration
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
-from swamp.errors import Conflict, StoreBroken, StoreBusy, StoreError
+from swamp.errors import Conflict, QueryTimeout, StoreBroken, StoreBusy, StoreError
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS data (
+# The content comes last, after every column a query reads, and its size is a column of its own:
+# a row's metadata is then read without touching its content (SQLite keeps what does not fit
+# in the row's page on a chain of overflow pages, which it must walk to reach a column after it).
+_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
     model_type  TEXT    NOT NULL,
     model_name  TEXT    NOT NULL,
     name        TEXT    NOT NULL,
     version     INTEGER NOT NULL,
     spec        TEXT    NOT NULL,
     attributes  TEXT    NOT NULL,
-    content     BLOB,
     created_at  TEXT    NOT NULL,
     created_epoch REAL  NOT NULL,
     expires_epoch REAL,
+    size        INTEGER NOT NULL,
+    content     BLOB,
     PRIMARY KEY (model_type, model_name, name, version)
-) WITHOUT ROWID;
+) WITHOUT ROWID
+"""
+_SCHEMA = (
+    _TABLE.format(table="data")
+    + """;
 CREATE INDEX IF NOT EXISTS data_expiry ON data (expires_epoch) WHERE expires_epoch IS NOT NULL;
 """
+)
+_COLUMN_ORDER = [
+    "model_type",
+    "model_name",
+    "name",
+    "version",
+    "spec",
+    "attributes",
+    "created_at",
+    "created_epoch",
+    "expires_epoch",
+    "size",
+    "content",
+]
 
 EPHEMERAL_SECONDS = 3600
 WAL_TRUNCATE_BYTES = 64 * 1024 * 1024
@@ -168,14 +190,44 @@ def _row(row: tuple) -> Record:
 
 
 # What queries read: everything but the content, whose size is enough for a match or a listing.
-_META_COLUMNS = (
-    "model_type, model_name, name, version, spec, attributes, NULL, created_at, "
-    "COALESCE(LENGTH(content), 0)"
-)
+_META_COLUMNS = "model_type, model_name, name, version, spec, attributes, NULL, created_at, size"
 
 
 def _meta_row(row: tuple) -> Record:
     return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), None, row[7], row[8])
+
+
+def _migrate(db: sqlite3.Connection) -> bool:
+    """A database written before the content moved last: rebuilt once, in one transaction
+    (another process that finds it done leaves it). Whether this rebuilt it."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(data)")]
+    if columns == _COLUMN_ORDER:
+        return False
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(data)")]
+        if columns == _COLUMN_ORDER:
+            db.execute("ROLLBACK")
+            return False
+        db.execute("DROP TABLE IF EXISTS data_rebuilt")
+        db.execute(_TABLE.format(table="data_rebuilt"))
+        db.execute(
+            "INSERT INTO data_rebuilt SELECT model_type, model_name, name, version, spec, "
+            "attributes, created_at, created_epoch, expires_epoch, "
+            "COALESCE(LENGTH(content), 0), content FROM data"
+        )
+        db.execute("DROP TABLE data")
+        db.execute("ALTER TABLE data_rebuilt RENAME TO data")
+        db.execute(
+            "CREATE INDEX IF NOT EXISTS data_expiry ON data (expires_epoch) "
+            "WHERE expires_epoch IS NOT NULL"
+        )
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return True
 
 
 def _translate(exc: sqlite3.Error, what: str) -> StoreError:
@@ -209,6 +261,73 @@ def _scope_sql(scope: ReadScope) -> tuple[str, list]:
     return clause, excluded + params
 
 
+def select(
+    db: sqlite3.Connection,
+    predicate: Predicate,
+    *,
+    all_versions: bool = False,
+    limit: int | None = None,
+    scope: ReadScope | None = None,
+    budget: float | None = None,
+) -> list[Record]:
+    """:meth:`Datastore.query` on a connection: any of the store's, or a reader's."""
+    clauses, params = [], []
+    if scope is not None:
+        clause, scope_params = _scope_sql(scope)
+        clauses.append(clause)
+        params.extend(scope_params)
+    for field, column in (
+        ("modelType", "model_type"),
+        ("modelName", "model_name"),
+        ("name", "name"),
+        ("spec", "spec"),
+    ):
+        if field in predicate.equalities:
+            clauses.append(f"{column} = ?")
+            params.append(predicate.equalities[field])
+    where = " AND ".join(clauses) or "1=1"
+    if not all_versions:
+        where += f" AND {_IS_LATEST}"
+    deadline = None if budget is None else time.monotonic() + budget
+    if deadline is not None:  # SQLite asks every few thousand steps: stop when it is late
+        db.set_progress_handler(lambda: time.monotonic() > deadline, 4096)
+    # Rows stream from a cursor, without their content: memory holds the matches only, and
+    # the scan stops at ``limit``.
+    out: list[Record] = []
+    try:
+        cursor = db.execute(
+            f"SELECT {_META_COLUMNS} FROM data d WHERE {where} "
+            "ORDER BY model_type, model_name, name, version",
+            params,
+        )
+        try:
+            for seen, row in enumerate(cursor):
+                record = _meta_row(row)
+                if predicate.matches(record.to_json()):
+                    out.append(record)
+                    if limit is not None and len(out) >= limit:
+                        break
+                if deadline is not None and not seen % 64 and time.monotonic() > deadline:
+                    raise QueryTimeout(_too_slow(budget))
+        finally:
+            cursor.close()
+    except sqlite3.OperationalError as exc:
+        if deadline is not None and "interrupt" in str(exc).lower():
+            raise QueryTimeout(_too_slow(budget)) from None
+        raise
+    finally:
+        if deadline is not None:
+            db.set_progress_handler(None, 0)
+    return out
+
+
+def _too_slow(budget: float | None) -> str:
+    return (
+        f"the query did not finish within its {budget:g}s budget: narrow the predicate (an "
+        "exact modelType, modelName or name is looked up by index) or ask for fewer records"
+    )
+
+
 class Datastore:
     """One connection to the repo's database.
 
@@ -237,6 +356,7 @@ class Datastore:
             if orchestrator:
                 self.db.execute("PRAGMA wal_autocheckpoint=0")
             self.db.executescript(_SCHEMA)
+            self.migrated = _migrate(self.db)
             self._identity = _file_identity(self.path)
         except sqlite3.Error as exc:
             raise _translate(exc, f"cannot open the datastore at {self.path}") from None
@@ -333,48 +453,24 @@ class Datastore:
         all_versions: bool = False,
         limit: int | None = None,
         scope: ReadScope | None = None,
+        budget: float | None = None,
     ) -> list[Record]:
         """Records matching a predicate; the latest version of each item unless ``all_versions``.
 
         With a ``scope`` only the records it allows are considered at all (in SQL, before the
-        predicate sees anything).
+        predicate sees anything). With a ``budget`` (seconds) a query still running after that
+        long stops with :class:`QueryTimeout`. The orchestrator runs queries from peers off its
+        event loop (``swamp.store.reader``); this one runs where it is called.
         """
-        clauses, params = [], []
-        if scope is not None:
-            clause, scope_params = _scope_sql(scope)
-            clauses.append(clause)
-            params.extend(scope_params)
-        for field, column in (
-            ("modelType", "model_type"),
-            ("modelName", "model_name"),
-            ("name", "name"),
-            ("spec", "spec"),
-        ):
-            if field in predicate.equalities:
-                clauses.append(f"{column} = ?")
-                params.append(predicate.equalities[field])
-        where = " AND ".join(clauses) or "1=1"
-        if not all_versions:
-            where += f" AND {_IS_LATEST}"
-        # Rows stream from a cursor, without their content: memory holds the matches only, and
-        # the scan stops at ``limit``.
-        out: list[Record] = []
         with self._sql("querying the datastore"):
-            cursor = self.db.execute(
-                f"SELECT {_META_COLUMNS} FROM data d WHERE {where} "
-                "ORDER BY model_type, model_name, name, version",
-                params,
+            return select(
+                self.db,
+                predicate,
+                all_versions=all_versions,
+                limit=limit,
+                scope=scope,
+                budget=budget,
             )
-            try:
-                for row in cursor:
-                    record = _meta_row(row)
-                    if predicate.matches(record.to_json()):
-                        out.append(record)
-                        if limit is not None and len(out) >= limit:
-                            break
-            finally:
-                cursor.close()
-        return out
 
     def data_version(self) -> int:
         """Changes when *another* connection commits: how serve notices CLI writes."""
@@ -404,13 +500,14 @@ class Datastore:
         lifetime = policy.lifetime_seconds()
         encoded = _CANONICAL.encode(attributes)
         item = (key.model_type, key.model_name, key.name)
-        row = (
+        row = (  # the table's columns after the key, in order
             policy.name,
             encoded,
-            content,
             created_at,
             now,
             None if lifetime is None else now + lifetime,
+            0 if content is None else len(content),
+            content,
         )
         # One statement, so one atomic write transaction: SQLite takes the write lock before it
         # evaluates MAX(version), which makes the check and the insert indivisible across
@@ -423,23 +520,23 @@ class Datastore:
                 # One version is kept: the next replaces it in place, a compare-and-swap in
                 # one UPDATE (no insert and trim: one row, one write).
                 inserted = self.db.execute(
-                    "UPDATE data SET version=?, spec=?, attributes=?, content=?, created_at=?, "
-                    "created_epoch=?, expires_epoch=? WHERE model_type=? AND model_name=? "
-                    "AND name=? AND version=? RETURNING version",
+                    "UPDATE data SET version=?, spec=?, attributes=?, created_at=?, "
+                    "created_epoch=?, expires_epoch=?, size=?, content=? WHERE model_type=? "
+                    "AND model_name=? AND name=? AND version=? RETURNING version",
                     (expected_version + 1, *row, *item, expected_version),
                 ).fetchall()
             elif fresh:
-                self.db.execute("INSERT INTO data VALUES (?,?,?,1,?,?,?,?,?,?)", (*item, *row))
+                self.db.execute("INSERT INTO data VALUES (?,?,?,1,?,?,?,?,?,?,?)", (*item, *row))
                 inserted = [(1,)]
             elif expected_version is None:
                 inserted = self.db.execute(
-                    "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,? "
+                    "INSERT INTO data SELECT ?,?,?,COALESCE(MAX(version),0)+1,?,?,?,?,?,?,? "
                     "FROM data WHERE model_type=? AND model_name=? AND name=? RETURNING version",
                     (*item, *row, *item),
                 ).fetchall()
             else:
                 inserted = self.db.execute(
-                    "INSERT INTO data SELECT ?,?,?,?,?,?,?,?,?,? WHERE (SELECT COALESCE("
+                    "INSERT INTO data SELECT ?,?,?,?,?,?,?,?,?,?,? WHERE (SELECT COALESCE("
                     "MAX(version),0) FROM data WHERE model_type=? AND model_name=? AND name=?)=? "
                     "RETURNING version",
                     (*item, expected_version + 1, *row, *item, expected_version),

@@ -1,8 +1,12 @@
 """A test-only plugin (loaded with SWAMP_PLUGINS=swamp_testkit): methods that write, wait and
 query, so tests can kill workers at precise moments."""
 
+import json
+import time
+
 import trio
 
+from swamp.errors import SwampError
 from swamp.hooks import hookimpl
 from swamp.models.framework import Arg, Method, ModelType, ResourceSpec
 
@@ -52,6 +56,46 @@ async def round_trip(ctx, args):
     return {"value": back["value"]}
 
 
+async def hoard(ctx, args):
+    """Writes ``count`` records of ``size`` bytes, one after another, until one is refused."""
+    kept = 0
+    try:
+        for i in range(int(args["count"])):
+            await ctx.write_resource("progress", f"blob-{i}", b"x" * int(args["size"]))
+            kept += 1
+    except SwampError as exc:
+        await ctx.log(f"refused after {kept}: {exc.code}")
+        return {"kept": kept, "refused": exc.code}
+    return {"kept": kept}
+
+
+async def flood(ctx, args):
+    """``parallel`` loops of queryData until ``queries`` have been answered; how each ended
+    (``ok`` or an error code) and the longest one took."""
+    outcomes: dict = {}
+    left = int(args["queries"])
+    longest = 0.0
+
+    async def loop():
+        nonlocal left, longest
+        while left > 0:
+            left -= 1
+            started = time.monotonic()
+            try:
+                await ctx.query_data(args["predicate"])
+                key = "ok"
+            except SwampError as exc:
+                key = exc.code
+            longest = max(longest, time.monotonic() - started)
+            outcomes[key] = outcomes.get(key, 0) + 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(int(args["parallel"])):
+            nursery.start_soon(loop)
+    await ctx.log(json.dumps({"outcomes": outcomes, "longest": round(longest, 3)}))
+    return {"outcomes": outcomes, "longest": longest}
+
+
 async def env(ctx, args):
     await ctx.log(f"{args['name']}={ctx.env.get(args['name'], '<unset>')}")
 
@@ -71,6 +115,20 @@ def swamp_model_types():
                 Method("run_then_wait", run_then_wait, args=(Arg("command", required=True),)),
                 Method("round_trip", round_trip, args=(Arg("value", required=True),)),
                 Method("env", env, args=(Arg("name", required=True),)),
+                Method(
+                    "hoard",
+                    hoard,
+                    args=(Arg("count", "number", required=True), Arg("size", "number", default=1)),
+                ),
+                Method(
+                    "flood",
+                    flood,
+                    args=(
+                        Arg("predicate", required=True),
+                        Arg("queries", "number", default=8),
+                        Arg("parallel", "number", default=4),
+                    ),
+                ),
             ),
             resources=(ResourceSpec("progress"),),
         )

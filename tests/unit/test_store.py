@@ -281,3 +281,98 @@ def test_iso_formats_as_datetime_does_rounding_and_all():
     for epoch in edges + [rng.uniform(0, 4e9) for _ in range(20_000)]:
         assert iso(epoch) == by_datetime(epoch), epoch
     assert iso(1_796_040_000.25) == "2026-11-30T12:00:00.250Z"
+
+
+_OLD_LAYOUT = """
+CREATE TABLE data (
+    model_type TEXT NOT NULL, model_name TEXT NOT NULL, name TEXT NOT NULL,
+    version INTEGER NOT NULL, spec TEXT NOT NULL, attributes TEXT NOT NULL, content BLOB,
+    created_at TEXT NOT NULL, created_epoch REAL NOT NULL, expires_epoch REAL,
+    PRIMARY KEY (model_type, model_name, name, version)
+) WITHOUT ROWID;
+"""
+
+
+def test_a_database_of_the_old_layout_is_rebuilt_once_with_its_rows(tmp_path):
+    """The content used to sit before columns every query reads, so reading a row's metadata
+    walked its content's overflow pages. A database written that way is rebuilt at open."""
+    path = tmp_path / "swamp.db"
+    old = sqlite3.connect(path)
+    old.executescript(_OLD_LAYOUT)
+    old.execute(
+        "INSERT INTO data VALUES ('t/m','i','blob',1,'blob','{}',?,'2026-01-01T00:00:00.000Z',"
+        "1.0,NULL)",
+        (b"x" * 100_000,),
+    )
+    old.execute(
+        "INSERT INTO data VALUES ('t/m','i','rec',1,'rec','{\"a\":1}',NULL,"
+        "'2026-01-01T00:00:00.000Z',1.0,5.0)"
+    )
+    old.commit()
+    old.close()
+    store = Datastore(path, orchestrator=True)
+    try:
+        assert store.migrated
+        assert store.latest(Key("t/m", "i", "blob")).content == b"x" * 100_000
+        sizes = {r.name: r.to_json()["size"] for r in store.query(parse("modelType == 't/m'"))}
+        assert sizes == {"blob": 100_000, "rec": 0}
+        store.write(Key("t/m", "i", "rec"), {"a": 2}, policy=SpecPolicy("rec"))
+        assert store.collect_garbage() == 1  # the old row's expiry is kept (and indexed)
+    finally:
+        store.close()
+    again = Datastore(path)
+    assert not again.migrated  # once
+    again.close()
+
+
+def test_a_query_past_its_budget_stops_with_a_coded_error(store):
+    from swamp.errors import QueryTimeout
+
+    policy = SpecPolicy("item")
+    for i in range(3000):
+        store.write(Key("test/model", "inst", f"item-{i}"), {"i": i}, policy=policy)
+    assert len(store.query(parse("attributes.i >= 0"), budget=60)) == 3000
+    with pytest.raises(QueryTimeout, match="budget"):
+        store.query(parse("attributes.i >= 0"), budget=0)
+    # the connection is left as it was: no handler stays behind
+    assert len(store.query(parse("attributes.i >= 0"))) == 3000
+
+
+async def test_the_reader_queries_in_a_thread_while_the_loop_goes_on(tmp_path):
+    import trio
+
+    from swamp.errors import QueryTimeout
+    from swamp.store.reader import Reader
+
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    policy = SpecPolicy("item")
+    with store.transaction():
+        for i in range(5_000):
+            store.write(Key("test/model", "inst", f"item-{i}"), {"i": i}, policy=policy)
+    reader = Reader(store.path)
+    ticks = 0
+    done = trio.Event()
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await trio.sleep(0)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            found = await reader.query(parse("attributes.i >= 0"), budget=60)
+            at_end = ticks
+            done.set()
+        assert len(found) == 5_000 and at_end > 0  # the loop ran while the rows were read
+        with pytest.raises(QueryTimeout):
+            await reader.query(parse("attributes.i >= 0"), budget=0)
+        assert reader.timed_out == 1
+        scoped = await reader.query(
+            parse("attributes.i < 3"), budget=60, scope=ReadScope.of("other/type", "inst")
+        )
+        assert scoped == []  # the scope applies there too
+    finally:
+        reader.close()
+        store.close()
