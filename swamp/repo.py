@@ -24,6 +24,7 @@ from swamp.domain.environment import check_names
 from swamp.domain.names import check_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
 from swamp.errors import AlreadyServing, UnknownModel, UserError
+from swamp.ids import new_id
 from swamp.store.datastore import Datastore
 
 CONFIG_FILE = "swamp.toml"
@@ -341,4 +342,7 @@ def _host_key(host: str | None) -> str | None:
 
 
 def adhoc(model_type: str) -> ModelInstance:
-    return ModelInstance(name="default", type=model_type, args={}, source="ad hoc")
+    """A run of a model type with no instance named: an instance of its own (``run-`` and
+    16 random hex digits), so its data is its own — what it writes, no other run reads or
+    overwrites, and what it reads is only what it wrote (or what its model declares)."""
+    return ModelInstance(name=f"run-{new_id()[:16]}", type=model_type, args={}, source="ad hoc")

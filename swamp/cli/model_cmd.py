@@ -287,7 +287,9 @@ def _render_result(result, json_output: bool) -> None:
     from swamp.domain.text import printable
 
     where = result.worker or "orchestrator"
-    outputs = ", ".join(f"{o.spec}/{o.name} v{o.version}" for o in result.outputs)
+    outputs = ", ".join(f"{o.name} v{o.version}" for o in result.outputs)
+    if outputs:  # where to find it: 'swamp data query' by the instance's name
+        outputs = f"{outputs} of {result.model}"
     if result.status == "succeeded":
         line = (
             f"✓ {result.model_type}.{result.method} succeeded on {where} in "

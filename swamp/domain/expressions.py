@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import TypeVar
 
 from swamp.domain.query import _COMPARATORS, _contains, _tokenize, _unquote
 from swamp.errors import ExpressionError, InvalidPredicate
@@ -31,6 +32,7 @@ from swamp.errors import ExpressionError, InvalidPredicate
 TEMPLATE = re.compile(r"\$\{\{\s*(.+?)\s*\}\}", re.S)
 MAX_NESTING = 32
 Node = Callable[[dict], object]
+T = TypeVar("T")
 
 
 class _Missing(Exception):
@@ -289,6 +291,10 @@ def _add(values: list, source: str) -> object:
     first = values[0]
     for kind in (str, list):
         if isinstance(first, kind) and all(isinstance(v, kind) for v in values):
+            if sum(len(v) for v in values) > MAX_RENDERED:
+                raise ExpressionError(
+                    f"in ${{{{ {source} }}}}: the sum would be longer than {MAX_RENDERED}"
+                )
             return "".join(values) if kind is str else [x for v in values for x in v]
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return sum(values)
@@ -369,15 +375,35 @@ def has_template(value: object) -> bool:
     return isinstance(value, str) and TEMPLATE.search(value) is not None
 
 
+MAX_RENDERED = 256 * 1024  # a rendered value, as text or as JSON: it travels to a worker
+
+
+def _capped(value: T, source: str) -> T:
+    size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+    if size > MAX_RENDERED:
+        raise ExpressionError(
+            f"{source!r} renders to {size} characters; a rendered value may be at most "
+            f"{MAX_RENDERED} (narrow the query, or pick the fields you need)"
+        )
+    return value
+
+
 def render(value: object, context: dict) -> object:
-    """``value`` with every ``${{ … }}`` evaluated (strings, lists and maps, recursively)."""
+    """``value`` with every ``${{ … }}`` evaluated (strings, lists and maps, recursively).
+    What one string renders to is at most :data:`MAX_RENDERED` characters (as JSON, for a
+    value that is not text)."""
     if isinstance(value, str):
         if "${{" not in value:
             return value
         whole = TEMPLATE.fullmatch(value.strip())
         if whole is not None and value.count("${{") == 1:
-            return evaluate(whole.group(1), context)
-        return TEMPLATE.sub(lambda m: as_text(evaluate(m.group(1), context)), value)
+            return _capped(evaluate(whole.group(1), context), value[:80])
+        return _capped(
+            TEMPLATE.sub(
+                lambda m: _capped(as_text(evaluate(m.group(1), context)), value[:80]), value
+            ),
+            value[:80],
+        )
     if isinstance(value, list):
         return [render(v, context) for v in value]
     if isinstance(value, dict):

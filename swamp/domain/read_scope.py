@@ -86,3 +86,8 @@ class ReadScope:
         return any(
             re.fullmatch(re.escape(p).replace(r"\*", ".*"), model_type) for p in self.type_patterns
         )
+
+
+#: Every model's data and never infrastructure: what a workflow's expressions may read
+#: (``data.query``, ``data.latest``): their values are rendered into steps that go to workers.
+ALL_DATA = ReadScope(frozenset(), ("*",))

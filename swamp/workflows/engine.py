@@ -26,6 +26,7 @@ from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.placement import Placement as StepPlacement
+from swamp.domain.read_scope import ALL_DATA
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
 from swamp.domain.workflow_run import (
@@ -44,6 +45,7 @@ from swamp.workflows.loader import Workflows
 
 log = logging.getLogger("swamp.workflows")
 LOG_TAIL = 20  # the last lines of each step's output, kept in the run record
+EXPRESSION_BUDGET = 2.0  # seconds a data.query() or data.latest() may take (on the event loop)
 Emit = Callable[[dict], Awaitable[None]]
 StepRunner = Callable[..., Awaitable[RunResult]]  # (RunRequest, emit) → result
 
@@ -574,30 +576,33 @@ class _Run:
 
     def data_latest(self, model: str, name: str) -> dict | None:
         """The newest version of data ``name`` of ``model``: an instance in models/, a type
-        (its ad-hoc instance), or the name a step gave with modelName; ``null`` if none."""
+        (the newest of any of its instances: each ad-hoc run has one), or the name a step gave
+        with modelName; ``null`` if none. Never infrastructure records."""
         from swamp.domain.query import parse
         from swamp.store.datastore import Key
 
         if not isinstance(model, str) or not isinstance(name, str):
             raise ExpressionError("data.latest(model, name) takes two strings")
-        if "/" in model:
-            record = self.engine.store.latest(Key(model, "default", name))
-            return record.to_json() if record is not None else None
         instances = self.engine.workflows.repo.model_instances()
-        if model in instances:
+        if "/" not in model and model in instances:
             record = self.engine.store.latest(Key(instances[model].type, model, name))
             return record.to_json() if record is not None else None
+        field = "modelType" if "/" in model else "modelName"  # a type: any of its instances
         found = self.engine.store.query(
-            parse(f"modelName == {json.dumps(model)} && name == {json.dumps(name)}")
+            parse(f"{field} == {json.dumps(model)} && name == {json.dumps(name)}"),
+            scope=ALL_DATA,
+            budget=EXPRESSION_BUDGET,
         )
-        found = [r for r in found if not r.model_type.startswith("swamp/")]
         found.sort(key=lambda r: r.created_at)
         return found[-1].to_json() if found else None
 
     def data_query(self, predicate: str) -> list[dict]:
         from swamp.domain.query import parse
 
-        return [r.to_json() for r in self.engine.store.query(parse(predicate), limit=1000)]
+        found = self.engine.store.query(
+            parse(predicate), limit=1000, scope=ALL_DATA, budget=EXPRESSION_BUDGET
+        )
+        return [r.to_json() for r in found]
 
     def workers_connected(self, selector: dict | None = None) -> list[dict]:
         if selector is not None and not isinstance(selector, dict):

@@ -1,8 +1,13 @@
 """Nothing leaves unnamed: the orchestrator's environment, and data a dispatch may read."""
 
+import json
+
+import httpx
 import pytest
+import trio
 
 from tests.integration.conftest import logs_of, result_of
+from tests.integration.hostile import RawSocket, enroll_params
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +117,76 @@ def test_a_dispatch_reads_only_what_it_runs_and_learns_nothing_else(cluster):
     (cluster.repo / "models" / "typo.toml").write_text('type = "test/steps"\nreads = ["nobody"]\n')
     code, lines = cluster.run("typo", "query", "--arg", "predicate=version > 0", "--target", "w1")
     assert code == 2 and "nobody" in lines[0]["error"]["message"]
+
+
+async def test_an_adhoc_run_is_its_own_instance_no_other_run_reads_or_overwrites(cluster):
+    """Every ad-hoc run of a type shared one instance (``<type>/default``): a worker of another
+    token, given a later ad-hoc command/shell run, read the secret an earlier run printed on
+    another worker and overwrote the 'latest result' the operator then looked at."""
+    cluster.serve()
+    cluster.worker(cluster.mint("honest"), "--label", "role=honest")
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo s3cret-value", "--label", "role=honest"
+    )
+    assert code == 0, lines
+    honest = result_of(lines)
+    assert honest["model"].startswith("run-")
+    # a worker of another token that does what it likes with the dispatch it is given
+    hostile = await RawSocket.open(cluster.url)
+    reply = await hostile.request("worker.enroll", enroll_params(cluster.mint("mallory"), labels={"role": "mallory"}))  # fmt: skip
+    assert reply["type"] == "response", reply
+    seen: dict = {}
+
+    async def misbehave() -> None:
+        while True:
+            frame = await hostile.next_frame()
+            if frame.get("method") == "worker.dispatch":
+                break
+        params = frame["params"]
+        data_plane = cluster.url.replace("ws://", "http://")
+        auth = {"Authorization": f"Bearer {params['credential']}"}
+        async with httpx.AsyncClient() as http:
+            # its own run's data: written and read back (the control: queries do find data)
+            mine = await http.put(
+                f"{data_plane}/data/resources/result/mine", json={"x": 1}, headers=auth
+            )
+            seen["own write"] = mine.status_code
+            # the attack: the earlier run's result, and the name the operator reads
+            for name in ("result",):
+                put = await http.put(
+                    f"{data_plane}/data/resources/result/{name}",
+                    json={"exitCode": 0, "stdoutTail": ["all is well"]},
+                    headers=auth,
+                )
+                seen["overwrite"] = put.status_code
+        for predicate in ('modelType == "command/shell"', "version > 0"):
+            answer = await hostile.request(
+                "capability.queryData",
+                {"dispatchId": params["dispatchId"], "predicate": predicate},
+            )
+            seen[predicate] = answer["result"]["records"]
+        await hostile.send({
+            "type": "response",
+            "id": frame["id"],
+            "result": {"status": "succeeded", "durationMs": 1},
+        })  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(misbehave)
+        code, lines = await trio.to_thread.run_sync(
+            lambda: cluster.run(
+                "command/shell", "run", "--arg", "command=true", "--label", "role=mallory"
+            )
+        )
+    await hostile.aclose()
+    assert code == 0, lines
+    mallory = result_of(lines)["model"]
+    assert mallory.startswith("run-") and mallory != honest["model"]
+    assert seen["own write"] == 200
+    for predicate in ('modelType == "command/shell"', "version > 0"):
+        found = seen[predicate]
+        assert {r["modelName"] for r in found} == {mallory}, found  # only its own run's
+        assert "s3cret" not in json.dumps(found)
+    # what the operator sees of the honest run is what the honest run wrote
+    latest = cluster.query(f'modelName == "{honest["model"]}" && name == "result"')
+    assert latest[0]["attributes"]["stdoutTail"].strip() == "s3cret-value"

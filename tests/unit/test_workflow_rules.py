@@ -147,3 +147,40 @@ def test_what_a_for_each_may_give():
     assert len(expansion_items(list(range(MAX_EXPANSIONS)), step="s")) == MAX_EXPANSIONS
     with pytest.raises(UserError, match="at most 1000 times"):
         expansion_items(list(range(MAX_EXPANSIONS + 1)), step="s")
+
+
+def test_a_rendered_value_has_a_size_cap():
+    from swamp.domain.expressions import MAX_RENDERED
+
+    big = {"blob": "x" * (MAX_RENDERED + 1)}
+    with pytest.raises(ExpressionError, match="at most"):
+        render("${{ inputs.blob }}", {"inputs": big})
+    with pytest.raises(ExpressionError, match="at most"):
+        render("prefix ${{ inputs.blob }}", {"inputs": big})
+    with pytest.raises(ExpressionError, match="longer than"):
+        render(
+            "${{ inputs.half + inputs.half + inputs.half }}",
+            {"inputs": {"half": "y" * (MAX_RENDERED // 2)}},
+        )
+    # the control: just under the cap renders
+    fits = "x" * (MAX_RENDERED - 10)
+    assert render("${{ inputs.fits }}", {"inputs": {"fits": fits}}) == fits
+
+
+def test_workflow_expressions_never_read_infrastructure(tmp_path):
+    from swamp.domain.query import parse
+    from swamp.domain.read_scope import ALL_DATA, INFRASTRUCTURE_TYPES
+    from swamp.store.datastore import Datastore, Key, SpecPolicy
+
+    store = Datastore(tmp_path / "swamp.db")
+    try:
+        for model_type in (*INFRASTRUCTURE_TYPES, "command/shell", "test/steps"):
+            store.write(Key(model_type, "x", "item"), {"secret": 1}, policy=SpecPolicy("item"))
+        everything = {r.model_type for r in store.query(parse("attributes.secret == 1"))}
+        assert INFRASTRUCTURE_TYPES <= everything  # the control: unscoped, they are there
+        scoped = {
+            r.model_type for r in store.query(parse("attributes.secret == 1"), scope=ALL_DATA)
+        }
+        assert scoped == {"command/shell", "test/steps"}
+    finally:
+        store.close()
