@@ -133,7 +133,8 @@ async def test_an_adhoc_run_is_its_own_instance_no_other_run_reads_or_overwrites
     assert honest["model"].startswith("run-")
     # a worker of another token that does what it likes with the dispatch it is given
     hostile = await RawSocket.open(cluster.url)
-    reply = await hostile.request("worker.enroll", enroll_params(cluster.mint("mallory"), labels={"role": "mallory"}))  # fmt: skip
+    params = enroll_params(cluster.mint("mallory"), labels={"role": "mallory"})
+    reply = await hostile.request("worker.enroll", params)
     assert reply["type"] == "response", reply
     seen: dict = {}
 
