@@ -468,7 +468,8 @@ def token_create(
         "--max-concurrency",
         metavar="N",
         show_default=False,
-        help="At most N slots per worker; a worker asking for more gets N.",
+        help="At most N slots per worker (1-1024); a worker asking for more gets N. Without "
+        "it a worker gets at most 64.",
     ),
     cloud_init: bool = typer.Option(
         False,

@@ -10,6 +10,7 @@ self-declared labels and capacity decide where work goes:
 - ``allowed_keys`` (when set) are the only keys a worker may set itself; any other is refused;
 - ``max_concurrency`` caps the slots a worker gets: asking for more is granted the cap (the
   enrollment reply says so), so an impostor cannot make itself "least loaded" with 1024 slots.
+  Without it the cap is :data:`DEFAULT_MAX_CONCURRENCY`; a token's own cap may be higher.
 
 A refusal is permanent for the worker (``Rejected``): its configuration, not the network, is
 wrong.
@@ -25,13 +26,14 @@ from swamp.errors import LabelNotAllowed, LabelPinned, UserError
 
 FLEET_LABEL = "fleet"
 MAX_CAPACITY = 1024
+DEFAULT_MAX_CONCURRENCY = 64  # without a token's --max-concurrency (which may go to 1024)
 
 
 @dataclass(frozen=True)
 class ClaimPolicy:
     pinned: Mapping[str, str] = field(default_factory=dict)
     allowed_keys: frozenset[str] | None = None  # None: a worker may set any key
-    max_concurrency: int | None = None  # None: up to MAX_CAPACITY
+    max_concurrency: int | None = None  # None: up to DEFAULT_MAX_CONCURRENCY
 
     @classmethod
     def build(
@@ -132,5 +134,5 @@ def grant(
             merged[FLEET_LABEL] = token_name
     if len(merged) > MAX_LABELS:
         raise LabelNotAllowed(f"a worker may carry at most {MAX_LABELS} labels")
-    cap = policy.max_concurrency or MAX_CAPACITY
+    cap = policy.max_concurrency or DEFAULT_MAX_CONCURRENCY
     return Granted(merged, min(capacity, cap), kept_own_fleet, capacity > cap)

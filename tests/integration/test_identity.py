@@ -4,9 +4,12 @@ The impostor is a hostile client enrolling by hand (a real worker cannot choose 
 id); every victim and every run is a real ``swamp worker connect`` / CLI process.
 """
 
+import httpx
 import pytest
 import trio
 
+from swamp.domain.claims import DEFAULT_MAX_CONCURRENCY
+from swamp.repo import Repo
 from swamp.store.datastore import Datastore, Key, SpecPolicy
 from tests.integration.conftest import logs_of, result_of, wait_until
 from tests.integration.hostile import RawSocket, enroll_params
@@ -63,11 +66,21 @@ async def test_an_impostor_gets_none_of_its_victims_targeted_work(cluster):
     # the victim's own instance id, copied: refused while the victim is in the pool
     _, refused = await Impostor.enroll(cluster.url, pool, instanceId=victim_id)
     assert refused["error"]["code"] == "conflict"
-    # a well-formed impostor claiming the victim's fleet label and 1024 slots is admitted...
+    # a well-formed impostor claiming the victim's fleet label and 1024 slots is admitted,
+    # with at most the default cap of slots...
     impostor, granted = await Impostor.enroll(
         cluster.url, pool, capacity=1024, labels={"fleet": "victim"}
     )
-    assert impostor is not None and granted["capacity"] == 1024
+    assert impostor is not None and granted["capacity"] == DEFAULT_MAX_CONCURRENCY
+    # ...counted in its token's fleet, whatever fleet label it claims: an autoscaler reading
+    # /metrics does not see the victim's fleet grow
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    metrics = httpx.get(
+        cluster.url.replace("ws://", "http://") + "/metrics",
+        headers={"Authorization": f"Bearer {credential}"},
+    ).text
+    assert f'swamp_slots{{fleet="pool"}} {DEFAULT_MAX_CONCURRENCY}.0' in metrics, metrics
+    assert 'swamp_slots{fleet="victim"} 1.0' in metrics  # the victim's own slot, no more
     async with trio.open_nursery() as nursery:
         nursery.start_soon(impostor.serve)
         # ...but work for the victim, by its name or its instance id, goes to the victim

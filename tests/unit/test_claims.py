@@ -2,7 +2,7 @@
 
 import pytest
 
-from swamp.domain.claims import MAX_CAPACITY, ClaimPolicy, grant
+from swamp.domain.claims import DEFAULT_MAX_CONCURRENCY, MAX_CAPACITY, ClaimPolicy, grant
 from swamp.domain.tokens import Token, TokenState, hash_secret
 from swamp.errors import Rejected, UserError
 
@@ -19,7 +19,15 @@ def test_by_default_a_worker_is_believed_and_a_fleet_member_is_labelled():
     assert same.labels == {"fleet": "pool"} and not same.kept_own_fleet
     single = admit(labels={"zone": "a"}, fleet=False)
     assert single.labels == {"zone": "a"} and not single.kept_own_fleet
-    assert admit(capacity=MAX_CAPACITY).capacity == MAX_CAPACITY
+    assert admit(capacity=DEFAULT_MAX_CONCURRENCY).capacity == DEFAULT_MAX_CONCURRENCY
+
+
+def test_capacity_is_capped_by_default_and_a_token_may_raise_the_cap():
+    """A worker claiming 1024 slots used to get them, and with them every matching step."""
+    claimed = admit(capacity=MAX_CAPACITY)
+    assert claimed.capacity == DEFAULT_MAX_CONCURRENCY and claimed.capacity_capped
+    raised = admit(ClaimPolicy.build(max_concurrency=MAX_CAPACITY), capacity=MAX_CAPACITY)
+    assert raised.capacity == MAX_CAPACITY and not raised.capacity_capped
 
 
 def test_pinned_labels_are_added_and_cannot_be_overridden():
