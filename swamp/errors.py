@@ -253,6 +253,12 @@ class WorkerLostError(DispatchFailed):
     code = "worker_lost"
 
 
+class ExecutionTimeout(DispatchFailed):
+    """A step ran on its worker for longer than its timeout and was stopped there."""
+
+    code = "execution_timeout"
+
+
 class WriteThenDrop(DispatchFailed):
     code = "write_then_drop"
 

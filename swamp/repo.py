@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
+from swamp.domain.durations import parse_duration
 from swamp.domain.environment import check_names
 from swamp.domain.names import check_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
@@ -45,9 +46,10 @@ class ModelInstance:
     env: tuple[str, ...] = ()
     reads: tuple[ReadEntry, ...] = ()
     retry: str = "unwritten"  # run again if its worker was lost before it wrote; or "never"
+    timeout: str | None = None  # how long a dispatch may run on a worker ("30m"); a run's wins
 
 
-_MODEL_KEYS = ("name", "type", "args", "env", "reads", "retry")
+_MODEL_KEYS = ("name", "type", "args", "env", "reads", "retry", "timeout")
 RETRY_POLICIES = ("unwritten", "never")
 
 
@@ -209,7 +211,12 @@ class Repo:
                     f'worker is lost before it writes anything) or "never", not {retry!r}'
                 )
             reads = parse_reads(data.get("reads", []), source=f"{path.name} reads")
-            instances[name] = ModelInstance(name, data["type"], args, str(path), env, reads, retry)
+            timeout = data.get("timeout")
+            if timeout is not None:
+                parse_duration(timeout, what=f"timeout in {path.name}")
+            instances[name] = ModelInstance(
+                name, data["type"], args, str(path), env, reads, retry, timeout
+            )
         return instances
 
     def read_scope(self, model: ModelInstance) -> ReadScope:

@@ -392,12 +392,14 @@ class RepoAdmin:
             env_names=check_names(request.env, source="--env"),
             read_scope=self.repo.read_scope(model),
             queue_timeout=request.queue_timeout,
+            timeout=request.timeout,
             started_at=iso(self.clock()),
         )
         if self.dispatch is not None:
             return await self.dispatch.run(run, emit)
         if request.queue_timeout is not None:
             parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
+        run.execution_timeout()
         if placement.is_remote():
             raise NeedsOrchestrator(
                 f"running on a worker ({placement.describe()}) needs a running "

@@ -19,6 +19,7 @@ _REASON_FIELD = {
     WorkerStatus.DISCONNECTED.value: "disconnectReason",
     WorkerStatus.UNVERIFIED.value: "verifyFailureReason",
     WorkerStatus.DRAINING.value: "drainReason",
+    WorkerStatus.UNRESPONSIVE.value: "unresponsiveReason",
 }
 
 
@@ -156,6 +157,7 @@ _ITEM_FIELDS = (
     "disconnectReason",
     "verifyFailureReason",
     "drainReason",
+    "unresponsiveReason",
 )
 
 

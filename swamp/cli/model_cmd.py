@@ -200,6 +200,14 @@ def run(
         help="With a placement: how long to wait for a free matching worker before failing, "
         "e.g. 30s or 5m; 0 waits forever (default: the server's --queue-timeout, 10m).",
     ),
+    timeout: str = typer.Option(
+        None,
+        "--timeout",
+        show_default=False,
+        help="How long the method may run once it started, e.g. 30m; past it, it is stopped "
+        'and the run fails (execution_timeout). Default: the model\'s timeout = "…" in '
+        "models/*.toml, else none. Not the time spent waiting for a worker (--queue-timeout).",
+    ),
     env: list[str] = typer.Option(
         None,
         "--env",
@@ -225,6 +233,7 @@ def run(
     the method succeeded, 1 when it failed or timed out waiting. Example:
     swamp model method run command/shell run --arg command='uname -a' --label gpu=true
     """
+    from swamp.domain.durations import parse_duration
     from swamp.domain.environment import check_names
     from swamp.domain.labels import parse_labels
     from swamp.domain.placement import Placement
@@ -234,6 +243,8 @@ def run(
     placement = Placement(target=target, labels=parse_labels(label or []), platform=platform)
     if queue_timeout is not None:
         parse_queue_timeout(queue_timeout, what="--queue-timeout")
+    if timeout is not None:
+        parse_duration(timeout, what="--timeout")
     request = MethodRunRequest(
         model=model,
         method=method,
@@ -241,6 +252,7 @@ def run(
         placement=PlacementSpec(target=target, labels=placement.labels, platform=platform),
         env=list(check_names(env or [], source="--env")),
         queue_timeout=queue_timeout,
+        timeout=timeout,
     )
 
     out = LinePump()

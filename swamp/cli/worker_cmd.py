@@ -287,6 +287,14 @@ def list_workers(
         print(printable(f"{worker.name} is unverified: {worker.verify_failure_reason or '?'}"))
     if unverified:
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
+    unresponsive = [w for w in reply.workers if w.status == "unresponsive"]
+    for worker in unresponsive:
+        print(printable(f"{worker.name} is unresponsive: {worker.unresponsive_reason or '?'}"))
+    if unresponsive:
+        print(
+            "Unresponsive workers get no work until they reconnect (restart them); the steps "
+            "they were sent went back to the queue."
+        )
     for worker in behind:
         print(
             printable(f"{worker.name} runs swamp {worker.swamp_version}, the orchestrator {ours}.")

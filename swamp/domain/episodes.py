@@ -24,6 +24,8 @@ class Ending(str, Enum):
     MALFORMED = "malformed"  # the worker's reply was not a result
     CANCELLED = "cancelled"  # whoever ran the step went away
     STOPPED = "stopped"  # the worker was stopped (a second signal) while the step ran
+    UNACKNOWLEDGED = "unacknowledged"  # the worker said nothing of the dispatch in time
+    TIMED_OUT = "timed_out"  # it ran past its execution timeout and was stopped
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,12 @@ def lease_ending(end: EpisodeEnd) -> tuple[LeaseState, str | None]:
         return LeaseState.CANCELLED, "dispatch cancelled"
     if end.how is Ending.STOPPED:
         return LeaseState.FAILED, "worker stopped"
+    if end.how is Ending.UNACKNOWLEDGED:
+        if end.has_writes:
+            return LeaseState.FAILED, f"worker did not acknowledge the dispatch: {end.reason}"
+        return LeaseState.EXPIRED, f"worker did not acknowledge the dispatch: {end.reason}"
+    if end.how is Ending.TIMED_OUT:
+        return LeaseState.FAILED, f"timed out: {end.reason}"
     return LeaseState.FAILED, end.reason or None
 
 
@@ -74,7 +82,14 @@ def next_move(end: EpisodeEnd, *, model: str, method: str, retry: str) -> Next:
         return Next(Move.FINISH)
     if end.how is Ending.BUSY:
         return Next(Move.REQUEUE)
-    if end.how is Ending.LOST:
+    if end.how is Ending.TIMED_OUT:
+        return Next(
+            Move.FAIL,
+            "execution_timeout",
+            f"{method} ran longer than its timeout on worker {end.worker} and was stopped "
+            f"({end.reason})",
+        )
+    if end.how in (Ending.LOST, Ending.UNACKNOWLEDGED):
         if end.has_writes:
             return Next(
                 Move.FAIL,

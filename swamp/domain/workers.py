@@ -3,7 +3,9 @@
 ``idle`` and ``busy`` are schedulable; ``disconnected`` is not (a member in its grace window
 keeps its place in the pool but gets no work); ``unverified`` is not (it is being probed, or its
 probe failed, under ``serve --verify-on-enroll``); ``draining`` is not (it finishes what it runs,
-then leaves). Nor is any status a client does not know.
+then leaves); ``unresponsive`` is not (it said nothing of a dispatch it was sent: the dispatch was
+taken back, and the worker gets no more until it reconnects). Nor is any status a client does
+not know.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class WorkerStatus(str, Enum):
     DISCONNECTED = "disconnected"
     UNVERIFIED = "unverified"
     DRAINING = "draining"
+    UNRESPONSIVE = "unresponsive"
 
 
 SCHEDULABLE = frozenset({WorkerStatus.IDLE.value, WorkerStatus.BUSY.value})
@@ -33,12 +36,14 @@ WORKER_LIFECYCLE = Lifecycle(
             WorkerStatus.DISCONNECTED,
             WorkerStatus.IDLE,
             WorkerStatus.DRAINING,
+            WorkerStatus.UNRESPONSIVE,
         },
         WorkerStatus.BUSY: {
             WorkerStatus.IDLE,
             WorkerStatus.DISCONNECTED,
             WorkerStatus.BUSY,
             WorkerStatus.DRAINING,
+            WorkerStatus.UNRESPONSIVE,
         },
         WorkerStatus.DISCONNECTED: {WorkerStatus.IDLE, WorkerStatus.BUSY},
         # a probe never demotes a worker: only an enrollment starts unverified
@@ -50,6 +55,12 @@ WORKER_LIFECYCLE = Lifecycle(
         },
         # announced by the worker when its drain starts; it leaves when the last slot empties
         WorkerStatus.DRAINING: {WorkerStatus.DRAINING, WorkerStatus.DISCONNECTED},
+        # until it reconnects (a new enrollment): it may still drain and leave
+        WorkerStatus.UNRESPONSIVE: {
+            WorkerStatus.UNRESPONSIVE,
+            WorkerStatus.DISCONNECTED,
+            WorkerStatus.DRAINING,
+        },
     },
 )
 

@@ -3,9 +3,10 @@
 A workflow has jobs; a job has steps; a step runs a *task* — a model method (``modelIdOrName``,
 or ``modelType`` with ``modelName``, plus ``methodName`` and ``inputs``) or another workflow
 (``workflowIdOrName``). Jobs depend on jobs and steps on steps of their job (``dependsOn``, with a
-condition tree); placement (``target``, ``labels``, ``platform``, ``queueTimeout``, and
-``affinity`` on the workflow and its jobs) is inherited workflow → job → step, the child winning
-(an explicit empty ``labels`` clears). ``forEach`` runs a step once per item of a list.
+condition tree); placement (``target``, ``labels``, ``platform``, ``queueTimeout``, the
+execution ``timeout``, and ``affinity`` on the workflow and its jobs) is inherited workflow →
+job → step, the child winning (an explicit empty ``labels`` clears). ``forEach`` runs a step
+once per item of a list.
 
 :func:`parse` turns the TOML tree into these values and reports every problem with its place in
 the file (``jobs[1].steps[0].task.methodName``), never stopping at the first; an unknown key is
@@ -16,6 +17,7 @@ a problem with a did-you-mean. What needs the repo (do the models exist?) is
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +79,7 @@ class Placement:
     platform: str | None = None
     queue_timeout: str | None = None  # seconds (a number) or a duration; "0" waits forever
     affinity: bool | None = None
+    timeout: str | None = None  # how long a step may run once dispatched (a duration)
 
     def under(self, parent: Placement) -> Placement:
         """This level's fields over its parent's: the child wins wherever it sets a field."""
@@ -88,6 +91,7 @@ class Placement:
                 self.queue_timeout if self.queue_timeout is not None else parent.queue_timeout
             ),
             affinity=self.affinity if self.affinity is not None else parent.affinity,
+            timeout=self.timeout if self.timeout is not None else parent.timeout,
         )
 
     def is_remote(self) -> bool:
@@ -173,6 +177,7 @@ _WORKFLOW_KEYS = [
     "labels",
     "platform",
     "queueTimeout",
+    "timeout",
     "affinity",
     "id",
     "tags",
@@ -188,6 +193,7 @@ _JOB_KEYS = [
     "labels",
     "platform",
     "queueTimeout",
+    "timeout",
     "affinity",
 ]
 _STEP_KEYS = [
@@ -204,6 +210,7 @@ _STEP_KEYS = [
     "labels",
     "platform",
     "queueTimeout",
+    "timeout",
 ]
 _TASK_KEYS = {
     "model_method": ("type", "modelIdOrName", "modelType", "modelName", "methodName", "inputs"),
@@ -292,7 +299,24 @@ class _Reader:
             platform=self.text(raw, "platform", place),
             queue_timeout=timeout,
             affinity=self.flag(raw, "affinity", place) if affinity else None,
+            timeout=self.run_timeout(raw.get("timeout"), _at(place, "timeout")),
         )
+
+    def run_timeout(self, value, place: str) -> str | None:
+        """``timeout``: seconds (a positive number) or a duration such as 30m."""
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return f"{math.ceil(value)}s"
+        if isinstance(value, str):
+            try:
+                parse_duration(value.strip(), what="timeout")
+            except UserError as exc:
+                self.problem(place, exc.message)
+                return None
+            return value.strip()
+        self.problem(place, "expected seconds (a positive number) or a duration such as 30m")
+        return None
 
     def queue_timeout(self, value, place: str) -> str | None:
         if isinstance(value, bool):

@@ -12,6 +12,7 @@ a reason (write-then-drop, ``retry = "never"``, a refusal).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 import trio
 
 from swamp.domain import environment
+from swamp.domain.durations import parse_duration
 from swamp.domain.episodes import Move, next_move
 from swamp.domain.placement import Placement
 from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import BY_CODE, DispatchFailed
+from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout
 from swamp.ids import new_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
@@ -54,6 +56,7 @@ class RunRequest:
     env_names: tuple[str, ...] = ()  # the run's --env: more of the orchestrator's variables
     read_scope: ReadScope | None = None  # None: the model's own data only
     queue_timeout: str | None = None  # the run's --queue-timeout (beats serve's)
+    timeout: str | None = None  # the run's --timeout (beats the model's)
     workflow: str | None = None  # which run/step this is, when a workflow placed it
     job: str | None = None
     step: str | None = None
@@ -65,6 +68,12 @@ class RunRequest:
 
     def scope(self) -> ReadScope:
         return self.read_scope or ReadScope.of(self.model.type, self.model.name)
+
+    def execution_timeout(self) -> float | None:
+        """Seconds the method may run once dispatched (each attempt): the run's ``--timeout``,
+        else the model's ``timeout``, else as long as it takes."""
+        text = self.timeout if self.timeout is not None else self.model.timeout
+        return None if text is None else float(parse_duration(text, what="--timeout"))
 
 
 class DispatchService:
@@ -132,6 +141,7 @@ class DispatchService:
         args = method.validate({**request.model.args, **request.args})
         if request.queue_timeout is not None:
             parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
+        request.execution_timeout()  # a bad one is an input error before anything runs
         return model_type, args
 
     async def run(self, request: RunRequest, emit: Emit) -> RunResult:
@@ -179,6 +189,7 @@ class DispatchService:
             args=args,
             environment=environment.ship(self.environ, request.shipped_names(self.ship_env)),
             read_scope=request.scope(),
+            timeout=request.execution_timeout(),
         )
         info = StepInfo(
             model_type.type,
@@ -243,8 +254,8 @@ class DispatchService:
         versions: a flip per dispatch would be two durable writes on the hot path for a fact
         that is stale a millisecond later. Real status changes (enrolled, unverified,
         draining, disconnected) are versions; they are written where they happen."""
-        if member.status == WorkerStatus.DRAINING.value:
-            return  # draining until it leaves: its slots no longer make it busy or idle
+        if member.status in (WorkerStatus.DRAINING.value, WorkerStatus.UNRESPONSIVE.value):
+            return  # until it leaves or reconnects: its slots no longer make it busy or idle
         member.status = status
         member.last_seen_at = iso(self.clock())
 
@@ -269,5 +280,12 @@ async def run_here(
         env={**env, **environment.step_identity(new_id(), 1)},
     )
     await safe_emit(emit, Started(where="orchestrator").to_json())
-    outcome = await run_method(model_type.method(request.method), args, ctx)
+    timeout = request.execution_timeout()
+    with trio.move_on_after(math.inf if timeout is None else timeout) as timer:
+        outcome = await run_method(model_type.method(request.method), args, ctx)
+    if timer.cancelled_caught:
+        raise ExecutionTimeout(
+            f"{model_type.type}.{request.method} ran longer than its timeout ({timeout:g}s) "
+            "and was stopped"
+        )
     return outcome.to_message()

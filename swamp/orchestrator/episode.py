@@ -41,6 +41,7 @@ from swamp.models.framework import ModelType
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member
 from swamp.protocol.messages import (
+    Accepted,
     Dispatched,
     DispatchRequest,
     DispatchResult,
@@ -61,6 +62,8 @@ LEASE_RETRY_CAP = 5.0  # the longest wait between attempts while the store refus
 JOURNAL_BATCH = 4  # journaled rows taken into the store together, right after a reply
 JOURNAL_DELAY = 0.05  # fewer than that are taken in by then
 MAX_JOURNALED = 1024  # rows journaled and not in the store yet; beyond, a row is inserted at once
+ACK_TICK = 1.0  # how often dispatches are checked for an acknowledgement overdue
+_NO_REPLY = object()
 Emit = Callable[[dict], Awaitable[None]]
 
 
@@ -84,6 +87,7 @@ class Work:
     environment: dict[str, str]
     read_scope: ReadScope
     takes_slot: bool = True  # False for the fleet probe: it runs beside the worker's dispatches
+    timeout: float | None = None  # seconds it may run on the worker; None: as long as it takes
 
 
 @dataclass
@@ -103,6 +107,12 @@ class ActiveDispatch:
     lease: Record | None = None  # the latest lease record this process wrote
     opened: dict | None = None  # the lease's attributes, while its row is not written yet
     opened_at: float = 0.0  # trio time
+    sent_at: float = 0.0  # trio time: when the dispatch went to the worker
+    # the worker has said something of it (an event, a write, a query, its answer); until
+    # then it may be taken back (see Episodes.watch_acknowledgements)
+    acknowledged: bool = False
+    abandoned: str | None = None  # why it was taken back
+    abandon: trio.CancelScope | None = None
 
 
 @dataclass(frozen=True)
@@ -118,14 +128,19 @@ class Episodes:
         credentials: Credentials,
         *,
         journal: Journal | None = None,
+        on_unacknowledged: Callable[[Member, str], None] = lambda member, reason: None,
         clock=time.time,
     ) -> None:
         self.store = store
+        self.on_unacknowledged = on_unacknowledged  # marks the worker (the gateway's to say)
         self.credentials = credentials
         self.journal = journal
         self.leases = LeaseBook(store, clock=clock)
         self.active: dict[str, ActiveDispatch] = {}
         self.completed = 0
+        self.unacknowledged = 0  # dispatches taken back from a worker that said nothing of them
+        # sent and not yet acknowledged, oldest first (entries acknowledged since are skipped)
+        self._awaiting_ack: dict[str, ActiveDispatch] = {}
         # leases whose row is not written yet, oldest first (see write_leases)
         self._unwritten: dict[str, ActiveDispatch] = {}
         # ended rows in the journal and not in the store yet, with when each was journaled
@@ -175,7 +190,9 @@ class Episodes:
             ).to_json()
             if emit is not no_events:
                 await safe_emit(emit, Dispatched(member.name, dispatch_id).to_json())
-            episode = await self._call(member, active, params, emit)
+            active.sent_at = trio.current_time()
+            self._awaiting_ack[dispatch_id] = active
+            episode = await self._call(member, active, params, emit, work.timeout)
             state, error = lease_ending(episode.end)
             await self._end_lease(active, state, error)
             if episode.end.how in (Ending.SUCCEEDED, Ending.FAILED):
@@ -190,8 +207,11 @@ class Episodes:
             if credential is not None:
                 self.credentials.revoke(credential)
             self.active.pop(dispatch_id, None)
+            self._awaiting_ack.pop(dispatch_id, None)
 
-    async def _call(self, member: Member, active: ActiveDispatch, params: dict, emit) -> Episode:
+    async def _call(
+        self, member: Member, active: ActiveDispatch, params: dict, emit, timeout: float | None
+    ) -> Episode:
         channel = member.channel
         if channel is None or channel.closed:
             return Episode(
@@ -201,23 +221,42 @@ class Episodes:
                     "the worker disconnected before the dispatch was sent",
                 )
             )
-        try:
-            reply = await channel.call(
-                "worker.dispatch",
-                params,
-                timeout=None,
-                on_event=lambda event: _relay(emit, event, active),
-                # cancelled: the slot stays taken until the worker says the method stopped
-                settle=CANCEL_SETTLE,
+        reply = _NO_REPLY
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            with trio.CancelScope() as abandon:
+                active.abandon = abandon
+                try:
+                    reply = await channel.call(
+                        "worker.dispatch",
+                        params,
+                        timeout=None,
+                        on_event=lambda event: _relay(emit, event, active),
+                        # cancelled: the slot stays taken until the worker says the method
+                        # stopped — unless it was taken back from a worker that said nothing
+                        settle=lambda: 0 if active.abandoned else CANCEL_SETTLE,
+                    )
+                except ChannelClosed as exc:
+                    return Episode(
+                        EpisodeEnd(Ending.LOST, member.name, exc.message, active.has_writes)
+                    )
+                except (WorkerBusy, WorkerDraining) as exc:  # it took nothing: back to the queue
+                    return Episode(EpisodeEnd(Ending.BUSY, member.name, exc.message))
+                except WorkerStopped as exc:
+                    return Episode(EpisodeEnd(Ending.STOPPED, member.name, exc.message))
+                except SwampError as exc:
+                    return Episode(
+                        EpisodeEnd(Ending.REFUSED, member.name, f"({exc.code}) {exc.message}")
+                    )
+        if reply is _NO_REPLY:
+            if active.abandoned is not None:
+                return Episode(
+                    EpisodeEnd(
+                        Ending.UNACKNOWLEDGED, member.name, active.abandoned, active.has_writes
+                    )
+                )
+            return Episode(
+                EpisodeEnd(Ending.TIMED_OUT, member.name, f"its timeout is {timeout:g}s")
             )
-        except ChannelClosed as exc:
-            return Episode(EpisodeEnd(Ending.LOST, member.name, exc.message, active.has_writes))
-        except (WorkerBusy, WorkerDraining) as exc:  # it took nothing: back to the queue
-            return Episode(EpisodeEnd(Ending.BUSY, member.name, exc.message))
-        except WorkerStopped as exc:
-            return Episode(EpisodeEnd(Ending.STOPPED, member.name, exc.message))
-        except SwampError as exc:
-            return Episode(EpisodeEnd(Ending.REFUSED, member.name, f"({exc.code}) {exc.message}"))
         try:
             result = DispatchResult.decode(reply)
         except MalformedFrame as exc:
@@ -226,6 +265,33 @@ class Episodes:
             result = replace(result, outputs=[OutputHandle(**o) for o in active.outputs])
         how = Ending.SUCCEEDED if result.status == "succeeded" else Ending.FAILED
         return Episode(EpisodeEnd(how, member.name, str(result.error or "")), result)
+
+    async def watch_acknowledgements(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Take back every dispatch its worker has said nothing of — no event, no write, no
+        query, no answer — within :func:`ack_deadline`: the worker is marked (it gets no more
+        work until it reconnects) and the step goes back to the queue after the fence, as for
+        a lost worker. A worker that pings but never answers would otherwise hold every step
+        it is sent for good. One timer for all dispatches; a dispatch that ends sooner costs
+        nothing (its worker acknowledges only what still runs after a moment)."""
+        task_status.started()
+        while True:
+            await trio.sleep(ACK_TICK)
+            now = trio.current_time()
+            for dispatch_id, active in list(self._awaiting_ack.items()):
+                if active.acknowledged:
+                    self._awaiting_ack.pop(dispatch_id, None)
+                elif now - active.sent_at > ack_deadline(active.member):
+                    self._abandon(active, now - active.sent_at)
+
+    def _abandon(self, active: ActiveDispatch, waited: float) -> None:
+        self._awaiting_ack.pop(active.id, None)
+        reason = f"it said nothing of dispatch {active.id[:12]} for {waited:.0f}s"
+        active.abandoned = reason
+        self.unacknowledged += 1
+        log.warning("taking a dispatch back from worker %s: %s", active.member.name, reason)
+        if active.abandon is not None:
+            active.abandon.cancel()
+        self.on_unacknowledged(active.member, reason)
 
     async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> None:
         """End the lease durably (retried while the database is locked); a lease that cannot be
@@ -277,6 +343,7 @@ class Episodes:
 
     async def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
+        active.acknowledged = True  # it is running the method
         if not active.has_writes:
             if not await self._insert_lease(active, self.leases.write_bearing):
                 active.lease = await retry_busy(
@@ -398,15 +465,26 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch) -> None:
     worker = active.member.name
     try:
         decoded = decode_event(event)
+        if isinstance(decoded, Accepted):
+            active.acknowledged = True
+            return
         if isinstance(decoded, Effects):
-            active.has_writes = True
+            active.acknowledged = active.has_writes = True
             return
         if not isinstance(decoded, LogLine):
             raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")
     except MalformedFrame as exc:
         log.warning("dropped a malformed event from worker %s: %s", worker, exc.message)
         return
+    active.acknowledged = True
     await safe_emit(emit, replace(decoded, worker=worker).to_json())
+
+
+def ack_deadline(member: Member) -> float:
+    """How long a worker may say nothing of a dispatch: as long as it may say nothing at all
+    before it is dropped (its heartbeats missed), so one rule covers both."""
+    channel = member.channel
+    return member.heartbeat * (channel.missed if channel is not None else 3)
 
 
 async def safe_emit(emit: Emit, event: dict) -> None:

@@ -34,6 +34,7 @@ from swamp.domain.workers import (
     check_platform_word,
     check_version,
     heartbeat_interval,
+    is_schedulable,
 )
 from swamp.errors import (
     AlreadyConnected,
@@ -275,6 +276,18 @@ class Gateway:
             )
             self.pool.refresh(member)
         return {}
+
+    def unresponsive(self, member: Member, reason: str) -> None:
+        """It said nothing of a dispatch it was sent (see ``Episodes.watch_acknowledgements``):
+        it gets no more work until it reconnects; a version of its record says why."""
+        if not member.connected or not is_schedulable(member.status):
+            return  # already getting no work (draining, unverified, unresponsive)
+        member.status, member.unresponsive_reason = WorkerStatus.UNRESPONSIVE.value, reason
+        self.records.status(
+            member, WorkerStatus.UNRESPONSIVE.value, reason=reason, active=sorted(member.active)
+        )
+        log.warning("worker %s gets no more work until it reconnects: %s", member.name, reason)
+        self.pool.refresh(member)
 
     def disconnected(self, member: Member, channel: RpcChannel) -> None:
         """The control socket of an enrolled worker ended (whatever the reason)."""

@@ -34,6 +34,7 @@ class Member:
     record: Record | None = None  # the latest worker record this process wrote
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
+    unresponsive_reason: str | None = None
 
     @property
     def heartbeat(self) -> float:
@@ -66,6 +67,11 @@ class Member:
             **(
                 {"drainReason": self.drain_reason}
                 if self.status == WorkerStatus.DRAINING.value and self.drain_reason
+                else {}
+            ),
+            **(
+                {"unresponsiveReason": self.unresponsive_reason}
+                if self.status == WorkerStatus.UNRESPONSIVE.value and self.unresponsive_reason
                 else {}
             ),
         }

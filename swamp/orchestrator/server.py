@@ -361,7 +361,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
         records=records,
     )
     gateway.on_rejection = metrics.on_rejection
-    episodes = Episodes(store, credentials, journal=journal)
+    episodes = Episodes(store, credentials, journal=journal, on_unacknowledged=gateway.unresponsive)
     queue = DispatchQueue(pool, store, observe=metrics.on_queue)
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
@@ -440,6 +440,7 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
             await nursery.start(gateway.run)
             await nursery.start(episodes.keep_credentials_fresh)
             await nursery.start(episodes.write_leases)
+            await nursery.start(episodes.watch_acknowledgements)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
                     lambda task_status: _listen(app, config, stop, options, task_status)

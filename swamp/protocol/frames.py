@@ -17,7 +17,8 @@ from swamp.errors import FrameTooLarge, MalformedFrame
 
 #: Bump when the shape of enrollment, dispatch or a capability changes.
 #: 2: no session credential (nor ``worker.session.refresh``); the reply grants ``capacity``.
-PROTOCOL_VERSION = 2
+#: 3: a worker acknowledges a dispatch it is still running after a moment (``accepted``).
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
 

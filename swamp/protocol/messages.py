@@ -465,6 +465,16 @@ class Effects(Message):
 
 
 @dataclass(frozen=True)
+class Accepted(Message):
+    """From a worker, mid-dispatch: it has taken the dispatch and is running it. A dispatch
+    that ends quickly needs none (its answer says as much); one still running after a moment
+    sends this once, and one that says nothing at all within a few heartbeats is taken back
+    (``swamp.orchestrator.episode``)."""
+
+    kind: Literal["accepted"] = "accepted"
+
+
+@dataclass(frozen=True)
 class StepEvent(Message):
     """A workflow run's step changed: ``what`` is started, queued, dispatched, redispatch, log,
     succeeded, failed or skipped; ``detail`` is the requirement, the reason or the error."""
@@ -502,6 +512,7 @@ Event = (
     | Started
     | Dropped
     | Effects
+    | Accepted
     | StepEvent
     | RunEvent
 )
@@ -515,6 +526,7 @@ _EVENTS = {
     "started": Started,
     "dropped": Dropped,
     "effects": Effects,
+    "accepted": Accepted,
 }
 
 
@@ -589,6 +601,7 @@ class MethodRunRequest(Message):
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     env: list[str] = field(default_factory=list)
     queue_timeout: str | None = None  # e.g. "5m"; "0" waits forever; absent: the server's
+    timeout: str | None = None  # how long it may run on a worker, e.g. "30m"; absent: the model's
 
 
 @dataclass(frozen=True)
@@ -768,6 +781,7 @@ class WorkerItem(Message):
     disconnect_reason: str | None = None
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
+    unresponsive_reason: str | None = None
 
 
 @dataclass(frozen=True)

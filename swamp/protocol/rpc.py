@@ -797,14 +797,15 @@ class RpcChannel:
         *,
         timeout: float | None = 30.0,
         on_event: EventSink | None = None,
-        settle: float = 0,
+        settle: float | Callable[[], float] = 0,
     ) -> Any:
         """Send a request and wait for its answer; ``timeout=None`` waits as long as it takes.
 
         On timeout, or if the caller is cancelled, the peer is told to cancel its handler; with
         ``settle`` the call then keeps waiting (up to that many seconds) for the peer to say its
         handler has stopped, so that whatever the handler held is really free when this
-        returns.
+        returns. A callable ``settle`` is asked at that moment (a caller giving up on a peer
+        that does not answer waits for nothing).
         """
         if self.closed:
             raise ChannelClosed(f"{self.name}: {self.close_reason}")
@@ -822,10 +823,11 @@ class RpcChannel:
                     await pending.done.wait()
         finally:
             if not pending.done.is_set():
+                wait = settle() if callable(settle) else settle
                 with trio.CancelScope(shield=True):
-                    with trio.move_on_after(max(settle, 1)):
+                    with trio.move_on_after(max(wait, 1)):
                         await self._send_quietly(frames.Cancel(call_id))
-                    with trio.move_on_after(settle):
+                    with trio.move_on_after(wait):
                         await pending.done.wait()  # the peer's last word on it, or its loss
                 self._pending.pop(call_id, None)
         if not pending.done.is_set():

@@ -35,7 +35,7 @@ from swamp.hostinfo import local_platform
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
-from swamp.protocol.messages import DispatchRequest, EnrollReply, EnrollRequest
+from swamp.protocol.messages import Accepted, DispatchRequest, EnrollReply, EnrollRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
@@ -46,6 +46,7 @@ from swamp.worker.remote_context import RemoteContext
 
 ENROLL_TIMEOUT = 30
 CONNECT_TIMEOUT = 10
+ACK_AFTER = 0.5  # a dispatch still running this long is acknowledged (one timer for all)
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Session:
         self.drain = drain or Drain(reporter)
         self.drain.session = self
         self.running: dict[str, IncomingCall] = {}
+        # dispatches running and not acknowledged yet, with when each started (trio time)
+        self._unacknowledged: dict[str, tuple[IncomingCall, float]] = {}
         self.idle = trio.Event()  # set while no dispatch runs
         self.idle.set()
         self._idle_at = math.inf  # --idle-timeout: when this session's idle time is up
@@ -116,6 +119,7 @@ class Session:
                 self._nursery = nursery
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
+                nursery.start_soon(self._acknowledge)
                 if self.config.idle_timeout:
                     self._set_idle_deadline()
                     nursery.start_soon(self._watch_idle)
@@ -249,6 +253,7 @@ class Session:
             if self.reaper is not None:
                 ctx.processes = self.reaper
             self.running[dispatch_id] = call  # a second signal stops it (stop_dispatches)
+            self._unacknowledged[dispatch_id] = (call, trio.current_time())
             outcome = await run_method(method, args, ctx)
         except trio.Cancelled:
             self._report(
@@ -260,6 +265,7 @@ class Session:
             raise
         finally:
             self.running.pop(dispatch_id, None)
+            self._unacknowledged.pop(dispatch_id, None)
             self.active -= 1
             if self.active == 0:
                 self.idle.set()
@@ -276,6 +282,22 @@ class Session:
                 error=outcome.error,
             )
         return outcome.to_message().to_json()
+
+    async def _acknowledge(self) -> None:
+        """Tell the orchestrator, once, of every dispatch still running :data:`ACK_AFTER` after
+        it started (one that ends sooner is acknowledged by its answer): a dispatch it hears
+        nothing of within a few heartbeats is taken back and given to another worker."""
+        while True:
+            await trio.sleep(ACK_AFTER)
+            if not self._unacknowledged:
+                continue
+            due = trio.current_time() - ACK_AFTER
+            for dispatch_id, (call, started) in list(self._unacknowledged.items()):
+                if started <= due and self._unacknowledged.pop(dispatch_id, None) is not None:
+                    try:
+                        await call.emit(Accepted().to_json())
+                    except SwampError:  # the socket is going: the orchestrator sees that
+                        return
 
     def _report(self, event: str, **fields) -> None:
         if self.reporter.per_dispatch:

@@ -477,6 +477,7 @@ class _Run:
             placement,
             read_scope=self.engine.workflows.repo.read_scope(instance),
             queue_timeout=fields.queue_timeout,
+            timeout=fields.timeout,
             workflow=self.workflow.name,
             job=job.name,
             step=name,

@@ -112,3 +112,24 @@ def test_what_becomes_of_the_step():
     assert moves(Ending.MALFORMED).move is Move.FAIL
     stopped = moves(Ending.STOPPED)
     assert stopped.move is Move.FAIL and stopped.code == "worker_stopped"
+
+
+def test_a_dispatch_taken_back_or_timed_out():
+    """Taken back from a worker that said nothing of it: as if the worker were lost (fenced,
+    then queued again; never for a retry = "never" model). Past its execution timeout: the
+    step fails, whatever the worker did."""
+    assert lease_ending(episode(Ending.UNACKNOWLEDGED))[0] is LeaseState.EXPIRED
+    assert moves(Ending.UNACKNOWLEDGED).move is Move.FENCE_THEN_REQUEUE
+    assert moves(Ending.UNACKNOWLEDGED, retry="never").code == "worker_lost"
+    assert moves(Ending.UNACKNOWLEDGED, writes=True).code == "write_then_drop"
+    assert lease_ending(episode(Ending.TIMED_OUT))[0] is LeaseState.FAILED
+    timed_out = moves(Ending.TIMED_OUT)
+    assert timed_out.move is Move.FAIL and timed_out.code == "execution_timeout"
+
+
+def test_every_ending_has_a_lease_state_and_a_move():
+    for how in Ending:
+        for writes in (False, True):
+            state, _ = lease_ending(episode(how, writes=writes))
+            assert isinstance(state, LeaseState)
+            assert isinstance(moves(how, writes=writes).move, Move)
