@@ -162,6 +162,13 @@ class Unauthorized(Forbidden):
     code = "unauthorized"
 
 
+class ScopeTooNarrow(Forbidden):
+    """An accepted server token whose scope does not cover what it asked for (the message
+    names both scopes); the same answer on the websocket and over HTTP."""
+
+    code = "insufficient_scope"
+
+
 class DispatchEnded(Forbidden):
     """A data-plane credential whose dispatch has ended."""
 

@@ -31,6 +31,7 @@ from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
+from swamp.domain.scopes import parse_scope, stored_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
@@ -51,6 +52,7 @@ from swamp.protocol.messages import (
     RecordItem,
     RunRef,
     RunResult,
+    ServerTokenCreateRequest,
     ServerTokenItem,
     ServerTokenListReply,
     TokenCreateRequest,
@@ -152,20 +154,21 @@ class RepoAdmin:
 
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
 
-    async def server_token_create(self, request: NameRequest) -> ServerTokenItem:
+    async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
+        scope = parse_scope(request.scope)
         attrs, credential = await retry_busy(
-            lambda: ServerTokenBook(self.store).create(request.name)
+            lambda: ServerTokenBook(self.store).create(request.name, scope)
         )
-        return ServerTokenItem.decode(dict(attrs, token=credential))
+        return _server_token_item(attrs, token=credential)
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
         return ServerTokenListReply(
-            [ServerTokenItem.decode(a) for a in ServerTokenBook(self.store).all()]
+            [_server_token_item(a) for a in ServerTokenBook(self.store).all()]
         )
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
         attrs = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
-        return ServerTokenItem.decode(attrs)
+        return _server_token_item(attrs)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -406,6 +409,11 @@ class RepoAdmin:
                 "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
             )
         return await self._run_here(run, emit)
+
+
+def _server_token_item(attrs: dict, *, token: str | None = None) -> ServerTokenItem:
+    """As listed: with the scope it is held to (one minted before scopes is ``admin``)."""
+    return ServerTokenItem.decode(dict(attrs, scope=stored_scope(attrs).value, token=token))
 
 
 def _queue_item(attrs: dict, now: float) -> QueueItem:

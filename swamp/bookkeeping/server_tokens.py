@@ -1,4 +1,5 @@
-"""Admin server tokens (``swamp/server-token``): ``<name>.<secret>``, stored only as a hash."""
+"""Admin server tokens (``swamp/server-token``): ``<name>.<secret>``, stored only as a hash,
+each with its scope (``swamp.domain.scopes``: ``metrics``, ``read`` or ``admin``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.names import check_name
+from swamp.domain.scopes import DEFAULT, Scope
 from swamp.domain.tokens import hash_secret, secret_matches, split_credential
 from swamp.errors import AlreadyExists, NotFound, Rejected, Unauthorized
 from swamp.models.builtin import SERVER_TOKEN
@@ -22,7 +24,7 @@ class ServerTokenBook:
         self.store = store
         self.clock = clock
 
-    def create(self, name: str) -> tuple[dict, str]:
+    def create(self, name: str, scope: Scope = DEFAULT) -> tuple[dict, str]:
         check_name(name, what="server token name")
         secret = secrets.token_hex(32)
         now = iso(self.clock())
@@ -36,6 +38,7 @@ class ServerTokenBook:
                 "name": name,
                 "state": "active",
                 "createdAt": now,
+                "scope": scope.value,
                 "secretHash": hash_secret(secret),
             }
 
@@ -64,8 +67,8 @@ class ServerTokenBook:
         record = self.store.latest(Key(TYPE, name, "token"))
         return record.attributes if record else None
 
-    def authenticate(self, credential: str) -> str:
-        """The token's name if the credential is a live server token, else ``Forbidden``.
+    def authenticate(self, credential: str) -> dict:
+        """The token's record if the credential is a live server token, else ``Unauthorized``.
 
         An unknown name and a wrong secret get the same answer (and both cost a hash
         comparison); only whoever holds the secret is told that the token was revoked.
@@ -86,4 +89,4 @@ class ServerTokenBook:
             )
         if record.attributes["state"] != "active":
             raise Unauthorized(f"the server token {name!r} has been revoked")
-        return name
+        return record.attributes

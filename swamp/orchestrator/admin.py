@@ -3,13 +3,15 @@
 Each frame's params are decoded into the operation's request message, performed by the same
 :class:`~swamp.admin.local.RepoAdmin` the CLI uses straight on a repo — here holding the live
 orchestrator — and answered with its reply. Only sockets that presented an accepted admin
-credential reach these; a worker socket never does.
+credential reach these, and only for the verbs its scope covers (``swamp.domain.scopes``); a
+worker socket never does.
 """
 
 from __future__ import annotations
 
 from swamp.admin.api import OPERATIONS
 from swamp.admin.local import RepoAdmin
+from swamp.domain.scopes import VERBS
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.verification import Verifier
@@ -32,6 +34,9 @@ class Admin:
             method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()
         }
         self.handlers["server.info"] = self.server_info
+        unscoped = sorted(set(self.handlers) - set(VERBS))
+        if unscoped:  # a new admin frame must say which scope it needs
+            raise RuntimeError(f"admin frames without a scope in swamp.domain.scopes: {unscoped}")
 
     def _frame(self, name: str, request_type: type[Message]):
         operation = getattr(self.api, name)

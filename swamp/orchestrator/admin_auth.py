@@ -9,6 +9,10 @@ hash. Only the hash of the local credential is kept in memory.
 Answers are deliberately plain: a missing credential is told it is missing, a wrong one that it
 was not accepted — the same words for an unknown name and a wrong secret, so nobody learns which
 server tokens exist. Only the holder of the secret learns that it was revoked.
+
+An accepted credential has a scope (``swamp.domain.scopes``): the local credential and
+``--auth none`` are ``admin``, a server token has the scope it was minted with. :meth:`authorize`
+is the one check of a principal against a verb, for admin frames and HTTP routes alike.
 """
 
 from __future__ import annotations
@@ -19,20 +23,32 @@ import secrets
 from dataclasses import dataclass
 
 from swamp.bookkeeping.server_tokens import ServerTokenBook
-from swamp.errors import SwampError, Unauthorized
+from swamp.domain.scopes import Scope, refusal, stored_scope
+from swamp.errors import ScopeTooNarrow, SwampError, Unauthorized
 
 LOCAL = "local"
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who an admin socket acts for: ``local``, ``server-token`` (with its name) or ``anyone``."""
+    """Who an admin socket acts for: ``local``, ``server-token`` (with its name) or ``anyone``,
+    and what it may do. ``minted`` tells one minting of a token name from the next (the
+    stored secret's hash), so a name revoked and minted again is another principal."""
 
     kind: str
     name: str
+    scope: Scope = Scope.ADMIN
+    minted: str = ""
 
     def describe(self) -> str:
         return f"server token {self.name!r}" if self.kind == "server-token" else self.kind
+
+
+def authorize(principal: Principal, verb: str) -> None:
+    """Raise ``ScopeTooNarrow`` (naming both scopes) unless ``principal`` may call ``verb``."""
+    reason = refusal(verb, principal.scope, who=principal.describe())
+    if reason is not None:
+        raise ScopeTooNarrow(reason)
 
 
 def new_local_credential() -> str:
@@ -68,14 +84,22 @@ class AdminAuth:
         if self._local is not None and hmac.compare_digest(_digest(credential), self._local):
             return Principal("local", LOCAL)
         try:
-            name = self.server_tokens.authenticate(credential)
+            token = self.server_tokens.authenticate(credential)
         except SwampError as exc:
             return Unauthorized(exc.message)
-        return Principal("server-token", name)
+        return Principal(
+            "server-token", token["name"], stored_scope(token), str(token.get("secretHash", ""))
+        )
 
     def still_valid(self, principal: Principal) -> bool:
-        """Re-check a server token after the repo changed (a revoke by the CLI)."""
+        """Re-check a server token after the repo changed: revoked (or revoked and minted
+        again under its name, perhaps with another scope) closes what it opened."""
         if principal.kind != "server-token":
             return True
         record = self.server_tokens.get(principal.name)
-        return record is not None and record.get("state") == "active"
+        return (
+            record is not None
+            and record.get("state") == "active"
+            and str(record.get("secretHash", "")) == principal.minted
+            and stored_scope(record) == principal.scope
+        )

@@ -22,7 +22,7 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
 from swamp.errors import Unauthorized
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AdminAuth, Principal
+from swamp.orchestrator.admin_auth import AdminAuth, authorize
 from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
@@ -61,7 +61,7 @@ class App:
         self.auth = auth
         self.policy = policy
         self.admission = admission or Admission()
-        dataplane.is_admin = self._is_admin
+        dataplane.admit = self._admit
         gateway.repo_listeners.append(self.close_revoked_admins)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -86,8 +86,13 @@ class App:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
 
-    def _is_admin(self, scope) -> bool:
-        return isinstance(self.auth.identify(_headers(scope).get("authorization")), Principal)
+    def _admit(self, scope, verb: str) -> None:
+        """Raise unless the request's credential may call ``verb``: ``Unauthorized`` (missing or
+        not accepted) or ``ScopeTooNarrow`` — the same check and words as an admin frame's."""
+        identity = self.auth.identify(_headers(scope).get("authorization"))
+        if isinstance(identity, Unauthorized):
+            raise identity
+        authorize(identity, verb)
 
     async def _websocket(self, scope, receive, send) -> None:
         """An upgrade Hypercorn took (one on a kept-alive HTTP connection); most come straight

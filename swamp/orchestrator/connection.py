@@ -4,7 +4,8 @@ A socket starts *pending*, without a role, and must earn one within a few second
 ``admission``). Its first call decides: ``worker.enroll`` makes it a worker socket (which may
 then call only worker verbs), an admin frame makes it an admin socket — if the credential it
 presented at the upgrade was accepted — which may never enroll. Before enrollment a socket may
-call nothing but ``worker.enroll`` and admin frames, one at a time.
+call nothing but ``worker.enroll`` and admin frames, one at a time. Each admin frame is checked
+against the credential's scope before anything else: a refused call earns the socket no trust.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import trio
 from swamp.errors import Conflict, Forbidden, SwampError, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import Principal
+from swamp.orchestrator.admin_auth import Principal, authorize
 from swamp.orchestrator.admission import (
     ADMIN_IN_FLIGHT,
     CLOSE_POLICY,
@@ -151,6 +152,7 @@ class Connection:
         if handler is not None:
             if isinstance(self.identity, Unauthorized):
                 raise Unauthorized(self.identity.message)
+            authorize(self.identity, method)
             if self.role is None:
                 self.role = "admin"
                 self.admission.trusted(self, self.identity)

@@ -2,16 +2,19 @@
 
 ``PUT  /data/resources/{spec}/{name}``  body: a JSON object, or raw bytes (any other type)
 ``GET  /data/resources/{name}``         the latest value: JSON, or the bytes as written
-``GET  /health``                        ``{"status": "ok"}``; with an admin credential, also the
-                                        version and the pool's size
-``GET  /metrics``                       supply and demand in the Prometheus text format (an
-                                        admin credential, unless ``--auth none``)
+``GET  /health``                        ``{"status": "ok"}``; with a ``read`` (or ``admin``)
+                                        credential, also the version and the pool's size
+``GET  /metrics``                       supply and demand in the Prometheus text format (a
+                                        credential of any scope, unless ``--auth none``)
 ``GET  /swamp.pyz``                     the orchestrator's own build (``X-Swamp-Sha256``), and
 ``GET  /swamp.pyz.sha256``              its checksum: open, unless ``--private-downloads``
+                                        (then a ``read`` or ``admin`` credential)
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
-to one running dispatch and therefore to one model instance and its declared specs. Names are
-checked against the name rule, so no path can escape. Errors are ``{"error": {code, message}}``.
+to one running dispatch and therefore to one model instance and its declared specs; an admin
+credential of any scope opens none of it. Names are checked against the name rule, so no path
+can escape. Errors are ``{"error": {code, message}}``. Which scope each admin route needs is
+``swamp.domain.scopes``'s, checked by the app exactly as for an admin frame.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ _STATUS = (
     (UserError, 400),
     (Forbidden, 403),
 )
+
+
+def _nobody(scope, verb: str) -> None:
+    raise Unauthorized("this data plane accepts no admin credential")
 
 
 def http_status(exc: SwampError) -> int:
@@ -124,8 +131,25 @@ class DataPlane:
         self.metrics = metrics
         self.download = download
         self.private_downloads = private_downloads
-        # Does this request carry an admin credential? (set by the app; details of /health)
-        self.is_admin: Callable[[dict], bool] = lambda scope: False
+        # Raise unless the request's admin credential may call the verb (set by the app).
+        self.admit: Callable[[dict, str], None] = _nobody
+
+    def _admitted(self, scope, verb: str, *, missing: str) -> None:
+        """``admit``, with this route's own words for a request that sent no credential."""
+        if b"authorization" not in dict(scope.get("headers") or []):
+            try:
+                self.admit(scope, verb)  # --auth none admits anyone
+            except Unauthorized:
+                raise Unauthorized(missing) from None
+            return
+        self.admit(scope, verb)
+
+    def _may(self, scope, verb: str) -> bool:
+        try:
+            self.admit(scope, verb)
+        except Forbidden:  # Unauthorized and ScopeTooNarrow alike
+            return False
+        return True
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -136,11 +160,11 @@ class DataPlane:
     async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"]
         if path == "/health":
-            # Anyone may learn that it is up (or that it cannot write); only an admin learns
-            # what it runs, how big it is and why.
+            # Anyone may learn that it is up (or that it cannot write); only a read or admin
+            # credential learns what it runs, how big it is and why.
             broken = self.dispatch.store.broken
             body: dict = {"status": "degraded" if broken else "ok"}
-            if self.is_admin(scope):
+            if self._may(scope, "GET /health (details)"):
                 body.update(
                     version=__version__,
                     protocolVersion=PROTOCOL_VERSION,
@@ -153,11 +177,12 @@ class DataPlane:
             await self._send_pyz(scope, send, checksum_only=path.endswith(".sha256"))
             return
         if path == "/metrics" and self.metrics is not None:
-            if not self.is_admin(scope):
-                raise Unauthorized(
-                    "/metrics needs an admin credential: Authorization: Bearer <server token> "
-                    "(from 'swamp server token create NAME')"
-                )
+            self._admitted(
+                scope,
+                "GET /metrics",
+                missing="/metrics needs a credential: Authorization: Bearer <server token> "
+                "(from 'swamp server token create NAME --scope metrics')",
+            )
             await _respond(send, 200, self.metrics.render(), CONTENT_TYPE)
             return
         parts = [unquote(p) for p in path.strip("/").split("/")]
@@ -174,10 +199,12 @@ class DataPlane:
     async def _send_pyz(self, scope, send, *, checksum_only: bool) -> None:
         """The orchestrator's own build, for machines to run (it holds no secret: open unless
         ``--private-downloads``)."""
-        if self.private_downloads and not self.is_admin(scope):
-            raise Unauthorized(
-                "downloads are private here (--private-downloads): send an admin credential "
-                "as Authorization: Bearer <server token>"
+        if self.private_downloads:
+            self._admitted(
+                scope,
+                "GET /swamp.pyz (private downloads)",
+                missing="downloads are private here (--private-downloads): send a read or "
+                "admin credential as Authorization: Bearer <server token>",
             )
         download = self.download
         if download is None:

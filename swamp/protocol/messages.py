@@ -847,11 +847,13 @@ class QueryReply(Message):
 
 @dataclass(frozen=True)
 class ServerTokenItem(Message):
-    """An admin server token as listed (``token``, the credential, only when created)."""
+    """An admin server token as listed (``token``, the credential, only when created);
+    ``scope``: ``metrics``, ``read`` or ``admin`` (``swamp.domain.scopes``)."""
 
     name: str
     state: str
     created_at: str
+    scope: str = "admin"
     revoked_at: str | None = None
     token: str | None = None
 
@@ -864,3 +866,9 @@ class ServerTokenListReply(Message):
 @dataclass(frozen=True)
 class NameRequest(Message):
     name: str
+
+
+@dataclass(frozen=True)
+class ServerTokenCreateRequest(Message):
+    name: str
+    scope: str = "admin"
