@@ -34,6 +34,7 @@ from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope, stored_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
+from swamp.domain.workflow import check_workflow_name
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
@@ -306,7 +307,7 @@ class RepoAdmin:
         return WorkflowShowReply(workflow=raw, problems=[_problem(p) for p in loaded.problems])
 
     async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
-        names = [request.name] if request.name else self.workflows.names()
+        names = [check_workflow_name(request.name)] if request.name else self.workflows.names()
         out = []
         for name in names:
             loaded = self.workflows.load(name)
@@ -317,7 +318,7 @@ class RepoAdmin:
     async def workflow_run(
         self, request: WorkflowRunRequest, on_event: EventSink | None = None
     ) -> WorkflowRunReply:
-        workflow = self.workflows.checked(request.name)
+        workflow = self.workflows.checked(check_workflow_name(request.name))
         inputs = check_inputs(workflow, request.inputs)
         timeout = parse_duration(request.timeout, what="--timeout") if request.timeout else None
         if workflow.placed_steps() and self.dispatch is None:
@@ -329,6 +330,8 @@ class RepoAdmin:
         return WorkflowRunReply(record)
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
+        if request.name is not None:
+            check_workflow_name(request.name)
         runs = RunBook(self.store).all(request.name)
         return WorkflowHistoryReply([_run_summary(r) for r in runs])
 
@@ -485,7 +488,7 @@ def _summarize(
 def _needs_name(request: WorkflowRequest) -> str:
     if not request.name:
         raise UserError("name a workflow: see 'swamp workflow list'")
-    return request.name
+    return check_workflow_name(request.name)
 
 
 def _problem(problem) -> dict:

@@ -93,12 +93,11 @@ def create(
     say what every field does. Refuses to overwrite a workflow that exists."""
     import tomli_w
 
-    from swamp.domain.workflow import NAME
-    from swamp.errors import AlreadyExists, UserError
+    from swamp.domain.workflow import check_workflow_name
+    from swamp.errors import AlreadyExists
     from swamp.repo import Repo
 
-    if not NAME.fullmatch(name):
-        raise UserError(f"invalid workflow name {name!r}: lowercase letters, digits, - and _")
+    check_workflow_name(name)
     repo = Repo.find(repo_path(repo_dir))
     path = repo.root / "workflows" / f"{name}.toml"
     if path.exists():
@@ -125,7 +124,11 @@ def validate(
     methods and required arguments, labels, durations and expressions. Each problem is one line
     naming its place in the file, e.g. jobs[1].steps[0].task.methodName. Warnings (a
     queueTimeout without placement) do not fail. Exit 2 if any workflow has a problem."""
+    from swamp.domain.workflow import check_workflow_name
     from swamp.protocol.messages import WorkflowRequest
+
+    if name is not None:
+        check_workflow_name(name)  # refused here, the same on either route
 
     reply = with_admin(
         lambda api: api.workflow_validate(WorkflowRequest(name=name)),
@@ -204,7 +207,10 @@ def show(
 ) -> None:
     """The workflow's jobs and steps (with their dependencies, placement and task)."""
     from swamp.domain.text import printable
+    from swamp.domain.workflow import check_workflow_name
     from swamp.protocol.messages import WorkflowRequest
+
+    check_workflow_name(name)  # refused here, the same on either route
 
     reply = with_admin(
         lambda api: api.workflow_show(WorkflowRequest(name=name)),
@@ -397,8 +403,10 @@ def run(
     from swamp.cli.output import LinePump
     from swamp.concurrency import open_unwrapping_nursery
     from swamp.domain.durations import parse_duration
+    from swamp.domain.workflow import check_workflow_name
     from swamp.protocol.messages import WorkflowRunRequest
 
+    check_workflow_name(name)  # refused here, the same on either route
     if timeout is not None:
         parse_duration(timeout, what="--timeout")
     request = WorkflowRunRequest(name=name, inputs=parse_args(input or []), timeout=timeout)
@@ -480,6 +488,7 @@ def history(
     job by job and step by step, with each step's worker, queue wait, error and times (and
     with --logs the last lines each step printed)."""
     from swamp.domain.text import printable
+    from swamp.domain.workflow import check_workflow_name
     from swamp.errors import UserError
     from swamp.protocol.messages import RunRef, WorkflowRequest
 
@@ -500,6 +509,8 @@ def history(
         return
     if run_id:
         raise UserError(f"unexpected {run_id!r}: 'history NAME' or 'history get RUN'")
+    if name is not None:
+        check_workflow_name(name)  # refused here, the same on either route
     reply = with_admin(lambda api: api.workflow_history(WorkflowRequest(name=name)), **route)
     if json_output:
         emit_json(reply.to_json())

@@ -281,6 +281,7 @@ class Predicate:
 
 
 MAX_PREDICATE_LENGTH = 4096
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_NESTING = 32
 
 
@@ -289,6 +290,14 @@ def parse(source: str) -> Predicate:
         raise UserError("a predicate must be a string")
     if len(source) > MAX_PREDICATE_LENGTH:
         raise UserError(f"a predicate may be at most {MAX_PREDICATE_LENGTH} characters")
+    lone = _SURROGATE.search(source)
+    if lone is not None:  # no record holds one, and it cannot be sent, stored or printed
+        raise InvalidPredicate(
+            f"{lone.group()!r} is a lone surrogate, not a character (was the argument "
+            "valid UTF-8?)",
+            source,
+            lone.start(),
+        )
     evaluate = _Parser(source).parse()
     return Predicate(source=source, evaluate=evaluate, equalities=_top_equalities(source))
 

@@ -32,6 +32,21 @@ MAX_NESTING = 10
 CONDITIONS = ("succeeded", "failed", "completed", "skipped", "always", "and", "or", "not")
 
 
+def check_workflow_name(name: object) -> str:
+    """A workflow name someone asked for: the file name rule, checked before any file is
+    looked at (a name too long for the file system, or one that is no text, is one line)."""
+    if isinstance(name, str) and NAME.fullmatch(name):
+        return name
+    if isinstance(name, str) and len(name) > 64:
+        shown = f"{name[:40]!r}… ({len(name)} characters)"
+    else:
+        shown = repr(name)
+    raise UserError(
+        f"invalid workflow name {shown}: use 1-64 lowercase letters, digits, '-' or '_', "
+        "starting with a letter or digit"
+    )
+
+
 @dataclass(frozen=True)
 class Problem:
     place: str

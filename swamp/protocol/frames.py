@@ -94,8 +94,26 @@ def load_json(text: str | bytes):
         try:  # only frames that spell a surrogate pay for this check
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise MalformedFrame("the JSON holds a lone surrogate (not a character)") from None
+            raise MalformedFrame(
+                "the JSON holds a lone surrogate (not a character: was the text valid UTF-8?)",
+                frame_id=_answerable_id(obj),  # so that its caller is answered, not left waiting
+            ) from None
     return obj
+
+
+def _answerable_id(obj: object) -> str | None:
+    """The id of a request refused after it parsed, if an answer can carry it back (only a
+    request's: the id of anything else names a call of ours, not of the peer's)."""
+    if not isinstance(obj, dict) or obj.get("type") != "request":
+        return None
+    value = obj.get("id")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
 
 
 def decode(text: str | bytes) -> Frame:

@@ -38,7 +38,13 @@ class Workflows:
     def read(self, name: str) -> Loaded:
         """Parse one file (its own problems only)."""
         path = self.dir / f"{name}.toml"
-        if "/" in name or name.startswith(".") or not path.is_file():
+        try:
+            is_file = "/" not in name and not name.startswith(".") and path.is_file()
+        except (OSError, ValueError):  # too long for the file system, a NUL: no such file
+            is_file = False
+        if not is_file:
+            if len(name) > 64:
+                name = f"{name[:40]}…"
             known = ", ".join(self.names()) or "none yet: 'swamp workflow create NAME'"
             raise NotFound(f"no workflow {name!r} in {self.dir} (workflows: {known})")
         try:

@@ -166,6 +166,25 @@ async def test_malformed_and_oversized_frames_get_coded_errors(nursery):
     assert json.loads(await a.rx.receive()) == {"type": "response", "id": "9", "result": {"ok": 1}}
 
 
+async def test_a_request_holding_a_lone_surrogate_is_answered_by_its_id(nursery):
+    """Its caller gets the refusal at once (it used to go out with no id, and a CLI waited
+    until the socket was closed for not authenticating); an id that is no text, or the id of
+    anything but a request, is not echoed."""
+    a, b = pair()
+    server = RpcChannel(b, echo_handler)
+    await nursery.start(server.serve)
+    for text, answered in [
+        ('{"type":"request","id":"s1","method":"echo","params":{"p":"x\\udcff"}}', "s1"),
+        ('{"type":"request","id":"s\\ud800","method":"echo","params":{}}', None),
+        ('{"type":"response","id":"7","result":"\\ud800"}', None),
+    ]:
+        await a.tx.send(text)
+        reply = json.loads(await a.rx.receive())
+        assert reply["type"] == "error" and reply["id"] == answered
+        assert reply["error"]["code"] == "malformed_frame"
+        assert "lone surrogate" in reply["error"]["message"]
+
+
 async def test_a_silent_peer_is_dropped(nursery, autojump_clock):
     a, b = pair()
     server = RpcChannel(b, echo_handler, heartbeat=1, missed=3)

@@ -184,3 +184,17 @@ def test_workflow_expressions_never_read_infrastructure(tmp_path):
         assert scoped == {"command/shell", "test/steps"}
     finally:
         store.close()
+
+
+def test_a_workflow_name_is_checked_before_any_file_is_looked_at():
+    from swamp.domain.workflow import check_workflow_name
+    from swamp.errors import UserError
+
+    assert check_workflow_name("ci-1_x") == "ci-1_x"
+    assert check_workflow_name("a" * 64) == "a" * 64
+    for bad in ("a" * 65, "a" * 3_000_000, "x\udcff", "../etc", "", "A", None, "x\x00"):
+        with pytest.raises(UserError, match="invalid workflow name") as info:
+            check_workflow_name(bad)
+        assert "\n" not in info.value.message and len(info.value.message) < 200
+    with pytest.raises(UserError, match=r"\(3000000 characters\)"):
+        check_workflow_name("a" * 3_000_000)
