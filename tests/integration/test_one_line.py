@@ -82,3 +82,74 @@ def test_a_closed_pipe_ends_a_command_quietly(cluster):
     )  # fmt: skip
     assert result.stdout.startswith("NAME")
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+PARENT = """\
+name = "parent"
+[[jobs]]
+name = "main"
+[[jobs.steps]]
+name = "child"
+task = {{ type = "workflow", workflowIdOrName = "{child}" }}
+"""
+
+
+def test_a_very_long_workflow_name_is_one_line_the_same_on_both_routes(cluster):
+    """A name too long for the file system was OSError: a traceback straight on the repo, a
+    logged traceback and handler_failed through a server."""
+    long_names = ("a" * 300, "b" * 100_000)
+    (cluster.repo / "workflows").mkdir(exist_ok=True)
+    (cluster.repo / "workflows" / "parent.toml").write_text(PARENT.format(child="c" * 300))
+    commands = [
+        (verb, name) for verb in ("run", "show", "validate", "history") for name in long_names
+    ]
+
+    def answers(*route: str) -> list[tuple[int, str]]:
+        out = []
+        for verb, name in commands:
+            result = cluster.cli("workflow", verb, name, *route)
+            assert result.returncode == 2, (verb, result.stderr[-300:])
+            assert result.stderr.count("\n") == 1 and len(result.stderr) < 300, result.stderr
+            assert result.stderr.startswith("error: invalid workflow name"), result.stderr
+            out.append((result.returncode, result.stderr))
+        nested = cluster.cli("workflow", "validate", "parent", *route)
+        assert nested.returncode == 2 and "Traceback" not in nested.stderr, nested.stderr[-300:]
+        assert "no workflow 'ccc" in nested.stderr and len(nested.stderr) < 600, nested.stderr
+        out.append((nested.returncode, nested.stderr))
+        return out
+
+    on_the_repo = answers()  # no server yet: the repo route
+    serve = cluster.serve()
+    assert answers("--server", cluster.url) == on_the_repo
+    assert "Traceback" not in serve.log.read_text()
+
+
+async def test_a_lone_surrogate_in_a_predicate_is_one_line_at_once_on_both_routes(cluster):
+    """Straight on the repo it matched nothing; through a server the frame's refusal went out
+    without its id, so the CLI waited for the socket to be closed for not authenticating
+    (5 s) and said so: exit 1, a misleading line."""
+    predicate = 'attributes.x == "\udcff"'  # how Python decodes a byte that is not UTF-8
+    on_the_repo = cluster.cli("data", "query", predicate)
+    serve = cluster.serve()
+    through = cluster.cli("data", "query", predicate, "--server", cluster.url)
+    for result in (on_the_repo, through):
+        assert result.returncode == 2, result.stderr
+        assert "is a lone surrogate" in result.stderr.splitlines()[0]
+        assert len(result.stderr.splitlines()) == 3  # the line and its caret, as any predicate
+    assert on_the_repo.stderr == through.stderr
+    # a frame that holds one is answered by its id (not left for the socket's deadline)
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    admin = await RawSocket.open(cluster.url, headers=[("authorization", f"Bearer {credential}")])
+    await admin.send('{"type":"request","id":"q","method":"data.query",'
+                     '"params":{"predicate":"name == \\"\\udcff\\""}}')  # fmt: skip
+    reply = await admin.next_frame()
+    assert reply["id"] == "q" and reply["error"]["code"] == "malformed_frame"
+    assert "lone surrogate" in reply["error"]["message"]
+    await admin.aclose()
+    # any other argument the CLI cannot send as text: refused at once, not a closed socket
+    sent = cluster.cli(
+        "model", "method", "run", "command/shell", "run", "--arg", "command=echo \udcff",
+        "--server", cluster.url,
+    )  # fmt: skip
+    assert sent.returncode == 2 and "lone surrogate" in sent.stderr, sent.stderr
+    assert "Traceback" not in serve.log.read_text()
