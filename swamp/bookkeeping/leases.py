@@ -82,13 +82,18 @@ class LeaseBook:
         *,
         error: str | None = None,
         current: Record | None = None,
+        has_writes: bool = False,
     ) -> Record | None:
+        """End an active lease; ``has_writes``: it had an effect its row may not say yet."""
         now = iso(self.clock())
 
         def decide(current):
             if current is None or current.attributes["state"] != LeaseState.ACTIVE.value:
                 return None
-            return rules.end(current.attributes, state, now_iso=now, error=error)
+            attrs = current.attributes
+            if has_writes:
+                attrs = rules.mark_writes(attrs) or attrs
+            return rules.end(attrs, state, now_iso=now, error=error)
 
         record, _ = self.store.transition(key(lease_id), decide, policy=POLICY, current=current)
         return record

@@ -99,7 +99,8 @@ class ActiveDispatch:
     model_type: ModelType
     model_name: str
     read_scope: ReadScope
-    has_writes: bool = False
+    has_writes: bool = False  # it had an effect: if its worker is lost, it must not run again
+    writes_stored: bool = False  # the lease's row in the store says so
     outputs: list[dict] = field(default_factory=list)
     written_bytes: int = 0  # through the data plane, against the dispatch's quota
     written_records: int = 0
@@ -230,7 +231,7 @@ class Episodes:
                         "worker.dispatch",
                         params,
                         timeout=None,
-                        on_event=lambda event: _relay(emit, event, active),
+                        on_event=lambda event: _relay(emit, event, active, self),
                         # cancelled: the slot stays taken until the worker says the method
                         # stopped — unless it was taken back from a worker that said nothing
                         settle=lambda: 0 if active.abandoned else CANCEL_SETTLE,
@@ -296,6 +297,8 @@ class Episodes:
     async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> None:
         """End the lease durably (retried while the database is locked); a lease that cannot be
         ended is expired by the next boot's reconciliation, so the step's outcome stands."""
+        if active.has_writes and active.opened is not None:
+            active.opened = self.leases.write_bearing(active.opened)
         if self._journal_end(active, state, error):
             return
         try:
@@ -303,7 +306,13 @@ class Episodes:
                 active, lambda opened: self.leases.ended(opened, state, error=error)
             ):
                 active.lease = await retry_busy(
-                    lambda: self.leases.end(active.id, state, error=error, current=active.lease)
+                    lambda: self.leases.end(
+                        active.id,
+                        state,
+                        error=error,
+                        current=active.lease,
+                        has_writes=active.has_writes,
+                    )
                 )
         except SwampError as exc:
             log.warning("could not end lease %s as %s: %s", active.id, state.value, exc)
@@ -343,13 +352,30 @@ class Episodes:
 
     async def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
-        active.acknowledged = True  # it is running the method
-        if not active.has_writes:
+        active.acknowledged = active.has_writes = True  # it is running the method
+        if not active.writes_stored:
             if not await self._insert_lease(active, self.leases.write_bearing):
                 active.lease = await retry_busy(
                     lambda: self.leases.mark_writes(active.id, current=active.lease)
                 )
-            active.has_writes = True
+            active.writes_stored = True
+
+    def record_effects(self, active: ActiveDispatch) -> None:
+        """The worker says the method had an effect (a command exited): the step must not run
+        again, and its lease says so — in the row still to be written, or now in the stored
+        one (a write that cannot be made now is made with the lease's end)."""
+        active.acknowledged = active.has_writes = True
+        if active.writes_stored:
+            return
+        if active.id in self._unwritten:
+            active.opened = self.leases.write_bearing(active.opened)
+            return
+        try:
+            active.lease = self.leases.mark_writes(active.id, current=active.lease)
+        except SwampError as exc:
+            log.info("lease %s: its effect is recorded with its end (%s)", active.id, exc)
+            return
+        active.writes_stored = True
 
     async def _insert_lease(self, active: ActiveDispatch, change: Callable[[dict], dict]) -> bool:
         """If the lease's row is not written yet, write it now as ``change`` makes it, and say
@@ -458,7 +484,7 @@ class Episodes:
                     self.credentials.extend(active.credential)
 
 
-async def _relay(emit: Emit, event: object, active: ActiveDispatch) -> None:
+async def _relay(emit: Emit, event: object, active: ActiveDispatch, episodes: Episodes) -> None:
     """What a worker says mid-dispatch, checked: a log line goes, with the worker's name, to
     whoever runs the step; word that the method had an effect marks the dispatch (if the worker
     is lost now, the step must not run again). Nothing else is a worker's to say."""
@@ -469,7 +495,7 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch) -> None:
             active.acknowledged = True
             return
         if isinstance(decoded, Effects):
-            active.acknowledged = active.has_writes = True
+            episodes.record_effects(active)
             return
         if not isinstance(decoded, LogLine):
             raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")

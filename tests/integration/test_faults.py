@@ -296,6 +296,41 @@ def test_a_step_whose_command_already_ran_is_not_run_again(cluster):
     assert run.wait_exit(timeout=40) == 1
     assert "had run a command" in result_error(run)
     assert counter.read_text() == "ran\n"  # once, not again on the other worker
+    # the stored lease says so too (the command's exit used to be remembered in memory only)
+    [lease] = cluster.query('modelType == "swamp/step-lease"')
+    assert lease["attributes"]["state"] == "failed" and lease["attributes"]["hasWrites"] is True
+
+
+def test_a_command_that_ran_and_wrote_its_result_leaves_a_write_bearing_lease(cluster):
+    """Replayed from the original's test cases: a command/shell dispatch that wrote its result
+    had a lease with hasWrites false (the command's exit set the flag in memory, and the write
+    that followed then skipped the durable mark). Short and long dispatches alike."""
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    for command in ("echo quick", "sleep 0.3; echo slower"):  # lease row journaled, or stored
+        code, lines = cluster.run(
+            "command/shell", "run", "--arg", f"command={command}", "--target", "w1"
+        )
+        assert code == 0, lines
+        dispatch = result_of(lines)["dispatchId"]
+        [lease] = wait_until(
+            lambda d=dispatch: cluster.query(
+                f'modelType == "swamp/step-lease" && attributes.dispatchId == "{d}"'
+            ),
+            what="the lease in the store",
+        )
+        assert lease["attributes"]["state"] == "completed"
+        assert lease["attributes"]["hasWrites"] is True, lease
+    # the control: a dispatch that wrote nothing and ran nothing has a lease without writes
+    code, lines = cluster.run("swamp/echo", "echo", "--target", "w1")
+    dispatch = result_of(lines)["dispatchId"]
+    [lease] = wait_until(
+        lambda: cluster.query(
+            f'modelType == "swamp/step-lease" && attributes.dispatchId == "{dispatch}"'
+        ),
+        what="the lease in the store",
+    )
+    assert lease["attributes"]["hasWrites"] is False
 
 
 async def test_a_result_its_client_saw_survives_a_kill_of_the_orchestrator(cluster):
