@@ -21,6 +21,7 @@ Each task first makes sure `.venv/` exists and holds exactly the versions in con
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -56,42 +57,31 @@ def ensure_venv() -> None:
     STAMP.write_text(_fingerprint())
 
 
-# The pyz's own __main__: before shiv unpacks its site-packages, choose where (shiv's default,
-# ~/.shiv, is unusable for a service without a writable HOME), and tell swamp which file it runs
-# from (its children are started from the same file; the orchestrator serves it).
-LAUNCHER = """\
-import os
-import sys
-import tempfile
-
-
-def _writable(path):
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK | os.X_OK)
-
-
-def _cache_root():
-    for base in (os.environ.get("XDG_CACHE_HOME"), os.path.expanduser("~/.cache")):
-        if base and base.startswith("/") and _writable(os.path.join(base, "swamp")):
-            return os.path.join(base, "swamp")
-    private = os.path.join(tempfile.gettempdir(), "swamp-%d" % os.getuid())
-    if _writable(private):
-        info = os.lstat(private)
-        if info.st_uid == os.getuid() and not info.st_mode & 0o077:
-            return private
-    sys.exit("swamp.pyz: no private, writable directory to unpack into; set SHIV_ROOT")
-
-
-os.environ.setdefault("SHIV_ROOT", _cache_root())
-os.environ["SWAMP_PYZ"] = os.path.abspath(sys.argv[0])
-import _bootstrap  # noqa: E402
-
-_bootstrap.bootstrap()
-"""
+# The pyz's own __main__ (pyz_launcher.py: where to unpack, and that nobody else wrote there)
+# and what it needs beside it in the zip: its copy of the trust rule and the build's manifest.
+LAUNCHER = ROOT / "pyz_launcher.py"
+TRUST_RULE = ROOT / "swamp" / "domain" / "file_trust.py"
 PYZ_LIMIT = 5 * 1024 * 1024
+
+
+def _manifest(source) -> bytes:
+    """What the build puts in site-packages: every file with its size, every directory, and an
+    id (a digest of names and contents) that names the directory it is unpacked into. The
+    launcher refuses to run from a tree that holds anything else."""
+    prefix = "site-packages/"
+    files: dict[str, int] = {}
+    dirs: set[str] = set()
+    digest = hashlib.sha256()
+    for info in sorted(source.infolist(), key=lambda i: i.filename):
+        if not info.filename.startswith(prefix) or info.is_dir():
+            continue
+        name = info.filename[len(prefix) :]
+        files[name] = info.file_size
+        parts = name.split("/")[:-1]
+        dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        digest.update(f"{name}\0{hashlib.sha256(source.read(info)).hexdigest()}\n".encode())
+    manifest = {"id": digest.hexdigest()[:32], "dirs": sorted(dirs), "files": files}
+    return json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
 
 
 def build_pyz(target: Path) -> int:
@@ -118,6 +108,10 @@ def build_pyz(target: Path) -> int:
         check=True,
     )
     compiled = [p for p in site.rglob("*") if p.suffix in (".so", ".pyd", ".dylib") and p.is_file()]
+    # the launcher never runs .pth files and allows no symbolic link: none may be in the build
+    startup = [p for p in site.rglob("*") if p.suffix == ".pth" or p.is_symlink()]
+    if startup:
+        sys.exit(f"refusing to build: start-up files or links {startup[:5]}")
     impure = [
         w.parent.name
         for w in site.glob("*.dist-info/WHEEL")
@@ -142,8 +136,6 @@ def build_pyz(target: Path) -> int:
             "-p",
             "/usr/bin/env python3",
             "--reproducible",
-            "--compile-pyc",
-            "--no-modify",
         ],
         check=True,
     )
@@ -151,8 +143,18 @@ def build_pyz(target: Path) -> int:
     with zipfile.ZipFile(raw) as source, open(target, "wb") as out:
         out.write(b"#!/usr/bin/env python3\n")
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zipped:
+            stamp = None
             for info in source.infolist():
-                data = LAUNCHER.encode() if info.filename == "__main__.py" else source.read(info)
+                main = info.filename == "__main__.py"
+                data = LAUNCHER.read_bytes() if main else source.read(info)
+                zipped.writestr(info, data)
+                stamp = stamp or info
+            for name, data in (
+                ("_swamp_file_trust.py", TRUST_RULE.read_bytes()),
+                ("swamp-manifest.json", _manifest(source)),
+            ):
+                info = zipfile.ZipInfo(name, date_time=stamp.date_time)
+                info.external_attr = 0o100644 << 16
                 zipped.writestr(info, data)
     target.chmod(0o755)
     size = target.stat().st_size

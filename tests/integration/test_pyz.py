@@ -3,11 +3,13 @@ but python3 and environment variables — for an orchestrator and its workers.""
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -51,10 +53,163 @@ def test_the_pyz_is_pure_python_small_and_reproducible(pyz, tmp_path):
         names = archive.namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
     assert any(n.endswith("swamp/cli/__init__.py") for n in names)
+    with zipfile.ZipFile(pyz) as archive:  # the launcher's copy of the trust rule is the rule
+        rule = archive.read("_swamp_file_trust.py")
+        manifest = json.loads(archive.read("swamp-manifest.json"))
+    assert rule == (ROOT / "swamp" / "domain" / "file_trust.py").read_bytes()
+    assert not [n for n in manifest["files"] if n.endswith(".pth")]
+    assert len(manifest["files"]) == len([n for n in names if n.startswith("site-packages/")])
     again = tmp_path / "again.pyz"
     code = f"from pathlib import Path; import build; build.build_pyz(Path({str(again)!r}))"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
     assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(pyz.read_bytes()).digest()
+
+
+# -- the unpack cache: nothing runs from it that another user could have written ---------------
+
+
+def _unpack(pyz, root):
+    """Run the pyz once with ``SHIV_ROOT=root``; the directory it unpacked into."""
+    ran = _swamp(pyz, "--version", cwd=root.parent, env=_env(SHIV_ROOT=str(root)))
+    assert ran.returncode == 0, ran.stderr
+    [base] = root.glob("swamp-*")
+    return base
+
+
+def _poisoned_pth(tree, marker):
+    """What a hostile user drops into the tree: a ``.pth`` line ``site`` executes."""
+    (tree / "zzz-poison.pth").write_text(
+        f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
+    )
+
+
+def _poisoned_module(tree, marker):
+    """A hostile edit the manifest cannot see: ``swamp/cli/__init__.py`` (what the launcher
+    imports) rewritten to the same size, its bytecode removed so Python compiles the new
+    source."""
+    source = tree / "swamp" / "cli" / "__init__.py"
+    code = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
+    size = source.stat().st_size
+    assert len(code) <= size
+    source.write_text(code + "#" * (size - len(code) - 1) + "\n")
+    for compiled in (tree / "swamp" / "cli" / "__pycache__").glob("__init__.*.pyc"):
+        compiled.unlink()
+
+
+def _controls(tree, marker, how):
+    """The control: the same tree used without the launcher's checks runs the poison —
+    ``site.addsitedir`` is what shiv's bootstrap did with it (``.pth`` files run), a plain
+    import is what any loader does (a module, or its bytecode, runs)."""
+    assert not marker.exists()
+    code = {
+        "site": f"import site; site.addsitedir({str(tree)!r})",
+        "import": f"import sys; sys.path.insert(0, {str(tree)!r}); import swamp.cli",
+    }[how]
+    subprocess.run([PYTHON, "-I", "-c", code], env=_env(), capture_output=True, timeout=60)
+    assert marker.read_text() == "ran"
+    marker.unlink()
+
+
+def _refused(ran, marker, *needles):
+    assert ran.returncode == 1 and not ran.stdout, (ran.stdout, ran.stderr)
+    assert ran.stderr.count("\n") == 1 and ran.stderr.startswith("swamp.pyz: refusing to ")
+    for needle in needles:
+        assert needle in ran.stderr, ran.stderr
+    assert not marker.exists()
+
+
+def test_a_file_the_build_did_not_put_in_the_cache_is_refused_before_it_runs(pyz, tmp_path):
+    root = tmp_path / "cache"
+    base = _unpack(pyz, root)
+    tree = base / "site-packages"
+    marker = tmp_path / "poisoned"
+    _poisoned_pth(tree, marker)
+    ran = _swamp(pyz, "--version", cwd=tmp_path, env=_env(SHIV_ROOT=str(root)))
+    _refused(ran, marker, f"{tree}/zzz-poison.pth was not put there by this build", str(base))
+    _controls(tree, marker, "site")
+    # what the message says to do works: the build unpacks again, and runs
+    shutil.rmtree(base)
+    assert _swamp(pyz, "--version", cwd=tmp_path, env=_env(SHIV_ROOT=str(root))).returncode == 0
+
+
+@pytest.mark.parametrize("place", ["XDG_CACHE_HOME", "HOME", "SHIV_ROOT"])
+def test_a_cache_another_user_could_write_to_is_refused(pyz, tmp_path, place):
+    """A tree whose every name and size is the build's, but with a module rewritten, in a
+    cache that another user could have replaced: only the check of the place catches it."""
+    shared = tmp_path / "shared"
+    if place == "SHIV_ROOT":
+        root, env, writable = shared, {"SHIV_ROOT": str(shared)}, shared  # like /tmp itself
+    elif place == "XDG_CACHE_HOME":
+        root, env, writable = shared / "swamp", {"XDG_CACHE_HOME": str(shared)}, shared
+    else:
+        root, env, writable = shared / ".cache" / "swamp", {"HOME": str(shared)}, shared
+    good = _unpack(pyz, tmp_path / "good")
+    root.mkdir(parents=True, mode=0o700)
+    base = root / good.name
+    shutil.copytree(good, base)
+    marker = tmp_path / "poisoned"
+    _poisoned_module(base / "site-packages", marker)
+    writable.chmod(0o1777 if place == "SHIV_ROOT" else 0o777)
+    ran = _swamp(pyz, "--version", cwd=tmp_path, env=_env(**env))
+    _refused(ran, marker, f"{writable} is writable by its group and every user", "SHIV_ROOT")
+    _controls(base / "site-packages", marker, "import")
+
+
+def _poisoned_bytecode(tree, marker):
+    """Bytecode of ``swamp/cli/__init__.py`` that Python takes for it (the header names the
+    source's size and time), with other code in it: allowed by name, so only its owner and
+    mode can give it away."""
+    code = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')"
+    craft = (
+        "import importlib.util, marshal, pathlib, sys\n"
+        "source = pathlib.Path(sys.argv[1]) / 'swamp' / 'cli' / '__init__.py'\n"
+        "info = source.stat()\n"
+        "target = pathlib.Path(importlib.util.cache_from_source(str(source)))\n"
+        "target.write_bytes(importlib.util.MAGIC_NUMBER + bytes(4)"
+        " + (int(info.st_mtime) & 0xFFFFFFFF).to_bytes(4, 'little')"
+        " + (info.st_size & 0xFFFFFFFF).to_bytes(4, 'little')"
+        " + marshal.dumps(compile(sys.argv[2], str(source), 'exec')))\n"
+        "print(target)\n"
+    )
+    made = subprocess.run(
+        [PYTHON, "-I", "-c", craft, str(tree), code], capture_output=True, text=True, check=True
+    )
+    return Path(made.stdout.strip())
+
+
+@pytest.mark.parametrize("whose", ["writable", "another user's"])
+def test_bytecode_another_user_could_have_written_is_refused(pyz, tmp_path, whose):
+    if whose == "another user's" and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    root = tmp_path / "cache"
+    tree = _unpack(pyz, root) / "site-packages"
+    marker = tmp_path / "poisoned"
+    compiled = _poisoned_bytecode(tree, marker)
+    if whose == "writable":
+        compiled.chmod(0o666)
+        why = "is writable by its group and every user"
+    else:
+        os.chown(compiled, 65534, 65534)
+        why = "belongs to another user (uid 65534)"
+    ran = _swamp(pyz, "--version", cwd=tmp_path, env=_env(SHIV_ROOT=str(root)))
+    _refused(ran, marker, f"{compiled} {why}")
+    _controls(tree, marker, "import")
+
+
+def test_a_loose_umask_unpacks_a_tree_that_is_still_accepted(pyz, tmp_path):
+    root = tmp_path / "cache"
+    for _ in range(2):  # unpacks, then runs from what it unpacked
+        ran = subprocess.run(
+            [PYTHON, "-I", str(pyz), "--version"],
+            env=_env(SHIV_ROOT=str(root)),
+            capture_output=True,
+            text=True,
+            umask=0o002,
+            timeout=120,
+        )
+        assert ran.returncode == 0, ran.stderr
+    loose = [p for p in root.rglob("*") if p.lstat().st_mode & 0o022]
+    assert not loose, loose[:5]
 
 
 def _install_beside(machine):
