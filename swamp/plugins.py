@@ -11,8 +11,9 @@ import sys
 import pluggy
 
 from swamp import hooks
+from swamp.domain.file_trust import doubt, lineage
 from swamp.domain.text import printable
-from swamp.errors import SwampError, UnknownModel
+from swamp.errors import SwampError, UnknownModel, UserError
 from swamp.models.framework import ModelType
 
 log = logging.getLogger(__name__)
@@ -45,34 +46,85 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
 def plugin_dirs() -> list[str]:
     """Where plugins live besides the interpreter's own path, for a pyz run as ``python3 -I``
     (which ignores ``PYTHONPATH``): the directories in ``SWAMP_PLUGIN_PATH``, then a
-    ``plugins`` directory beside the pyz (``pip install --target``), taken only when no other
-    user could have put code in it."""
-    dirs = [d for d in os.environ.get("SWAMP_PLUGIN_PATH", "").split(os.pathsep) if d]
+    ``plugins`` directory beside the pyz (``pip install --target``).
+
+    Python runs what it finds there, so a directory is taken only when no other user could
+    have put anything in it: every file and directory in it (links followed), and every
+    directory above, ours or root's and not writable by group or others (:func:`untrusted`).
+    A ``SWAMP_PLUGIN_PATH`` entry that fails is an error; the directory beside the pyz, which
+    nobody named, is skipped with a warning. Directories that do not exist are left out, so
+    none can appear on ``sys.path`` later."""
+    dirs = []
+    for directory in os.environ.get("SWAMP_PLUGIN_PATH", "").split(os.pathsep):
+        if not directory or not os.path.isdir(directory):
+            continue
+        problem = untrusted(directory)
+        if problem:
+            raise UserError(
+                f"SWAMP_PLUGIN_PATH names {printable(directory)}, but {printable(problem)}: "
+                "another user could have put code there. Make it yours (or root's) and not "
+                "writable by group or others (chmod -R go-w), or leave it out"
+            )
+        dirs.append(os.path.realpath(directory))
     pyz = os.environ.get("SWAMP_PYZ")
     if pyz:
         beside = os.path.join(os.path.dirname(pyz), "plugins")
-        if _private(beside):
-            dirs.append(beside)
-    return [os.path.abspath(d) for d in dirs]
+        if os.path.isdir(beside):
+            problem = untrusted(beside)
+            if problem is None:
+                dirs.append(os.path.realpath(beside))
+            else:
+                log.warning(
+                    "ignoring the plugins in %s: %s, so another user could have put code there "
+                    "(make it yours or root's and chmod -R go-w)",
+                    printable(beside),
+                    printable(problem),
+                )
+    return dirs
 
 
-def _private(directory: str) -> bool:
-    """A directory owned by us or root that neither group nor others can write; one that
-    exists but is not is skipped with a warning that says why."""
+def untrusted(top: str) -> str | None:
+    """Why code under ``top`` could be another user's (``"<path> is writable by …"``), or None.
+
+    Checks ``top`` and every directory above it, then everything in it; a symbolic link is
+    followed and its target checked the same way (with the directories above the target), so
+    a link cannot lead out to a place another user controls. The rule is
+    :func:`swamp.domain.file_trust.doubt`."""
+    me = os.getuid()
+    seen: set[tuple[int, int]] = set()
+    starts = [os.path.realpath(top)]
     try:
-        info = os.stat(directory)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
-        return False
-    if info.st_uid in (os.getuid(), 0) and not info.st_mode & 0o022:
-        return True
-    log.warning(
-        "ignoring %s: another user could write to it (make it yours and chmod go-w, or name "
-        "it in SWAMP_PLUGIN_PATH)",
-        printable(directory),
-    )
-    return False
+        while starts:
+            start = starts.pop()
+            for path in lineage(start):
+                info = os.lstat(path)
+                why = doubt(info.st_uid, info.st_mode, me=me, above=path != start)
+                if why:
+                    return f"{path} {why}"
+            folders = [start] if os.path.isdir(start) else []
+            while folders:
+                folder = folders.pop()
+                info = os.stat(folder)
+                if (info.st_dev, info.st_ino) in seen:
+                    continue
+                seen.add((info.st_dev, info.st_ino))
+                with os.scandir(folder) as listing:
+                    for entry in listing:
+                        info = entry.stat(follow_symlinks=False)
+                        if stat.S_ISLNK(info.st_mode):
+                            target = os.path.realpath(entry.path)
+                            if not os.path.exists(target):
+                                return f"{entry.path} links to {target}, which does not exist"
+                            starts.append(target)
+                            continue
+                        why = doubt(info.st_uid, info.st_mode, me=me)
+                        if why:
+                            return f"{entry.path} {why}"
+                        if stat.S_ISDIR(info.st_mode):
+                            folders.append(entry.path)
+    except OSError as exc:
+        return f"{exc.filename} cannot be read ({exc.strerror})"
+    return None
 
 
 def _extra_plugins() -> list[str]:

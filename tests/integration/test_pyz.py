@@ -212,6 +212,66 @@ def test_a_loose_umask_unpacks_a_tree_that_is_still_accepted(pyz, tmp_path):
     assert not loose, loose[:5]
 
 
+# -- plugins: every file loaded is checked, not only its directory ---------------------------
+
+
+@pytest.fixture(scope="module")
+def unpacked(tmp_path_factory):
+    """A cache the pyz unpacks into once for the tests that do not poison it."""
+    return tmp_path_factory.mktemp("unpacked") / "root"
+
+
+def _marker_plugin(directory, marker):
+    """A plugin as ``pip install --target`` leaves it: a package that writes ``marker`` when
+    it is imported, and its dist-info with the entry point swamp loads."""
+    package = directory / "swamp_marker"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('loaded')\n"
+    )
+    info = directory / "swamp_marker-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: swamp-marker\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[swamp]\nmarker = swamp_marker\n")
+    return package
+
+
+@pytest.mark.parametrize("where", ["beside the pyz", "SWAMP_PLUGIN_PATH"])
+def test_a_plugin_file_another_user_could_have_written_is_not_loaded(
+    pyz, tmp_path, unpacked, where
+):
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    local = machine / "swamp.pyz"
+    shutil.copy(pyz, local)
+    env = _env(SHIV_ROOT=str(unpacked))
+    if where == "beside the pyz":
+        plugins = machine / "plugins"
+    else:
+        plugins = tmp_path / "elsewhere"
+        env["SWAMP_PLUGIN_PATH"] = str(plugins)
+    marker = tmp_path / "loaded"
+    package = _marker_plugin(plugins, marker)
+    # the control: as installed, the plugin is loaded (its import writes the marker)
+    ran = _swamp(local, "model", "types", "--json", cwd=machine, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert marker.read_text() == "loaded"
+    marker.unlink()
+    # its directory is as private as before, but one file in it is not
+    (package / "__init__.py").chmod(0o666)
+    ran = _swamp(local, "model", "types", "--json", cwd=machine, env=env)
+    assert not marker.exists()
+    why = f"{package}/__init__.py is writable by its group and every user"
+    if where == "beside the pyz":  # nobody named it: skipped, said why, the rest works
+        assert ran.returncode == 0 and json.loads(ran.stdout)
+        assert f"ignoring the plugins in {plugins}: {why}" in ran.stderr
+    else:  # named: an error, one line, exit 2
+        assert ran.returncode == 2
+        assert json.loads(ran.stdout)["error"]["code"] == "invalid_input"
+        assert ran.stderr.count("\n") == 1 and f"SWAMP_PLUGIN_PATH names {plugins}" in ran.stderr
+        assert why in ran.stderr
+
+
 def _install_beside(machine):
     """``plugins/swamp-diskspace`` laid out as ``pip install --target plugins`` leaves it: the
     package and its dist-info, whose entry point the pyz finds."""

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from swamp.errors import SwampError
+from swamp.errors import SwampError, UserError
 from swamp.hooks import hookimpl
 from swamp.models import Arg, Method, ModelType, ResourceSpec
 from swamp.orchestrator.credentials import Credentials
@@ -60,16 +60,46 @@ def test_plugin_dirs_beside_the_pyz_only_when_private(monkeypatch, tmp_path, cap
     extra = tmp_path / "extra"
     monkeypatch.setenv("SWAMP_PYZ", str(tmp_path / "swamp.pyz"))
     monkeypatch.setenv("SWAMP_PLUGIN_PATH", f"{extra}{os.pathsep}")
-    assert plugin_dirs() == [str(extra), str(beside)]
+    assert plugin_dirs() == [str(beside)]  # a directory that does not exist is left out
     beside.chmod(0o775)  # a group could drop code into it: not taken, and said why
-    assert plugin_dirs() == [str(extra)]
-    assert "another user could write to it" in caplog.text
+    assert plugin_dirs() == []
+    assert f"{beside} is writable by its group" in caplog.text
+    beside.chmod(0o755)
     extra.mkdir()
     (extra / "swamp_here_plugin.py").write_text("X = 1\n")
     monkeypatch.setenv("SWAMP_PLUGINS", "swamp_here_plugin")
     monkeypatch.setattr(sys, "path", list(sys.path))
     pm = plugin_manager(load_entry_points=False)  # found on SWAMP_PLUGIN_PATH, appended
-    assert pm.has_plugin("swamp_here_plugin") and sys.path[-1] == str(extra)
+    assert pm.has_plugin("swamp_here_plugin") and str(extra) in sys.path[-2:]
+
+
+@pytest.mark.parametrize(
+    "loosen,why",
+    [
+        (lambda d: (d / "pkg" / "mod.py").chmod(0o666), "pkg/mod.py is writable by its group"),
+        (lambda d: (d / "pkg").chmod(0o757), "pkg is writable by every user"),
+        (lambda d: d.parent.chmod(0o777), "is writable by its group and every user"),
+        (lambda d: (d / "out.py").symlink_to(d.parent / "nowhere.py"), "which does not exist"),
+        (lambda d: (d / "ln").symlink_to(d.parent / "open"), "open/evil.py is writable by"),
+    ],
+)
+def test_every_file_of_a_plugin_directory_is_checked(monkeypatch, tmp_path, loosen, why):
+    from swamp.plugins import plugin_dirs, untrusted
+
+    top = tmp_path / "above" / "plugins"
+    (top / "pkg").mkdir(parents=True)
+    (top / "pkg" / "mod.py").write_text("X = 1\n")
+    (tmp_path / "above" / "open").mkdir()
+    (tmp_path / "above" / "open" / "evil.py").write_text("X = 1\n")
+    (tmp_path / "above" / "open" / "evil.py").chmod(0o646)
+    for path in (tmp_path / "above", top, top / "pkg"):
+        path.chmod(0o755)
+    assert untrusted(str(top)) is None
+    loosen(top)
+    assert why in untrusted(str(top))
+    monkeypatch.setenv("SWAMP_PLUGIN_PATH", str(top))
+    with pytest.raises(UserError, match="SWAMP_PLUGIN_PATH names .*another user could"):
+        plugin_dirs()
 
 
 def test_credentials_expire_slide_and_revoke():
