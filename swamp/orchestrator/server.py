@@ -42,7 +42,7 @@ from swamp.orchestrator.app import App
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
-from swamp.orchestrator.downloads import Download, running_pyz
+from swamp.orchestrator.downloads import Download, served_build
 from swamp.orchestrator.episode import Episodes
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.metrics import Metrics
@@ -306,11 +306,19 @@ def _announce(
 
 async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     policy = check_options(options)
+    download = served_build(options.pyz, repo.state_dir)  # a bad --pyz: nothing is served
     with repo.serve_lock():  # before anything is read or written: one orchestrator per repo
-        await _serve(repo, options, policy, task_status=task_status)
+        await _serve(repo, options, policy, download, task_status=task_status)
 
 
-async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, task_status) -> None:
+async def _serve(
+    repo: Repo,
+    options: ServeOptions,
+    policy: RequestPolicy,
+    download: Download | None,
+    *,
+    task_status,
+) -> None:
     import hypercorn.config
 
     raise_file_limit()
@@ -385,8 +393,6 @@ async def _serve(repo: Repo, options: ServeOptions, policy: RequestPolicy, *, ta
     )
     if options.verify_on_enroll:
         gateway.prober = verifier.probe
-    pyz = options.pyz or running_pyz()
-    download = Download.of(pyz) if pyz is not None else None
     local_credential = new_local_credential() if options.auth == "token" else None
     auth = AdminAuth(
         mode=options.auth, server_tokens=ServerTokenBook(store), local_credential=local_credential

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import zipapp
+import zipfile
 
 import httpx
 import pytest
@@ -74,6 +75,36 @@ def test_private_downloads_need_a_credential_and_no_build_is_a_clear_404(cluster
     token = cluster.cli_json("server", "token", "create", "provisioner")["token"]
     allowed = httpx.get(f"{base}/swamp.pyz", headers={"Authorization": f"Bearer {token}"})
     assert allowed.status_code == 200 and allowed.content == built.read_bytes()
+
+
+def test_serve_hands_out_only_a_swamp_build_and_never_its_own_state(cluster):
+    """``--pyz .swamp/swamp.db`` served the database to anyone: a path in the repo's
+    ``.swamp/`` is refused, and so is anything that is not a swamp zipapp; one line, exit 2,
+    and nothing is served (serve never starts listening)."""
+    state = cluster.repo / ".swamp"
+    built = _small_pyz(cluster.tmp)
+    inside = state / "swamp.pyz"
+    shutil.copy(built, inside)
+    copied_db = cluster.tmp / "swamp.db"
+    shutil.copy(state / "swamp.db", copied_db)
+    other_app = cluster.tmp / "other.pyz"
+    with zipfile.ZipFile(other_app, "w") as archive:
+        archive.writestr("__main__.py", "print('not swamp')\n")
+    refusals = [
+        (state / "swamp.db", f"is in {state}, the orchestrator's own state"),
+        (inside, f"is in {state}"),  # even a real build: .swamp/ is never served
+        (copied_db, "is not a swamp build (it is not a zip archive)"),
+        (other_app, "is not a swamp build (it holds no swamp package)"),
+    ]
+    for path, why in refusals:
+        refused = cluster.cli("serve", "--port", "0", "--pyz", str(path), timeout=60)
+        assert refused.returncode == 2 and not refused.stdout, refused.stderr
+        assert refused.stderr.count("\n") == 1 and why in refused.stderr, refused.stderr
+        assert not (state / "serve.json").exists()
+    # the control: the same flag with a swamp build outside .swamp/ serves it, byte for byte
+    cluster.serve("--pyz", str(built))
+    served = httpx.get(cluster.url.replace("ws://", "http://") + "/swamp.pyz")
+    assert served.status_code == 200 and served.content == built.read_bytes()
 
 
 def test_without_a_build_the_download_says_how_to_get_one(cluster):
