@@ -164,7 +164,10 @@ def main():
         base = os.path.join(root, "swamp-" + manifest["id"])
         tree = os.path.join(base, "site-packages")
         if not os.path.isdir(base):
-            _unpack(pyz, base)
+            try:
+                _unpack(pyz, base)
+            except OSError as exc:
+                _refuse(f"cannot unpack into {root}: {exc.strerror or exc}; set SHIV_ROOT")
         problem = _stranger(base, tree, manifest)
     finally:
         os.umask(umask)
