@@ -497,7 +497,11 @@ def token_create(
         help="The URL machines connect to (default: the running server's), e.g. wss://host:7420.",
     ),
     output: Path = typer.Option(
-        None, "--output", help="Write the provisioning file here (mode 0600: it holds the token)."
+        None,
+        "--output",
+        help="Write the provisioning file here, a new file (mode 0600: it holds the token); "
+        "with --compose the token goes to swamp_token beside it. An existing file or a "
+        "link is refused.",
     ),
     server: str = SERVER,
     server_token: str = SERVER_TOKEN,
@@ -545,7 +549,20 @@ def token_create(
     kinds = [kind for kind, on in chosen if on]
     if len(kinds) > 1:
         raise UserError("choose one of --cloud-init, --kubernetes, --compose")
-    build = _served_build(orchestrator_url, server, repo_dir, ca_cert) if kinds else None
+    if output is not None and not kinds:
+        raise UserError("--output goes with --cloud-init, --kubernetes or --compose")
+    if kinds:  # everything that can fail is checked and claimed before the token is minted
+        build = _served_build(orchestrator_url, server, repo_dir, ca_cert)
+        with _NewFiles(_outputs(kinds[0], output)) as files:
+            item = with_admin(
+                lambda api: api.token_create(request),
+                repo_dir=repo_dir,
+                server=server,
+                server_token=server_token,
+                ca_cert=ca_cert,
+            )
+            _provision(kinds[0], build, item, files, json_output=json_output)
+        return
     item = with_admin(
         lambda api: api.token_create(request),
         repo_dir=repo_dir,
@@ -553,9 +570,6 @@ def token_create(
         server_token=server_token,
         ca_cert=ca_cert,
     )
-    if build is not None:
-        _provision(kinds[0], build, item, output, json_output=json_output)
-        return
     if json_output:
         emit_json(item.to_json())
         return
@@ -578,25 +592,33 @@ def token_create(
 
 def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dict:
     """The orchestrator's URL and the sha256 of the build it serves, asked for *before* the
-    token is minted, so a failure here mints nothing."""
+    token is minted, so a failure here mints nothing. The URL must have a plain shape and the
+    checksum must be one (64 lowercase hex digits) before either goes into a script."""
     import httpx
 
     from swamp.admin.routes import running_server
+    from swamp.domain.provisioning import check_url, is_sha256
     from swamp.errors import PeerError, UserError
 
-    url = url or server or running_server(repo_dir)
-    if not url or not url.startswith(("ws://", "wss://")):
+    if url:
+        what = "--orchestrator-url"
+    elif server:
+        url, what = server, "--server"
+    else:
+        url, what = running_server(repo_dir), "the running server's URL"
+    if not url:
         raise UserError(
             "provisioning needs the orchestrator's URL: pass --orchestrator-url wss://host:port "
             "(or run it in the repo of a running 'swamp serve')"
         )
+    check_url(url, what=what)
     base = ("https://" if url.startswith("wss://") else "http://") + url.split("://", 1)[1]
     base = base.rstrip("/")
     try:
         answer = httpx.get(
             f"{base}/swamp.pyz.sha256", timeout=10, verify=str(ca_cert) if ca_cert else True
         )
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise PeerError(f"cannot reach the orchestrator at {base}: {exc}") from None
     if answer.status_code != 200:
         raise PeerError(
@@ -605,14 +627,90 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dic
         )
     words = answer.text.split()
     sha256 = words[0] if words else ""
-    if len(sha256) != 64:
-        raise PeerError(f"the orchestrator at {base} sent a malformed checksum")
+    if not is_sha256(sha256):
+        raise PeerError(
+            f"the orchestrator at {base} sent a malformed checksum for its build (not 64 "
+            "lowercase hex digits): nothing was minted"
+        )
     return {"url": url, "download": f"{base}/swamp.pyz", "sha256": sha256}
 
 
-def _provision(kind: str, build: dict, item, output: Path | None, *, json_output: bool) -> None:
-    import os
+def _outputs(kind: str, output: Path | None) -> list[tuple[Path, str]]:
+    """The files a provisioning command writes, each with what it is: ``--output``, and for
+    Compose the token's secret file beside it."""
+    from swamp.domain.provisioning import TOKEN_FILE
 
+    if output is None:
+        return []
+    files = [(output, "--output")]
+    if kind == "compose":
+        files.append((output.parent / TOKEN_FILE, "the token file of --compose"))
+    return files
+
+
+class _NewFiles:
+    """Files created for us alone before the token is minted: new (``O_EXCL``: an existing
+    file is never overwritten), not through a link (``O_NOFOLLOW``), mode 0600. If anything
+    fails before they are written, they are removed again: a refused command leaves nothing."""
+
+    def __init__(self, files: list[tuple[Path, str]]) -> None:
+        self.paths = [path for path, _ in files]
+        self.roles = [role for _, role in files]
+        self.fds: list[int] = []
+
+    def __enter__(self) -> _NewFiles:
+        import os
+
+        from swamp.errors import UserError
+
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for path, role in zip(self.paths, self.roles, strict=True):
+            try:
+                self.fds.append(os.open(path, flags, 0o600))
+            except FileExistsError:
+                self._discard()
+                raise UserError(
+                    f"{role} {path} exists already (a file or a link): it is not overwritten; "
+                    "choose a new path, or remove it first"
+                ) from None
+            except OSError as exc:
+                self._discard()
+                raise UserError(f"cannot create {role} {path}: {exc.strerror}") from None
+        return self
+
+    def write(self, index: int, text: str) -> None:
+        import os
+
+        data = text.encode()
+        while data:
+            data = data[os.write(self.fds[index], data) :]
+
+    def __exit__(self, kind, exc, tb) -> None:
+        import os
+
+        if kind is not None:
+            self._discard()
+            return
+        for fd in self.fds:
+            os.close(fd)
+
+    def _discard(self) -> None:
+        """Close and remove the files we created (only if the path still names them)."""
+        import os
+
+        for path, fd in zip(self.paths, self.fds, strict=False):
+            mine = os.fstat(fd)
+            try:
+                there = os.lstat(path)
+                if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+                    os.unlink(path)
+            except OSError:
+                pass
+            os.close(fd)
+        self.fds = []
+
+
+def _provision(kind: str, build: dict, item, files: _NewFiles, *, json_output: bool) -> None:
     from swamp.domain import provisioning
 
     if kind == "cloud-init":
@@ -620,21 +718,32 @@ def _provision(kind: str, build: dict, item, output: Path | None, *, json_output
     elif kind == "kubernetes":
         text = provisioning.kubernetes(name=item.name, token=item.token, **build)
     else:
-        text = provisioning.compose(token=item.token, **build)
-    if output is None:
+        text = provisioning.compose(**build)
+    if not files.paths:
         if json_output:  # the token item, with the file that provisions a machine with it
             emit_json({**item.to_json(), "provisioning": {"kind": kind, "content": text}})
-        else:
-            print(text, end="")
+            return
+        print(text, end="")
+        if kind == "compose":  # the token is not in the compose file: say where it goes
+            print(
+                f"write the token to ./{provisioning.TOKEN_FILE} beside the compose file "
+                f"(mode 0600): {item.token}",
+                file=sys.stderr,
+            )
         return
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
+    files.write(0, text)
+    written = {"kind": kind, "path": str(files.paths[0])}
+    if kind == "compose":
+        files.write(1, item.token + "\n")
+        written["tokenFile"] = str(files.paths[1])
     if json_output:
-        emit_json({"name": item.name, "provisioning": {"kind": kind, "path": str(output)}})
+        emit_json({"name": item.name, "provisioning": written})
     else:
-        print(f"wrote {output} (mode 0600: it holds the token for {item.name})", file=sys.stderr)
+        where = f" and {files.paths[1]}" if kind == "compose" else ""
+        print(
+            f"wrote {files.paths[0]}{where} (mode 0600: the token for {item.name})",
+            file=sys.stderr,
+        )
 
 
 @token_app.command("list", short_help="Tokens: state, deadline, enrollments.")

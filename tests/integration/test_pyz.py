@@ -401,10 +401,25 @@ def test_cloud_init_provisions_a_worker_from_the_orchestrators_build(pyz, cluste
     assert text.startswith("#cloud-config\n")
     config = yaml.safe_load(text)
     base = cluster.url.replace("ws://", "http://")
-    commands = [" ".join(c) for c in config["runcmd"]]
-    assert any(f"{base}/swamp.pyz" in c for c in commands)
-    assert any(f"{digest}  /opt/swamp/swamp.pyz" in c and "sha256sum -c" in c for c in commands)
+    commands = config["runcmd"]
+    assert ["curl", "-fsSL", "--retry", "5", "-o", "/opt/swamp/swamp.pyz", f"{base}/swamp.pyz"] in (
+        commands
+    )
+    assert ["sha256sum", "-c", "/opt/swamp/swamp.pyz.sha256"] in commands  # no shell
     files = {f["path"]: f for f in config["write_files"]}
+    checksum = files["/opt/swamp/swamp.pyz.sha256"]["content"]
+    assert checksum == f"{digest}  /opt/swamp/swamp.pyz\n"
+    # that check, run for real on this machine's copy of the build: it passes, and fails on
+    # a changed file
+    machine = cluster.tmp / "opt"
+    machine.mkdir()
+    shutil.copy(pyz, machine / "swamp.pyz")
+    (machine / "swamp.pyz.sha256").write_text(checksum.replace("/opt/swamp", str(machine)))
+    check = ["sha256sum", "-c", str(machine / "swamp.pyz.sha256")]
+    assert subprocess.run(check, capture_output=True).returncode == 0
+    with open(machine / "swamp.pyz", "ab") as changed:
+        changed.write(b"\0")
+    assert subprocess.run(check, capture_output=True).returncode != 0
     env_file = files["/etc/swamp/worker.env"]
     assert env_file["permissions"] == "0600"
     unit = files["/etc/systemd/system/swamp-worker.service"]["content"]
@@ -450,3 +465,158 @@ def test_provisioning_without_a_served_build_mints_nothing(cluster):
     made = cluster.cli("worker", "token", "create", "pool", "--duration", "1h", "--cloud-init")
     assert made.returncode == 1 and "serves no build" in made.stderr
     assert cluster.cli_json("worker", "token", "list") == []
+
+
+# -- provisioning output: nothing in it reaches a shell, and nothing is overwritten ------------
+
+
+def test_a_container_fetches_checks_and_runs_the_build_without_a_shell(pyz, cluster, unpacked):
+    """``--compose`` (``--kubernetes`` has the same command): the token goes to a secret file
+    beside the compose file, never into it; the container's command, run here for real,
+    downloads the build, checks it, and runs a worker that enrolls with the secret file."""
+    cluster.serve("--pyz", str(pyz))
+    out = cluster.tmp / "compose" / "compose.yaml"
+    out.parent.mkdir()
+    made = cluster.cli(
+        "worker", "token", "create", "boxes", "--duration", "1h", "--max-enrollments", "3",
+        "--compose", "--output", str(out), "--json",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    written = json.loads(made.stdout)["provisioning"]
+    token_file = out.parent / "swamp_token"
+    assert written == {"kind": "compose", "path": str(out), "tokenFile": str(token_file)}
+    token = token_file.read_text().strip()
+    assert token.startswith("boxes.") and token_file.stat().st_mode & 0o777 == 0o600
+    text = out.read_text()
+    assert token not in text and token.split(".")[1] not in text
+    service = yaml.safe_load(text)["services"]["worker"]
+    command = service["command"]
+    assert command[:3] == ["python3", "-I", "-c"] and "sh" not in command
+
+    def run(argv, log):
+        argv = [PYTHON if a == "python3" else a for a in argv]
+        argv = [str(cluster.tmp / "fetched.pyz") if a == "/tmp/swamp.pyz" else a for a in argv]
+        env = _env(
+            SWAMP_ORCHESTRATOR_URL=service["environment"]["SWAMP_ORCHESTRATOR_URL"],
+            SWAMP_WORKER_TOKEN_FILE=str(token_file),
+            SWAMP_WORKER_CACHE_DIR=str(cluster.tmp / "box-cache"),
+            SHIV_ROOT=str(unpacked),
+        )
+        with open(log, "w") as stderr:
+            return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+    # the control: a build that does not match the checksum is never run
+    wrong = list(command)
+    digest = command[5]
+    wrong[5] = digest[:-1] + ("0" if digest[-1] != "0" else "1")
+    refused = run(wrong, cluster.tmp / "refused.log")
+    refused.communicate(timeout=60)
+    err = (cluster.tmp / "refused.log").read_text()
+    assert refused.returncode == 1 and err.count("\n") == 1 and f"expected {wrong[5]}" in err
+    assert not (cluster.tmp / "fetched.pyz").exists()
+    worker = run(command, cluster.tmp / "box.log")
+    try:
+        line = worker.stdout.readline()
+        while line and "enrolled as" not in line:
+            line = worker.stdout.readline()
+        assert "enrolled as boxes-" in line, (cluster.tmp / "box.log").read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=15) == 0
+
+
+def _fake_orchestrator(directory, checksum):
+    """A real HTTP server that answers ``/swamp.pyz.sha256`` with ``checksum``: an
+    orchestrator (or whoever sits in the middle) that lies."""
+    directory.mkdir()
+    (directory / "swamp.pyz.sha256").write_text(f"{checksum}  swamp.pyz\n")
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        cwd=directory,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (…) ..."
+    return server, int(line.split(" port ")[1].split()[0])
+
+
+def test_a_checksum_that_is_not_one_is_never_written_into_a_script(cluster):
+    # 64 characters, as the old check wanted, and a command for a shell
+    payload = "';touch${IFS}poisoned;'" + "0" * 41
+    assert len(payload) == 64
+    server, port = _fake_orchestrator(cluster.tmp / "fake", payload)
+    try:
+        out = cluster.tmp / "user-data.yaml"
+        made = cluster.cli(
+            "worker", "token", "create", "pool", "--duration", "1h", "--cloud-init",
+            "--orchestrator-url", f"ws://127.0.0.1:{port}", "--output", str(out),
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert made.returncode == 1 and made.stderr.count("\n") == 1, made.stderr
+    assert "sent a malformed checksum" in made.stderr and payload not in made.stderr
+    assert not out.exists() and cluster.cli_json("worker", "token", "list") == []
+    # the control: in the shell line the old cloud-init ran, the payload runs
+    shell = cluster.tmp / "shell"
+    shell.mkdir()
+    old_check = f"echo '{payload}  /opt/swamp/swamp.pyz' | sha256sum -c -"
+    subprocess.run(["sh", "-c", old_check], cwd=shell, capture_output=True, timeout=30)
+    assert (shell / "poisoned").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ws://127.0.0.1:7420/';touch${IFS}x;'", "ws://h:99999", "wss://a b:1", "ws://u:p@h:1"],
+)
+def test_a_bad_orchestrator_url_is_one_line_and_mints_nothing(cluster, url):
+    made = cluster.cli(
+        "worker", "token", "create", "pool", "--duration", "1h", "--kubernetes",
+        "--orchestrator-url", url,
+    )  # fmt: skip
+    assert made.returncode == 2 and not made.stdout and made.stderr.count("\n") == 1
+    assert "invalid --orchestrator-url" in made.stderr, made.stderr
+    assert cluster.cli_json("worker", "token", "list") == []
+
+
+def test_output_never_overwrites_a_file_or_follows_a_link(pyz, cluster):
+    cluster.serve("--pyz", str(pyz))
+    victim = cluster.tmp / "victim"
+    victim.write_text("keep me\n")
+    existing = cluster.tmp / "existing.yaml"
+    existing.write_text("mine\n")
+    link = cluster.tmp / "link.yaml"
+    link.symlink_to(victim)
+    compose_dir = cluster.tmp / "compose"
+    compose_dir.mkdir()
+    (compose_dir / "swamp_token").write_text("an older token\n")
+    for kind, out, why in (
+        ("--cloud-init", existing, f"--output {existing} exists already"),
+        ("--cloud-init", link, f"--output {link} exists already (a file or a link)"),
+        ("--compose", compose_dir / "compose.yaml", "the token file of --compose"),
+    ):
+        made = cluster.cli(
+            "worker", "token", "create", "pool", "--duration", "1h", kind, "--output", str(out)
+        )
+        assert made.returncode == 2 and made.stderr.count("\n") == 1, made.stderr
+        assert why in made.stderr, made.stderr
+    assert victim.read_text() == "keep me\n" and existing.read_text() == "mine\n"
+    assert link.is_symlink() and os.readlink(link) == str(victim)
+    assert (compose_dir / "swamp_token").read_text() == "an older token\n"
+    assert not (compose_dir / "compose.yaml").exists()  # nothing half-written is left
+    assert cluster.cli_json("worker", "token", "list") == []
+    # the control: the way --output used to be opened follows the link and clobbers its target
+    fd = os.open(link, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    assert victim.read_text() == ""
+
+
+def test_output_without_a_provisioning_file_is_one_line_and_mints_nothing(cluster):
+    out = cluster.tmp / "token.txt"
+    made = cluster.cli(
+        "worker", "token", "create", "pool", "--duration", "1h", "--output", str(out)
+    )
+    assert made.returncode == 2 and made.stderr.count("\n") == 1
+    assert "--output goes with --cloud-init, --kubernetes or --compose" in made.stderr
+    assert not out.exists() and cluster.cli_json("worker", "token", "list") == []
