@@ -295,7 +295,8 @@ def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
     assert version.returncode == 0, version.stderr
     assert json.loads(version.stdout)["protocolVersion"] >= 1
     flag = _swamp(local, "--version", cwd=machine)
-    assert flag.stdout == f"swamp {json.loads(version.stdout)['version']} (protocol 2)\n"
+    about = json.loads(version.stdout)
+    assert flag.stdout == f"swamp {about['version']} (protocol {about['protocolVersion']})\n"
     assert _swamp(local, "init", "repo", cwd=machine).returncode == 0
     repo = machine / "repo"
     serve = subprocess.Popen(
