@@ -25,7 +25,8 @@ def test_dispatch_by_target_and_by_label_and_read_the_result_back(cluster):
         "command/shell", "run", "--arg", "command=echo gpu-job", "--label", "gpu=true"
     )
     assert code == 0 and result_of(lines)["worker"] == "beta"
-    assert result_of(lines)["outputs"] == [{"spec": "result", "name": "result", "version": 2}]
+    # each ad-hoc run is an instance of its own: its result is version 1 of its own data
+    assert result_of(lines)["outputs"] == [{"spec": "result", "name": "result", "version": 1}]
 
     # The resource the worker wrote over the data plane is data at the orchestrator.
     records = cluster.query('modelType == "command/shell" && attributes.stdoutTail == "gpu-job"')
@@ -71,14 +72,21 @@ def test_a_failing_command_fails_the_dispatch_with_its_exit_code(cluster):
 def test_remote_context_capabilities(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("w1"))
-    code, lines = cluster.run("test/steps", "round_trip", "--arg", "value=42", "--target", "w1")
+    (cluster.repo / "models" / "probe.toml").write_text('type = "test/steps"\n')
+    code, lines = cluster.run("probe", "round_trip", "--arg", "value=42", "--target", "w1")
     assert code == 0, lines
     assert "read back 42 missing=None" in logs_of(lines)
 
+    # a later run of the same model reads what the first wrote...
+    code, lines = cluster.run(
+        "probe", "query", "--arg", 'predicate=modelType == "test/steps"', "--target", "w1"
+    )
+    assert code == 0 and "found 1" in logs_of(lines)
+    # ...an ad-hoc run (an instance of its own) does not
     code, lines = cluster.run(
         "test/steps", "query", "--arg", 'predicate=modelType == "test/steps"', "--target", "w1"
     )
-    assert code == 0 and "found 1" in logs_of(lines)
+    assert code == 0 and "found 0" in logs_of(lines)
 
     # tokens are not data a dispatch can see (test_disclosure covers the oracle)
     code, lines = cluster.run(
