@@ -81,6 +81,17 @@ def resolve_target(target: str, workers: Iterable[WorkerView]) -> WorkerView | N
     return same[0] if len(same) == 1 else None
 
 
+def unmet(placement: Placement, *, labels: dict, platform: str, arch: str) -> list[str]:
+    """What of ``placement``'s labels and platform a worker with these lacks (its target aside),
+    e.g. ``["gpu=true", "platform linux/arm64"]``; empty when it has all of it."""
+    missing = [f"{k}={v}" for k, v in placement.labels.items() if labels.get(k) != v]
+    if placement.platform:
+        os_part, _, arch_part = placement.platform.partition("/")
+        if (os_part and os_part != platform) or (arch_part and arch_part != arch):
+            missing.append(f"platform {placement.platform}")
+    return missing
+
+
 def matches(placement: Placement, worker: WorkerView) -> bool:
     """Does this worker satisfy the labels and platform, regardless of load and status? (A
     target is resolved against the whole pool: :func:`resolve_target`.)"""

@@ -26,6 +26,7 @@ from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.placement import Placement as StepPlacement
+from swamp.domain.placement import unmet
 from swamp.domain.read_scope import ALL_DATA
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
@@ -69,9 +70,17 @@ class _Affinity:
     worker: str | None = None
     claimed: bool = False
 
+    def follow(self, worker: str) -> None:
+        """The choosing step was dispatched to ``worker`` (again, after a lost worker: the
+        group follows it to where it really runs)."""
+        self.worker = worker
+        self.changed.set()
+        self.changed = trio.Event()
+
     def settle(self, worker: str | None) -> None:
-        if self.worker is None:
-            self.worker = worker
+        """The choosing step ended: where it last ran is the group's worker (none: the next
+        step of the group chooses)."""
+        self.worker = worker or self.worker
         self.claimed = False
         self.changed.set()
         self.changed = trio.Event()
@@ -467,8 +476,9 @@ class _Run:
                 "running orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         pin = group if placement.is_remote() else None
+        chooses = False
         if pin is not None:
-            placement = await self.pinned(pin, placement, name)
+            placement, chooses = await self.pinned(pin, placement, name)
         instance = self.engine.workflows.instance(model_ref, model_name)
         request = RunRequest(
             instance,
@@ -487,34 +497,50 @@ class _Run:
             record["requirement"] = placement.describe()
 
         async def relay(payload: dict) -> None:
-            await self.relay(job, name, record, payload, pin)
+            await self.relay(job, name, record, payload, pin if chooses else None)
 
         try:
             result = await self.engine.host.run_step(request, relay)
         finally:
-            if pin is not None and pin.worker is None:
-                pin.settle(record.get("worker"))  # none: the next step of the group chooses
+            if chooses:
+                pin.settle(record.get("worker"))
         record["worker"] = result.worker or record.get("worker") or "orchestrator"
         if result.dispatch_id:
             record["dispatchId"] = result.dispatch_id
         return result.status, result.error
 
-    async def pinned(self, group: _Affinity, placement: StepPlacement, name: str):
-        """The first placed step of an affinity group chooses; the others follow it, and fail
-        if the worker it chose has left."""
+    async def pinned(
+        self, group: _Affinity, placement: StepPlacement, name: str
+    ) -> tuple[StepPlacement, bool]:
+        """The first placed step of an affinity group chooses (``True``); the others follow
+        it to the worker it runs on, and fail if that worker has left, or lacks what the step
+        itself asks for (labels, platform) — rather than run there anyway."""
         while group.worker is None:
             if not group.claimed:
                 group.claimed = True
-                return placement
+                return placement, True
             await group.changed.wait()
         worker = group.worker
-        connected = {w["name"] for w in self.engine.host.workers_connected({})}
+        connected = {w["name"]: w for w in self.engine.host.workers_connected({})}
         if worker not in connected:
             raise UserError(
                 f"worker {worker!r}, which this step's affinity group ran on, is no longer "
                 "connected: failing the step to keep the group on one worker"
             )
-        return StepPlacement(target=worker)
+        found = connected[worker]
+        missing = unmet(
+            placement,
+            labels=found.get("labels") or {},
+            platform=str(found.get("platform", "")),
+            arch=str(found.get("arch", "")),
+        )
+        if missing:
+            raise UserError(
+                f"step {name!r} asks for {', '.join(missing)}, which worker {worker!r} (where "
+                "its affinity group runs) does not have: move the step out of the group, or "
+                "give the group's first step the same placement"
+            )
+        return StepPlacement(target=worker), False
 
     async def relay(self, job, name, record, payload: dict, pin: _Affinity | None) -> None:
         try:
@@ -529,8 +555,8 @@ class _Run:
             record.update(worker=event.worker, dispatchId=event.dispatch_id)
             if "queuedAt" in record:
                 record["queuedMs"] = _ms_between(record["queuedAt"], self.now())
-            if pin is not None and pin.worker is None:
-                pin.settle(event.worker)
+            if pin is not None:  # the choosing step's: the group goes where it runs
+                pin.follow(event.worker)
             await self.save()
             await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=event.worker))
         elif kind == "redispatch":

@@ -366,3 +366,52 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
     code, run, _ = _run(cluster, "wide")
     assert code == 1 and run["jobs"][0]["status"] == "failed"
     assert "gave 1001 items; a step runs at most 1000 times" in run["jobs"][0]["error"]
+
+
+FOLLOWS = """\
+    name = "follows"
+    [[jobs]]
+    name = "together"
+    affinity = true
+    labels = {{ pool = "x" }}
+    [[jobs.steps]]
+    name = "first"
+    task = {{ type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = {{ command = "if [ -e {marker} ]; then echo second-run; else touch {marker}; echo first-run; sleep 60; fi" }} }}
+    [[jobs.steps]]
+    name = "second"
+    dependsOn = [{{ step = "first" }}]
+    task = {{ type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = {{ command = "echo second-step" }} }}
+    [[jobs.steps]]
+    name = "gpu"
+    dependsOn = [{{ step = "second" }}]
+    labels = {{ pool = "x", gpu = "true" }}
+    task = {{ type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = {{ command = "echo should-not-run" }} }}
+"""  # noqa: E501
+
+
+def test_an_affinity_group_follows_its_first_step_to_where_it_really_ran(cluster):
+    """Replayed from the original's test cases: the first step of an affinity group lost its
+    worker and ran again elsewhere, and the group stayed pinned to the lost worker (the next
+    step failed). And a step of the group that asks for labels its worker lacks was run there
+    anyway; now it is refused, saying why."""
+    cluster.serve()
+    workers = {
+        name: cluster.worker(cluster.mint(name), "--label", "pool=x") for name in ("w1", "w2")
+    }
+    marker = cluster.tmp / "marker"
+    _write(cluster, "follows", FOLLOWS.format(marker=marker))
+    run = cluster.spawn("workflow", "run", "follows", "--json", "--server", cluster.url)
+    line = run.wait_for(lambda e: e.get("event", {}).get("line") == "first-run")["event"]
+    lost = line["worker"]
+    workers[lost].p.kill()  # the first step's worker is lost mid-step, before any effect
+    assert run.wait_exit(timeout=90) == 1  # the gpu step is refused: the run fails
+    final = [e["run"] for e in run.events() if "run" in e][-1]
+    steps = _steps(final)
+    other = "w2" if lost == "w1" else "w1"
+    assert steps["together.first"]["status"] == "succeeded"
+    assert steps["together.first"]["worker"] == other  # it ran again on the other worker
+    assert steps["together.second"]["status"] == "succeeded", steps["together.second"]
+    assert steps["together.second"]["worker"] == other  # the group followed it there
+    gpu = steps["together.gpu"]
+    assert gpu["status"] == "failed" and "gpu=true" in gpu["error"], gpu
+    assert "affinity group" in gpu["error"]

@@ -121,3 +121,15 @@ def test_unknown_statuses_are_not_schedulable():
     assert is_schedulable("idle") and is_schedulable("busy")
     for status in ("disconnected", "unverified", "draining", "something-new"):
         assert not is_schedulable(status)
+
+
+def test_what_a_worker_lacks_of_a_placement():
+    from swamp.domain.placement import Placement, unmet
+
+    gpu = Placement(labels={"gpu": "true", "zone": "eu"}, platform="linux/arm64")
+    assert unmet(gpu, labels={"gpu": "true", "zone": "eu"}, platform="linux", arch="arm64") == []
+    assert unmet(gpu, labels={"zone": "eu"}, platform="linux", arch="x86_64") == [
+        "gpu=true",
+        "platform linux/arm64",
+    ]
+    assert unmet(Placement(target="w1"), labels={}, platform="linux", arch="x86_64") == []
