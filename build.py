@@ -10,6 +10,8 @@
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
     python3 build.py bench-startup  # the pyz: --version, and a worker started to enrolled
+    python3 build.py bench-hostile  # memory under a flood before trust; admin calls under a
+                                  # query flood over 600 MB
     python3 build.py soak      # steps over a fleet under SIGKILLs and a restart (minutes)
     python3 build.py pyz       # dist/swamp.pyz: the one file every machine runs
     python3 build.py lock      # refresh constraints.txt from a clean resolve
@@ -213,6 +215,8 @@ def main(argv: list[str]) -> int:
         return run(str(ROOT / "bench" / "startup.py"), *rest)
     if task == "bench-queue":
         return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
+    if task == "bench-hostile":
+        return run(str(ROOT / "bench" / "hostile.py"), *rest)
     if task == "soak":
         return run(str(ROOT / "bench" / "soak.py"), *rest)
     if task == "pyz":
