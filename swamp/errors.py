@@ -131,6 +131,13 @@ class QuotaExceeded(TooLarge):
     code = "quota_exceeded"
 
 
+class WrongScheme(UserError):
+    """A URL whose scheme the port does not speak: ``ws://`` to a TLS port, ``wss://`` to a
+    plain one. Asking again the same way can never work (a worker stops)."""
+
+    code = "wrong_scheme"
+
+
 # -- refused, conflicting, or failed (exit 1) ---------------------------------------------------
 
 

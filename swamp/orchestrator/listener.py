@@ -12,11 +12,17 @@ and time) and then handed on, unread, with the rest of the stream. Only a comple
 websocket upgrade goes to trio-websocket; anything else — an HTTP request, a malformed or
 oversized head, an HTTP/2 preface — goes to Hypercorn exactly as it arrived, and Hypercorn
 answers it as it always did (a later upgrade on a kept-alive HTTP connection too).
+
+Before either, the first byte says whether the peer speaks the port's scheme. A ``ws://`` or
+``http://`` client on a TLS port (or a ``wss://`` one on a plain port) would otherwise wait for
+an answer it can never read — trio-websocket's client until its own timeout, ten seconds — so
+it gets a plain-text HTTP 400 at once naming the scheme to use, and the connection is closed.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -24,12 +30,15 @@ from functools import partial
 import trio
 import trio_websocket
 
+from swamp.protocol.transport import SPEAKS_PLAIN, SPEAKS_TLS
+
 log = logging.getLogger("swamp.listener")
 
 HEAD_LIMIT = 16 * 1024  # h11's own limit on a request head
 HEAD_TIMEOUT = 10.0  # the TLS handshake and the first request head, together
 RECEIVE_BYTES = 16 * 1024
 SINGLE = frozenset({"host", "origin", "authorization"})  # what the policy and auth read
+TLS_HANDSHAKE = 0x16  # the content type of the record every TLS client starts with
 
 
 def upgrade_headers(head: bytes) -> dict[str, str] | None:
@@ -75,6 +84,51 @@ async def read_head(stream: trio.abc.Stream) -> bytes:
             break
         buffered += data
     return bytes(buffered)
+
+
+async def read_tls_record(stream: trio.abc.Stream) -> None:
+    """Read (and drop) the first TLS record the peer sent: its ClientHello. Closing a socket
+    with unread bytes resets it, and the peer would never read the answer."""
+    buffered = bytearray()
+    wanted = 5  # the record header: type, version, length
+    while len(buffered) < min(wanted, HEAD_LIMIT):
+        data = await stream.receive_some(HEAD_LIMIT - len(buffered))
+        if not data:
+            return
+        buffered += data
+        if len(buffered) >= 5:
+            wanted = 5 + int.from_bytes(buffered[3:5], "big")
+
+
+def wrong_scheme_answer(message: str) -> bytes:
+    """A plain-text HTTP 400 that closes the connection: readable by curl, a browser, and by a
+    TLS client's error (``open_websocket`` recognizes it)."""
+    body = f"{message}\n".encode()
+    head = (
+        "HTTP/1.1 400 Bad Request\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def refuse_wrong_scheme(stream: trio.SocketStream, *, secure: bool) -> bool:
+    """Whether the peer was answered already (the caller then closes): it sent nothing at all,
+    or it speaks the other scheme and was told which one to use. Looks at the first byte
+    without taking it, so a peer that speaks the port's scheme reads on unchanged."""
+    first = await stream.socket.recv(1, socket.MSG_PEEK)
+    if not first:
+        return True
+    if (first[0] == TLS_HANDSHAKE) == secure:
+        return False
+    if secure:  # plain text on a TLS port: read its request head, then answer in plain text
+        await read_head(stream)
+        await stream.send_all(wrong_scheme_answer(SPEAKS_TLS))
+    else:  # a TLS handshake on a plain port: its client will read the answer as not TLS
+        await read_tls_record(stream)
+        await stream.send_all(wrong_scheme_answer(SPEAKS_PLAIN))
+    return True
 
 
 class Prefaced(trio.abc.HalfCloseableStream):
@@ -193,6 +247,8 @@ async def serve(
                 )
             with trio.move_on_after(HEAD_TIMEOUT) as waited:
                 try:
+                    if await refuse_wrong_scheme(stream, secure=ssl_context is not None):
+                        return  # told to use the other scheme, or gone without a word
                     head = await read_head(served)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return  # a failed TLS handshake, or gone before it said anything

@@ -23,6 +23,11 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import ChannelClosed
 from swamp.protocol import wsframes
 
+# What the orchestrator answers, as plain-text HTTP 400, to a client that speaks the other
+# scheme on its port (the listener sends it; open_websocket recognizes it).
+SPEAKS_TLS = "this port speaks TLS: use wss:// (or https://)"
+SPEAKS_PLAIN = "this port does not speak TLS: use ws:// (or http://)"
+
 
 class TransportClosed(ChannelClosed):
     """The socket is gone; ``message`` says why (close code and reason when known)."""
@@ -395,8 +400,11 @@ async def open_websocket(
     trio-websocket turns a failed TLS handshake into a silent wait and then a timeout; doing
     the TCP connect and the TLS handshake here first gives the operator the real reason
     ("certificate verify failed ...") and only then hands the stream to trio-websocket.
+    A port that speaks the other scheme (``ws://`` to TLS, ``wss://`` to plain) is
+    :class:`WrongScheme` at once, naming the URL to use.
     """
-    from swamp.errors import PeerError
+    from swamp.domain.urls import redact
+    from swamp.errors import PeerError, WrongScheme
 
     parts = urlsplit(url)
     secure = parts.scheme == "wss"
@@ -404,12 +412,14 @@ async def open_websocket(
     port = parts.port or (443 if secure else 80)
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = host if port in (80, 443) else f"{host}:{port}"
+    other = redact(("ws" if secure else "wss") + url[len(parts.scheme) :])
     try:
         with trio.fail_after(connect_timeout):
             stream = await trio.open_tcp_stream(host, port)
             if secure:
+                first = _FirstBytes(stream)
                 stream = trio.SSLStream(
-                    stream,
+                    first,
                     ssl_context or ssl.create_default_context(),
                     server_hostname=host,
                     https_compatible=True,
@@ -417,6 +427,11 @@ async def open_websocket(
                 try:
                     await stream.do_handshake()
                 except trio.BrokenResourceError as exc:
+                    if first.received.startswith(b"HTTP/"):  # an answer in plain text
+                        raise WrongScheme(
+                            f"the server at {host_header} does not speak TLS on this port: "
+                            f"use {other}"
+                        ) from None
                     raise PeerError(
                         f"TLS handshake with {host_header} failed: "
                         f"{exc.__cause__ or exc} (pass --ca-cert if the server "
@@ -451,6 +466,40 @@ async def open_websocket(
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await ws.aclose()
     except trio_websocket.HandshakeError as exc:
+        if (
+            isinstance(exc, trio_websocket.ConnectionRejected)
+            and exc.status_code == 400
+            and (exc.body or b"").startswith(SPEAKS_TLS.encode())
+        ):
+            raise WrongScheme(
+                f"the server at {host_header} speaks TLS on this port: use {other}"
+            ) from None
         raise PeerError(
             f"the websocket handshake with {host_header} failed: {describe(exc)}"
         ) from None
+
+
+class _FirstBytes(trio.abc.Stream):
+    """A TCP stream under TLS that keeps the first bytes the server sent: a handshake that
+    fails on ``HTTP/…`` met a server that answered in plain text."""
+
+    __slots__ = ("transport_stream", "received")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.transport_stream = stream
+        self.received = b""
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.transport_stream.receive_some(max_bytes)
+        if len(self.received) < 16:
+            self.received += data[:16]
+        return data
+
+    async def send_all(self, data) -> None:
+        await self.transport_stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.transport_stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.transport_stream.aclose()
