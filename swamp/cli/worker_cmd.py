@@ -61,6 +61,13 @@ def connect(
         "Docker secret mount; a trailing newline is trimmed. "
         "Not with --token.",
     ),
+    token_fd: int = typer.Option(
+        None,
+        "--token-fd",
+        hidden=True,
+        help="Read the token from this inherited file descriptor (how the worker starts "
+        "itself again without the token in its environment or command line).",
+    ),
     label: list[str] = typer.Option(
         None,
         "--label",
@@ -164,13 +171,19 @@ def connect(
 
     from swamp.domain.durations import parse_duration
     from swamp.domain.labels import merge_labels
-    from swamp.worker.agent import run_worker
+    from swamp.errors import UserError
+    from swamp.worker import handoff
     from swamp.worker.config import WorkerConfig, parse_concurrency, read_token
-    from swamp.worker.events import Reporter
 
+    if token_fd is not None:
+        if token or token_file:
+            raise UserError("pass the token one way: --token-fd, or the token, or its file")
+        given = handoff.read_token_fd(token_fd)
+    else:
+        given = read_token(token, token_file)
     config = WorkerConfig(
         url=url or "",
-        token=read_token(token, token_file),
+        token=given,
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
         cache_dir=cache_dir,
         ca_cert=ca_cert,
@@ -191,6 +204,11 @@ def connect(
         protocol_version=protocol_version,
         insecure=insecure,
     )
+    if token and handoff.supported():  # in the environment or on the command line: in view
+        handoff.exec_without_token(config.token)
+    from swamp.worker.agent import run_worker
+    from swamp.worker.events import Reporter
+
     status = run_async(run_worker, config, Reporter(json_lines=json_output, verbose=verbose))
     raise typer.Exit(status)
 
