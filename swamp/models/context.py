@@ -22,15 +22,78 @@ from swamp.protocol.messages import LogLine
 from swamp.store.datastore import Datastore, Key
 
 
-class ProcessWatch:
-    """Told of every command a method starts and reaps (the worker's reaper kills the ones
-    still running if the worker dies). The default watches nothing."""
+class Command(abc.ABC):
+    """A command a method started: its output, its end, and how to stop all of it."""
 
-    def track(self, pgid: int) -> None:
-        pass
+    pid: int
+    stdout: trio.abc.ReceiveStream
+    stderr: trio.abc.ReceiveStream
+    returncode: int | None
 
-    def untrack(self, pgid: int) -> None:
-        pass
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Its exit status once it has exited (negative: the signal that killed it)."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Kill it and what it started, as far as its launcher can tell."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """It has exited and its output has been read: let go of it."""
+
+
+class ChildCommand(Command):
+    """A command started as a child of this process."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.pid = process.pid
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+        self.on_close: Callable[[int], None] | None = None
+
+    @property
+    def returncode(self) -> int | None:  # type: ignore[override]
+        return self.process.returncode
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    def kill(self) -> None:
+        if self.process.returncode is not None:
+            return  # reaped: its group id may be anyone's by now
+        try:
+            if sys.platform != "win32":
+                os.killpg(self.process.pid, signal.SIGKILL)
+            else:
+                self.process.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close(self.pid)
+
+
+class Launcher:
+    """Starts the commands a method runs, each in a session of its own so that a timeout or a
+    cancel kills all of it: this one as children of this process. On a worker its reaper
+    starts them instead (:mod:`swamp.worker.reaper`), so that they die with the worker."""
+
+    async def start_command(
+        self, argv: list[str], *, env: Mapping[str, str], cwd: str | None
+    ) -> Command:
+        process = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=sys.platform != "win32",
+        )
+        return ChildCommand(process)
 
 
 class ContextBase(abc.ABC):
@@ -55,7 +118,7 @@ class ContextBase(abc.ABC):
         self._make_env = env if callable(env) else lambda: env
         self.cwd = cwd
         self.outputs: list[dict] = []
-        self.processes: ProcessWatch = ProcessWatch()
+        self.launcher: Launcher = Launcher()
 
     @property
     def env(self) -> dict[str, str]:
@@ -89,48 +152,43 @@ class ContextBase(abc.ABC):
     ) -> ProcessResult:
         """Run a subprocess with the shipped environment, streaming its lines as log events.
 
-        A string is run through the platform shell. On timeout or cancellation the whole process
-        group is killed, so ``sh -c 'sleep 100'`` does not leave a sleeper behind.
+        A string is run through the platform shell. On timeout or cancellation the command is
+        killed with everything it started (its launcher says how far that reaches), so
+        ``sh -c 'sleep 100'`` does not leave a sleeper behind.
         """
         if isinstance(argv, str):
             argv = ["cmd", "/c", argv] if sys.platform == "win32" else ["/bin/sh", "-c", argv]
         tails = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
         try:
-            process = await trio.lowlevel.open_process(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self.env,
-                cwd=cwd or self.cwd,
-                start_new_session=sys.platform != "win32",
+            command = await self.launcher.start_command(
+                list(argv), env=self.env, cwd=cwd or self.cwd
             )
         except OSError as exc:
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
-        self.processes.track(process.pid)  # its own session: the group id is its pid
-        timed_out = False
+        timed_out = ended = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:
                 async with open_unwrapping_nursery() as nursery:
-                    nursery.start_soon(self._pump, process.stdout, "stdout", tails["stdout"])
-                    nursery.start_soon(self._pump, process.stderr, "stderr", tails["stderr"])
-                await process.wait()
+                    nursery.start_soon(self._pump, command.stdout, "stdout", tails["stdout"])
+                    nursery.start_soon(self._pump, command.stderr, "stderr", tails["stderr"])
+                await command.wait()
+                ended = True
             timed_out = scope.cancelled_caught
         finally:
-            if process.returncode is None:
-                _kill_group(process)
+            if not ended:  # timed out, cancelled or failed: it goes, and what it started
+                command.kill()
                 with trio.CancelScope(shield=True):
                     with trio.move_on_after(5):
-                        await process.wait()
-            if process.returncode is not None:
-                self.processes.untrack(process.pid)
+                        await command.wait()
+            if command.returncode is not None:
+                command.close()
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     try:
                         await self.report_effects()  # it ran: never again after a lost worker
                     except SwampError:
                         pass  # the connection is gone: the orchestrator decides without it
         return ProcessResult(
-            exit_code=process.returncode if process.returncode is not None else -9,
+            exit_code=command.returncode if command.returncode is not None else -9,
             stdout_tail=list(tails["stdout"]),
             stderr_tail=list(tails["stderr"]),
             timed_out=timed_out,
@@ -152,16 +210,6 @@ class ContextBase(abc.ABC):
             line = buffer.decode("utf-8", "replace")
             tail.append(line)
             await self.log(line, stream=name)
-
-
-def _kill_group(process: trio.Process) -> None:
-    try:
-        if sys.platform != "win32":
-            os.killpg(process.pid, signal.SIGKILL)
-        else:
-            process.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class LocalContext(ContextBase):

@@ -76,7 +76,16 @@ async def run_worker(config: WorkerConfig, reporter: Reporter) -> int:
         outcome: list[int] = []
         reaper = await Reaper.start()
         try:
-            await _run(config, reporter, mid, iid, registry, Path(cache_dir), reaper, outcome)
+            # the reaper's own tasks outlive everything that runs commands through it: a
+            # dispatch cancelled as the worker stops still has its command killed
+            async with trio.open_nursery() as helpers:
+                await helpers.start(reaper.serve)
+                try:
+                    await _run(
+                        config, reporter, mid, iid, registry, Path(cache_dir), reaper, outcome
+                    )
+                finally:
+                    helpers.cancel_scope.cancel()
         finally:
             await reaper.aclose()
         return outcome[0] if outcome else 0
@@ -122,7 +131,6 @@ async def _run(
             loop_done.set()
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(reaper.beat)
         nursery.start_soon(on_signals)
         nursery.start_soon(exit_when_done)
         if config.drain_timeout:

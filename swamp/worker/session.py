@@ -251,7 +251,7 @@ class Session:
                 cache_dir=self.cache_dir,
             )
             if self.reaper is not None:
-                ctx.processes = self.reaper
+                ctx.launcher = self.reaper
             self.running[dispatch_id] = call  # a second signal stops it (stop_dispatches)
             self._unacknowledged[dispatch_id] = (call, trio.current_time())
             outcome = await run_method(method, args, ctx)
