@@ -205,7 +205,7 @@ def connect(
         insecure=insecure,
     )
     if token and handoff.supported():  # in the environment or on the command line: in view
-        handoff.exec_without_token(config.token)
+        handoff.hide(token)
     from swamp.worker.agent import run_worker
     from swamp.worker.events import Reporter
 

@@ -2,22 +2,28 @@
 
 Whatever a worker runs runs as its user, and a process can read the environment block and the
 command line of any process of its user: ``/proc/<pid>/environ`` and ``/proc/<pid>/cmdline``
-(``ps eww`` elsewhere). Those show what the process was *started* with — deleting the variable
-from ``os.environ`` changes nothing there. So a worker given its token in
-``SWAMP_WORKER_TOKEN`` or ``--token`` starts itself again, in the same process (``exec``: the
-same pid, so a service manager and ``kill`` see no change), with neither, and the token in a
-pipe whose read end is the only thing it inherits: ``--token-fd N``. It reads the pipe once
-and closes it. ``--token-file`` needs none of this: only the path is in the environment.
+(``ps eww`` elsewhere). Those show the memory the process was *started* with — deleting the
+variable from ``os.environ`` changes nothing there. So a worker given its token in
+``SWAMP_WORKER_TOKEN`` or ``--token`` hides it before it connects (``--token-file`` needs
+nothing: only the path is in view):
 
-This costs one more interpreter start before the worker connects (the command line's own
-imports, ≈ 0.1 s). It is done where ``exec`` keeps the process — everywhere but Windows, where
-the token stays where it was given.
+- **On Linux, in place.** ``/proc/self/stat`` gives where the kernel reads both from (the
+  initial command line and environment, on the main thread's stack); every copy of the token
+  there is overwritten with ``*`` — as ``setproctitle`` rewrites a title — and the variable is
+  unset. Reading both back proves it. This costs microseconds: start-up stays as it was.
+- **Elsewhere, and on Linux should that proof fail,** the worker starts itself again in the same
+  process (``exec``: the same pid, so a service manager and ``kill`` see no change) with neither,
+  the token in a pipe whose read end is all it inherits (``--token-fd N``, read once and
+  closed). That costs a second start of the command line (≈ 0.15–0.3 s).
+
+Not on Windows, where ``exec`` does not keep the process: the token stays where it was given.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from swamp.errors import UserError
 
@@ -27,6 +33,46 @@ TOKEN_VARIABLE = "SWAMP_WORKER_TOKEN"
 
 def supported() -> bool:
     return sys.platform != "win32" and hasattr(sys, "orig_argv")
+
+
+def hide(token: str) -> None:
+    """Take ``token`` out of this process's environment block and command line, in place where
+    that can be done and proven (Linux), else by starting again without it."""
+    given = {token, os.environ.get(TOKEN_VARIABLE) or token}  # --token beat the variable
+    if sys.platform.startswith("linux") and erase_in_place(given):
+        return
+    exec_without_token(token)
+
+
+def erase_in_place(tokens: set[str]) -> bool:
+    """Overwrite every copy of each of ``tokens`` in the memory ``/proc/self/cmdline`` and
+    ``/proc/self/environ`` read; whether both then read back without any."""
+    import ctypes
+
+    os.environ.pop(TOKEN_VARIABLE, None)  # unset: not in what a child would inherit
+    secrets = [token.encode() for token in tokens if token]
+    try:
+        fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+        # fields 48-51 of proc(5): arg_start, arg_end, env_start, env_end (Linux 3.5)
+        bounds = [int(f) for f in fields[45:49]]
+    except (OSError, ValueError, IndexError):
+        return False
+    if len(bounds) != 4:
+        return False
+    for start, end in ((bounds[0], bounds[1]), (bounds[2], bounds[3])):
+        if not 0 < start < end:
+            return False
+        region = ctypes.string_at(start, end - start)
+        for secret in secrets:
+            at = region.find(secret)
+            while at >= 0:
+                ctypes.memset(start + at, ord("*"), len(secret))
+                at = region.find(secret, at + len(secret))
+    try:
+        shown = [Path(f"/proc/self/{name}").read_bytes() for name in ("cmdline", "environ")]
+    except OSError:
+        return False
+    return not any(secret in text for secret in secrets for text in shown)
 
 
 def command_line(orig_argv: list[str], argv: list[str], fd: int) -> list[str]:

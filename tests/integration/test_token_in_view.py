@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, logs_of
+from tests.integration.conftest import ROOT, base_env, logs_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -149,3 +149,36 @@ def test_a_worker_from_the_pyz_with_environment_variables_only(cluster, pyz):
         deadline.cancel()
         worker.terminate()
         assert worker.wait(timeout=60) == 0  # a drain: exit 0
+
+
+STARTS_AGAIN = """
+import os, sys
+from swamp.worker import handoff
+if handoff.TOKEN_FD in sys.argv:
+    token = handoff.read_token_fd(int(sys.argv[sys.argv.index(handoff.TOKEN_FD) + 1]))
+    shown = [open(f"/proc/self/{name}", "rb").read() for name in ("environ", "cmdline")]
+    held = any(token.split(".")[1].encode() in text for text in shown)
+    print(os.getpid(), token, held, " ".join(sys.argv[1:]))
+else:
+    print(os.getpid(), flush=True)
+    handoff.exec_without_token(os.environ["SWAMP_WORKER_TOKEN"])
+"""
+
+
+def test_where_it_cannot_be_erased_in_place_the_worker_starts_again_without_it():
+    """The way elsewhere than Linux (and Linux's fallback): the same process, started again
+    with neither the variable nor ``--token``, the token in a pipe."""
+    token = "w1." + "ab" * 32
+    started = subprocess.run(
+        [sys.executable, "-c", STARTS_AGAIN, "worker", "connect", "--token", token, "ws://h:1"],
+        env={**base_env(), "SWAMP_WORKER_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 0, started.stderr
+    before, after = started.stdout.splitlines()
+    pid, got, held, args = after.split(" ", 3)
+    assert pid == before  # exec: the same process
+    assert (got, held) == (token, "False")
+    assert args.startswith("worker connect --token-fd ") and args.endswith(" ws://h:1")
