@@ -14,10 +14,11 @@ pending socket can take is bounded, because anyone who can reach the port can op
   :data:`PENDING_FRAMES` frames in all (more closes it). That also bounds what it is sent back,
   so the close frame always fits in the socket's buffer, even when the peer never reads.
 - **memory** — a message is buffered whole before we see it, so until a socket has a role its
-  messages may be at most :data:`PENDING_MESSAGE_BYTES` (a larger one closes it with code 1009):
-  :data:`MAX_PENDING` × that is the most untrusted sockets can hold. Enrollment and a first
-  admin call are small; a socket that presented an accepted admin credential at its upgrade,
-  or has enrolled, may send messages up to :data:`TRUSTED_MESSAGE_BYTES`.
+  messages may be at most :data:`PENDING_MESSAGE_BYTES`, each in one frame (a larger or
+  fragmented one closes it with code 1009): :data:`MAX_PENDING` × that is the most untrusted
+  sockets can hold. Enrollment and a first admin call are small; a socket that presented an
+  accepted credential of the admin scope at its upgrade, or has enrolled, may send messages up
+  to :data:`TRUSTED_MESSAGE_BYTES`, in at most :data:`TRUSTED_FRAGMENTS` frames.
 
 Admin sockets are kept here too, by principal, so that revoking a server token closes the
 sockets it opened.
@@ -40,6 +41,10 @@ PENDING_IN_FLIGHT = 1
 PENDING_FRAMES = 32
 PENDING_MESSAGE_BYTES = 64 * 1024
 TRUSTED_MESSAGE_BYTES = MAX_FRAME_BYTES + 4096  # over our own limit: a larger frame gets our error
+# frames one message may come in: none of ours fragments; a peer that sends a message in
+# thousands of tiny frames makes the websocket library keep a piece for each
+PENDING_FRAGMENTS = 1
+TRUSTED_FRAGMENTS = 64
 ADMIN_IN_FLIGHT = 64
 CLOSE_POLICY = 1008  # websocket "policy violation"
 CLOSE_REVOKED = 4001

@@ -102,6 +102,11 @@ class App:
             return
         await send({"type": "websocket.accept"})
         client = scope.get("client") or ("?", 0)
+        log.info(
+            "a websocket from %s came as an upgrade of a kept-alive HTTP connection (a proxy "
+            "reusing its connections?): its messages may be at most 64 KiB",
+            client[0],
+        )
         transport = AsgiTransport(receive, send)
         await self._connection(transport, _headers(scope), peer=f"{client[0]}:{client[1]}").serve()
 

@@ -26,7 +26,8 @@ async def query_data(dispatch: DispatchService, member: Member, params: dict) ->
     limit = MAX_QUERY_RESULTS if request.limit is None else request.limit
     if not 0 < limit <= MAX_QUERY_RESULTS:
         raise UserError(f"limit must be an integer from 1 to {MAX_QUERY_RESULTS}")
+    active.acknowledged = True  # it is running the method
     records = await dispatch.query(
-        predicate, limit=limit, scope=active.read_scope, budget=WORKER_BUDGET
+        predicate, limit=limit, scope=active.read_scope, budget=WORKER_BUDGET, peer=member
     )
     return QueryDataReply([r.to_json() for r in records]).to_json()

@@ -14,6 +14,7 @@ import logging
 
 import trio
 
+from swamp.domain.scopes import Scope
 from swamp.errors import Conflict, Forbidden, SwampError, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
@@ -21,8 +22,11 @@ from swamp.orchestrator.admin_auth import Principal, authorize
 from swamp.orchestrator.admission import (
     ADMIN_IN_FLIGHT,
     CLOSE_POLICY,
+    PENDING_FRAGMENTS,
     PENDING_FRAMES,
     PENDING_IN_FLIGHT,
+    PENDING_MESSAGE_BYTES,
+    TRUSTED_FRAGMENTS,
     TRUSTED_MESSAGE_BYTES,
     Admission,
     worker_in_flight,
@@ -87,8 +91,12 @@ class Connection:
             sweeper=gateway.sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
-        if isinstance(identity, Principal):  # its credential was accepted at the upgrade
-            transport.limit_messages(TRUSTED_MESSAGE_BYTES)
+        if isinstance(identity, Principal) and identity.scope is Scope.ADMIN:
+            # an admin credential was accepted at the upgrade: its first call may be large (a
+            # read or metrics token's calls never are, and it stays as small as a stranger)
+            transport.limit_messages(TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS)
+        else:
+            transport.limit_messages(PENDING_MESSAGE_BYTES, fragments=PENDING_FRAGMENTS)
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} role={self.role}>"
@@ -195,6 +203,6 @@ class Connection:
         self._deadline.cancel()
         self.channel.max_in_flight = worker_in_flight(member.capacity)
         self.channel.frame_budget = None
-        self.channel.transport.limit_messages(TRUSTED_MESSAGE_BYTES)
+        self.channel.transport.limit_messages(TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS)
         self.channel.name = f"worker {member.name}"
         return result.to_json()

@@ -30,6 +30,7 @@ from swamp import __version__
 from swamp.domain.names import check_data_name
 from swamp.domain.quota import WriteQuota
 from swamp.errors import (
+    Busy,
     DispatchEnded,
     Forbidden,
     MalformedFrame,
@@ -55,6 +56,7 @@ MAX_BODY = 16 * 1024 * 1024
 
 # The HTTP status of each kind of error (the body carries its code, as on the websocket).
 _STATUS = (
+    (Busy, 429),
     (TooLarge, 413),
     (NotFound, 404),
     (Unauthorized, 401),
@@ -97,19 +99,60 @@ async def _json(send, status: int, obj) -> None:
     await _respond(send, status, json.dumps(obj, separators=(",", ":")).encode())
 
 
-async def _read_body(receive) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise UserError("the client went away mid-request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise TooLarge(f"a resource may be at most {MAX_BODY} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+MAX_JSON_BODY = 1024 * 1024  # a JSON resource is attributes, read by every query that meets it
+WRITES_PER_DISPATCH = 2  # under way at once; more get ``busy``
+BODIES_IN_FLIGHT = 64 * 1024 * 1024  # bytes of bodies being taken in, all dispatches together
+
+
+class _Intake:
+    """What the data plane holds of bodies not yet written, across every request: a body is
+    refused (``busy``, to be tried again) rather than held past :data:`BODIES_IN_FLIGHT`."""
+
+    def __init__(self, limit: int = BODIES_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.held = 0
+
+    async def read(self, receive, *, limit: int, over: Callable[[int], SwampError]) -> bytes:
+        """The body, refused with ``over(size)`` as soon as it passes ``limit`` bytes."""
+        chunks, size = [], 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise UserError("the client went away mid-request")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise over(size)
+                if self.held + len(chunk) > self.limit:
+                    raise Busy(
+                        "the orchestrator is taking in as much data as it may at once; "
+                        "try the write again shortly"
+                    )
+                self.held += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(chunks)
+        finally:
+            self.held -= sum(len(c) for c in chunks)
+
+
+def _content_length(headers: dict) -> int | None:
+    try:
+        value = int(headers.get(b"content-length", b"").decode("latin-1"))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _quota_refusal(quota: WriteQuota, active, size: int) -> SwampError:
+    try:
+        quota.check(
+            written_bytes=active.written_bytes, written_records=active.written_records, adding=size
+        )
+    except SwampError as exc:
+        return exc
+    return TooLarge(f"a body of {size} bytes is too large")
 
 
 class DataPlane:
@@ -126,6 +169,7 @@ class DataPlane:
     ) -> None:
         self.dispatch = dispatch
         self.quota = quota  # what one dispatch may write, in all
+        self.intake = _Intake()
         self.credentials = credentials
         self.pool = pool
         self.metrics = metrics
@@ -257,9 +301,33 @@ class DataPlane:
         quota.check(
             written_bytes=active.written_bytes, written_records=active.written_records, adding=0
         )
-        body = await _read_body(receive)
-        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode()
-        if content_type.startswith("application/json"):
+        if active.writing >= WRITES_PER_DISPATCH:
+            raise Busy(
+                f"this dispatch has {active.writing} writes under way already: wait for their "
+                "answers before the next"
+            )
+        headers = dict(scope.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        is_json = content_type.startswith("application/json")
+        cap = MAX_JSON_BODY if is_json else MAX_BODY
+        room = quota.bytes - active.written_bytes
+
+        def over(size: int) -> SwampError:
+            if size > cap:
+                kind = "a JSON resource" if is_json else "a resource"
+                hint = " (write larger values as bytes)" if is_json else ""
+                return TooLarge(f"{kind} may be at most {cap} bytes{hint}")
+            return _quota_refusal(quota, active, size)
+
+        declared = _content_length(headers)
+        if declared is not None and declared > min(cap, room):
+            raise over(declared)  # refused before a byte of it is read
+        active.writing += 1
+        try:
+            body = await self.intake.read(receive, limit=min(cap, room), over=over)
+        finally:
+            active.writing -= 1
+        if is_json:
             try:
                 value = load_json(body)
             except MalformedFrame as exc:

@@ -28,7 +28,7 @@ from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout
+from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, StoreBroken
 from swamp.ids import new_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
@@ -123,12 +123,22 @@ class DispatchService:
         all_versions: bool = False,
         limit: int | None = None,
         scope: ReadScope | None = None,
+        peer: object = None,
     ) -> list[Record]:
-        """A query for a peer (a running method, an operator): off the event loop when there
-        is a reader, and within ``budget`` seconds either way."""
+        """A query for a peer (a running method's worker, ``peer``; or an operator): off the
+        event loop when there is a reader, and within ``budget`` seconds either way. A store
+        whose file was replaced or deleted answers nothing (a reader would read the new one)."""
+        replaced = self.store.replaced()
+        if replaced:
+            raise StoreBroken(replaced)
         if self.reader is not None:
             return await self.reader.query(
-                predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope
+                predicate,
+                budget=budget,
+                all_versions=all_versions,
+                limit=limit,
+                scope=scope,
+                peer=peer,
             )
         return self.store.query(
             predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope

@@ -104,6 +104,7 @@ class ActiveDispatch:
     outputs: list[dict] = field(default_factory=list)
     written_bytes: int = 0  # through the data plane, against the dispatch's quota
     written_records: int = 0
+    writing: int = 0  # data-plane writes under way
     credential: str | None = None
     lease: Record | None = None  # the latest lease record this process wrote
     opened: dict | None = None  # the lease's attributes, while its row is not written yet

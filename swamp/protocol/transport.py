@@ -55,8 +55,9 @@ class Transport(Protocol):
 
     async def aclose(self, code: int = 1000, reason: str = "") -> None: ...
 
-    def limit_messages(self, size: int) -> None:
-        """From now on a message larger than ``size`` bytes closes the socket (code 1009)."""
+    def limit_messages(self, size: int, *, fragments: int | None = None) -> None:
+        """From now on a message larger than ``size`` bytes, or in more than ``fragments``
+        frames (``None``: any number), closes the socket (code 1009)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -103,7 +104,7 @@ class WebSocketTransport:
     :data:`DRAIN_MAX` seconds have passed — so a peer still busy sending is not cut off with a
     reset before it has read why it was closed."""
 
-    __slots__ = ("ws", "idle", "_plain", "_rest")
+    __slots__ = ("ws", "idle", "_plain", "_rest", "_fragments")
 
     def __init__(
         self, ws: trio_websocket.WebSocketConnection, *, idle: Callable[[], float] | None = None
@@ -112,6 +113,7 @@ class WebSocketTransport:
         self.idle = idle
         self._plain: trio.SocketStream | None | bool = None  # found at the first write_now
         self._rest = b""  # what the socket did not take of a write_now
+        self._fragments: int | None = None  # frames a message may come in (None: any)
 
     @property
     def unflushed(self) -> bool:
@@ -161,13 +163,19 @@ class WebSocketTransport:
             return False
         return True
 
-    def limit_messages(self, size: int) -> None:
+    def limit_messages(self, size: int, *, fragments: int | None = None) -> None:
         """trio-websocket checks each message against the limit it was opened with, as the
         message's pieces arrive; raised or lowered here (the version is pinned in
-        ``constraints.txt``; a test fails should the attribute go)."""
+        ``constraints.txt``; a test fails should the attribute go). The frames of a message
+        are counted where they are read (``wsframes``)."""
         if not hasattr(self.ws, "_max_message_size"):
             raise RuntimeError("this trio-websocket has no message limit to change")
         self.ws._max_message_size = size
+        self._fragments = fragments
+        # counted from now on: the frame reader goes in at once (not at the first pump), so no
+        # frame of a peer that sends as soon as it is accepted is read without being counted
+        if not wsframes.install(self.ws, max_fragments=fragments) and fragments is not None:
+            self._fragments = 0  # wsproto is inside a message already: pump() refuses it
 
     async def send(self, text: str) -> None:
         if self._rest:
@@ -237,7 +245,11 @@ class WebSocketTransport:
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             await take(_text(message))
-        wsframes.install(ws)  # the common frames read (and written) without wsproto's machinery
+        # the common frames read (and written) without wsproto's machinery
+        if not wsframes.install(ws, max_fragments=self._fragments) and self._fragments == 0:
+            reason = "a message came in more frames than this socket may send yet"
+            await self.aclose(1009, reason)
+            raise TransportClosed(_describe(1009, reason))
         taker = ws._send_channel = _Taker(take, ws._send_channel)
         try:  # the reader closes the queue when it stops, whatever the cause
             await queued.receive()
@@ -361,7 +373,7 @@ class AsgiTransport:
     def write_now(self, text: str) -> bool | None:
         return None  # an ASGI server takes a message only by awaiting it
 
-    def limit_messages(self, size: int) -> None:
+    def limit_messages(self, size: int, *, fragments: int | None = None) -> None:
         pass  # Hypercorn's limit is its configuration's, one for every socket
 
     unflushed = False

@@ -87,15 +87,16 @@ def _usable(real: object) -> bool:
         return False
 
 
-def install(ws: object) -> bool:
+def install(ws: object, *, max_fragments: int | None = None) -> bool:
     """Put :class:`FastFrames` in front of a trio-websocket connection's wsproto connection, if
     it can take over now; whether it is there (installing twice is harmless)."""
     real = getattr(ws, "_wsproto", None)
     if isinstance(real, FastFrames):
+        real.max_fragments = max_fragments
         return True
     if real is None or not _usable(real):
         return False
-    ws._wsproto = FastFrames(real)  # type: ignore[attr-defined]
+    ws._wsproto = FastFrames(real, max_fragments=max_fragments)  # type: ignore[attr-defined]
     return True
 
 
@@ -103,11 +104,28 @@ class FastFrames:
     """A wsproto connection, read the fast way where a frame allows (see the module docstring).
     Everything but ``receive_data`` and ``events`` is the wrapped connection's."""
 
-    __slots__ = ("real", "client", "_buffer", "_at", "_owed", "_fragmented", "_handed", "_ended")
+    __slots__ = (
+        "real",
+        "client",
+        "max_fragments",
+        "_buffer",
+        "_at",
+        "_owed",
+        "_fragmented",
+        "_pieces",
+        "_handed",
+        "_ended",
+        "_refused",
+    )
 
-    def __init__(self, real: WSConnection) -> None:
+    def __init__(self, real: WSConnection, *, max_fragments: int | None = None) -> None:
         self.real = real
         self.client = real.client
+        # the most frames one message may come in (None: any): a message in thousands of tiny
+        # frames makes wsproto and trio-websocket keep an object for each piece
+        self.max_fragments = max_fragments
+        self._pieces = 0  # frames of the data message being read
+        self._refused = False  # a message broke the limit: nothing more reaches wsproto
         self._buffer = bytearray()  # received, not yet read
         self._at = 0  # how much of the buffer has been read
         self._owed = 0  # bytes of a frame handed to wsproto that have not arrived yet
@@ -127,9 +145,12 @@ class FastFrames:
 
     def receive_data(self, data: bytes | None) -> None:
         if data is None:  # the socket ended: wsproto says how (after what it was owed)
-            self._hand(len(self._buffer) - self._at)
+            if not self._refused:
+                self._hand(len(self._buffer) - self._at)
             self.real.receive_data(None)
             self._handed = True
+            return
+        if self._refused:  # wsproto has the close it needs: the rest is never read
             return
         if self._at and self._at == len(self._buffer):
             self._buffer.clear()
@@ -174,6 +195,20 @@ class FastFrames:
         self._handed = True
         return True
 
+    def _refuse(self, reason: str) -> None:
+        """End the connection as if the peer had closed it with 1009 (message too big): wsproto
+        answers the close, and what the peer sends after it is dropped unread."""
+        payload = struct.pack("!H", 1009) + reason.encode("utf-8")[:120]
+        if self.client:  # a server's frames are unmasked
+            frame = bytes((0x88, len(payload))) + payload
+        else:
+            key = random_bytes(4)
+            frame = bytes((0x88, 0x80 | len(payload))) + key + _unmask(payload, key)
+        self._buffer.clear()
+        self._at = self._owed = 0
+        self.real.receive_data(frame)
+        self._handed = self._ended = self._refused = True
+
     def _next(self) -> TextMessage | int | None:
         """The next frame: read here (a message), or the length of one for wsproto, or
         ``None`` until more has arrived."""
@@ -213,6 +248,10 @@ class FastFrames:
             or self.real.state is not _OPEN
         ):
             if opcode < 8:  # a data frame: does it start, or end, a fragmented message?
+                self._pieces = self._pieces + 1 if self._fragmented else 1
+                if self.max_fragments is not None and self._pieces > self.max_fragments:
+                    self._refuse(f"a message may come in at most {self.max_fragments} frame(s)")
+                    return 0  # nothing owed: wsproto's close is read next
                 self._fragmented = not (b0 & 0x80)
             return total
         if available < total:

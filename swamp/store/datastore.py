@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -269,8 +270,10 @@ def select(
     limit: int | None = None,
     scope: ReadScope | None = None,
     budget: float | None = None,
+    stop: threading.Event | None = None,
 ) -> list[Record]:
-    """:meth:`Datastore.query` on a connection: any of the store's, or a reader's."""
+    """:meth:`Datastore.query` on a connection: any of the store's, or a reader's (from
+    another thread, which ``stop`` can end early)."""
     clauses, params = [], []
     if scope is not None:
         clause, scope_params = _scope_sql(scope)
@@ -289,8 +292,12 @@ def select(
     if not all_versions:
         where += f" AND {_IS_LATEST}"
     deadline = None if budget is None else time.monotonic() + budget
+
+    def late() -> bool:
+        return time.monotonic() > deadline or (stop is not None and stop.is_set())
+
     if deadline is not None:  # SQLite asks every few thousand steps: stop when it is late
-        db.set_progress_handler(lambda: time.monotonic() > deadline, 4096)
+        db.set_progress_handler(late, 4096)
     # Rows stream from a cursor, without their content: memory holds the matches only, and
     # the scan stops at ``limit``.
     out: list[Record] = []
@@ -301,14 +308,14 @@ def select(
             params,
         )
         try:
-            for seen, row in enumerate(cursor):
+            for row in cursor:
+                if deadline is not None and late():  # a row's attributes may be large
+                    raise QueryTimeout(_too_slow(budget))
                 record = _meta_row(row)
                 if predicate.matches(record.to_json()):
                     out.append(record)
                     if limit is not None and len(out) >= limit:
                         break
-                if deadline is not None and not seen % 64 and time.monotonic() > deadline:
-                    raise QueryTimeout(_too_slow(budget))
         finally:
             cursor.close()
     except sqlite3.OperationalError as exc:
@@ -387,6 +394,13 @@ class Datastore:
                 "is written until swamp serve is restarted"
             )
         return self.broken
+
+    def replaced(self) -> str | None:
+        """Why reads of the file at our path would not be of our database (it was deleted or
+        replaced), or ``None``. A read-only database is still ours to read."""
+        if _file_identity(self.path) != self._identity:
+            return self.check_file() or "the database file was deleted or replaced while serving"
+        return None
 
     def probe_writable(self) -> None:
         """Take the write lock and let it go at once: a read-only database is found at start."""

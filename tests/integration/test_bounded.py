@@ -192,7 +192,7 @@ async def test_untrusted_sockets_cannot_make_the_orchestrator_buffer_large_messa
     message, buffered whole: waves of 128 such sockets took the orchestrator from 43 MB to 3 GB
     of resident memory, still 3 GB after they closed. Until it has a role a socket's messages
     are small; a larger one closes it (1009, message too big) after the first 64 KiB."""
-    serve = cluster.serve()
+    serve = cluster.serve("--heartbeat", "10s")  # a loaded machine's margin: no silence drops
     pid = serve.p.pid
     before = rss_bytes(pid)
     peak = before
@@ -236,3 +236,67 @@ async def test_untrusted_sockets_cannot_make_the_orchestrator_buffer_large_messa
 
 async def _append(out: list, awaitable) -> None:
     out.append(await awaitable)
+
+
+def _tiny_frames(count: int) -> bytes:
+    """One text message in ``count`` masked 2-byte frames (never the last: it is not finished)."""
+    key = b"\x00\x00\x00\x00"
+    first = bytes((0x01, 0x82)) + key + b"ab"
+    more = bytes((0x00, 0x82)) + key + b"cd"
+    return first + more * (count - 1)
+
+
+async def test_a_message_in_thousands_of_tiny_frames_is_refused_before_trust(cluster):
+    """128 sockets that had not enrolled each sent one message as 32,700 two-byte frames: the
+    websocket library kept an object per piece (41 → 244 MB in two waves) and the event loop
+    spent seconds on them (admin calls waited 11 s). Before trust a message is one frame."""
+    serve = cluster.serve("--heartbeat", "10s")  # a loaded machine's margin: no silence drops
+    pid = serve.p.pid
+    before = rss_bytes(pid)
+    blob = _tiny_frames(32_700)
+    outcomes: list = []
+
+    async def one() -> None:
+        ws = await RawSocket.open(cluster.url)
+        try:
+            for at in range(0, len(blob), 65536):
+                await ws._send_bytes(blob[at : at + 65536])
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        try:
+            outcomes.append(await _outcome(ws))
+        finally:
+            await ws.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(FLOOD_SOCKETS):
+            nursery.start_soon(one)
+    after = rss_bytes(pid)
+    print(f"rss before {before >> 20} MiB, after {after >> 20} MiB")
+    assert len(outcomes) == FLOOD_SOCKETS
+    codes = {int(o[0]) for o in outcomes}
+    assert codes <= {1009, 1006}, outcomes
+    assert any(o[0] == 1009 and "frame" in o[1] for o in outcomes), outcomes[:3]
+    assert after - before < 40 * 2**20, (before, after)
+    # the control: a message in two frames is refused the same way before trust, but an admin
+    # socket may send one (a client that fragments is not refused once it is trusted)
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    ws = await RawSocket.open(cluster.url, headers=[("authorization", f"Bearer {credential}")])
+    text = b'{"type":"request","id":"1","method":"worker.list","params":{}}'
+    key = b"\x00\x00\x00\x00"
+    split = bytes((0x01, 0x80 | 10)) + key + text[:10]
+    split += bytes((0x80, 0x80 | (len(text) - 10))) + key + text[10:]
+    await ws._send_bytes(split)
+    reply = await _outcome(ws)
+    await ws.aclose()
+    assert isinstance(reply, dict) and reply["result"]["workers"] == [], reply
+
+
+async def test_a_read_or_metrics_token_does_not_lift_the_limit_before_trust(cluster):
+    """Any accepted credential used to lift the message limit at the upgrade: a scraper's
+    metrics token could send 4 MB messages it can do nothing with (56 → 549 MB)."""
+    scraper = cluster.cli_json("server", "token", "create", "scraper", "--scope", "metrics")
+    cluster.serve()
+    bearer = [("authorization", f"Bearer {scraper['token']}")]
+    outcome = await _send_big_message(cluster.url, headers=bearer)
+    assert isinstance(outcome, tuple) and outcome[0] == 1009, outcome

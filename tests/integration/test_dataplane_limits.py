@@ -15,6 +15,7 @@ import trio
 from swamp import client
 from swamp.repo import Repo
 from tests.integration.conftest import logs_of, result_of
+from tests.integration.hostile import rss_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +43,35 @@ def test_a_dispatch_cannot_write_past_its_quota(cluster):
     assert hoard(100, 64 * 1024) == {"kept": 16, "refused": "quota_exceeded"}
     # small ones: the twenty-first record is refused
     assert hoard(100, 10) == {"kept": 20, "refused": "quota_exceeded"}
+
+
+def test_a_dispatch_cannot_make_the_orchestrator_hold_its_writes(cluster):
+    """The quota held, but the bodies did not: 64 writes of 16 MiB at once from one dispatch were
+    each read whole before the quota refused them (43 MB → 1.48 GB, 1.09 GB kept). A write
+    is refused by its declared length before it is read, a dispatch has at most two under way,
+    and all the bodies being taken in at once are bounded."""
+    serve = cluster.serve("--write-quota-bytes", "64MiB")
+    cluster.worker(cluster.mint("w1"))
+    before = rss_bytes(serve.p.pid)
+    code, lines = cluster.run(
+        "test/steps", "parallel_put", "--arg", "count=64", "--arg", f"size={16 * 2**20 - 1}",
+        "--target", "w1",
+    )  # fmt: skip
+    assert code == 0, lines
+    outcomes = result_of(lines)["result"]["outcomes"]
+    after = rss_bytes(serve.p.pid)
+    print(f"outcomes {outcomes}; rss before {before >> 20} MiB, after {after >> 20} MiB")
+    assert sum(outcomes.values()) == 64
+    assert set(outcomes) <= {"ok", "busy", "quota_exceeded"}, outcomes
+    assert outcomes.get("ok", 0) <= 4  # 64 MiB of quota: four bodies of 16 MiB at most
+    assert outcomes.get("busy", 0) > 0  # most were turned away before they were read
+    assert after - before < 200 * 2**20, (before, after)
+    # the control: the same writes one after another are each taken, up to the quota
+    code, lines = cluster.run(
+        "test/steps", "hoard", "--arg", "count=8", "--arg", f"size={16 * 2**20 - 1}",
+        "--target", "w1",
+    )  # fmt: skip
+    assert result_of(lines)["result"] == {"kept": 4, "refused": "quota_exceeded"}
 
 
 def _seed(repo, count: int) -> None:
@@ -87,6 +117,19 @@ async def test_a_worker_flooding_queries_holds_up_no_one(cluster):
                 {"model": "swamp/echo", "method": "echo", "placement": {"target": "innocent"}},
             )
             assert reply["status"] == "succeeded", reply
+            # an innocent worker's own query is answered, not queued behind the flood's
+            started = time.monotonic()
+            reply = await admin.call(
+                "model.method.run",
+                {
+                    "model": "test/steps",
+                    "method": "query",
+                    "args": {"predicate": 'modelType == "test/steps"'},
+                    "placement": {"target": "innocent"},
+                },
+            )
+            assert reply["status"] == "succeeded" and reply["result"] == {"count": 0}, reply
+            latencies.append(time.monotonic() - started)
             await trio.sleep(0.1)
     assert flood.wait_exit() == 0, flood.lines[-5:]
     report = json.loads(logs_of(flood.events())[-1])

@@ -69,6 +69,26 @@ async def hoard(ctx, args):
     return {"kept": kept}
 
 
+async def parallel_put(ctx, args):
+    """``count`` writes of ``size`` bytes at once; how each ended (``ok`` or an error code)."""
+    body = b"x" * int(args["size"])
+    outcomes: dict = {}
+
+    async def one(i: int) -> None:
+        try:
+            await ctx.write_resource("progress", f"put-{i}", body)
+            key = "ok"
+        except SwampError as exc:
+            key = exc.code
+        outcomes[key] = outcomes.get(key, 0) + 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(int(args["count"])):
+            nursery.start_soon(one, i)
+    await ctx.log(json.dumps(outcomes))
+    return {"outcomes": outcomes}
+
+
 async def flood(ctx, args):
     """``parallel`` loops of queryData until ``queries`` have been answered; how each ended
     (``ok`` or an error code) and the longest one took."""
@@ -118,6 +138,11 @@ def swamp_model_types():
                 Method(
                     "hoard",
                     hoard,
+                    args=(Arg("count", "number", required=True), Arg("size", "number", default=1)),
+                ),
+                Method(
+                    "parallel_put",
+                    parallel_put,
                     args=(Arg("count", "number", required=True), Arg("size", "number", default=1)),
                 ),
                 Method(

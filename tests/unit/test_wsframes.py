@@ -180,3 +180,31 @@ def test_a_stream_cut_mid_frame_every_time_keeps_only_the_unread_part():
         received += sum(1 for _ in fast.events())
         assert len(fast._buffer) < 400  # a frame's beginning, not everything read so far
     assert received == 2000
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_message_in_more_frames_than_allowed_ends_the_connection_with_1009(limit):
+    """Before a socket is trusted its messages come in one frame: a message sent as thousands
+    of 2-byte frames made wsproto and trio-websocket keep an object per piece (128 sockets:
+    41 → 244 MB, and seconds of the event loop)."""
+    _, server = opened()
+    fast = FastFrames(server, max_fragments=limit)
+    mask = os.urandom(4)
+    pieces = [frame(1, b"ab", fin=False, mask=mask)]
+    pieces += [frame(0, b"cd", fin=False, mask=mask) for _ in range(2000)]
+    fast.receive_data(b"".join(pieces))
+    events = list(fast.events())
+    closes = [e for e in events if isinstance(e, CloseConnection)]
+    assert closes and closes[0].code == 1009 and f"at most {limit}" in closes[0].reason
+    assert not [e for e in events if isinstance(e, TextMessage) and e.message_finished]
+    fast.receive_data(frame(1, b"after", mask=mask))  # dropped: the connection is closing
+    assert not [e for e in fast.events() if isinstance(e, TextMessage)]
+    # the control: within the limit a fragmented message is read whole; without one, any
+    _, server = opened()
+    fast = FastFrames(server, max_fragments=3)
+    fast.receive_data(b"".join(pieces[:2]) + frame(0, b"ef", mask=mask))
+    assert normalized(fast.events()) == [("TextMessage", "abcdef")]
+    _, server = opened()
+    fast = FastFrames(server)
+    fast.receive_data(b"".join(pieces) + frame(0, b"!", mask=mask))
+    assert normalized(fast.events()) == [("TextMessage", "ab" + "cd" * 2000 + "!")]
