@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
+from swamp.domain.query import parse as parse_predicate
 from swamp.models.builtin import STEP_LEASE
 from swamp.store.datastore import Datastore, Key, Record, iso
 from swamp.store.journal import Entry, take_in
@@ -17,8 +18,25 @@ POLICY = STEP_LEASE.resources[0].policy
 INSTANCE = "leases"
 
 
+_ACTIVE = parse_predicate(
+    f'modelType == "{TYPE}" && modelName == "{INSTANCE}" && attributes.state == "active"'
+)
+
+
 def key(lease_id: str) -> Key:
     return Key(TYPE, INSTANCE, f"lease-{lease_id}")
+
+
+def journaled_lease(entry: Entry) -> bool:
+    """Whether a row read back from the journal is a step lease as the orchestrator journals
+    them: the lease's type, instance, spec and key (``lease-<its id>``), with well-formed
+    attributes. The journal holds nothing else, so nothing else is taken in from it: a line
+    that names another record (a server token, a worker) is not ours, however well formed."""
+    return (
+        entry.policy == POLICY
+        and rules.well_formed(entry.attributes)
+        and entry.key == key(entry.attributes["leaseId"])
+    )
 
 
 class LeaseBook:
@@ -99,11 +117,11 @@ class LeaseBook:
         return record
 
     def reconcile(self) -> int:
-        """Boot: every lease still active belonged to the previous orchestrator: expire it."""
+        """Boot: every lease still active belonged to the previous orchestrator: expire it.
+        Only the active ones are held (the store streams the rest past the predicate): a boot
+        after a long burst may find hundreds of thousands of ended leases."""
         count = 0
-        for attrs in decoded(
-            self.store.latest_of_type(TYPE, model_name=INSTANCE), has_fields("leaseId", "state")
-        ):
+        for attrs in decoded(self.store.query(_ACTIVE), has_fields("leaseId", "state")):
             if attrs["state"] == LeaseState.ACTIVE.value:
                 self.end(attrs["leaseId"], LeaseState.EXPIRED, error="orchestrator restart")
                 count += 1

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.leases import LeaseBook, journaled_lease
 from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
@@ -326,7 +326,7 @@ async def _serve(
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     journal = Journal(repo.journal_path)
     # what the last orchestrator journaled goes in before anything reads the leases
-    journaled = await retry_busy(lambda: replay(store, journal))
+    journaled = await retry_busy(lambda: replay(store, journal, admit=journaled_lease))
     if journaled:
         log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
     swept = {

@@ -13,6 +13,13 @@ idempotent — a row already in the store is skipped — so a crash between the 
 emptying loses nothing and doubles nothing; a line that does not parse (the tail of a write the
 machine did not finish) is skipped. Only fresh rows go through here: keys made for them, so a
 row in the journal can only be absent from the store or already there, never stale.
+
+The file is the orchestrator's own (mode 0600, in the repo's 0700 ``.swamp/``), but what is read
+back from it is still checked as if anyone had written it — a file restored from elsewhere, a
+hand edit, a bug: a replay takes in only the rows its caller admits (step leases, whole and well
+formed), skips a value the store cannot take, and reads the file as a stream, a batch of rows
+to a transaction, so neither a foreign line nor a file of any size can do more than cost a
+warning.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +37,46 @@ from swamp.store.datastore import Datastore, Key, Record, SpecPolicy
 
 log = logging.getLogger("swamp.store")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+#: The last moment a version's timestamp can name (9999-12-31, less a second for rounding).
+MAX_EPOCH = 253_402_300_798.0
+#: A line longer than this is not one the orchestrator wrote (a lease row is a few hundred
+#: bytes; its error is capped): it is skipped without being held in memory.
+MAX_LINE_BYTES = 1 << 20
+#: A journal is taken in this many rows to a transaction (a row admitted is a few KiB at most),
+#: so a file of any size is read and taken in with bounded memory.
+REPLAY_BATCH_ROWS = 1000
+
+
+class Unreadable(ValueError):
+    """A line that is not an entry: ``reason`` is how it is counted (see :class:`Skipped`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Skipped:
+    """Lines a replay left out, by reason; said in one warning, never one line each."""
+
+    unreadable: int = 0  # not a whole line we wrote: cut short, not JSON, the wrong shape
+    too_long: int = 0  # over MAX_LINE_BYTES
+    out_of_range: int = 0  # a value the store cannot take (a timestamp past year 9999)
+    foreign: int = 0  # whole, but not a row this journal takes (not a step lease)
+
+    def __bool__(self) -> bool:
+        return bool(self.unreadable or self.too_long or self.out_of_range or self.foreign)
+
+    def describe(self) -> str:
+        parts = (
+            (self.unreadable, "unreadable (cut short, or not an entry)"),
+            (self.too_long, f"longer than {MAX_LINE_BYTES} bytes"),
+            (self.out_of_range, "with a value the store cannot take"),
+            (self.foreign, "not a step lease as the orchestrator journals them"),
+        )
+        return ", ".join(f"{count} {what}" for count, what in parts if count)
 
 
 @dataclass(frozen=True)
@@ -56,29 +104,40 @@ class Entry:
     def from_line(cls, line: bytes) -> Entry | None:
         """The entry a line holds, or ``None`` if it is not one we wrote whole."""
         try:
+            return cls.parse(line)
+        except Unreadable:
+            return None
+
+    @classmethod
+    def parse(cls, line: bytes) -> Entry:
+        """The entry a line holds, or :class:`Unreadable` saying why not. Whatever the line
+        holds, this raises nothing else (a line may nest deeper than the parser goes)."""
+        try:
             body = json.loads(line)
             model_type, model_name, name = body["key"]
             spec, lifetime, garbage_collection = body["spec"]
             attributes, at = body["attributes"], body["at"]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            return None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+            raise Unreadable("unreadable") from None
         if not isinstance(attributes, dict) or not all(isinstance(k, str) for k in attributes):
-            return None
+            raise Unreadable("unreadable")
         if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
-            return None
+            raise Unreadable("unreadable")
+        if not 0 <= at <= MAX_EPOCH:
+            raise Unreadable("out_of_range")
         texts = (model_type, model_name, name, spec, lifetime)
         if not all(isinstance(part, str) and part for part in texts):
-            return None
+            raise Unreadable("unreadable")
         if garbage_collection is not None and (
             not isinstance(garbage_collection, int)
             or isinstance(garbage_collection, bool)
             or garbage_collection < 1
         ):
-            return None
+            raise Unreadable("unreadable")
         try:
             SpecPolicy(spec, lifetime, garbage_collection).lifetime_seconds()
         except SwampError:
-            return None
+            raise Unreadable("unreadable") from None
         return cls(
             Key(model_type, model_name, name),
             SpecPolicy(spec, lifetime, garbage_collection),
@@ -113,15 +172,32 @@ class Journal:
         except OSError as exc:
             raise StoreError(f"could not append to the journal: {exc.strerror}") from None
 
-    def entries(self) -> list[Entry]:
-        """Every whole entry in the file, in the order written."""
-        with open(self.path, "rb") as file:
-            lines = file.read().split(b"\n")
-        entries = [entry for line in lines if line and (entry := Entry.from_line(line))]
-        skipped = sum(1 for line in lines if line) - len(entries)
-        if skipped:
-            log.warning("skipped %d unreadable line(s) in the journal %s", skipped, self.path)
-        return entries
+    def entries(self, skipped: Skipped | None = None) -> list[Entry]:
+        """Every whole entry in the file, in the order written (all in memory: for a look at a
+        small journal; the boot reads it with :meth:`stream`)."""
+        return list(self.stream(Skipped() if skipped is None else skipped))
+
+    def stream(self, skipped: Skipped) -> Iterator[Entry]:
+        """Every whole entry in the file, in the order written, read as a stream: a line at a
+        time, none longer than :data:`MAX_LINE_BYTES` held. The lines that are not entries
+        are counted in ``skipped``."""
+        try:
+            file = open(self.path, "rb")  # noqa: SIM115 - closed below, also when abandoned
+        except OSError as exc:
+            raise StoreError(f"cannot read the journal at {self.path}: {exc.strerror}") from None
+        with file:
+            while line := file.readline(MAX_LINE_BYTES + 1):
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    skipped.too_long += 1
+                    while (rest := file.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                        pass  # the rest of it, read and dropped a piece at a time
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    yield Entry.parse(line)
+                except Unreadable as exc:
+                    setattr(skipped, exc.reason, getattr(skipped, exc.reason) + 1)
 
     def clear(self) -> None:
         """Everything it held is in the store: start again from nothing."""
@@ -150,14 +226,35 @@ def take_in(store: Datastore, entries: list[Entry]) -> list[Record | None]:
     return records
 
 
-def replay(store: Datastore, journal: Journal) -> int:
-    """At boot, before anything reads the store: what the last orchestrator journaled goes in,
-    in one transaction, then the journal is emptied. How many rows were new."""
-    entries = journal.entries()
-    if entries:
-        with store.transaction():
-            taken = take_in(store, entries)
-    else:
-        taken = []
+def replay(store: Datastore, journal: Journal, *, admit: Callable[[Entry], bool]) -> int:
+    """At boot, before anything reads the store: the rows the last orchestrator journaled go
+    in, then the journal is emptied. How many rows were new.
+
+    Only what ``admit`` accepts is taken in (the journal holds step leases: a line of any
+    other kind, however well formed, is not the orchestrator's and goes nowhere). The file is
+    read as a stream and taken in :data:`REPLAY_BATCH_ROWS` rows to a transaction; a crash
+    halfway leaves the file whole, and the next boot skips what is in already. What was left
+    out is said in one warning, counted by reason."""
+    skipped = Skipped()
+    new = 0
+    batch: list[Entry] = []
+
+    def flush() -> None:
+        nonlocal new
+        if batch:
+            with store.transaction():
+                new += sum(1 for record in take_in(store, batch) if record is not None)
+            batch.clear()
+
+    for entry in journal.stream(skipped):
+        if not admit(entry):
+            skipped.foreign += 1
+            continue
+        batch.append(entry)
+        if len(batch) >= REPLAY_BATCH_ROWS:
+            flush()
+    flush()
+    if skipped:
+        log.warning("the journal %s: skipped %s", journal.path, skipped.describe())
     journal.clear()
-    return sum(1 for record in taken if record is not None)
+    return new
