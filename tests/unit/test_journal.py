@@ -213,3 +213,18 @@ def test_a_journal_is_taken_in_as_a_stream_in_bounded_batches(tmp_path, monkeypa
     assert read[0] == 0 and read[1500] == 1 and read[-1] == 2  # read as the batches went in
     assert len(leases_in(store)) == 2500
     assert os.path.getsize(journal.path) == 0
+
+
+def test_a_worker_s_long_error_is_capped_so_its_lease_comes_back_from_the_journal(tmp_path):
+    """A failed dispatch's lease quotes the worker's error: capped, its line stays far below
+    the line limit and is taken in like any other."""
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    journal = Journal(tmp_path / "swamp.journal")
+    book = LeaseBook(None, clock=lambda: 1.8e9)
+    opened = book.opened(lease_id=lease_id(7), worker="w1", model_type="swamp/echo",
+                         model_name="default", method="echo")  # fmt: skip
+    ended = book.ended(opened, LeaseState.FAILED, error="\u00e9\U0001f600" * (2 << 20))
+    entry = Entry(key(lease_id(7)), POLICY, ended, 1.8e9)
+    assert len(entry.to_line()) < MAX_LINE_BYTES // 10
+    journal.append(entry)
+    assert take(store, journal) == 1
