@@ -102,13 +102,17 @@ class InvalidPredicate(UserError):
 
 
 class MalformedFrame(UserError):
-    """A frame or payload that is not what the protocol says (``frame_id`` when known)."""
+    """A frame or payload that is not what the protocol says (``frame_id``, and the frame's
+    ``frame_type``, when known)."""
 
     code = "malformed_frame"
 
-    def __init__(self, message: str, *, frame_id: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, frame_id: str | None = None, frame_type: object = None
+    ) -> None:
         super().__init__(message)
         self.frame_id = frame_id
+        self.frame_type = frame_type
 
 
 class FrameTooLarge(MalformedFrame):

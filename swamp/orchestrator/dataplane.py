@@ -46,7 +46,7 @@ from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.downloads import CHUNK, Download
 from swamp.orchestrator.metrics import CONTENT_TYPE, Metrics
 from swamp.orchestrator.pool import Pool
-from swamp.protocol.frames import PROTOCOL_VERSION, load_json
+from swamp.protocol.frames import MAX_VALUE_DEPTH, PROTOCOL_VERSION, load_json
 from swamp.store.datastore import Key
 from swamp.store.retry import retry_busy
 
@@ -329,7 +329,7 @@ class DataPlane:
             active.writing -= 1
         if is_json:
             try:
-                value = load_json(body)
+                value = load_json(body, max_depth=MAX_VALUE_DEPTH)
             except MalformedFrame as exc:
                 raise UserError(f"the body is not usable JSON: {exc.message}") from None
             if not isinstance(value, dict):

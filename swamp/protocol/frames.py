@@ -4,6 +4,13 @@
 message}}``, ``stream {id, event}``, ``cancel {id}``, ``ping``, ``pong``. Anything else, anything
 larger than :data:`MAX_FRAME_BYTES`, or a frame with a missing or mistyped field is a
 :class:`MalformedFrame`; the channel answers it with a coded error and carries on.
+
+One depth limit, :data:`MAX_JSON_DEPTH`, holds both ways: a frame nested deeper is refused as it
+is read (with its id, when the parser got that far) and as it is written, so nothing a peer
+sends can fail to go out again on its way through (a worker's result relayed to its client) —
+the relay is as deep as what it carries. A value stored to be sent later inside other frames (a
+resource written over the data plane, which a query's answer carries six levels down) may nest
+only :data:`MAX_VALUE_DEPTH` deep.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from swamp.errors import FrameTooLarge, MalformedFrame
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
+#: How deep a frame's JSON may nest, read or written (``[]`` is one level, ``[[]]`` two).
+MAX_JSON_DEPTH = 100
+#: How deep a value may nest that is stored and sent again inside frames (data-plane resources).
+MAX_VALUE_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -80,10 +91,36 @@ def _id(obj: dict, *, required: bool = True) -> str | None:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def load_json(text: str | bytes):
-    """JSON from a peer: text that cannot come back out is refused here, once — a structure
-    nested deeply enough to exhaust the parser, or a lone UTF-16 surrogate (``"\\ud800"``),
-    which is valid JSON but cannot be encoded, written to SQLite or printed."""
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) has a list or object more than ``limit`` levels down:
+    level by level, without recursion, so any depth is answered."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        deeper = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            deeper.extend([item for item in items if isinstance(item, (dict, list))])
+        if not deeper:
+            return False
+        level = deeper
+    return bool(level)
+
+
+def _too_deep(text: str | bytes, value: object, limit: int) -> bool:
+    """``nested_deeper_than`` for JSON and its text: text with no more brackets than the limit
+    cannot nest deeper (two counts, what nearly every frame costs), so only others are walked."""
+    if isinstance(text, str):
+        brackets = text.count("[") + text.count("{")
+    else:
+        brackets = text.count(b"[") + text.count(b"{")
+    return brackets > limit and nested_deeper_than(value, limit)
+
+
+def too_deep(limit: int) -> str:
+    return f"the JSON is nested more than {limit} levels deep"
+
+
+def _parse(text: str | bytes):
     try:
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -116,13 +153,27 @@ def _answerable_id(obj: object) -> str | None:
     return value
 
 
+def load_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH):
+    """JSON from a peer: text that cannot come back out is refused here, once — a structure
+    nested more than ``max_depth`` levels (or deeply enough to exhaust the parser), or a lone
+    UTF-16 surrogate (``"\\ud800"``), which is valid JSON but cannot be encoded, written to
+    SQLite or printed."""
+    obj = _parse(text)
+    if _too_deep(text, obj, max_depth):
+        raise MalformedFrame(too_deep(max_depth))
+    return obj
+
+
 def decode(text: str | bytes) -> Frame:
     if len(text) > MAX_FRAME_BYTES:
         raise FrameTooLarge(f"frame of {len(text)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
-    obj = load_json(text)
+    obj = _parse(text)
     if not isinstance(obj, dict):
         raise MalformedFrame("a frame must be a JSON object")
     kind = obj.get("type")
+    if _too_deep(text, obj, MAX_JSON_DEPTH):  # refused with its id: an answer fails its call
+        frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+        raise MalformedFrame(too_deep(MAX_JSON_DEPTH), frame_id=frame_id, frame_type=kind)
     if kind == "ping":
         return Ping()
     if kind == "pong":
@@ -166,7 +217,19 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps wit
 
 
 def _dump(obj: dict) -> str:
-    return _ENCODER.encode(obj)
+    """The frame's text; a frame the peer would refuse as too deep is not written at all."""
+    try:
+        text = _ENCODER.encode(obj)
+    except RecursionError:  # far deeper than the limit: the encoder gave up first
+        text = None
+    if text is None or _too_deep(text, obj, MAX_JSON_DEPTH):
+        frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+        raise MalformedFrame(
+            f"refusing to send a frame nested more than {MAX_JSON_DEPTH} levels deep",
+            frame_id=frame_id,
+            frame_type=obj.get("type"),
+        )
+    return text
 
 
 def encode(frame: Frame) -> str:

@@ -19,6 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, Union
 
 from swamp.errors import MalformedFrame
+from swamp.protocol.frames import MAX_JSON_DEPTH
 
 JSON = Any  # any JSON value
 
@@ -187,13 +188,20 @@ def _plain(hint) -> bool:
     return origin is Literal or hint in (str, int, float, bool, type(None))
 
 
-def _dump(value):
+def _dump(value, depth: int = 0):
+    """``value`` as JSON, its messages as theirs. Nested no deeper than a frame may be (a value
+    that is would be refused by the peer, and could exhaust the stack here): a coded error."""
     if isinstance(value, Message):
         return value.to_json()
-    if isinstance(value, list):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
+    if isinstance(value, (list, dict)):
+        if depth >= MAX_JSON_DEPTH:
+            raise MalformedFrame(
+                f"a value nested more than {MAX_JSON_DEPTH} levels deep cannot be sent "
+                "(the protocol's limit)"
+            )
+        if isinstance(value, list):
+            return [_dump(v, depth + 1) for v in value]
+        return {k: _dump(v, depth + 1) for k, v in value.items()}
     return value
 
 

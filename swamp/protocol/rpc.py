@@ -58,6 +58,7 @@ from swamp.errors import (
     FrameTooLarge,
     HandlerFailed,
     MalformedFrame,
+    MalformedReply,
     SwampError,
     from_wire,
 )
@@ -661,6 +662,13 @@ class RpcChannel:
         try:
             frame = frames.decode(text)
         except MalformedFrame as exc:
+            if exc.frame_type in ("response", "error") and exc.frame_id in self._pending:
+                # an answer we cannot take (nested too deeply): its call fails, in one line
+                pending = self._pending.pop(exc.frame_id)
+                log.warning("%s: refused its answer to a call: %s", self.name, exc.message)
+                pending.error = MalformedReply(f"the answer of {self.name}: {exc.message}")
+                pending.done.set()
+                return
             await self._send_error(exc.frame_id, exc)
             return
         if isinstance(frame, frames.Request):
@@ -772,7 +780,7 @@ class RpcChannel:
         """Write or queue a frame if there is room now; never waits."""
         try:
             text = self._encode(frame)
-        except (ChannelClosed, FrameTooLarge):
+        except (ChannelClosed, MalformedFrame):  # too large or too deep: not sent
             return False
         return self._write_now(text) or self.outbox.offer(
             text, event=isinstance(frame, frames.Stream)
@@ -784,7 +792,8 @@ class RpcChannel:
         except ChannelClosed:
             pass
         except SwampError as exc:
-            if isinstance(frame, frames.Response):
+            if isinstance(frame, frames.Response):  # an answer that cannot go: say why instead
+                log.warning("%s: could not send an answer: %s", self.name, exc.message)
                 await self._send_error(frame.id, exc)
 
     async def _send_error(self, frame_id: str | None, exc: SwampError) -> None:
