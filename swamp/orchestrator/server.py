@@ -471,6 +471,9 @@ async def _serve(
         episodes.write_unwritten_leases()  # still running: the next boot expires them
         journal.close()
         reader.close()
-        store.checkpoint()
+        try:
+            store.checkpoint()
+        except sqlite3.Error as exc:  # the store went read-only or away: the log stays as it is
+            log.warning("the last WAL checkpoint failed: %s", exc)
         store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

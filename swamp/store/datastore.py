@@ -231,13 +231,43 @@ def _migrate(db: sqlite3.Connection) -> bool:
     return True
 
 
-def _translate(exc: sqlite3.Error, what: str) -> StoreError:
-    """sqlite3's errors, in the project's words."""
+def database_files(path: Path) -> list[Path]:
+    """The files SQLite writes for the database at ``path``: itself, its write-ahead log and
+    the log's shared-memory index."""
+    return [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+
+
+def unwritable(path: Path) -> list[Path]:
+    """Those of the database's files that exist and this process may not write: a mode that
+    forbids it (root may write regardless, and so it is not refused), an immutable flag
+    (``chattr +i``), a read-only mount. An open connection goes on writing into such a file
+    as if nothing had changed — or into the log only, which can then never be copied back —
+    so it is asked of the file itself."""
+    effective = os.access in os.supports_effective_ids
+    return [
+        file
+        for file in database_files(path)
+        if not os.access(file, os.W_OK, effective_ids=effective) and file.exists()
+    ]
+
+
+def read_only(files: list[Path]) -> str:
+    names = ", ".join(str(file) for file in files)
+    return f"the database is read-only: {names} cannot be written"
+
+
+def _translate(exc: sqlite3.Error, what: str, *, path: Path | None = None) -> StoreError:
+    """sqlite3's errors, in the project's words. With the database's ``path``, a refused write
+    (SQLite calls a write into a file made immutable "disk I/O") names the file that cannot be
+    written."""
     text = str(exc)
     lowered = text.lower()
     if "locked" in lowered or "busy" in lowered:
         return StoreBusy(f"{what}: the database is locked by another process")
-    if "readonly" in lowered or "read-only" in lowered:
+    readonly = "readonly" in lowered or "read-only" in lowered
+    if path is not None and (readonly or "disk i/o" in lowered) and (files := unwritable(path)):
+        return StoreBroken(f"{what}: {read_only(files)} ({text})")
+    if readonly:
         return StoreBroken(f"{what}: the database is read-only ({text})")
     if "malformed" in lowered or "not a database" in lowered or "disk i/o" in lowered:
         return StoreBroken(f"{what}: the database file is damaged ({text})")
@@ -380,18 +410,26 @@ class Datastore:
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            error = _translate(exc, what)
+            error = _translate(exc, what, path=self.path)
             if isinstance(error, StoreBroken):
                 self.broken = error.message
             raise error from None
 
     def check_file(self) -> str | None:
-        """Is the file we write still the repo's database? A file deleted or replaced under a
-        running server takes its writes into nowhere; this notices, and breaks the store."""
+        """Is the file we write still the repo's database, and may it still be written? A file
+        deleted or replaced under a running server takes its writes into nowhere; one made
+        read-only (its mode, ``chattr +i``, a read-only mount — the database, its ``-wal`` or
+        its ``-shm``) still takes them through the open connection, or into the log alone,
+        and the next start cannot open it. This notices either, and breaks the store."""
         if self.broken is None and _file_identity(self.path) != self._identity:
             self.broken = (
                 f"the database file {self.path} was deleted or replaced while serving; nothing "
                 "is written until swamp serve is restarted"
+            )
+        if self.broken is None and (files := unwritable(self.path)):
+            self.broken = (
+                f"{read_only(files)} (made read-only while serving); nothing is written until "
+                "it is writable again and swamp serve is restarted"
             )
         return self.broken
 
@@ -403,7 +441,10 @@ class Datastore:
         return None
 
     def probe_writable(self) -> None:
-        """Take the write lock and let it go at once: a read-only database is found at start."""
+        """Take the write lock and let it go at once: a read-only database is found at start
+        (any of its files, by name)."""
+        if files := unwritable(self.path):
+            raise StoreBroken(f"the database cannot be written: {read_only(files)}")
         with self._sql("the database cannot be written", writing=True):
             self.db.execute("BEGIN IMMEDIATE")
             try:  # a write that changes nothing, rolled back: SQLite checks it can write
@@ -558,7 +599,7 @@ class Datastore:
         except sqlite3.IntegrityError:
             inserted = []
         except sqlite3.Error as exc:
-            error = _translate(exc, "the datastore refused a write")
+            error = _translate(exc, "the datastore refused a write", path=self.path)
             if isinstance(error, StoreBroken):
                 self.broken = error.message
             raise error from None
