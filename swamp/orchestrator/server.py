@@ -53,6 +53,7 @@ from swamp.orchestrator.verification import Verifier
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
+from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal, replay
 from swamp.store.reader import Reader
@@ -60,8 +61,6 @@ from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.serve")
 
-CHECKPOINT_AFTER_WRITES = 1000
-CHECKPOINT_IDLE_SECONDS = 10
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
 RUN_RETENTION = 7 * 24 * 3600  # ended workflow runs are kept a week
@@ -166,28 +165,6 @@ def raise_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError) as exc:
         log.info("could not raise the open-file limit: %s", exc)
-
-
-async def _checkpointer(store: Datastore) -> None:
-    """Checkpoint the WAL from a thread after a burst of writes or a quiet spell."""
-    wanted = trio.Event()
-    seen = store.writes
-
-    def on_write() -> None:
-        if store.writes - seen >= CHECKPOINT_AFTER_WRITES:
-            wanted.set()
-
-    store.on_write = on_write
-    while True:
-        with trio.move_on_after(CHECKPOINT_IDLE_SECONDS):
-            await wanted.wait()
-        if store.writes != seen:
-            seen = store.writes
-            try:
-                await trio.to_thread.run_sync(store.checkpoint)
-            except sqlite3.Error as exc:  # busy readers: the next checkpoint catches up
-                log.warning("WAL checkpoint skipped: %s", exc)
-        wanted = trio.Event()
 
 
 def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float) -> int:
@@ -324,6 +301,7 @@ async def _serve(
     raise_file_limit()
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
+    store.limit_wal()  # the log this connection reuses is kept small (see swamp.store.checkpoints)
     journal = Journal(repo.journal_path)
     # what the last orchestrator journaled goes in before anything reads the leases
     journaled = await retry_busy(lambda: replay(store, journal, admit=journaled_lease))
@@ -457,7 +435,7 @@ async def _serve(
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
                 repo.write_serve_file(url, data_plane, admin_credential=local_credential)
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download)
-                nursery.start_soon(_checkpointer, store)
+                nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)
                 task_status.started(url)

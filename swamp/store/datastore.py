@@ -79,7 +79,11 @@ _COLUMN_ORDER = [
 ]
 
 EPHEMERAL_SECONDS = 3600
-WAL_TRUNCATE_BYTES = 64 * 1024 * 1024
+# A WAL larger than this after a checkpoint is truncated (see Datastore.checkpoint); the
+# orchestrator's own connection also cuts the file it reuses back to it.
+WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
+# How long a truncating checkpoint waits for another process's writer or readers to let go.
+TRUNCATE_WAIT_MS = 500
 # A row is the latest version of its item (a correlated subquery on the primary key).
 _IS_LATEST = (
     "version = (SELECT MAX(version) FROM data m WHERE m.model_type=d.model_type "
@@ -256,16 +260,22 @@ def read_only(files: list[Path]) -> str:
     return f"the database is read-only: {names} cannot be written"
 
 
-def _translate(exc: sqlite3.Error, what: str, *, path: Path | None = None) -> StoreError:
-    """sqlite3's errors, in the project's words. With the database's ``path``, a refused write
-    (SQLite calls a write into a file made immutable "disk I/O") names the file that cannot be
-    written."""
+def _translate(exc: sqlite3.Error, what: str, *, store: Datastore | None = None) -> StoreError:
+    """sqlite3's errors, in the project's words. With the ``store`` that met it: a write refused
+    while its writes are paused is busy (retried); a refused write into a file made read-only
+    (SQLite calls one into an immutable file "disk I/O") names the file."""
     text = str(exc)
     lowered = text.lower()
     if "locked" in lowered or "busy" in lowered:
         return StoreBusy(f"{what}: the database is locked by another process")
     readonly = "readonly" in lowered or "read-only" in lowered
-    if path is not None and (readonly or "disk i/o" in lowered) and (files := unwritable(path)):
+    if store is not None and readonly and store.paused:
+        return StoreBusy(f"{what}: {store.paused}")
+    if (
+        store is not None
+        and (readonly or "disk i/o" in lowered)
+        and (files := unwritable(store.path))
+    ):
         return StoreBroken(f"{what}: {read_only(files)} ({text})")
     if readonly:
         return StoreBroken(f"{what}: the database is read-only ({text})")
@@ -382,6 +392,7 @@ class Datastore:
         self.writes = 0
         self.on_write: Callable[[], None] | None = None
         self.broken: str | None = None
+        self.paused: str | None = None  # why writes are refused as busy for a moment
         wait = 0 if orchestrator else 10
         try:
             self.db = sqlite3.connect(
@@ -410,7 +421,7 @@ class Datastore:
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            error = _translate(exc, what, path=self.path)
+            error = _translate(exc, what, store=self)
             if isinstance(error, StoreBroken):
                 self.broken = error.message
             raise error from None
@@ -599,7 +610,7 @@ class Datastore:
         except sqlite3.IntegrityError:
             inserted = []
         except sqlite3.Error as exc:
-            error = _translate(exc, "the datastore refused a write", path=self.path)
+            error = _translate(exc, "the datastore refused a write", store=self)
             if isinstance(error, StoreBroken):
                 self.broken = error.message
             raise error from None
@@ -727,20 +738,61 @@ class Datastore:
             if cur.rowcount < batch:
                 return removed
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, truncate_over: int | None = WAL_TRUNCATE_BYTES) -> int:
         """Checkpoint the WAL on a connection of its own: safe to call from a worker thread.
-        A WAL that has grown past :data:`WAL_TRUNCATE_BYTES` (a burst of writes while readers
-        held it) is truncated back to nothing once it has been copied in. A broken store is
-        left alone (connecting to a deleted file's path would create a new, empty one)."""
+        Returns the log's size afterwards (0 when there is none).
+
+        A log no larger than ``truncate_over`` bytes (or any, with ``None``) gets a passive
+        checkpoint: it copies what it can and waits for nobody. A larger one — writes kept
+        landing while checkpoints ran, so it never started over — is truncated: that takes
+        the writer's lock, copies the rest, waits for readers to leave the log and cuts it to
+        nothing, waiting at most :data:`TRUNCATE_WAIT_MS` for another process's writer or
+        readers. Call that with this connection's writes paused (:meth:`writes_paused`), or
+        it races each of them for the lock. A reader that holds an old snapshot for longer (a
+        backup, ``sqlite3`` left in a transaction) keeps the log from being truncated: the
+        size returned says so. A broken store is left alone (connecting to a deleted file's
+        path would create a new, empty one)."""
         if self.broken or self.check_file():
-            return
+            return 0
         db = sqlite3.connect(
             f"{self.path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None, timeout=10.0
         )
         try:
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            wal = self.path.with_name(self.path.name + "-wal")
-            if wal.exists() and wal.stat().st_size > WAL_TRUNCATE_BYTES:
+            if truncate_over is not None and wal_size(self.path) > truncate_over:
+                db.execute(f"PRAGMA busy_timeout={TRUNCATE_WAIT_MS}")
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            else:
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             db.close()
+        return wal_size(self.path)
+
+    @contextmanager
+    def writes_paused(self, reason: str) -> Iterator[None]:
+        """Meanwhile this connection refuses to write (``PRAGMA query_only``), and a write is
+        :class:`StoreBusy` — retried by the orchestrator in trio like any busy write. What a
+        truncating checkpoint in another thread needs: the orchestrator writes back to back in
+        a burst, and the lock would otherwise go to the next write, every time."""
+        with self._sql("pausing writes"):
+            self.db.execute("PRAGMA query_only=1")
+        self.paused = reason
+        try:
+            yield
+        finally:
+            self.paused = None
+            with self._sql("resuming writes"):
+                self.db.execute("PRAGMA query_only=0")
+
+    def limit_wal(self, size: int = WAL_TRUNCATE_BYTES) -> None:
+        """Keep the log this connection reuses to ``size`` bytes: when it starts the log over
+        after a checkpoint (without truncating it), it cuts the file back to that."""
+        with self._sql("setting the WAL's size limit"):
+            self.db.execute(f"PRAGMA journal_size_limit={int(size)}")
+
+
+def wal_size(path: Path) -> int:
+    """The size of the write-ahead log of the database at ``path`` (0 when there is none)."""
+    try:
+        return os.stat(database_files(path)[1]).st_size
+    except OSError:
+        return 0

@@ -28,12 +28,21 @@ import json
 import logging
 import math
 import os
+import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from swamp.errors import Conflict, StoreError, SwampError
-from swamp.store.datastore import Datastore, Key, Record, SpecPolicy
+from swamp.store.datastore import (
+    WAL_TRUNCATE_BYTES,
+    Datastore,
+    Key,
+    Record,
+    SpecPolicy,
+    wal_size,
+)
 
 log = logging.getLogger("swamp.store")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -245,6 +254,9 @@ def replay(store: Datastore, journal: Journal, *, admit: Callable[[Entry], bool]
             with store.transaction():
                 new += sum(1 for record in take_in(store, batch) if record is not None)
             batch.clear()
+            if wal_size(store.path) > WAL_TRUNCATE_BYTES:  # at boot nothing else checkpoints
+                with suppress(sqlite3.Error):  # held by a reader: the checkpointer catches up
+                    store.checkpoint()
 
     for entry in journal.stream(skipped):
         if not admit(entry):
