@@ -6,9 +6,10 @@ larger than :data:`MAX_FRAME_BYTES`, or a frame with a missing or mistyped field
 :class:`MalformedFrame`; the channel answers it with a coded error and carries on.
 
 One depth limit, :data:`MAX_JSON_DEPTH`, holds both ways: a frame nested deeper is refused as it
-is read (with its id, when the parser got that far) and as it is written, so nothing a peer
-sends can fail to go out again on its way through (a worker's result relayed to its client) —
-the relay is as deep as what it carries. A value stored to be sent later inside other frames (a
+is read (with its id, when the parser got that far), and a message's JSON stops two levels short
+of it as it is written (the frame and the message around a field), so nothing a peer sends can
+fail to go out again on its way through (a worker's result relayed to its client) — the relay
+is as deep as what it carries. A value stored to be sent later inside other frames (a
 resource written over the data plane, which a query's answer carries six levels down) may nest
 only :data:`MAX_VALUE_DEPTH` deep.
 """
@@ -217,19 +218,18 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps wit
 
 
 def _dump(obj: dict) -> str:
-    """The frame's text; a frame the peer would refuse as too deep is not written at all."""
+    """The frame's text. Its depth is not measured again here (that would cost every frame on
+    the dispatch path): what goes in a frame is a message's JSON, which stops at the limit
+    (``messages._dump``); deeper than the encoder itself can go is refused all the same."""
     try:
-        text = _ENCODER.encode(obj)
-    except RecursionError:  # far deeper than the limit: the encoder gave up first
-        text = None
-    if text is None or _too_deep(text, obj, MAX_JSON_DEPTH):
+        return _ENCODER.encode(obj)
+    except RecursionError:
         frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
         raise MalformedFrame(
             f"refusing to send a frame nested more than {MAX_JSON_DEPTH} levels deep",
             frame_id=frame_id,
             frame_type=obj.get("type"),
-        )
-    return text
+        ) from None
 
 
 def encode(frame: Frame) -> str:

@@ -188,16 +188,20 @@ def _plain(hint) -> bool:
     return origin is Literal or hint in (str, int, float, bool, type(None))
 
 
+# A field's value sits two levels down in its frame (the frame's object, the message's).
+_MAX_FIELD_DEPTH = MAX_JSON_DEPTH - 2
+
+
 def _dump(value, depth: int = 0):
-    """``value`` as JSON, its messages as theirs. Nested no deeper than a frame may be (a value
-    that is would be refused by the peer, and could exhaust the stack here): a coded error."""
+    """``value`` as JSON, its messages as theirs. A value nested so deep that its frame would
+    pass the protocol's limit (which the peer would refuse, and which could exhaust the stack
+    here) is a coded error instead."""
     if isinstance(value, Message):
         return value.to_json()
     if isinstance(value, (list, dict)):
-        if depth >= MAX_JSON_DEPTH:
+        if depth >= _MAX_FIELD_DEPTH:
             raise MalformedFrame(
-                f"a value nested more than {MAX_JSON_DEPTH} levels deep cannot be sent "
-                "(the protocol's limit)"
+                f"refusing to send a frame nested more than {MAX_JSON_DEPTH} levels deep"
             )
         if isinstance(value, list):
             return [_dump(v, depth + 1) for v in value]

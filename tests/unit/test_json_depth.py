@@ -51,19 +51,17 @@ def test_a_deep_frame_is_refused_with_its_id_and_type_so_an_answer_can_fail_its_
 
 
 def test_writing_refuses_what_reading_would_and_says_so():
-    frames.encode(frames.Response("r1", nested(MAX_JSON_DEPTH - 1)))  # as deep as may be read
-    for depth in (MAX_JSON_DEPTH, 5000):  # 5000: deeper than the encoder itself goes
-        with pytest.raises(MalformedFrame, match="refusing to send") as info:
-            frames.encode(frames.Response("r1", nested(depth)))
-        assert info.value.frame_id == "r1"
+    result = RunResult(status="succeeded", model="m", model_type="t/m", method="x")
+    deepest = MAX_JSON_DEPTH - 2  # the frame's object and the message's around the field
+    ok = frames.Response(
+        "r1", RunResult(**{**result.__dict__, "result": nested(deepest)}).to_json()
+    )
+    assert frames.decode(frames.encode(ok)) == ok  # as deep as may be read, and read back
+    for depth in (deepest + 1, 5000):  # 5000: deeper than the stack would have let it go
+        with pytest.raises(MalformedFrame, match="nested more than 100 levels"):
+            RunResult(**{**result.__dict__, "result": nested(depth)}).to_json()
+    with pytest.raises(MalformedFrame, match="refusing to send") as info:
+        frames.encode(frames.Response("r2", nested(5000)))  # built by hand: still no traceback
+    assert info.value.frame_id == "r2"
     brackets = frames.encode(frames.Stream("s", {"line": "[" * 10_000}))
     assert frames.decode(brackets) == frames.Stream("s", {"line": "[" * 10_000})
-
-
-def test_a_message_with_a_value_too_deep_is_a_coded_error_not_a_recursion_error():
-    result = RunResult(status="succeeded", model="m", model_type="t/m", method="x")
-    ok = RunResult(**{**result.__dict__, "result": nested(MAX_JSON_DEPTH - 1)})
-    assert ok.to_json()["result"] == nested(MAX_JSON_DEPTH - 1)
-    deep = RunResult(**{**result.__dict__, "result": nested(5000)})
-    with pytest.raises(MalformedFrame, match="nested more than 100 levels"):
-        deep.to_json()
