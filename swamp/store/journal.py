@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import sqlite3
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -155,15 +156,34 @@ class Entry:
         )
 
 
+def _not_ours(info: os.stat_result) -> str | None:
+    """Why a journal file could hold lines someone else wrote, or ``None``: it must be a regular
+    file (not followed through a link) of this user that nobody else may write."""
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"may be written by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
 class Journal:
     """An append-only file of :class:`Entry` lines, next to the database it feeds."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            self._fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot open the journal at {self.path}: {exc.strerror}") from None
+        if problem := _not_ours(os.fstat(self._fd)):
+            os.close(self._fd)
+            raise StoreError(
+                f"the journal {self.path} {problem}: what it holds becomes the store's at the "
+                f"next start, so it must be this user's alone (chmod 600, or remove it)"
+            )
 
     def __repr__(self) -> str:
         return f"<Journal {self.path}>"

@@ -98,3 +98,16 @@ def test_a_planted_journal_gives_no_credential_stops_no_boot_and_is_streamed(clu
                 policy=SpecPolicy("token", "infinite", 10))  # fmt: skip
     store.close()
     assert admin_ok(cluster, f"planted.{SECRET}")
+
+
+def test_a_journal_others_may_write_stops_the_start_in_one_line(cluster):
+    journal = cluster.repo / ".swamp" / "swamp.journal"
+    journal.write_bytes(lease_line(1))
+    journal.chmod(0o666)  # anyone could have put lines in it
+    refused = cluster.cli("serve", "--port", "0")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "may be written by others" in line and "chmod 600" in line
+    journal.chmod(0o600)  # the control: the same file, the user's alone, is taken in
+    cluster.serve()
+    assert cluster.query(f'name == "lease-{1:032x}"')

@@ -4,9 +4,12 @@ only step leases, read as a stream."""
 import json
 import os
 
+import pytest
+
 from swamp.bookkeeping.leases import POLICY, LeaseBook, journaled_lease, key
 from swamp.domain.leases import LeaseState
 from swamp.domain.query import parse as parse_predicate
+from swamp.errors import StoreError
 from swamp.store.datastore import Datastore
 from swamp.store.journal import MAX_LINE_BYTES, Entry, Journal, Skipped, replay
 
@@ -228,3 +231,20 @@ def test_a_worker_s_long_error_is_capped_so_its_lease_comes_back_from_the_journa
     assert len(entry.to_line()) < MAX_LINE_BYTES // 10
     journal.append(entry)
     assert take(store, journal) == 1
+
+
+def test_a_journal_another_user_could_have_written_is_refused(tmp_path):
+    """Its lines become the store's: a file others may write, or a link, is not opened."""
+    path = tmp_path / "swamp.journal"
+    Journal(path).close()
+    path.chmod(0o666)
+    with pytest.raises(StoreError, match="may be written by others"):
+        Journal(path)
+    path.chmod(0o600)
+    Journal(path).close()  # the control: the same file, this user's alone
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    path.unlink()
+    path.symlink_to(elsewhere)
+    with pytest.raises(StoreError, match="cannot open the journal"):
+        Journal(path)
