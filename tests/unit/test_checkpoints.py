@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from swamp.errors import StoreBusy
 from swamp.store import checkpoints, datastore
 from swamp.store.checkpoints import CHECKPOINT_WAL_BYTES, run_checkpoints
 from swamp.store.datastore import WAL_TRUNCATE_BYTES, Datastore, Key, SpecPolicy, wal_size
@@ -72,4 +73,22 @@ def test_the_log_is_measured_cheaply_and_without_a_file_yet(tmp_path):
     size = checkpoints.WalSize(tmp_path / "swamp.db")
     assert size() == wal_size(tmp_path / "swamp.db") > len(BLOB)
     size.close()
+    store.close()
+
+
+def test_writes_paused_are_busy_and_the_store_is_not_broken(tmp_path):
+    """While a truncation has the log, the orchestrator's writes are busy (retried), whichever
+    way they write; nothing is mistaken for a read-only database."""
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    key = Key("test/blobs", "big", "b")
+    with store.writes_paused("the write-ahead log is being truncated"):
+        with pytest.raises(StoreBusy, match="being truncated"):
+            store.write(key, {}, policy=SpecPolicy("b"), content=b"x")
+        with pytest.raises(StoreBusy), store.transaction():
+            store.write(key, {}, policy=SpecPolicy("b"))
+        with pytest.raises(StoreBusy):
+            store.collect_garbage()
+        assert store.latest(key) is None  # reads go on
+    assert store.broken is None and store.paused is None
+    assert store.write(key, {"n": 1}, policy=SpecPolicy("b")).version == 1
     store.close()
