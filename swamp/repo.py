@@ -22,7 +22,7 @@ import tomli_w
 
 from swamp.domain.durations import parse_duration
 from swamp.domain.environment import check_names
-from swamp.domain.names import check_name, is_model_type
+from swamp.domain.names import check_instance_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
 from swamp.errors import AlreadyServing, UnknownModel, UserError
 from swamp.ids import new_id
@@ -188,7 +188,7 @@ class Repo:
             except tomllib.TOMLDecodeError as exc:
                 raise UserError(f"{path} is not valid TOML: {exc}") from exc
             name = data.get("name", path.stem)
-            check_name(name, what=f"model name in {path.name}")
+            check_instance_name(name, what=f"model name in {path.name}")
             if not isinstance(data.get("type"), str):
                 raise UserError(f"{path} needs a 'type' (e.g. type = \"command/shell\")")
             args = data.get("args", {})
@@ -279,13 +279,28 @@ class Repo:
         tmp.replace(self.serve_file)
 
     def _serve_info(self) -> dict | None:
-        """``.swamp/serve.json`` if the process that wrote it is still alive."""
+        """``.swamp/serve.json`` if the process that wrote it still serves: it is alive, and
+        the repo's serve lock is held (a pid alone may have been reused by another process
+        after a crash left the file behind)."""
         try:
             info = json.loads(self.serve_file.read_text())
             os.kill(int(info["pid"]), 0)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return info if isinstance(info, dict) else None
+        if not isinstance(info, dict) or not self._serving():
+            return None
+        return info
+
+    def _serving(self) -> bool:
+        """Is the repo's serve lock held (by a running ``swamp serve``)?"""
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            return not _try_lock(fd)  # taken by us: nobody holds it (closing lets it go)
+        finally:
+            os.close(fd)
 
     def running_server(self) -> str | None:
         """The URL in ``.swamp/serve.json`` if that process is still alive."""

@@ -69,7 +69,7 @@ class WorkerBook:
             "lastSeenAt": now,
         }
         if reason:
-            attrs["verifyFailureReason"] = reason
+            attrs[_REASON_FIELD.get(status, "verifyFailureReason")] = reason
         return self.store.write(key(name), attrs, policy=POLICY)
 
     def set_status(

@@ -116,6 +116,14 @@ def serve(
         help="Probe every enrolling worker (first connect and reconnect) before it gets work; "
         "one that fails stays 'unverified' with its reason in 'swamp worker list'.",
     ),
+    default_timeout: str = typer.Option(
+        "24h",
+        "--default-timeout",
+        envvar="SWAMP_DEFAULT_TIMEOUT",
+        help="How long a dispatch may run on a worker when neither the run (--timeout) nor its "
+        "model (timeout = ...) says, e.g. 6h; 0: as long as it takes. Past it the method is "
+        "stopped and the step fails (execution_timeout).",
+    ),
     write_quota_bytes: str = typer.Option(
         "256MiB",
         "--write-quota-bytes",
@@ -175,6 +183,11 @@ def serve(
         queue_timeout=queue_timeout,
         pyz=pyz,
         private_downloads=private_downloads,
+        default_timeout=(
+            None
+            if default_timeout.strip().rstrip("smhdw") == "0"
+            else float(parse_duration(default_timeout, what="--default-timeout"))
+        ),
         write_quota=WriteQuota(
             parse_size(write_quota_bytes, what="--write-quota-bytes"), write_quota_records
         ),

@@ -15,6 +15,8 @@ NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 # Data names may also carry dots and capitals (``result``, ``probe-result``, ``lease-<uuid>``).
 DATA_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 MODEL_TYPE_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)+")
+# the instance of an ad-hoc run: ``run-`` and 16 hex digits, made by the orchestrator alone
+ADHOC_INSTANCE = re.compile(r"run-[0-9a-f]{16}")
 
 
 def check_name(name: str, *, what: str = "name") -> str:
@@ -37,3 +39,19 @@ def check_data_name(name: str, *, what: str = "data name") -> str:
 
 def is_model_type(text: str) -> bool:
     return isinstance(text, str) and MODEL_TYPE_PATTERN.fullmatch(text) is not None
+
+
+def is_adhoc_instance(name: str) -> bool:
+    return isinstance(name, str) and ADHOC_INSTANCE.fullmatch(name) is not None
+
+
+def check_instance_name(name: str, *, what: str = "model name") -> str:
+    """A name for a model instance an operator chooses: a name, and not one of the shape the
+    orchestrator gives ad-hoc runs (their data would mix, and be collected with theirs)."""
+    check_name(name, what=what)
+    if is_adhoc_instance(name):
+        raise UserError(
+            f"invalid {what} {name!r}: names of the form run-<16 hex digits> are those of "
+            "ad-hoc runs; choose another"
+        )
+    return name

@@ -4,8 +4,8 @@
 keeps its place in the pool but gets no work); ``unverified`` is not (it is being probed, or its
 probe failed, under ``serve --verify-on-enroll``); ``draining`` is not (it finishes what it runs,
 then leaves); ``unresponsive`` is not (it said nothing of a dispatch it was sent: the dispatch was
-taken back, and the worker gets no more until it reconnects). Nor is any status a client does
-not know.
+taken back, and the machine gets no more for a while, reconnects included). Nor is any status a
+client does not know.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ WORKER_LIFECYCLE = Lifecycle(
         },
         # announced by the worker when its drain starts; it leaves when the last slot empties
         WorkerStatus.DRAINING: {WorkerStatus.DRAINING, WorkerStatus.DISCONNECTED},
-        # until it reconnects (a new enrollment): it may still drain and leave
+        # held back for a while (reconnects included): it may still drain and leave
         WorkerStatus.UNRESPONSIVE: {
             WorkerStatus.UNRESPONSIVE,
+            WorkerStatus.IDLE,
             WorkerStatus.DISCONNECTED,
             WorkerStatus.DRAINING,
         },

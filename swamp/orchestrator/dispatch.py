@@ -69,11 +69,11 @@ class RunRequest:
     def scope(self) -> ReadScope:
         return self.read_scope or ReadScope.of(self.model.type, self.model.name)
 
-    def execution_timeout(self) -> float | None:
+    def execution_timeout(self, default: float | None = None) -> float | None:
         """Seconds the method may run once dispatched (each attempt): the run's ``--timeout``,
-        else the model's ``timeout``, else as long as it takes."""
+        else the model's ``timeout``, else ``default`` (``None``: as long as it takes)."""
         text = self.timeout if self.timeout is not None else self.model.timeout
-        return None if text is None else float(parse_duration(text, what="--timeout"))
+        return default if text is None else float(parse_duration(text, what="--timeout"))
 
 
 class DispatchService:
@@ -91,10 +91,14 @@ class DispatchService:
         queue_timeout: float | None = None,
         observe: Callable[[str, str], None] = lambda what, value: None,
         reader: Reader | None = None,
+        default_timeout: float | None = None,
         clock=time.time,
     ) -> None:
         self.store = store
         self.reader = reader  # queries off the event loop; None: on it (tests, the CLI)
+        # serve --default-timeout: how long a dispatch may run when neither its run nor its
+        # model says (a worker that acknowledges and never answers holds a step no longer)
+        self.default_timeout = default_timeout
         self.registry = registry
         self.pool = pool
         self.episodes = episodes
@@ -199,7 +203,7 @@ class DispatchService:
             args=args,
             environment=environment.ship(self.environ, request.shipped_names(self.ship_env)),
             read_scope=request.scope(),
-            timeout=request.execution_timeout(),
+            timeout=request.execution_timeout(self.default_timeout),
         )
         info = StepInfo(
             model_type.type,

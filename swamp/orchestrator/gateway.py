@@ -23,7 +23,7 @@ import trio
 from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.concurrency import open_unwrapping_nursery
-from swamp.domain.claims import MAX_CAPACITY
+from swamp.domain.claims import FLEET_LABEL, MAX_CAPACITY
 from swamp.domain.labels import check_labels
 from swamp.domain.text import is_printable
 from swamp.domain.tokens import TokenState
@@ -62,6 +62,7 @@ CLOSE_REPLACED = 4003
 CLOSE_SHUTDOWN = 1001
 REPO_WATCH_INTERVAL = 0.25
 DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout")
+HOLD_BACK = 300.0  # seconds a machine that left a dispatch unacknowledged gets no work
 
 
 def check_enrollment(raw: dict) -> EnrollRequest:
@@ -121,6 +122,10 @@ class Gateway:
         self.clock = clock
         self.grace = Deadlines("grace windows")
         self.token_deadlines = Deadlines("token deadlines")
+        # machines that left a dispatch unacknowledged: held back for a while, reconnected or
+        # not (a worker that reconnects is fresh and least loaded: it would get it all again)
+        self.held_back = Deadlines("unresponsive machines")
+        self._held_back: dict[str, str] = {}  # machine id → why
         # --verify-on-enroll: probe each enrolling worker before it becomes schedulable
         self.prober = prober
         # told the error code of every refused enrollment (metrics)
@@ -181,6 +186,11 @@ class Gateway:
         verify = self.prober is not None
         status = WorkerStatus.UNVERIFIED.value if verify else WorkerStatus.IDLE.value
         pending = "verification in progress" if verify else None
+        held = self._held_back.get(params.machine_id)
+        if held is not None and params.machine_id in self.held_back:
+            # it left no dispatch of it unanswered by reconnecting: held back as it was
+            verify, status = False, WorkerStatus.UNRESPONSIVE.value
+            pending = f"{held} (held back for {HOLD_BACK:g}s from then, reconnects included)"
         await self.records.settled()  # the previous connection's last status goes first
         record = await retry_busy(
             lambda: self.workers.enrolled(
@@ -213,7 +223,9 @@ class Gateway:
             last_seen_at=record.attributes["lastSeenAt"],
             record=record,
             status=status,
-            verify_failure_reason=pending,
+            verify_failure_reason=pending if status == WorkerStatus.UNVERIFIED.value else None,
+            unresponsive_reason=pending if status == WorkerStatus.UNRESPONSIVE.value else None,
+            fleet=token.claims.pinned.get(FLEET_LABEL, token.name),
         )
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
         # the interval this worker is told (and held to) grows with the pool: at enrollment,
@@ -286,8 +298,30 @@ class Gateway:
         self.records.status(
             member, WorkerStatus.UNRESPONSIVE.value, reason=reason, active=sorted(member.active)
         )
-        log.warning("worker %s gets no more work until it reconnects: %s", member.name, reason)
+        log.warning(
+            "worker %s gets no more work for %gs, reconnects included: %s",
+            member.name,
+            HOLD_BACK,
+            reason,
+        )
+        self._held_back[member.machine_id] = reason
+        self.held_back.set(member.machine_id, trio.current_time() + HOLD_BACK)
         self.pool.refresh(member)
+
+    async def _hold_lapsed(self, machine_id: str) -> None:
+        """Its time out is over: a member of that machine that is connected and held back
+        gets work again."""
+        self._held_back.pop(machine_id, None)
+        for member in list(self.pool.members.values()):
+            if (
+                member.machine_id == machine_id
+                and member.connected
+                and member.status == WorkerStatus.UNRESPONSIVE.value
+            ):
+                member.status, member.unresponsive_reason = WorkerStatus.IDLE.value, None
+                self.records.status(member, WorkerStatus.IDLE.value, active=sorted(member.active))
+                log.info("worker %s may get work again", member.name)
+                self.pool.refresh(member)
 
     def disconnected(self, member: Member, channel: RpcChannel) -> None:
         """The control socket of an enrolled worker ended (whatever the reason)."""
@@ -403,6 +437,7 @@ class Gateway:
         self.arm_token_deadlines()
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.grace.run, self._grace_lapsed)
+            await nursery.start(self.held_back.run, self._hold_lapsed)
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             await nursery.start(self._watch_repo)
             await nursery.start(self.sweeper.run)

@@ -36,10 +36,11 @@ WAIT_BUCKETS = (0.005, 0.05, 0.5, 1, 5, 15, 60, 300, 900, 3600, float("inf"))
 
 
 def fleet_of(member) -> str:
-    """The name of the token it enrolled with (a single worker is a fleet of one) — never what
-    a worker claims: a ``fleet`` label a worker brings itself must not move its slots into
-    another fleet's numbers, which an autoscaler reads."""
-    return member.token_name
+    """The fleet its token puts it in: the ``fleet`` label the token pins, else the token's
+    name (a single worker is a fleet of one) — never what a worker claims: a ``fleet`` label a
+    worker brings itself must not move its slots into another fleet's numbers, which an
+    autoscaler reads."""
+    return member.fleet or member.token_name
 
 
 class _Live:

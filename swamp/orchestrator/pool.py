@@ -35,6 +35,7 @@ class Member:
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
     unresponsive_reason: str | None = None
+    fleet: str = ""  # what /metrics counts it in: its token's pinned fleet label, or its name
 
     @property
     def heartbeat(self) -> float:

@@ -28,6 +28,7 @@ from swamp.bookkeeping.workers import WorkerBook
 from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.adhoc_runs import runs_to_forget
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
@@ -84,6 +85,7 @@ class ServeOptions:
     pyz: Path | None = None  # the build GET /swamp.pyz serves (default: the one running)
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
+    default_timeout: float | None = 24 * 3600  # --default-timeout; None: none
     json: bool = False
 
 
@@ -173,6 +175,7 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
+    removed += forget_adhoc_runs(store)
     removed += store.collect_garbage()
     workers = WorkerBook(store)
     stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
@@ -186,6 +189,18 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
         if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
             log.info("released %d stale binding(s) of fleet token %s", len(machine_ids), name)
     removed += workers.forget([a["name"] for a in stale])
+    return removed
+
+
+def forget_adhoc_runs(store: Datastore, *, batch: int = 100) -> int:
+    """The data of ad-hoc runs past their retention (``swamp.domain.adhoc_runs``), a few
+    instances to a transaction."""
+    forget = runs_to_forget(store.adhoc_runs(), now=store.clock())
+    removed = 0
+    for at in range(0, len(forget), batch):
+        with store.transaction():
+            for model_type, name in forget[at : at + batch]:
+                removed += store.delete_instance(model_type, name)
     return removed
 
 
@@ -362,6 +377,7 @@ async def _serve(
         queue_timeout=queue_timeout,
         observe=metrics.on_dispatch,
         reader=reader,
+        default_timeout=options.default_timeout,
     )
     unset = [n for n in options.ship_env if n not in dispatch.environ]
     if unset:

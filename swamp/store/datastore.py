@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from swamp.domain.durations import parse_duration
+from swamp.domain.names import is_adhoc_instance
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
 from swamp.errors import Conflict, QueryTimeout, StoreBroken, StoreBusy, StoreError
@@ -219,7 +220,7 @@ def _migrate(db: sqlite3.Connection) -> bool:
         db.execute(
             "INSERT INTO data_rebuilt SELECT model_type, model_name, name, version, spec, "
             "attributes, created_at, created_epoch, expires_epoch, "
-            "COALESCE(LENGTH(content), 0), content FROM data"
+            "COALESCE(LENGTH(CAST(content AS BLOB)), 0), content FROM data"
         )
         db.execute("DROP TABLE data")
         db.execute("ALTER TABLE data_rebuilt RENAME TO data")
@@ -714,6 +715,16 @@ class Datastore:
                     (key.model_type, key.model_name, key.name),
                 ).rowcount
         return count
+
+    def adhoc_runs(self) -> list[tuple[str, str, float]]:
+        """Every ad-hoc run's instance (``run-`` and 16 hex digits), with its type and the epoch
+        of its last write."""
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                "SELECT model_type, model_name, MAX(created_epoch) FROM data "
+                "WHERE model_name GLOB 'run-????????????????' GROUP BY model_type, model_name"
+            ).fetchall()
+        return [(t, n, e) for t, n, e in rows if is_adhoc_instance(n)]
 
     def delete_instance(self, model_type: str, model_name: str) -> int:
         """Remove every item of one model instance; call it inside a :meth:`transaction`."""

@@ -25,6 +25,7 @@ import trio
 from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.expressions import ExpressionError, has_template, render
+from swamp.domain.names import is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
 from swamp.domain.read_scope import ALL_DATA
@@ -167,6 +168,8 @@ class _Run:
         self.job_done = {job.name: trio.Event() for job in workflow.jobs}
         self.job_limiter = trio.CapacityLimiter(workflow.concurrency or math.inf)
         self.affinity: dict[str, _Affinity] = {}
+        # the instance of this run's latest ad-hoc step of each type: data.latest(type, …)
+        self.adhoc: dict[str, str] = {}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -480,6 +483,8 @@ class _Run:
         if pin is not None:
             placement, chooses = await self.pinned(pin, placement, name)
         instance = self.engine.workflows.instance(model_ref, model_name)
+        if is_adhoc_instance(instance.name):
+            self.adhoc[instance.type] = instance.name
         request = RunRequest(
             instance,
             method,
@@ -603,20 +608,24 @@ class _Run:
 
     def data_latest(self, model: str, name: str) -> dict | None:
         """The newest version of data ``name`` of ``model``: an instance in models/, a type
-        (the newest of any of its instances: each ad-hoc run has one), or the name a step gave
-        with modelName; ``null`` if none. Never infrastructure records."""
+        (the instance of this run's latest ad-hoc step of that type: each ad-hoc step is an
+        instance of its own, and another run's is not this run's business), or the name a step
+        gave with modelName; ``null`` if none. Never infrastructure records."""
         from swamp.domain.query import parse
         from swamp.store.datastore import Key
 
         if not isinstance(model, str) or not isinstance(name, str):
             raise ExpressionError("data.latest(model, name) takes two strings")
+        if "/" in model:
+            own = self.adhoc.get(model)
+            record = self.engine.store.latest(Key(model, own, name)) if own else None
+            return record.to_json() if record is not None else None
         instances = self.engine.workflows.repo.model_instances()
-        if "/" not in model and model in instances:
+        if model in instances:
             record = self.engine.store.latest(Key(instances[model].type, model, name))
             return record.to_json() if record is not None else None
-        field = "modelType" if "/" in model else "modelName"  # a type: any of its instances
         found = self.engine.store.query(
-            parse(f"{field} == {json.dumps(model)} && name == {json.dumps(name)}"),
+            parse(f"modelName == {json.dumps(model)} && name == {json.dumps(name)}"),
             scope=ALL_DATA,
             budget=EXPRESSION_BUDGET,
         )

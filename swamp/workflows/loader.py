@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 
+from swamp.domain.names import check_instance_name
 from swamp.domain.workflow import MethodInfo, Problem, Workflow, check_against, parse
 from swamp.errors import NotFound, UserError
 from swamp.plugins import ModelRegistry
@@ -80,6 +81,7 @@ class Workflows:
 
     def instance(self, model: str, model_name: str | None) -> ModelInstance:
         if model_name is not None:  # a type with an instance name of the step's choosing
+            check_instance_name(model_name, what="modelName")
             self.registry.runnable(model)
             return ModelInstance(name=model_name, type=model, args={}, source="workflow")
         return self.repo.resolve_model(model)

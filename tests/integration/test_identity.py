@@ -228,3 +228,21 @@ def test_what_peers_wrote_is_escaped_when_shown(cluster):
     assert "\x1b" not in ran.stdout and "\x07" not in ran.stdout
     assert "\\x1b]0;owned\\x07\\x1b[2Jvisible" in ran.stdout
     wait_until(lambda: cluster.workers()[0]["status"] == "idle", what="the worker idle")
+
+
+def test_metrics_count_a_worker_in_the_fleet_its_token_pins(cluster):
+    """Two tokens that pin one fleet label (a token being rotated) are one fleet to an
+    autoscaler; a token that pins none is a fleet of its own name."""
+    cluster.serve()
+    for name in ("gpu-old", "gpu-new"):
+        token = cluster.mint_fleet(name, "2", "--label", "fleet=gpu")
+        cluster.worker(token, cache_dir=cluster.tmp / name)
+    cluster.worker(cluster.mint("solo"))
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    metrics = httpx.get(
+        cluster.url.replace("ws://", "http://") + "/metrics",
+        headers={"Authorization": f"Bearer {credential}"},
+    ).text
+    assert 'swamp_slots{fleet="gpu"} 2.0' in metrics, metrics
+    assert 'swamp_slots{fleet="solo"} 1.0' in metrics
+    assert "gpu-old" not in metrics and "gpu-new" not in metrics

@@ -135,6 +135,7 @@ def test_lease_transitions():
                 ("idle", "unresponsive"),
                 ("busy", "unresponsive"),
                 ("unresponsive", "unresponsive"),
+                ("unresponsive", "idle"),
                 ("unresponsive", "disconnected"),
                 ("unresponsive", "draining"),
             },

@@ -96,3 +96,15 @@ def test_the_local_credential_is_for_the_announced_address_only(url, same):
     assert same_server("ws://[::1]:7420", "ws://[0:0::1]:7420")  # one address, two spellings
     assert same_server("ws://Host.Example:7420", "ws://host.example:7420")
     assert not same_server(None, url)
+
+
+def test_a_serve_file_left_by_a_crash_is_not_taken_for_a_running_server(tmp_path):
+    """After a crash the pid in serve.json may belong to another process by now: a server is
+    running only while the repo's serve lock is held."""
+    repo, _ = Repo.init(tmp_path / "repo")
+    repo.write_serve_file("ws://127.0.0.1:7420", "http://127.0.0.1:7420", admin_credential="c")
+    assert repo.running_server() is None  # this pid is alive, but it does not serve
+    with repo.serve_lock():  # the control: the lock held, the same file names a server
+        assert repo.running_server() == "ws://127.0.0.1:7420"
+        assert repo.admin_credential_for("ws://127.0.0.1:7420") == "c"
+    assert repo.admin_credential_for("ws://127.0.0.1:7420") is None

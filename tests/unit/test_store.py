@@ -376,3 +376,31 @@ async def test_the_reader_queries_in_a_thread_while_the_loop_goes_on(tmp_path):
     finally:
         reader.close()
         store.close()
+
+
+def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_a_type(tmp_path):
+    from swamp.domain.adhoc_runs import runs_to_forget
+    from swamp.orchestrator.server import forget_adhoc_runs
+
+    now = 1_000_000.0
+    runs = [("a/x", f"run-{i:016x}", now - i) for i in range(5)]
+    runs += [("a/x", "run-00000000000000ff", now - 8 * 86400), ("b/y", "run-0000000000000aaa", now)]
+    assert runs_to_forget(runs, now=now, keep=3) == [
+        ("a/x", "run-0000000000000003"),
+        ("a/x", "run-0000000000000004"),
+        ("a/x", "run-00000000000000ff"),
+    ]
+    clock = [now]
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True, clock=lambda: clock[0])
+    try:
+        policy = SpecPolicy("result")
+        store.write(Key("command/shell", "run-0123456789abcdef", "result"), {}, policy=policy)
+        store.write(Key("command/shell", "named", "result"), {}, policy=policy)  # a model's
+        store.write(Key("command/shell", "run-not-hex-at-all", "result"), {}, policy=policy)
+        assert forget_adhoc_runs(store) == 0  # young: kept
+        clock[0] = now + 8 * 86400
+        assert forget_adhoc_runs(store) == 1
+        left = {r.model_name for r in store.query(parse("modelType == 'command/shell'"))}
+        assert left == {"named", "run-not-hex-at-all"}
+    finally:
+        store.close()
