@@ -215,10 +215,14 @@ async def test_untrusted_sockets_cannot_make_the_orchestrator_buffer_large_messa
     after = rss_bytes(pid)
     print(f"rss before {before >> 20} MiB, peak {peak >> 20} MiB, after {after >> 20} MiB")
     assert len(outcomes) == FLOOD_SOCKETS
-    assert all(isinstance(o, tuple) and o[0] in (1009, 1006) for o in outcomes), outcomes[:3]
-    assert any(o[0] == 1009 for o in outcomes), outcomes[:3]
+    # each was closed: the message too big (1009), or, on a busy machine, its time to enroll
+    # up (1008) first; what matters is what the orchestrator held meanwhile
+    assert all(isinstance(o, tuple) and o[0] in (1009, 1008, 1006) for o in outcomes), outcomes
     assert peak - before < 100 * 2**20, (before, peak)  # 128 × 4 MiB = 512 MiB if buffered
     assert after - before < 40 * 2**20, (before, after)
+    # one such socket alone is closed for its message, at once
+    alone = await _send_big_message(cluster.url)
+    assert isinstance(alone, tuple) and alone[0] == 1009, alone
     # the control: a socket with an admin credential may send the same message; it is read
     # whole and answered (here: the call's parameters are refused, the socket stays open)
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)

@@ -38,10 +38,10 @@ def unwritable(path: Path):
             path.chmod(mode)
 
 
-@pytest.mark.parametrize("suffix", ["", "-wal", "-shm"])
+# As root the file is made immutable (chattr +i); an immutable -shm faults SQLite's mapped
+# page (SIGBUS, before this change as after), so root tries the other two.
+@pytest.mark.parametrize("suffix", ["", "-wal"] + ([] if ROOT else ["-shm"]))
 def test_a_database_made_read_only_while_serving_refuses_writes_naming_the_file(cluster, suffix):
-    if suffix == "-shm" and ROOT:
-        pytest.skip("an immutable -shm faults SQLite's mapped page (SIGBUS): see the report")
     serve = cluster.serve()
     before = cluster.cli("worker", "token", "create", "before", "--duration", "1h",
                          "--server", cluster.url)  # fmt: skip
