@@ -81,7 +81,8 @@ class Workflows:
 
     def instance(self, model: str, model_name: str | None) -> ModelInstance:
         if model_name is not None:  # a type with an instance name of the step's choosing
-            check_instance_name(model_name, what="modelName")
+            if "${{" not in model_name:  # a template is checked once it is rendered
+                check_instance_name(model_name, what="modelName")
             self.registry.runnable(model)
             return ModelInstance(name=model_name, type=model, args={}, source="workflow")
         return self.repo.resolve_model(model)

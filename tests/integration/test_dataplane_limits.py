@@ -137,7 +137,8 @@ async def test_a_worker_flooding_queries_holds_up_no_one(cluster):
     print(f"flood {report}; admin calls {len(latencies)}, worst {latencies[-1]:.3f}s")
     # the flood did run: each query scanned the whole instance (or was stopped at its budget)
     assert sum(report["outcomes"].values()) == 8, report
-    assert set(report["outcomes"]) <= {"ok", "query_timeout"}, report
+    # each answered, stopped at its budget, or (waiting behind its own others) told to ask again
+    assert set(report["outcomes"]) <= {"ok", "query_timeout", "busy"}, report
     # no one was held up for long enough to be dropped
     assert "no heartbeat from worker innocent" not in serve.log.read_text()
     assert not [e for e in innocent.events() if e.get("event") == "disconnected"]
