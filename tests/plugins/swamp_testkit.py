@@ -3,6 +3,7 @@ query, so tests can kill workers at precise moments."""
 
 import json
 import time
+from pathlib import Path
 
 import trio
 
@@ -24,15 +25,33 @@ async def wait(ctx, args):
     return {"done": True}
 
 
+async def _until_exists(path: str, limit: float) -> None:
+    """Until the test creates ``path`` (its go-ahead), at most ``limit`` seconds."""
+    with trio.fail_after(limit):
+        while not Path(path).exists():
+            await trio.sleep(0.02)
+
+
+async def hold(ctx, args):
+    """Runs until the file ``until`` exists, then succeeds: a step that ends when the test says
+    so, not after a time a busy machine may not keep."""
+    await ctx.log("holding")
+    await _until_exists(args["until"], args["limit"])
+    return {"done": True}
+
+
 async def slow_cleanup(ctx, args):
     """Waits until cancelled, then takes ``cleanup`` seconds to let go (a process group being
-    killed and reaped, a temp dir removed)."""
+    killed and reaped, a temp dir removed) — or, given ``release``, until that file exists."""
     await ctx.log("waiting")
     try:
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
-            await trio.sleep(args["cleanup"])
+            if args["release"]:
+                await _until_exists(args["release"], 120)
+            else:
+                await trio.sleep(args["cleanup"])
 
 
 async def run_then_wait(ctx, args):
@@ -131,7 +150,16 @@ def swamp_model_types():
                 ),
                 Method("wait", wait, args=(Arg("seconds", "number", default=60),)),
                 Method("query", query, args=(Arg("predicate", required=True),)),
-                Method("slow_cleanup", slow_cleanup, args=(Arg("cleanup", "number", default=3),)),
+                Method(
+                    "slow_cleanup",
+                    slow_cleanup,
+                    args=(Arg("cleanup", "number", default=3), Arg("release", default="")),
+                ),
+                Method(
+                    "hold",
+                    hold,
+                    args=(Arg("until", required=True), Arg("limit", "number", default=120)),
+                ),
                 Method("run_then_wait", run_then_wait, args=(Arg("command", required=True),)),
                 Method("round_trip", round_trip, args=(Arg("value", required=True),)),
                 Method("env", env, args=(Arg("name", required=True),)),
