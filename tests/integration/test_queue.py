@@ -49,43 +49,46 @@ async def test_twelve_steps_on_three_workers_of_two_slots_wait_for_a_free_slot(c
     for i in range(3):
         cluster.worker(token, "--concurrency", "2", cache_dir=cluster.tmp / f"cache-{i}")
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    release = cluster.tmp / "release"  # every step runs until the test creates it
     params = {
         "model": "test/steps",
-        "method": "wait",
-        "args": {"seconds": 2},
+        "method": "hold",
+        "args": {"until": str(release)},
         "placement": {"labels": {"fleet": "pool"}},
     }
     results: list[dict] = []
-    seen_waiting: set[str] = set()
 
     async def one() -> None:
         async with connect(cluster.url, server_token=credential) as channel:
             results.append(await channel.call("model.method.run", params, timeout=120))
 
-    async def watch_queue(done: trio.Event) -> None:
-        # the demand view, read through the CLI while they wait
-        while not done.is_set():
-            listed = await trio.to_thread.run_sync(
-                lambda: cluster.cli_json("worker", "queue", "--server", cluster.url)
-            )
-            seen_waiting.update(item["queueId"] for item in listed["items"])
-            if listed["items"]:
-                [summary] = listed["summary"]
-                assert summary["requirement"] == "fleet=pool"
-                assert summary["connected"] == 3 and summary["freeSlots"] == 0
-                assert summary["waiting"] == len(listed["items"])
+    def six_waiting() -> dict | None:
+        listed = cluster.cli_json("worker", "queue", "--server", cluster.url)
+        return listed if len(listed["items"]) == 6 else None
 
-    done = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_queue, done)
-        async with trio.open_nursery() as runs:
-            for _ in range(12):  # at once: twelve clients, one step each
-                runs.start_soon(one)
-        done.set()
+    async with trio.open_nursery() as runs:
+        for _ in range(12):  # at once: twelve clients, one step each
+            runs.start_soon(one)
+        # the demand view, read through the CLI while six of them wait for a slot
+        listed = await trio.to_thread.run_sync(
+            lambda: wait_until(six_waiting, timeout=60, what="six steps to wait")
+        )
+        [summary] = listed["summary"]
+        assert summary["requirement"] == "fleet=pool"
+        assert summary["connected"] == 3 and summary["freeSlots"] == 0
+        assert summary["waiting"] == 6
+        seen_waiting = {item["queueId"] for item in listed["items"]}
+        release.touch()
 
     assert [r["status"] for r in results] == ["succeeded"] * 12
-    leases = [r["attributes"] for r in cluster.query('modelType == "swamp/step-lease"')]
-    assert len(leases) == 12 and all(lease["state"] == "completed" for lease in leases)
+
+    def all_completed() -> list[dict] | None:
+        # the last six end at once: their rows may reach the store just after their results
+        leases = [r["attributes"] for r in cluster.query('modelType == "swamp/step-lease"')]
+        done = len(leases) == 12 and all(lease["state"] == "completed" for lease in leases)
+        return leases if done else None
+
+    leases = wait_until(all_completed, what="twelve completed leases")
     by_worker: dict[str, list[tuple[float, float]]] = {}
     for lease in leases:
         by_worker.setdefault(lease["workerName"], []).append(
@@ -98,13 +101,15 @@ async def test_twelve_steps_on_three_workers_of_two_slots_wait_for_a_free_slot(c
     # the six that waited are records, each dispatched as a slot of its worker freed
     episodes = list(_pending(cluster).values())
     assert len(episodes) == 6 and all(e["state"] == "dispatched" for e in episodes)
-    assert seen_waiting <= {e["queueId"] for e in episodes} and seen_waiting
+    assert seen_waiting == {e["queueId"] for e in episodes}
     lease_of = {lease["dispatchId"]: lease for lease in leases}
     for episode in episodes:
         lease = lease_of[episode["dispatchId"]]
         started = _epoch(lease["createdAt"])
         freed = [e for s, e in by_worker[lease["workerName"]] if e <= started]
-        assert freed and started - max(freed) < 1.0  # dispatched when a slot freed
+        # dispatched when a slot of its worker freed (how soon is the queue benchmark's
+        # measure; here a loaded machine's margin)
+        assert freed and started - max(freed) < 5.0
 
 
 def test_a_step_waits_for_its_label_then_times_out_or_waits_forever(cluster):
@@ -153,10 +158,15 @@ def test_a_step_waits_for_its_label_then_times_out_or_waits_forever(cluster):
     )
     assert _pending(cluster)[lines[0]["event"]["queueId"]]["requirement"] == "zone=mars"
 
-    # 0 waits forever, whatever the server's timeout says
+    # 0 waits forever, whatever the server's timeout says: a step queued after it under the
+    # server's 1s times out, and it is still waiting (its 1s, had it one, would have been up
+    # first)
     forever = _run_in_background(cluster, *zone, "--queue-timeout", "0")
     waiting = _queued(forever)
-    time.sleep(5)  # the point of the check: five seconds past the server's 1s, still waiting
+    code, lines = cluster.run(*zone)
+    assert code == 1 and lines[-1]["error"]["code"] == "queue_timeout"
+    live = cluster.cli_json("worker", "queue", "--server", cluster.url)["items"]
+    assert [item["queueId"] for item in live] == [waiting["queueId"]]
     assert forever.p.poll() is None
     assert _pending(cluster)[waiting["queueId"]]["state"] == "waiting"
     cluster.worker(cluster.mint("mars"), "--label", "zone=mars")
@@ -275,15 +285,15 @@ async def test_a_stalled_admin_client_with_a_thousand_waiting_steps_stalls_nothi
         lambda: wait_until(lambda: waiting() == 1000, what="1,000 waiting steps", timeout=60)
     )
     health = cluster.url.replace("ws://", "http://") + "/health"
-    for _ in range(5):
+    for _ in range(5):  # a stall would be for good: the bound is only a loaded machine's margin
         started = time.monotonic()
         listed = await trio.to_thread.run_sync(
             lambda: cluster.cli_json("worker", "list", "--server", cluster.url)
         )
         assert [w["name"] for w in listed["workers"]] == ["w1"]
         async with httpx.AsyncClient() as http:
-            assert (await http.get(health, timeout=10)).json()["status"] == "ok"
-        assert time.monotonic() - started < 10
+            assert (await http.get(health, timeout=30)).json()["status"] == "ok"
+        assert time.monotonic() - started < 30
     # the worker still runs work meanwhile
     code, lines = await trio.to_thread.run_sync(
         lambda: cluster.run("command/shell", "run", "--arg", "command=echo ok", "--target", "w1")
