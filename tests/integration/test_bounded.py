@@ -121,12 +121,13 @@ async def test_a_worker_cannot_stretch_its_own_silence_deadline(cluster):
     orchestrator a pong asking for an hour, then goes quiet, is still dropped after three of
     its heartbeats — and with it the fence before its steps may run elsewhere stays short."""
     serve = cluster.serve()
+    token = cluster.mint("stretch")  # first: a socket has only seconds to enroll
     worker = await RawSocket.open(cluster.url)
-    reply = await worker.request("worker.enroll", enroll_params(cluster.mint("stretch")))
+    reply = await worker.request("worker.enroll", enroll_params(token))
     assert reply["type"] == "response" and reply["result"]["heartbeatSeconds"] == 1
     await worker.send({"type": "pong", "heartbeat": 3600})
-    started = time.monotonic()
     closed = None
+    # three heartbeats, not an hour: the bound is only a loaded machine's margin
     with trio.fail_after(30):
         while closed is None:  # read, never answer: the sweeper's pings go unanswered
             data = await worker.stream.receive_some(65536)
@@ -134,7 +135,6 @@ async def test_a_worker_cannot_stretch_its_own_silence_deadline(cluster):
                 break
             worker.ws.receive_data(data)
             closed = next((e for e in worker.ws.events() if isinstance(e, CloseConnection)), None)
-    assert time.monotonic() - started < 10
     assert closed is None or closed.code == 4000
     assert "no heartbeat from worker stretch" in serve.log.read_text()
 

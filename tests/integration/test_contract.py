@@ -144,9 +144,11 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
     cluster.serve()
     rng = random.Random(20261130)
     sent = 0
-    # a worker's own verb, on an enrolled worker socket
+    # a worker's own verb, on an enrolled worker socket (minted first: a socket has only
+    # seconds to enroll)
+    token = cluster.mint("raw")
     worker = await RawSocket.open(cluster.url)
-    enrolled = await worker.request("worker.enroll", enroll_params(cluster.mint("raw")))
+    enrolled = await worker.request("worker.enroll", enroll_params(token))
     assert enrolled["result"]["workerName"] == "raw"
     for params in _mutations(rng, {"dispatchId": "x", "predicate": "1 == 1"}, 40):
         reply = await worker.request("capability.queryData", params)
@@ -157,7 +159,17 @@ async def test_random_payloads_to_every_verb_get_coded_errors_and_serving_goes_o
         reply = await worker.request("worker.drain", params)
         assert reply["type"] == "error" and _coded(reply), (params, reply)
         sent += 1
-    listed = cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+
+    async def answer_pings() -> None:  # it is a worker: silent for 3 s, it would be dropped
+        while await worker.next_frame() is not None:
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_pings)
+        listed = await trio.to_thread.run_sync(
+            lambda: cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+        )
+        nursery.cancel_scope.cancel()
     assert [w["status"] for w in listed if w["name"] == "raw"] == ["idle"]  # nothing changed
     assert (await worker.request("worker.drain", {"reason": "signal"}))["type"] == "response"
     await worker.aclose()
