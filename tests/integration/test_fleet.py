@@ -4,9 +4,7 @@ import hashlib
 import json
 import signal
 import sqlite3
-import time
 import uuid
-from datetime import datetime
 
 import pytest
 import trio
@@ -118,16 +116,15 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     assert "3 / 3" in cluster.cli("worker", "token", "list", "--repo-dir", str(cluster.repo)).stdout
     members[name] = again
 
-    # revoke: every member is cut off within a second, and none may come back
+    # revoke: every member is cut off at once — before the revoke has answered — and none may
+    # come back
     result = cluster.cli("worker", "token", "revoke", "pool", "--server", cluster.url)
-    revoked_at = time.time()
     assert result.returncode == 0
+    log = cluster.serve_proc.log.read_text()
+    for name in members:
+        assert f"disconnecting {name}: token 'pool' has been revoked" in log
     for proc in members.values():
-        dropped = proc.wait_for(
-            lambda e: e.get("event") == "disconnected" and "revoked" in e["reason"]
-        )
-        when = datetime.fromisoformat(dropped["time"].replace("Z", "+00:00")).timestamp()
-        assert when - revoked_at <= 1.0
+        proc.wait_for(lambda e: e.get("event") == "disconnected" and "revoked" in e["reason"])
         assert proc.wait_exit() == 1
         assert "revoked" in [e for e in proc.events() if e.get("event") == "stopped"][-1]["reason"]
 
@@ -334,12 +331,15 @@ def test_stale_members_are_forgotten_and_their_slots_released(cluster):
     gone = first.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     first.p.kill()
     single.p.kill()
+    # the binding and the worker's record go in one pass, one after the other
     wait_until(
-        lambda: len(_tokens(cluster)["ephemeral"]["bindings"]) == 1,
+        lambda: (
+            len(_tokens(cluster)["ephemeral"]["bindings"]) == 1
+            and gone not in {w["name"] for w in cluster.workers("--all")}
+        ),
         timeout=40,
-        what="the stale binding to be released",
+        what="the stale binding to be released and the worker forgotten",
     )
-    assert gone not in {w["name"] for w in cluster.workers("--all")}
     third = cluster.worker(fleet)  # the freed slot admits a new machine
     assert third.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] != gone
     assert len(_tokens(cluster)["eph"]["bindings"]) == 1  # single-machine bindings are kept
