@@ -76,6 +76,10 @@ async def test_a_worker_behind_a_proxy_answering_503_enrolls_and_re_enrolls(clus
         while proxy.refused < 3:
             await proxy.next_refusal()
     assert worker.p.poll() is None, "the worker died of a refused upgrade"
+    # its own account of them (its output is read by a thread that may lag the proxy)
+    await trio.to_thread.run_sync(
+        lambda: worker.wait_for(lambda e: e.get("event") == "disconnected")
+    )
     refusals = [e for e in worker.events() if e.get("event") == "disconnected"]
     assert refusals and all("HTTP 503" in e["reason"] for e in refusals)
     proxy.refusing = False
