@@ -186,7 +186,6 @@ def test_a_bad_queue_timeout_is_an_input_error_on_both_commands(cluster):
 
 def test_a_waiting_step_is_orphaned_by_an_orchestrator_crash(cluster):
     serve = cluster.serve()
-    port = int(cluster.url.rsplit(":", 1)[1])
     run = cluster.spawn(
         "model",
         "method",
@@ -210,7 +209,7 @@ def test_a_waiting_step_is_orphaned_by_an_orchestrator_crash(cluster):
     said = [line for line in run.log.read_text().splitlines() if line.strip()]
     assert said[0] == "… queued, waiting for a worker matching labels gpu=true"
     assert len(said) == 2 and said[1].startswith("error: "), said  # one line: what happened
-    restarted = cluster.serve(port=port)
+    restarted = cluster.serve()  # a port of its own: nothing needs the old one
     booted = restarted.wait_for(lambda e: e.get("event") == "listening")
     assert booted["reconciled"]["queued"] == 1
     [episode] = _pending(cluster).values()
