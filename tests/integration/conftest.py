@@ -96,7 +96,12 @@ class Proc:
             return len(self.lines)
 
     def wait_exit(self, timeout: float = TIMEOUT) -> int:
-        return self.p.wait(timeout=timeout)
+        """The exit status, once the lines it printed last have been read too: the reader
+        thread may still be behind the exit (its end of the pipe closes with the process, or
+        with its reaper a moment later)."""
+        code = self.p.wait(timeout=timeout)
+        self.reader.join(10)
+        return code
 
     def signal(self, sig) -> None:
         self.p.send_signal(sig)

@@ -98,7 +98,7 @@ def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
     # the machine's, not a rule; the test suite shares two cores with twenty CLI processes)
     assert drained.wait_exit(timeout=60) == 0
     assert time.monotonic() - signalled < 60
-    assert _result(step)["result"]["status"] == "succeeded"
+    assert step.wait_exit() == 0 and _result(step)["result"]["status"] == "succeeded"
     assert any(e.get("event", {}).get("line") == "done" for e in step.events())
     starts = [e for e in drained.events() if e.get("event") == "dispatch_started"]
     assert len(starts) == 1  # nothing after the signal, though twenty steps waited for a slot
