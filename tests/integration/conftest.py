@@ -236,6 +236,15 @@ def wait_until(check, *, timeout: float = TIMEOUT, what: str = "condition"):
         time.sleep(0.1)
 
 
+def pytest_configure(config):
+    """Tests press Ctrl-C on real CLI processes. A child inherits an *ignored* SIGINT (a suite
+    started in the background by a non-interactive shell has one), and Python then raises no
+    KeyboardInterrupt at all: the CLI would never stop. Handled here instead, it is back to the
+    default in every child."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(items):
     """Every test here starts real processes: ``-m "not integration"`` is the fast loop."""
     here = Path(__file__).parent
