@@ -45,9 +45,9 @@ class BlackHole:
 async def test_a_worker_that_never_answers_cannot_hold_steps(cluster):
     cluster.serve()
     honest = cluster.worker(cluster.mint("honest"), "--label", "gpu=true")
+    token = cluster.mint("hole")  # first: a socket has only seconds to enroll
     ws = await RawSocket.open(cluster.url)
-    hole_token = cluster.mint("hole")
-    hole_params = enroll_params(hole_token, labels={"gpu": "true"}, capacity=1024)
+    hole_params = enroll_params(token, labels={"gpu": "true"}, capacity=1024)
     reply = await ws.request("worker.enroll", hole_params)
     assert reply["type"] == "response" and reply["result"]["capacity"] == 64, reply
     hole = BlackHole(ws)
@@ -87,9 +87,10 @@ async def test_a_worker_that_never_answers_cannot_hold_steps(cluster):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hole.serve)
         await trio.to_thread.run_sync(attack)
+        # read while it still pings: silent, it would be dropped (and listed disconnected)
+        listed = {w["name"]: w for w in await trio.to_thread.run_sync(cluster.workers)}
         nursery.cancel_scope.cancel()
     assert len(hole.dispatches) >= 1 and hole.cancels  # it was told to let go
-    listed = {w["name"]: w for w in cluster.workers()}
     assert listed["hole"]["status"] == "unresponsive"
     assert "said nothing of dispatch" in listed["hole"]["unresponsiveReason"]
     assert listed["honest"]["status"] == "idle"
@@ -100,7 +101,10 @@ async def test_a_worker_that_never_answers_cannot_hold_steps(cluster):
     again = await RawSocket.open(cluster.url)
     reply = await again.request("worker.enroll", dict(hole_params, instanceId=str(uuid.uuid4())))
     assert reply["type"] == "response", reply
-    listed = {w["name"]: w for w in cluster.workers()}
+    async with trio.open_nursery() as nursery:  # answering pings meanwhile, as above
+        nursery.start_soon(again.wait_closed)
+        listed = {w["name"]: w for w in await trio.to_thread.run_sync(cluster.workers)}
+        nursery.cancel_scope.cancel()
     assert listed["hole"]["status"] == "unresponsive", listed["hole"]
     assert "held back" in listed["hole"]["unresponsiveReason"]
     code, lines = await trio.to_thread.run_sync(

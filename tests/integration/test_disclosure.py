@@ -132,8 +132,9 @@ async def test_an_adhoc_run_is_its_own_instance_no_other_run_reads_or_overwrites
     honest = result_of(lines)
     assert honest["model"].startswith("run-")
     # a worker of another token that does what it likes with the dispatch it is given
+    token = cluster.mint("mallory")  # first: a socket has only seconds to enroll
     hostile = await RawSocket.open(cluster.url)
-    params = enroll_params(cluster.mint("mallory"), labels={"role": "mallory"})
+    params = enroll_params(token, labels={"role": "mallory"})
     reply = await hostile.request("worker.enroll", params)
     assert reply["type"] == "response", reply
     seen: dict = {}
