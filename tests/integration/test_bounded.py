@@ -98,11 +98,14 @@ async def test_requests_pipelined_before_auth_do_not_grow_memory(cluster):
     sent = 0
     peak = before
     with trio.move_on_after(30):
-        for i in range(100_000):
-            await ws.send(frame % i)  # never reading a single reply
-            sent += 1
-            if i % 5000 == 0:
-                peak = max(peak, rss_bytes(pid))
+        try:
+            for i in range(100_000):
+                await ws.send(frame % i)  # never reading a single reply
+                sent += 1
+                if i % 5000 == 0:
+                    peak = max(peak, rss_bytes(pid))
+        except trio.BrokenResourceError:
+            pass  # cut off while still sending (how far it got is the machine's speed)
     peak = max(peak, rss_bytes(pid))
     with trio.fail_after(30):
         code, reason = await ws.wait_closed()
