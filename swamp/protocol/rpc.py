@@ -642,6 +642,9 @@ class RpcChannel:
         silent = now - self._last_heard
         if not self.drop_silent or silent <= self.heartbeat * self.missed:
             return False
+        idle = getattr(self.transport, "idle", None)
+        if idle is not None and idle() <= self.heartbeat * self.missed:
+            return False  # bytes still arrive: a large message on its way is not silence
         reason = f"no heartbeat from {self.name} for {silent:.0f}s"
         log.warning("%s", reason)
         self.abort(4000, reason)

@@ -307,3 +307,24 @@ async def test_a_read_or_metrics_token_does_not_lift_the_limit_before_trust(clus
     bearer = [("authorization", f"Bearer {scraper['token']}")]
     outcome = await _send_big_message(cluster.url, headers=bearer)
     assert isinstance(outcome, tuple) and outcome[0] == 1009, outcome
+
+
+async def test_a_worker_sending_a_large_message_slowly_is_not_dropped_as_silent(cluster):
+    """Silence was counted from the last whole message: a worker whose 4 MB answer took longer
+    to arrive than three heartbeats was dropped while its bytes kept coming."""
+    serve = cluster.serve("--heartbeat", "2s")
+    token = cluster.mint("slow")
+    ws = await RawSocket.open(cluster.url)
+    assert (await ws.request("worker.enroll", enroll_params(token)))["type"] == "response"
+    frame = ws.ws.send(
+        Message(data='{"type":"request","id":"1","method":"worker.list","params":{"p":"'
+                + "x" * (FLOOD_MESSAGE - 68) + '"}}')
+    )  # fmt: skip
+    pieces = range(0, len(frame), 65536)
+    for at in pieces:  # 64 pieces a tenth of a second apart: longer than the silence window
+        await ws._send_bytes(frame[at : at + 65536])
+        await trio.sleep(0.1)
+    reply = await _outcome(ws)
+    await ws.aclose()
+    assert isinstance(reply, dict) and reply["error"]["code"] == "forbidden", reply
+    assert "no heartbeat from worker slow" not in serve.log.read_text()
