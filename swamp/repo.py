@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
-from swamp.domain.durations import parse_duration
+from swamp.domain.durations import parse_timeout
 from swamp.domain.environment import check_names
 from swamp.domain.names import check_instance_name, is_model_type
 from swamp.domain.read_scope import ReadEntry, ReadScope, parse_reads
@@ -213,7 +213,7 @@ class Repo:
             reads = parse_reads(data.get("reads", []), source=f"{path.name} reads")
             timeout = data.get("timeout")
             if timeout is not None:
-                parse_duration(timeout, what=f"timeout in {path.name}")
+                parse_timeout(timeout, what=f"timeout in {path.name}")
             instances[name] = ModelInstance(
                 name, data["type"], args, str(path), env, reads, retry, timeout
             )

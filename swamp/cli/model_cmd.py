@@ -233,7 +233,7 @@ def run(
     the method succeeded, 1 when it failed or timed out waiting. Example:
     swamp model method run command/shell run --arg command='uname -a' --label gpu=true
     """
-    from swamp.domain.durations import parse_duration
+    from swamp.domain.durations import parse_timeout
     from swamp.domain.environment import check_names
     from swamp.domain.labels import parse_labels
     from swamp.domain.placement import Placement
@@ -244,7 +244,7 @@ def run(
     if queue_timeout is not None:
         parse_queue_timeout(queue_timeout, what="--queue-timeout")
     if timeout is not None:
-        parse_duration(timeout, what="--timeout")
+        parse_timeout(timeout, what="--timeout")
     request = MethodRunRequest(
         model=model,
         method=method,

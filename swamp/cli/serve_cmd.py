@@ -157,7 +157,7 @@ def serve(
     """
     import trio
 
-    from swamp.domain.durations import parse_duration
+    from swamp.domain.durations import parse_duration, parse_timeout
     from swamp.domain.quota import WriteQuota, parse_size
     from swamp.errors import UserError
     from swamp.orchestrator.server import ServeOptions
@@ -183,11 +183,7 @@ def serve(
         queue_timeout=queue_timeout,
         pyz=pyz,
         private_downloads=private_downloads,
-        default_timeout=(
-            None
-            if default_timeout.strip().rstrip("smhdw") == "0"
-            else float(parse_duration(default_timeout, what="--default-timeout"))
-        ),
+        default_timeout=parse_timeout(default_timeout, what="--default-timeout"),
         write_quota=WriteQuota(
             parse_size(write_quota_bytes, what="--write-quota-bytes"), write_quota_records
         ),

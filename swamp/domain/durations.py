@@ -22,3 +22,10 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
     if amount <= 0:
         raise UserError(f"invalid {what} {text!r}: it must be positive ({HINT})")
     return amount * _UNITS[match.group(2)]
+
+
+def parse_timeout(text: str, *, what: str = "timeout") -> int | None:
+    """A timeout: a duration, or ``0`` (with or without a unit) for none at all."""
+    if isinstance(text, str) and text.strip().rstrip("smhdw") == "0":
+        return None
+    return parse_duration(text, what=what)

@@ -59,6 +59,8 @@ WORKER_LIFECYCLE = Lifecycle(
         WorkerStatus.UNRESPONSIVE: {
             WorkerStatus.UNRESPONSIVE,
             WorkerStatus.IDLE,
+            WorkerStatus.BUSY,
+            WorkerStatus.UNVERIFIED,  # released under --verify-on-enroll: probed first
             WorkerStatus.DISCONNECTED,
             WorkerStatus.DRAINING,
         },

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swamp.domain.durations import parse_duration
+from swamp.domain.durations import parse_duration, parse_timeout
 from swamp.domain.expressions import ExpressionError, check_templates, has_template, render
 from swamp.domain.labels import check_labels
 from swamp.errors import UnknownMethod, UserError
@@ -318,18 +318,20 @@ class _Reader:
         )
 
     def run_timeout(self, value, place: str) -> str | None:
-        """``timeout``: seconds (a positive number) or a duration such as 30m."""
+        """``timeout``: seconds (a positive number) or a duration such as 30m; 0 for none."""
         if value is None:
             return None
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return f"{math.ceil(value)}s"
         if isinstance(value, str):
             try:
-                parse_duration(value.strip(), what="timeout")
+                parse_timeout(value.strip(), what="timeout")
             except UserError as exc:
                 self.problem(place, exc.message)
                 return None
             return value.strip()
+        if value == 0 and not isinstance(value, bool):
+            return "0"  # no limit at all
         self.problem(place, "expected seconds (a positive number) or a duration such as 30m")
         return None
 

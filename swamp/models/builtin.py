@@ -139,6 +139,9 @@ BUILTIN_TYPES = (
     WORKFLOW_RUN,
 )
 
+# the orchestrator's bookkeeping: their instance names are tokens', workers' and workflows'
+INTERNAL_TYPES = frozenset(t.type for t in BUILTIN_TYPES if t.internal)
+
 
 @hookimpl
 def swamp_model_types() -> list[ModelType]:

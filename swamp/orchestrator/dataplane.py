@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from urllib.parse import unquote
 
 import trio
@@ -112,29 +113,49 @@ class _Intake:
         self.limit = limit
         self.held = 0
 
-    async def read(self, receive, *, limit: int, over: Callable[[int], SwampError]) -> bytes:
-        """The body, refused with ``over(size)`` as soon as it passes ``limit`` bytes."""
-        chunks, size = [], 0
+    @asynccontextmanager
+    async def read(
+        self, receive, *, limit: int, over: Callable[[int], SwampError]
+    ) -> AsyncIterator[bytes]:
+        """The body, refused with ``over(size)`` as soon as it passes ``limit`` bytes. It
+        counts as held until the block using it ends: the write included, however long the
+        store makes it wait."""
+        taken = 0
         try:
+            chunks: list[bytes] = []
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise UserError("the client went away mid-request")
                 chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise over(size)
+                if taken + len(chunk) > limit:
+                    raise over(taken + len(chunk))
                 if self.held + len(chunk) > self.limit:
                     raise Busy(
                         "the orchestrator is taking in as much data as it may at once; "
                         "try the write again shortly"
                     )
                 self.held += len(chunk)
+                taken += len(chunk)
                 chunks.append(chunk)
                 if not message.get("more_body"):
-                    return b"".join(chunks)
+                    break
+            body = b"".join(chunks)
+            del chunks
+            yield body
         finally:
-            self.held -= sum(len(c) for c in chunks)
+            self.held -= taken
+
+
+async def _discard(receive, limit: int) -> None:
+    """Read and drop a body the answer refuses before it is read (at most ``limit`` bytes),
+    so the client is not cut off mid-upload and reads the refusal, not a reset."""
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body"):
+            return
+        size += len(message.get("body", b""))
 
 
 def _content_length(headers: dict) -> int | None:
@@ -321,12 +342,19 @@ class DataPlane:
 
         declared = _content_length(headers)
         if declared is not None and declared > min(cap, room):
-            raise over(declared)  # refused before a byte of it is read
+            refusal = over(declared)  # refused before a byte of it is kept
+            await _discard(receive, MAX_BODY)  # so the client reads the refusal, not a reset
+            raise refusal
         active.writing += 1
         try:
-            body = await self.intake.read(receive, limit=min(cap, room), over=over)
+            async with self.intake.read(receive, limit=min(cap, room), over=over) as body:
+                await self._keep(active, spec, name, policy, body, is_json, send)
         finally:
             active.writing -= 1
+
+    async def _keep(self, active, spec: str, name: str, policy, body, is_json, send) -> None:
+        """A body read whole and within every limit: checked, counted, written, answered."""
+        quota = self.quota
         if is_json:
             try:
                 value = load_json(body, max_depth=MAX_VALUE_DEPTH)

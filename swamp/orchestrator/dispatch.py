@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from swamp.domain import environment
-from swamp.domain.durations import parse_duration
+from swamp.domain.durations import parse_timeout
 from swamp.domain.episodes import Move, next_move
 from swamp.domain.placement import Placement
 from swamp.domain.query import Predicate
@@ -73,7 +73,10 @@ class RunRequest:
         """Seconds the method may run once dispatched (each attempt): the run's ``--timeout``,
         else the model's ``timeout``, else ``default`` (``None``: as long as it takes)."""
         text = self.timeout if self.timeout is not None else self.model.timeout
-        return default if text is None else float(parse_duration(text, what="--timeout"))
+        if text is None:
+            return default
+        seconds = parse_timeout(text, what="--timeout")  # "0": none, whatever the default
+        return None if seconds is None else float(seconds)
 
 
 class DispatchService:

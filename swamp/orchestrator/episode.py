@@ -270,8 +270,9 @@ class Episodes:
 
     async def watch_acknowledgements(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Take back every dispatch its worker has said nothing of — no event, no write, no
-        query, no answer — within :func:`ack_deadline`: the worker is marked (it gets no more
-        work until it reconnects) and the step goes back to the queue after the fence, as for
+        query, no answer — within :func:`ack_deadline`: the worker is marked (its machine gets
+        no more work for a while, reconnects included) and the step goes back to the queue
+        after the fence, as for
         a lost worker. A worker that pings but never answers would otherwise hold every step
         it is sent for good. One timer for all dispatches; a dispatch that ends sooner costs
         nothing (its worker acknowledges only what still runs after a moment)."""

@@ -233,6 +233,8 @@ class Gateway:
         channel.heartbeat = heartbeat_interval(self.heartbeat_seconds, len(self.pool.members) + 1)
         channel.heartbeat_source = self.pool_heartbeat
         self.pool.put(member)  # an unverified member wakes nothing: it is not schedulable
+        if status == WorkerStatus.UNRESPONSIVE.value and params.machine_id not in self.held_back:
+            self._release(member)  # its time was up while the enrollment was written
         if verify:
             self._to_verify_send.send_nowait(member)
         if params.version and params.version != __version__:
@@ -291,7 +293,8 @@ class Gateway:
 
     def unresponsive(self, member: Member, reason: str) -> None:
         """It said nothing of a dispatch it was sent (see ``Episodes.watch_acknowledgements``):
-        it gets no more work until it reconnects; a version of its record says why."""
+        its machine gets no more work for :data:`HOLD_BACK` seconds, reconnects included; a
+        version of its record says why."""
         if not member.connected or not is_schedulable(member.status):
             return  # already getting no work (draining, unverified, unresponsive)
         member.status, member.unresponsive_reason = WorkerStatus.UNRESPONSIVE.value, reason
@@ -313,15 +316,28 @@ class Gateway:
         gets work again."""
         self._held_back.pop(machine_id, None)
         for member in list(self.pool.members.values()):
-            if (
-                member.machine_id == machine_id
-                and member.connected
-                and member.status == WorkerStatus.UNRESPONSIVE.value
-            ):
-                member.status, member.unresponsive_reason = WorkerStatus.IDLE.value, None
-                self.records.status(member, WorkerStatus.IDLE.value, active=sorted(member.active))
-                log.info("worker %s may get work again", member.name)
-                self.pool.refresh(member)
+            if member.machine_id == machine_id:
+                self._release(member)
+
+    def _release(self, member: Member) -> None:
+        """A held-back member gets work again: at once, or — under ``--verify-on-enroll`` —
+        once it passes the probe it was spared when it reconnected."""
+        if not member.connected or member.status != WorkerStatus.UNRESPONSIVE.value:
+            return
+        member.unresponsive_reason = None
+        if self.prober is not None:
+            member.status = WorkerStatus.UNVERIFIED.value
+            member.verify_failure_reason = "verification in progress"
+            self.records.status(
+                member, member.status, reason=member.verify_failure_reason, active=[]
+            )
+            self.pool.refresh(member)
+            self._to_verify_send.send_nowait(member)
+            return
+        member.status = WorkerStatus.BUSY.value if member.active else WorkerStatus.IDLE.value
+        self.records.status(member, member.status, active=sorted(member.active))
+        log.info("worker %s may get work again", member.name)
+        self.pool.refresh(member)
 
     def disconnected(self, member: Member, channel: RpcChannel) -> None:
         """The control socket of an enrolled worker ended (whatever the reason)."""

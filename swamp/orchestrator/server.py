@@ -35,6 +35,7 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.errors import CannotListen, SwampError, UserError
+from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
@@ -55,7 +56,7 @@ from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
-from swamp.store.datastore import Datastore
+from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
 from swamp.store.reader import Reader
 from swamp.store.retry import retry_busy
@@ -175,7 +176,6 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
-    removed += forget_adhoc_runs(store)
     removed += store.collect_garbage()
     workers = WorkerBook(store)
     stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
@@ -192,10 +192,22 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
     return removed
 
 
-def forget_adhoc_runs(store: Datastore, *, batch: int = 100) -> int:
+def scan_adhoc_runs(path: Path) -> list[tuple[str, str, float]]:
+    """Every ad-hoc run in the database at ``path``, read on a connection of its own (from a
+    thread: it reads the whole table)."""
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        return adhoc_runs(db, excluded=INTERNAL_TYPES)
+    finally:
+        db.close()
+
+
+def forget_adhoc_runs(
+    store: Datastore, runs: list[tuple[str, str, float]], *, batch: int = 100
+) -> int:
     """The data of ad-hoc runs past their retention (``swamp.domain.adhoc_runs``), a few
     instances to a transaction."""
-    forget = runs_to_forget(store.adhoc_runs(), now=store.clock())
+    forget = runs_to_forget(runs, now=store.clock())
     removed = 0
     for at in range(0, len(forget), batch):
         with store.transaction():
@@ -209,7 +221,9 @@ async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float
     while True:
         await trio.sleep(interval)
         try:
-            removed = collect_bookkeeping(store, pool, worker_retention=worker_retention)
+            runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
+            removed = forget_adhoc_runs(store, runs)
+            removed += collect_bookkeeping(store, pool, worker_retention=worker_retention)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue

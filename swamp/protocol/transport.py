@@ -174,8 +174,7 @@ class WebSocketTransport:
         self._fragments = fragments
         # counted from now on: the frame reader goes in at once (not at the first pump), so no
         # frame of a peer that sends as soon as it is accepted is read without being counted
-        if not wsframes.install(self.ws, max_fragments=fragments) and fragments is not None:
-            self._fragments = 0  # wsproto is inside a message already: pump() refuses it
+        wsframes.install(self.ws, max_fragments=fragments)  # if it cannot yet, pump() tries
 
     async def send(self, text: str) -> None:
         if self._rest:
@@ -246,10 +245,14 @@ class WebSocketTransport:
                 break
             await take(_text(message))
         # the common frames read (and written) without wsproto's machinery
-        if not wsframes.install(ws, max_fragments=self._fragments) and self._fragments == 0:
-            reason = "a message came in more frames than this socket may send yet"
-            await self.aclose(1009, reason)
-            raise TransportClosed(_describe(1009, reason))
+        installed = wsframes.install(ws, max_fragments=self._fragments)
+        if not installed and self._fragments is not None:
+            # frames this socket may send are counted where they are read; the reader could
+            # not take over from wsproto (a frame begun and more behind it, never seen from
+            # a client that waits for the handshake's answer as it must): not served
+            reason = "the websocket's frames could not be counted; connect again"
+            await self.aclose(1008, reason)
+            raise TransportClosed(_describe(1008, reason))
         taker = ws._send_channel = _Taker(take, ws._send_channel)
         try:  # the reader closes the queue when it stops, whatever the cause
             await queued.receive()

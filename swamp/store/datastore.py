@@ -369,6 +369,22 @@ def select(
     return out
 
 
+def adhoc_runs(db: sqlite3.Connection, *, excluded: Iterable[str]) -> list[tuple[str, str, float]]:
+    """Every ad-hoc run's instance (``run-`` and 16 hex digits) of a type not ``excluded``
+    (bookkeeping types, whose instance names are tokens', workers' and workflows' names, never
+    ad-hoc runs), with its type and the epoch of its last write. A scan of the whole table:
+    run it on a connection of its own, off the event loop."""
+    skip = sorted(excluded)
+    rows = db.execute(
+        "SELECT model_type, model_name, MAX(created_epoch) FROM data "
+        f"WHERE model_name GLOB 'run-????????????????' "
+        f"AND model_type NOT IN ({','.join('?' * len(skip))}) "
+        "GROUP BY model_type, model_name",
+        skip,
+    ).fetchall()
+    return [(t, n, e) for t, n, e in rows if is_adhoc_instance(n)]
+
+
 def _too_slow(budget: float | None) -> str:
     return (
         f"the query did not finish within its {budget:g}s budget: narrow the predicate (an "
@@ -715,16 +731,6 @@ class Datastore:
                     (key.model_type, key.model_name, key.name),
                 ).rowcount
         return count
-
-    def adhoc_runs(self) -> list[tuple[str, str, float]]:
-        """Every ad-hoc run's instance (``run-`` and 16 hex digits), with its type and the epoch
-        of its last write."""
-        with self._sql("reading the datastore"):
-            rows = self.db.execute(
-                "SELECT model_type, model_name, MAX(created_epoch) FROM data "
-                "WHERE model_name GLOB 'run-????????????????' GROUP BY model_type, model_name"
-            ).fetchall()
-        return [(t, n, e) for t, n, e in rows if is_adhoc_instance(n)]
 
     def delete_instance(self, model_type: str, model_name: str) -> int:
         """Remove every item of one model instance; call it inside a :meth:`transaction`."""

@@ -69,7 +69,7 @@ class Reader:
     ) -> list[Record]:
         """The store's query, in a thread; the budget counts from when it starts running.
         ``peer`` (a worker) has one query at a time; ``None`` is an operator's. Cancelling the
-        caller leaves the thread to finish within its budget."""
+        caller stops the thread's query at once."""
         if peer is None:
             return await self._run(predicate, budget, all_versions, limit, scope, self._admin)
         lock = self._peers.get(peer)
@@ -127,6 +127,10 @@ class Reader:
                 nursery.start_soon(_stop_when_cancelled, stop)
                 try:
                     return await trio.to_thread.run_sync(run)
+                except QueryTimeout:
+                    if stop.is_set():  # stopped because the caller was cancelled: say that
+                        await trio.lowlevel.checkpoint()
+                    raise
                 finally:
                     nursery.cancel_scope.cancel()
         except QueryTimeout:
@@ -139,7 +143,10 @@ class Reader:
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
-        db = self._idle.pop() if self._idle else self._open()
+        try:  # threads take connections at once: asking first and then popping could race
+            db = self._idle.pop()
+        except IndexError:
+            db = self._open()
         try:
             yield db
         finally:

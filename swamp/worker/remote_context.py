@@ -8,12 +8,15 @@ dispatch. The method code cannot tell it apart from the local context.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
+import trio
 
 from swamp.domain.names import check_data_name
 from swamp.errors import (
+    Busy,
     DataPlaneError,
     MalformedFrame,
     MalformedReply,
@@ -24,6 +27,8 @@ from swamp.errors import (
 from swamp.models.context import ContextBase
 from swamp.protocol.messages import Effects, LogLine, QueryDataReply, QueryDataRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
+
+T = TypeVar("T")
 
 
 class RemoteContext(ContextBase):
@@ -54,7 +59,9 @@ class RemoteContext(ContextBase):
 
     async def query_data(self, predicate: str) -> list[dict]:
         request = QueryDataRequest(dispatch_id=self.dispatch_id, predicate=predicate)
-        answer = await self.channel.call("capability.queryData", request.to_json())
+        answer = await _patiently(
+            lambda: self.channel.call("capability.queryData", request.to_json())
+        )
         try:
             return QueryDataReply.decode(answer).records
         except MalformedFrame as exc:
@@ -90,6 +97,12 @@ class RemoteContext(ContextBase):
     async def _request(
         self, method: str, path: str, *, missing_ok: bool = False, **kwargs: Any
     ) -> httpx.Response:
+        return await _patiently(lambda: self._request_once(method, path, missing_ok, kwargs))
+
+    async def _request_once(
+        self, method: str, path: str, missing_ok: bool, kwargs: dict
+    ) -> httpx.Response:
+        kwargs = dict(kwargs)
         url = self.data_plane + path
         try:
             response = await self.http.request(
@@ -114,3 +127,22 @@ class RemoteContext(ContextBase):
             exc.args = (exc.message,)
             raise exc
         return response
+
+
+BUSY_PATIENCE = 60.0  # seconds a capability call is tried again while the orchestrator is busy
+
+
+async def _patiently(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, again with growing pauses while the orchestrator answers ``busy`` (its
+    query threads or its intake of bodies are taken, or this dispatch has two writes under
+    way): a method sees ``busy`` only if it lasts :data:`BUSY_PATIENCE` seconds."""
+    pause = 0.05
+    give_up = trio.current_time() + BUSY_PATIENCE
+    while True:
+        try:
+            return await attempt()
+        except Busy:
+            if trio.current_time() + pause > give_up:
+                raise
+        await trio.sleep(pause)
+        pause = min(pause * 2, 2.0)

@@ -25,7 +25,7 @@ import trio
 from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.expressions import ExpressionError, has_template, render
-from swamp.domain.names import is_adhoc_instance
+from swamp.domain.names import check_instance_name, is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
 from swamp.domain.read_scope import ALL_DATA
@@ -459,6 +459,8 @@ class _Run:
         task = step.task
         model_ref = str(render(task.model, context))
         model_name = str(render(task.model_name, context)) if task.model_name else None
+        if model_name is not None:  # what a template gave is checked as a name, as it is used
+            check_instance_name(model_name, what=f"modelName of step {name!r}")
         method = str(render(task.method, context))
         args = render(task.inputs, context)
         if not isinstance(args, dict):

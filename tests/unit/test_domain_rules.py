@@ -136,6 +136,8 @@ def test_lease_transitions():
                 ("busy", "unresponsive"),
                 ("unresponsive", "unresponsive"),
                 ("unresponsive", "idle"),
+                ("unresponsive", "busy"),
+                ("unresponsive", "unverified"),
                 ("unresponsive", "disconnected"),
                 ("unresponsive", "draining"),
             },

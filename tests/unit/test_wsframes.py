@@ -17,7 +17,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from swamp.protocol.wsframes import FAST_LIMIT, FastFrames, _usable, text_frame
+from swamp.protocol.wsframes import FAST_LIMIT, FastFrames, install, text_frame
 
 
 def opened() -> tuple[WSConnection, WSConnection]:
@@ -129,7 +129,6 @@ def test_the_same_bytes_give_the_same_events_as_wsproto(seed, to_server):
     data = b"".join(some_frame(rng, to_server=to_server) for _ in range(rng.randint(1, 12)))
     plain = opened()[1 if to_server else 0]
     fast_side = opened()[1 if to_server else 0]
-    assert _usable(fast_side)
     fast = FastFrames(fast_side)
     chunks = random.Random(seed * 7 + 1)
     assert normalized(feed(fast, data, chunks)) == normalized(
@@ -164,11 +163,51 @@ def test_a_frame_written_here_reads_back_whole(client, size):
         assert ours == theirs
 
 
-def test_a_connection_with_something_half_read_keeps_wsproto():
+class _Connection:
+    """Stands in for trio-websocket's connection: its wsproto connection is ``_wsproto``."""
+
+    def __init__(self, real) -> None:
+        self._wsproto = real
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_fast_reader_takes_over_from_wsproto_wherever_it_is(seed):
+    """It goes in when a socket's limits are set, and wsproto may have read some of the peer's
+    frames by then (a client that sends the moment the upgrade is answered): part of a frame,
+    a fragmented message under way, bytes not parsed, events not taken. The events are the
+    same as wsproto's alone, in order."""
+    rng = random.Random(seed)
+    data = b"".join(some_frame(rng, to_server=True) for _ in range(rng.randint(1, 12)))
+    expected = normalized(feed(opened()[1], data, random.Random(seed)))
     server = opened()[1]
-    server.receive_data(frame(1, b"hello", mask=b"abcd")[:4])  # a frame cut in the middle
-    list(server.events())
-    assert not _usable(server)
+    cut = rng.randint(0, len(data))
+    server.receive_data(data[:cut])
+    events, pending = [], server.events()
+    for _ in range(rng.randint(0, 4)):  # some events taken, the generator left where it was
+        event = next(pending, None)
+        if event is None:
+            break
+        events.append(event)
+    connection = _Connection(server)
+    if not install(connection):  # only a frame begun with more behind it, not yet parsed
+        return
+    fast = connection._wsproto
+    assert isinstance(fast, FastFrames)
+    events.extend(pending)  # the reader finishes what it had begun
+    fast.receive_data(data[cut:])
+    events.extend(fast.events())
+    assert normalized(events) == expected
+
+
+def test_taking_over_inside_a_fragmented_message_counts_its_frames():
+    server = opened()[1]
+    mask = b"abcd"
+    server.receive_data(frame(1, b"one ", fin=False, mask=mask))
+    assert [type(e).__name__ for e in server.events()] == ["TextMessage"]
+    connection = _Connection(server)
+    assert install(connection, max_fragments=1)  # the next frame would be the second
+    closes = [e for e in connection._wsproto.events() if isinstance(e, CloseConnection)]
+    assert closes and closes[0].code == 1009
 
 
 def test_a_stream_cut_mid_frame_every_time_keeps_only_the_unread_part():
