@@ -409,3 +409,23 @@ def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_
         assert kept == {"swamp/enrollment-token", "swamp/worker", "swamp/workflow-run"}
     finally:
         store.close()
+
+
+async def test_a_cancelled_query_is_cancelled_and_its_thread_stops(tmp_path):
+    import trio
+
+    from swamp.store.reader import Reader
+
+    store = Datastore(tmp_path / "swamp.db", orchestrator=True)
+    with store.transaction():
+        for i in range(20_000):
+            store.write(Key("test/model", "inst", f"item-{i}"), {"i": i}, policy=SpecPolicy("x"))
+    reader = Reader(store.path)
+    try:
+        with trio.move_on_after(0.01) as scope:  # a caller that goes away
+            await reader.query(parse("attributes.i >= 0"), budget=60)
+        assert scope.cancelled_caught  # not a query_timeout: the caller was cancelled
+        assert len(await reader.query(parse("attributes.i < 3"), budget=60)) == 3
+    finally:
+        reader.close()
+        store.close()

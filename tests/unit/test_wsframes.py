@@ -247,3 +247,19 @@ def test_a_message_in_more_frames_than_allowed_ends_the_connection_with_1009(lim
     fast = FastFrames(server)
     fast.receive_data(b"".join(pieces) + frame(0, b"!", mask=mask))
     assert normalized(fast.events()) == [("TextMessage", "ab" + "cd" * 2000 + "!")]
+
+
+def test_frames_after_a_close_are_not_counted_against_the_limit():
+    """A close in the middle of a fragmented message: what follows it is never read, and
+    never refused (wsproto, closed, takes nothing more)."""
+    _, server = opened()
+    mask = b"abcd"
+    fast = FastFrames(server, max_fragments=1)
+    fast.receive_data(
+        frame(1, b"one ", fin=False, mask=mask)
+        + frame(8, struct.pack("!H", 1000) + b"bye", mask=mask)
+        + frame(0, b"two", mask=mask)
+    )
+    events = list(fast.events())
+    closes = [e for e in events if isinstance(e, CloseConnection)]
+    assert [c.code for c in closes] == [1000]
