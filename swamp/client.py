@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,6 +11,7 @@ from swamp.errors import UnknownMethod, UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
+from swamp.tls.trust import client_context
 
 
 async def _no_requests(call: IncomingCall):
@@ -20,17 +20,19 @@ async def _no_requests(call: IncomingCall):
 
 @asynccontextmanager
 async def connect(
-    url: str, *, server_token: str | None = None, ca_cert: Path | None = None
+    url: str,
+    *,
+    server_token: str | None = None,
+    ca_cert: Path | None = None,
+    ca_pem: str | None = None,
 ) -> AsyncIterator[RpcChannel]:
-    """An admin channel to the orchestrator at ``url``; closed on exit."""
+    """An admin channel to the orchestrator at ``url``; closed on exit. ``ca_pem`` is the
+    orchestrator's own CA, already proven (see :func:`swamp.repo.Repo.own_ca_for`)."""
     if not url.startswith(("ws://", "wss://")):
         raise UserError(f"the server URL must start with ws:// or wss:// (got {url!r})")
     ssl_context = None
     if url.startswith("wss://"):
-        try:
-            ssl_context = ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
-        except (ssl.SSLError, OSError) as exc:
-            raise UserError(f"cannot load --ca-cert {ca_cert}: {exc}") from exc
+        ssl_context = client_context(ca_file=ca_cert, ca_pem=None if ca_cert else ca_pem)
     headers = [(b"authorization", f"Bearer {server_token}".encode())] if server_token else None
     async with open_websocket(
         url, ssl_context=ssl_context, extra_headers=headers, max_message_size=MAX_FRAME_BYTES * 2

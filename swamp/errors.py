@@ -192,6 +192,12 @@ class Rejected(SwampError):
     code = "rejected"
 
 
+class PinMismatch(Rejected):
+    """The orchestrator's CA is not the one ``--ca-pin`` names: it may be another server."""
+
+    code = "ca_pin_mismatch"
+
+
 class MalformedToken(Rejected):
     code = "malformed_token"
 

@@ -264,13 +264,20 @@ class Repo:
             pass
 
     def write_serve_file(
-        self, url: str, data_plane_url: str, *, admin_credential: str | None = None
+        self,
+        url: str,
+        data_plane_url: str,
+        *,
+        admin_credential: str | None = None,
+        ca_pin: str | None = None,
     ) -> None:
         """Announce the running server: its URL and (readable by the repo's owner only) the
         local admin credential the CLI presents to it."""
         info = {"url": url, "dataPlaneUrl": data_plane_url, "pid": os.getpid()}
         if admin_credential:
             info["adminCredential"] = admin_credential
+        if ca_pin:
+            info["caPin"] = ca_pin
         tmp = self.serve_file.with_name(f".serve.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
@@ -314,6 +321,22 @@ class Repo:
         if not info or not info.get("adminCredential") or not same_server(info.get("url"), url):
             return None
         return info["adminCredential"]
+
+    def own_ca_for(self, url: str) -> str | None:
+        """The CA certificate (PEM) of the server running on this repo, if it serves with its
+        own CA and ``url`` is that server; checked against the pin it announced."""
+        info = self._serve_info()
+        if not info or not info.get("caPin") or not same_server(info.get("url"), url):
+            return None
+        from swamp.tls.authority import directory
+        from swamp.tls.certificates import CertificateError
+        from swamp.tls.trust import pem_pin
+
+        try:
+            text = (directory(self.state_dir) / "ca.pem").read_text()
+            return text if pem_pin(text) == info["caPin"] else None
+        except (OSError, CertificateError, ValueError):
+            return None
 
 
 def _try_lock(fd: int) -> bool:

@@ -78,6 +78,7 @@ from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.reader import ADMIN_BUDGET
 from swamp.store.retry import retry_busy
+from swamp.tls import authority
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
@@ -95,8 +96,12 @@ class RepoAdmin:
         verifier: Verifier | None = None,
         registry: ModelRegistry | None = None,
         clock=time.time,
+        ca_pin: str | None = None,
     ) -> None:
         self.repo = repo
+        # the orchestrator's own CA, which a token's machines pin: the live server's (None
+        # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
+        self.ca_pin = ca_pin if gateway is not None else authority.ca_pin(repo.state_dir)
         self.store = store
         self.gateway = gateway
         self.dispatch = dispatch
@@ -133,7 +138,7 @@ class RepoAdmin:
         if self.gateway is not None:
             self.gateway.arm_token_deadline(token)
         item = token_item(token, self.clock(), self.tokens.bindings(token.name))
-        return TokenItem.decode(dict(item, token=credential))
+        return TokenItem.decode(dict(item, token=credential, caPin=self.ca_pin))
 
     async def token_list(self, request: Empty = Empty()) -> TokenListReply:
         now = self.clock()

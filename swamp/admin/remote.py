@@ -59,9 +59,16 @@ class RemoteAdmin:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, url: str, *, credential: str | None = None, ca_cert: Path | None = None
+        cls,
+        url: str,
+        *,
+        credential: str | None = None,
+        ca_cert: Path | None = None,
+        ca_pem: str | None = None,
     ) -> AsyncIterator[RemoteAdmin]:
-        async with client.connect(url, server_token=credential, ca_cert=ca_cert) as channel:
+        async with client.connect(
+            url, server_token=credential, ca_cert=ca_cert, ca_pem=ca_pem
+        ) as channel:
             yield cls(channel, url)
 
     async def _call(

@@ -50,6 +50,15 @@ def _announced_elsewhere(server: str, repo_dir: Path | None) -> str | None:
     return None
 
 
+def own_ca(server: str, repo_dir: Path | None) -> str | None:
+    """The CA of the repo's running server (``serve --tls auto``) when ``server`` is that
+    server: the CLI in the repo trusts it with no ``--ca-cert``."""
+    try:
+        return Repo.find(repo_dir).own_ca_for(server)
+    except UserError:
+        return None
+
+
 def running_server(repo_dir: Path | None) -> str | None:
     try:
         return Repo.find(repo_dir).running_server()
@@ -73,8 +82,11 @@ async def open_route(
         server = running_server(repo_dir)
     if server:
         credential = admin_credential(server, server_token, repo_dir)
+        ca_pem = None if ca_cert else own_ca(server, repo_dir)
         try:
-            async with RemoteAdmin.connect(server, credential=credential, ca_cert=ca_cert) as api:
+            async with RemoteAdmin.connect(
+                server, credential=credential, ca_cert=ca_cert, ca_pem=ca_pem
+            ) as api:
                 yield api
         except Unauthorized as exc:
             announced = None if credential else _announced_elsewhere(server, repo_dir)

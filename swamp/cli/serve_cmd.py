@@ -75,6 +75,26 @@ def serve(
         None, "--tls-cert", help="PEM certificate: serve wss:// and https://."
     ),
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert."),
+    tls: str = typer.Option(
+        None,
+        "--tls",
+        envvar="SWAMP_SERVE_TLS",
+        metavar="auto|off",
+        show_default=False,
+        help="auto: serve wss:// and https:// with this orchestrator's own CA, made once and "
+        "kept in .swamp/tls/; workers trust it by its pin (printed at start), nothing else to "
+        "distribute. off: plain text. Default: auto unless --host is loopback or --tls-cert "
+        "is given.",
+    ),
+    tls_name: list[str] = typer.Option(
+        None,
+        "--tls-name",
+        metavar="NAME",
+        show_default=False,
+        help="A host name or address the --tls auto certificate names, besides this host's "
+        "name, the bind address and loopback; repeatable (for clients that check names: "
+        "curl, browsers, --ca-cert).",
+    ),
     grace_window: str = typer.Option(
         "60s",
         "--grace-window",
@@ -173,6 +193,8 @@ def serve(
         auth=auth,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        tls=tls,
+        tls_names=tuple(tls_name or ()),
         grace_seconds=parse_duration(grace_window, what="--grace-window"),
         heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
         worker_retention=parse_duration(worker_retention, what="--worker-retention"),

@@ -86,6 +86,16 @@ def connect(
         "every process is a new machine).",
     ),
     ca_cert: Path = CA_CERT,
+    ca_pin: str = typer.Option(
+        None,
+        "--ca-pin",
+        envvar="SWAMP_CA_PIN",
+        show_default=False,
+        metavar="sha256:HEX",
+        help="The pin of the orchestrator's own CA ('swamp serve --tls auto' and 'swamp worker "
+        "token create' print it): trust exactly the certificates that CA signs, whatever name "
+        "reaches it. Nothing else to distribute; with --ca-cert, that file must be the CA.",
+    ),
     concurrency: str = typer.Option(
         "1",
         "--concurrency",
@@ -187,6 +197,7 @@ def connect(
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
         cache_dir=cache_dir,
         ca_cert=ca_cert,
+        ca_pin=ca_pin,
         concurrency=parse_concurrency(concurrency),
         max_dispatches=max_dispatches,
         idle_timeout=(
@@ -599,12 +610,15 @@ def token_create(
     limits = ClaimPolicy.from_attributes(item.to_json()).describe()
     if limits:
         print(f"its workers: {limits}")
+    if item.ca_pin:
+        print(f"ca pin: {item.ca_pin} (the orchestrator's own CA: workers trust it by this)")
     print()
     print(f"  {item.token}")
     print()
+    pin = f"SWAMP_CA_PIN={item.ca_pin} " if item.ca_pin else ""
     print(
         "This is shown once and never again: store it now. Give it to a worker with "
-        "SWAMP_WORKER_TOKEN=<token> swamp worker connect URL"
+        f"SWAMP_WORKER_TOKEN=<token> {pin}swamp worker connect URL"
     )
 
 

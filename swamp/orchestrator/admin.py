@@ -22,13 +22,24 @@ from swamp.repo import Repo
 
 class Admin:
     def __init__(
-        self, repo: Repo, gateway: Gateway, dispatch: DispatchService, verifier: Verifier
+        self,
+        repo: Repo,
+        gateway: Gateway,
+        dispatch: DispatchService,
+        verifier: Verifier,
+        *,
+        ca_pin: str | None = None,
     ) -> None:
         self.repo = repo
         self.gateway = gateway
         self.dispatch = dispatch
         self.api = RepoAdmin(
-            repo, dispatch.store, gateway=gateway, dispatch=dispatch, verifier=verifier
+            repo,
+            dispatch.store,
+            gateway=gateway,
+            dispatch=dispatch,
+            verifier=verifier,
+            ca_pin=ca_pin,
         )
         self.handlers = {
             method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()

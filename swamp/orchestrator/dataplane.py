@@ -9,6 +9,8 @@
 ``GET  /swamp.pyz``                     the orchestrator's own build (``X-Swamp-Sha256``), and
 ``GET  /swamp.pyz.sha256``              its checksum: open, unless ``--private-downloads``
                                         (then a ``read`` or ``admin`` credential)
+``GET  /tls/ca.pem``                    the CA certificate of ``serve --tls auto`` (public:
+                                        a worker checks it against its pin before trusting it)
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
 to one running dispatch and therefore to one model instance and its declared specs; an admin
@@ -187,8 +189,10 @@ class DataPlane:
         download: Download | None = None,
         private_downloads: bool = False,
         quota: WriteQuota = WriteQuota(),
+        ca_pem: str | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.ca_pem = ca_pem  # GET /tls/ca.pem: the CA of serve --tls auto
         self.quota = quota  # what one dispatch may write, in all
         self.intake = _Intake()
         self.credentials = credentials
@@ -238,6 +242,9 @@ class DataPlane:
                 )
             await _json(send, 503 if broken else 200, body)
             return
+        if path == "/tls/ca.pem" and method in ("GET", "HEAD"):
+            await self._send_ca(send)
+            return
         if path in ("/swamp.pyz", "/swamp.pyz.sha256") and method in ("GET", "HEAD"):
             await self._send_pyz(scope, send, checksum_only=path.endswith(".sha256"))
             return
@@ -260,6 +267,13 @@ class DataPlane:
             await self._read(active, parts[2], send)
         else:
             raise NotFound(f"no route {method} {path}")
+
+    async def _send_ca(self, send) -> None:
+        """The orchestrator's own CA certificate (``--tls auto``): public, for a worker that
+        holds its pin to check before trusting it."""
+        if self.ca_pem is None:
+            raise NotFound("this orchestrator has no CA of its own (it does not serve --tls auto)")
+        await _respond(send, 200, self.ca_pem.encode(), "application/x-pem-file")
 
     async def _send_pyz(self, scope, send, *, checksum_only: bool) -> None:
         """The orchestrator's own build, for machines to run (it holds no secret: open unless

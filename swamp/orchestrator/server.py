@@ -15,7 +15,7 @@ import signal
 import sqlite3
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -27,7 +27,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
-from swamp.domain import environment
+from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.quota import WriteQuota
@@ -60,6 +60,8 @@ from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
 from swamp.store.reader import Reader
 from swamp.store.retry import retry_busy
+from swamp.tls import authority
+from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
 
@@ -75,6 +77,8 @@ class ServeOptions:
     auth: str = "token"
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls: str | None = None  # --tls auto|off; None: auto off loopback (see swamp.domain.tls_mode)
+    tls_names: tuple[str, ...] = ()  # --tls-name: what the auto certificate names first
     grace_seconds: float = 60
     heartbeat_seconds: float = 5
     worker_retention: float = 24 * 3600
@@ -105,6 +109,7 @@ def check_options(options: ServeOptions) -> RequestPolicy:
         parse_queue_timeout(options.queue_timeout, what="--queue-timeout (SWAMP_QUEUE_TIMEOUT)")
     if options.pyz is not None and not Path(options.pyz).is_file():
         raise UserError(f"--pyz {options.pyz} is not a file")
+    tls_mode.decide(host=options.host, tls=options.tls, has_cert=bool(options.tls_cert))
     if bool(options.tls_cert) != bool(options.tls_key):
         raise UserError("--tls-cert and --tls-key go together: pass both or neither")
     for path in (options.tls_cert, options.tls_key):
@@ -117,6 +122,10 @@ def check_options(options: ServeOptions) -> RequestPolicy:
             )
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"cannot load the TLS certificate/key: {exc}") from exc
+    for name in options.tls_names:
+        tls_mode.check_name(name)
+    if options.tls_names and options.tls is None and is_loopback(options.host):
+        raise UserError("--tls-name names the certificate of --tls auto: add --tls auto")
     if not 0 <= options.port <= 65535:
         raise UserError(f"invalid --port {options.port}: expected 0-65535")
     return RequestPolicy.build(
@@ -261,6 +270,7 @@ def _announce(
     swept: dict,
     queue_timeout: float,
     download: Download | None,
+    own_tls: ServerTls | None,
 ) -> None:
     info = {
         "event": "listening",
@@ -277,11 +287,20 @@ def _announce(
             else {}
         ),
         "shipEnv": list(options.ship_env),
+        "tls": "auto" if own_tls else ("cert" if options.tls_cert else "off"),
+        **({"caPin": own_tls.pin, "tlsNames": list(own_tls.names)} if own_tls else {}),
     }
     if options.json:
         print(json.dumps(info), flush=True)
     else:
         print(f"swamp serve: listening on {url} (repo {repo.root})", flush=True)
+        if own_tls:
+            print(
+                f"  tls: its own CA ({own_tls.ca_file}), certificate for "
+                f"{', '.join(own_tls.names)}",
+                flush=True,
+            )
+            print(f"  ca pin: {own_tls.pin} (workers: --ca-pin / SWAMP_CA_PIN)", flush=True)
         if options.verify_on_enroll:
             print("  verify on enroll: each worker is probed before it gets work", flush=True)
         if options.auth == "none":
@@ -314,7 +333,26 @@ async def serve(repo: Repo, options: ServeOptions, *, task_status=trio.TASK_STAT
     policy = check_options(options)
     download = served_build(options.pyz, repo.state_dir)  # a bad --pyz: nothing is served
     with repo.serve_lock():  # before anything is read or written: one orchestrator per repo
-        await _serve(repo, options, policy, download, task_status=task_status)
+        own_tls = await trio.to_thread.run_sync(_own_tls, repo, options)
+        if own_tls is not None:
+            options = replace(options, tls_cert=own_tls.cert_file, tls_key=own_tls.key_file)
+        await _serve(repo, options, policy, download, own_tls, task_status=task_status)
+
+
+def _own_tls(repo: Repo, options: ServeOptions) -> ServerTls | None:
+    """The CA and server certificate of ``--tls auto`` (made or renewed now), else None."""
+    mode = tls_mode.decide(host=options.host, tls=options.tls, has_cert=bool(options.tls_cert))
+    if mode != tls_mode.AUTO:
+        return None
+    names = tls_mode.certificate_names(
+        host=options.host,
+        hostnames=authority.host_names(),
+        extra=[tls_mode.check_name(n) for n in options.tls_names],
+    )
+    own = authority.ensure(repo.state_dir, names)
+    if own.issued:
+        log.info("issued a server certificate for %s", ", ".join(own.names))
+    return own
 
 
 async def _serve(
@@ -322,6 +360,7 @@ async def _serve(
     options: ServeOptions,
     policy: RequestPolicy,
     download: Download | None,
+    own_tls: ServerTls | None,
     *,
     task_status,
 ) -> None:
@@ -408,7 +447,7 @@ async def _serve(
     app = App(
         gateway=gateway,
         dispatch=dispatch,
-        admin=Admin(repo, gateway, dispatch, verifier),
+        admin=Admin(repo, gateway, dispatch, verifier, ca_pin=own_tls and own_tls.pin),
         dataplane=DataPlane(
             dispatch,
             credentials,
@@ -417,6 +456,7 @@ async def _serve(
             download=download,
             private_downloads=options.private_downloads,
             quota=options.write_quota,
+            ca_pem=own_tls and own_tls.ca_pem,
         ),
         auth=auth,
         policy=policy,
@@ -463,8 +503,13 @@ async def _serve(
                 scheme = "wss" if options.tls_cert else "ws"
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
-                repo.write_serve_file(url, data_plane, admin_credential=local_credential)
-                _announce(options, repo, url, data_plane, swept, queue_timeout, download)
+                repo.write_serve_file(
+                    url,
+                    data_plane,
+                    admin_credential=local_credential,
+                    ca_pin=own_tls and own_tls.pin,
+                )
+                _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
                 server.start_soon(stop_on_signal)

@@ -766,6 +766,7 @@ class TokenItem(Message):
     max_concurrency: int | None = None
     token: str | None = None
     already_revoked: bool | None = None
+    ca_pin: str | None = None  # in the reply to a create: the CA its machines pin, if any
 
 
 @dataclass(frozen=True)

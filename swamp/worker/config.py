@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from swamp.domain.urls import redact, sends_in_clear
 from swamp.errors import UserError
+from swamp.tls.trust import check_pin, client_context, pinned_ca, pinned_file
 
 
 def parse_concurrency(text: str | int) -> int:
@@ -36,6 +37,7 @@ class WorkerConfig:
     labels: dict[str, str] = field(default_factory=dict)
     cache_dir: Path | None = None
     ca_cert: Path | None = None
+    ca_pin: str | None = None  # sha256:<hex> of the orchestrator's own CA (serve --tls auto)
     concurrency: int = 1
     data_plane_url: str | None = None
     connect_timeout: float = 600.0
@@ -71,6 +73,12 @@ class WorkerConfig:
             )
         if self.ca_cert and not Path(self.ca_cert).is_file():
             raise UserError(f"--ca-cert {self.ca_cert} does not exist")
+        if self.ca_pin is not None:
+            check_pin(self.ca_pin)
+            if not self.url.startswith("wss://"):
+                raise UserError(
+                    f"--ca-pin (SWAMP_CA_PIN) goes with a wss:// URL (got {redact(self.url)!r})"
+                )
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
             raise UserError(
                 "the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
@@ -96,13 +104,20 @@ class WorkerConfig:
         scheme = "https" if parts.scheme == "wss" else "http"
         return urlunsplit((scheme, parts.netloc, "", "", "")).rstrip("/")
 
-    def ssl_context(self) -> ssl.SSLContext | None:
+    async def ssl_context(self) -> ssl.SSLContext | None:
+        """What this worker trusts for wss:// and https://: with ``--ca-pin``, the
+        orchestrator's own CA, proven by its pin (from ``--ca-cert`` if given, else asked of
+        the orchestrator at each connect); else ``--ca-cert`` or the system's roots."""
         if not self.url.startswith("wss://"):
             return None
-        try:
-            return ssl.create_default_context(cafile=str(self.ca_cert) if self.ca_cert else None)
-        except (ssl.SSLError, OSError) as exc:
-            raise UserError(f"cannot load --ca-cert {self.ca_cert}: {exc}") from exc
+        if self.ca_pin is None:
+            return client_context(ca_file=self.ca_cert)
+        pin = check_pin(self.ca_pin)
+        if self.ca_cert:
+            return client_context(ca_pem=pinned_file(self.ca_cert, pin))
+        parts = urlsplit(self.url)
+        ca_pem = await pinned_ca(parts.hostname or "", parts.port or 443, pin)
+        return client_context(ca_pem=ca_pem)
 
 
 def read_token(token: str | None, token_file: Path | None) -> str:

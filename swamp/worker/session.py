@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,17 +102,17 @@ class Session:
     async def run(self) -> str:
         """Connect, enroll and serve; returns why the session ended. Raises ``Rejected`` for a
         permanent refusal and ``PeerError`` when the orchestrator cannot be reached."""
+        context = await self.config.ssl_context()
         async with open_websocket(
             self.config.url,
-            ssl_context=self.config.ssl_context(),
+            ssl_context=context,
             max_message_size=MAX_FRAME_BYTES * 2,
             connect_timeout=CONNECT_TIMEOUT,
         ) as ws:
-            return await self._serve(WebSocketTransport(ws))
+            return await self._serve(WebSocketTransport(ws), context)
 
-    async def _serve(self, transport: WebSocketTransport) -> str:
-        verify = self.config.ssl_context() or True
-        async with httpx.AsyncClient(verify=verify, timeout=30) as http:
+    async def _serve(self, transport: WebSocketTransport, context: ssl.SSLContext | None) -> str:
+        async with httpx.AsyncClient(verify=context or True, timeout=30) as http:
             self.http = http
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
