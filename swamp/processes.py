@@ -1,7 +1,8 @@
 """Real ``swamp serve`` and ``swamp worker connect`` child processes, for the demo and the bench.
 
 Each child's stdout is read as JSON lines; once a child is ready its remaining output must keep
-being drained (:meth:`LineReader.drain`), or the child blocks on a full pipe.
+being drained (:meth:`LineReader.drain`, or kept by :meth:`EventLog.follow`), or the child
+blocks on a full pipe.
 """
 
 from __future__ import annotations
@@ -49,6 +50,54 @@ class LineReader:
                 continue
             if predicate(event):
                 return event
+
+
+class EventLog:
+    """A child's JSON lines, kept as they arrive, so a driver can wait for one and read the
+    whole sequence afterwards. :meth:`follow` reads the pipe to its end (so the child never
+    blocks on it); :meth:`wait_for` wakes on each new line, never on a timer."""
+
+    def __init__(self, reader: LineReader) -> None:
+        self.reader = reader
+        self.events: list[dict] = []
+        self.ended = False
+        self._changed = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<EventLog events={len(self.events)} ended={self.ended}>"
+
+    async def follow(self) -> None:
+        try:
+            while (line := await self.reader.readline()) is not None:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self.events.append(event)
+                    self._wake()
+        finally:
+            self.ended = True
+            self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def find(self, predicate, *, start: int = 0) -> dict | None:
+        return next((e for e in self.events[start:] if predicate(e)), None)
+
+    async def wait_for(self, predicate, *, start: int = 0) -> dict:
+        """The first event (from index ``start``) that satisfies ``predicate``; the caller bounds
+        the wait. Raises ``RuntimeError`` if the child's output ends without one."""
+        while True:
+            changed = self._changed
+            found = self.find(predicate, start=start)
+            if found is not None:
+                return found
+            if self.ended:
+                raise RuntimeError("the process exited without printing the line waited for")
+            await changed.wait()
 
 
 def swamp_argv(*args: str) -> list[str]:
