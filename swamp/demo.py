@@ -30,6 +30,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -89,17 +90,20 @@ async def run_demo(count: int, keep: bool, as_json: bool) -> int:
         status = 0
     except SwampError as exc:
         report["error"] = {"code": exc.code, "message": exc.message}
-        say(f"\nthe demo stopped in section {demo.number}: {exc.message}", file=_stderr())
+        say(f"\nthe demo stopped in section {demo.number}: {exc.message}", file=sys.stderr)
     finally:
         demo.release()  # a step held in section 7 ends, so its worker can stop at once
         await stop_all(processes)
-        report["exitCodes"] = {demo.names.get(p.pid, "serve"): p.returncode for p in processes}
+        report["exitCodes"] = {
+            "serve" if i == 0 else demo.names.get(p.pid, f"worker pid {p.pid}"): p.returncode
+            for i, p in enumerate(processes)
+        }
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     demo.section("Shut down")
     codes = ", ".join(f"{name} {code}" for name, code in report["exitCodes"].items())
     say(f"   SIGTERM to every process still running; exit statuses: {codes}")
-    say(f"   temporary repo kept at {root}" if keep else f"   removed {root}")
+    say(f"   kept {root} (the repo, each worker's cache dir)" if keep else f"   removed {root}")
     if as_json:
         print(json.dumps(report, indent=2))
     return status
@@ -111,12 +115,6 @@ def _print(*args, **kwargs) -> None:
 
 def _slots(n: int) -> str:
     return f"{n} slot" if n == 1 else f"{n} slots"
-
-
-def _stderr():
-    import sys
-
-    return sys.stderr
 
 
 async def _sections(demo: Demo, nursery: trio.Nursery, count: int) -> None:
@@ -266,11 +264,12 @@ async def _pool(demo: Demo, count: int) -> None:
     pool = await demo.call("worker.list")
     demo.report["workers"] = pool["workers"]
     demo.say("   swamp worker list:")
+    demo.say(f"     {'NAME':<16} {'STATUS':<6} {'BUSY':<4} {'PLATFORM':<13} LABELS")
     for w in pool["workers"]:
         labels = ",".join(f"{k}={v}" for k, v in sorted(w["labels"].items()))
         slots = f"{len(w.get('activeDispatchIds', []))}/{w['capacity']}"
         where = f"{w['platform']}/{w['arch']}"
-        demo.say(f"     {w['name']:<16} {w['status']:<6} {slots:<4} {where}  {labels}")
+        demo.say(f"     {w['name']:<16} {w['status']:<6} {slots:<4} {where:<13} {labels}")
     verified = await demo.call("worker.verify", timeout=WAIT * 2)
     demo.report["verify"] = verified
     demo.say("   swamp worker verify (the fleet probe, through every seam):")
@@ -359,8 +358,8 @@ async def _drain(demo: Demo, nursery: trio.Nursery, member: Member) -> None:
     await other.run()
     demo.check(other.succeeded and other.worker != member.name, f"the new step {other.outcome}")
     demo.say(
-        f"   a new step for fleet={FLEET} (least loaded wins) ran on {other.worker}, "
-        f"not on {member.name}"
+        f"   a new step for fleet={FLEET} (the least-loaded member gets it) ran on "
+        f"{other.worker}, not on {member.name}"
     )
     release.touch()
     await held.reached("result")
