@@ -350,6 +350,7 @@ async def _drain(demo: Demo, nursery: trio.Nursery, member: Member) -> None:
     )
     [listed] = [w for w in pool["workers"] if w["name"] == member.name]
     most = max(free(w) for w in pool["workers"] if w["name"] != member.name)
+    demo.check(free(listed) > most, f"{member.name} has {free(listed)} free slots, another {most}")
     demo.say(
         f"   swamp worker list: {member.name} draining with {free(listed)} free slots of "
         f"{listed['capacity']}; no other member has more than {most}"
