@@ -135,6 +135,15 @@ class QuotaExceeded(TooLarge):
     code = "quota_exceeded"
 
 
+class TokenSourceFailed(UserError):
+    """A worker's token source (``file:``, ``env:``, a plugin's) gave no usable token. Its
+    message names the source and the reason, never the secret. A user error (exit 2), as an
+    unreadable ``--token-file`` always was: a service manager restarts the worker, and a
+    secret store that was away, or a mount not there yet, may answer then."""
+
+    code = "token_source_failed"
+
+
 class WrongScheme(UserError):
     """A URL whose scheme the port does not speak: ``ws://`` to a TLS port, ``wss://`` to a
     plain one. Asking again the same way can never work (a worker stops)."""
