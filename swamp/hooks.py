@@ -64,3 +64,40 @@ def swamp_probe_seams() -> list:
         def swamp_probe_seams():
             return [Seam("docker", has_docker)]
     """
+
+
+@hookspec
+def swamp_token_sources() -> list:
+    """Return a list of :class:`swamp.worker.token_sources.TokenSource`: where a worker's
+    enrollment token may come from, by scheme.
+
+    Called on the worker by ``swamp worker connect`` when ``SWAMP_WORKER_TOKEN`` (or
+    ``--token``) is ``<scheme>:<reference>`` rather than a token: the source of that scheme is
+    given the reference and returns the token ``<name>.<secret>``. It is called once as the
+    worker starts, and again only when the orchestrator refuses the token in hand for good
+    (revoked, expired, unknown) or its deadline passes — so a rotated secret is picked up
+    without a restart. ``file`` and ``env`` are built in; a scheme is registered once.
+
+    ``resolve(reference)`` is plain (not async) and may block: it runs in a thread, and one
+    that has not answered within :data:`swamp.worker.token_sources.TIMEOUT` fails the
+    worker. Raise ``TokenSourceFailed`` with a one-line reason that holds no secret; any other
+    exception is reported by its type alone. Example, a Vault source::
+
+        import subprocess
+        from swamp.errors import TokenSourceFailed
+        from swamp.hooks import hookimpl
+        from swamp.worker.token_sources import TokenSource
+
+        def from_vault(path):
+            done = subprocess.run(["vault", "kv", "get", "-field=token", path],
+                                  capture_output=True, text=True, timeout=30)
+            if done.returncode != 0:
+                raise TokenSourceFailed(f"vault exited with status {done.returncode}")
+            return done.stdout
+
+        @hookimpl
+        def swamp_token_sources():
+            return [TokenSource("vault", from_vault, "a Vault KV path, e.g. secret/swamp")]
+
+    and then ``SWAMP_WORKER_TOKEN=vault:secret/swamp swamp worker connect wss://…``.
+    """

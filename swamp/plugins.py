@@ -23,9 +23,11 @@ def plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hooks.PROJECT)
     pm.add_hookspecs(hooks)
     from swamp.models import builtin, fleet_probe
+    from swamp.worker import token_sources
 
     pm.register(builtin, name="swamp.builtin")
     pm.register(fleet_probe, name="swamp.fleet_probe")
+    pm.register(token_sources, name="swamp.token_sources")
     for directory in plugin_dirs():
         if directory not in sys.path:  # after our own: a plugin cannot shadow swamp's modules
             sys.path.append(directory)
@@ -195,3 +197,11 @@ def default_seams() -> list:
             for seam in contributed or ()
         ]
     )
+
+
+def default_token_sources() -> dict:
+    """Every token source of this process by scheme: the built-in ``file`` and ``env`` and
+    each plugin's."""
+    from swamp.worker.token_sources import collect
+
+    return collect(default_manager().hook.swamp_token_sources())
