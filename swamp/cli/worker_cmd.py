@@ -49,7 +49,8 @@ def connect(
         "--token",
         envvar="SWAMP_WORKER_TOKEN",
         show_default=False,
-        help="Enrollment token <name.secret>. Prefer the variable or a "
+        help="Enrollment token <name.secret>, or <scheme>:<reference> for a token source "
+        "(file:PATH, env:NAME, or a plugin's, e.g. exec:COMMAND). Prefer the variable or a "
         "file: argv is visible to every user of the machine",
     ),
     token_file: Path = typer.Option(
@@ -163,6 +164,11 @@ def connect(
     SWAMP_WORKER_TOKEN (or SWAMP_WORKER_TOKEN_FILE) make 'swamp worker connect' enough. Every
     flag has a variable (shown with each option); an explicit flag wins.
 
+    The token may come from a source: SWAMP_WORKER_TOKEN=file:/run/secrets/swamp, env:NAME, or
+    a plugin's scheme (exec:COMMAND, a vault). It is asked once at start, and again only when
+    the orchestrator refuses the token in hand for good or its deadline passes: a different
+    answer (a rotated secret) is enrolled with, the same one stops the worker as before.
+
     Reconnects after a drop (backoff 1s doubling to 30s) for as long as the token lives.
 
     Drain: the first SIGTERM, SIGINT or SIGHUP (or --max-dispatches, or --idle-timeout) makes
@@ -172,9 +178,10 @@ def connect(
 
     Exit status: 0 every intentional stop (a drain); 1 a permanent rejection (a revoked,
     expired, wrong or unknown token, a single-machine token bound elsewhere, a protocol
-    mismatch), which would repeat if restarted, or an unexpected error; 3 a forced stop (a
-    second signal or --drain-timeout). A full fleet is not a rejection: the worker waits for a
-    place, retrying. --json prints one JSON event per line (connecting, enrolled,
+    mismatch), which would repeat if restarted, or an unexpected error; 2 bad input, or a token
+    source that gave no token (one line naming it); 3 a forced stop (a second signal or
+    --drain-timeout). A full fleet is not a rejection: the worker waits for a place, retrying.
+    --json prints one JSON event per line (connecting, enrolled, token_renewed,
     dispatch_started, dispatch_finished, draining, drain_complete, stopped {reason, exitCode}).
     """
     import os
@@ -183,17 +190,22 @@ def connect(
     from swamp.domain.labels import merge_labels
     from swamp.errors import UserError
     from swamp.worker import handoff
-    from swamp.worker.config import WorkerConfig, parse_concurrency, read_token
+    from swamp.worker.config import WorkerConfig, parse_concurrency
+    from swamp.worker.token_sources import Supply, supply
 
     if token_fd is not None:
         if token or token_file:
             raise UserError("pass the token one way: --token-fd, or the token, or its file")
-        given = handoff.read_token_fd(token_fd)
+        given = Supply(handoff.read_token_fd(token_fd), "the token")
     else:
-        given = read_token(token, token_file)
+        from swamp.plugins import default_token_sources
+
+        given = supply(token, token_file, sources=default_token_sources)
     config = WorkerConfig(
         url=url or "",
-        token=given,
+        token=given.token,
+        token_again=given.again,
+        token_source=given.source,
         labels=merge_labels(os.environ.get("SWAMP_WORKER_LABELS"), label or []),
         cache_dir=cache_dir,
         ca_cert=ca_cert,
@@ -215,8 +227,9 @@ def connect(
         protocol_version=protocol_version,
         insecure=insecure,
     )
-    if token and handoff.supported():  # in the environment or on the command line: in view
-        handoff.hide(token)
+    secrets, variables = handoff.exposed(config.token, token)
+    if secrets:  # in the environment or on the command line: in view
+        handoff.hide(config.token, secrets, variables)
     from swamp.worker.agent import run_worker
     from swamp.worker.events import Reporter
 

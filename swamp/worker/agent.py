@@ -4,6 +4,12 @@ After a drop the worker reconnects with capped exponential backoff (1 s doubling
 its token's deadline; before its first enrollment it keeps trying for ``connect_timeout``. A
 permanent rejection (revoked, expired, wrong secret, unknown token, protocol mismatch) stops it at
 once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
+
+A token from a source that can change (a file, a secret store: ``config.token_again``) is asked
+for again when the orchestrator refuses the token in hand for good, or its deadline passes: a
+different answer is a rotated secret, enrolled with after the usual backoff; the same answer, or
+a source that fails, stops the worker as before. Not at every reconnect: a blip or an
+orchestrator restart leaves the token valid, and should not need the secret store to be up.
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.drain import Stage
+from swamp.domain.token_sources import another_token_may_help
 from swamp.domain.urls import redact
 from swamp.errors import Rejected, SwampError, UserError
 from swamp.plugins import default_registry
@@ -168,8 +176,20 @@ async def _connect_loop(
         try:
             reason = await session.run()
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
-            reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
-            return 1
+            fresh, why = None, exc.message
+            if another_token_may_help(exc.code):
+                fresh, why = await _another_token(config, reporter, exc.message, exc.code)
+            if fresh is None:
+                reporter.emit("stopped", reason=why, code=exc.code, exitCode=1)
+                return 1
+            config = replace(config, token=fresh)
+            token_deadline, started = None, time.monotonic()
+            delay = backoff.next()  # a source flipping between two refused tokens is no hot loop
+            reporter.emit("retrying", delaySeconds=delay)
+            await trio.sleep(delay)
+            if drain.draining:
+                return drain.exit_code
+            continue
         except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
         if drain.draining:  # drained, stopped, or the socket ended mid-drain: no reconnect
@@ -183,13 +203,17 @@ async def _connect_loop(
         delay = backoff.next()
         if token_deadline is not None:
             if time.time() + delay >= token_deadline:
-                reporter.emit(
-                    "stopped",
-                    reason="the token has expired (its deadline has passed)",
-                    code="token_expired",
-                    exitCode=1,
+                fresh, why = await _another_token(
+                    config,
+                    reporter,
+                    "the token has expired (its deadline has passed)",
+                    "token_expired",
                 )
-                return 1
+                if fresh is None:
+                    reporter.emit("stopped", reason=why, code="token_expired", exitCode=1)
+                    return 1
+                config = replace(config, token=fresh)
+                token_deadline, started = None, time.monotonic()
         elif time.monotonic() - started + delay > config.connect_timeout:
             reporter.emit(
                 "stopped",
@@ -202,3 +226,20 @@ async def _connect_loop(
         await trio.sleep(delay)
         if drain.draining:  # signalled while away: there is nothing to finish
             return drain.exit_code
+
+
+async def _another_token(
+    config: WorkerConfig, reporter: Reporter, why: str, code: str
+) -> tuple[str | None, str]:
+    """Ask the token's source again once the token in hand can no longer work (``why``):
+    a different token, or ``None`` and the reason to stop with. Never shows a token."""
+    if config.token_again is None:
+        return None, why
+    try:
+        fresh = await trio.to_thread.run_sync(config.token_again, abandon_on_cancel=True)
+    except SwampError as exc:
+        return None, f"{why}; asking {config.token_source} for another failed: {exc.message}"
+    if fresh == config.token:
+        return None, f"{why} ({config.token_source} still gives the same token)"
+    reporter.emit("token_renewed", source=config.token_source, after=code)
+    return fresh, why

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -33,7 +34,7 @@ def parse_concurrency(text: str | int) -> int:
 @dataclass(frozen=True)
 class WorkerConfig:
     url: str
-    token: str
+    token: str = field(repr=False)
     labels: dict[str, str] = field(default_factory=dict)
     cache_dir: Path | None = None
     ca_cert: Path | None = None
@@ -47,6 +48,10 @@ class WorkerConfig:
     max_dispatches: int | None = None  # drain after this many dispatches
     idle_timeout: float | None = None  # drain after this long with nothing running
     drain_timeout: float | None = None  # a drain that takes longer is forced
+    # asks the token's source for another once the orchestrator refuses this one for good
+    # (None: a token given as it is); token_source names it in messages
+    token_again: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    token_source: str = "the token"
 
     def __post_init__(self) -> None:
         if not self.url:

@@ -65,6 +65,8 @@ def _human(event: str, f: dict) -> str:
         return f"{f['signal']} during the drain: stopping {f['stopping']} running dispatch(es)"
     if event == "stopped":
         return f"worker stopped: {f['reason']} (exit {f['exitCode']})"
+    if event == "token_renewed":
+        return f"{f['source']} gave another token (the last one: {f['after']}); enrolling with it"
     if event == "warning":
         return f"warning: {f['message']}"
     return f"{event}: {f}"

@@ -4,8 +4,9 @@ Whatever a worker runs runs as its user, and a process can read the environment 
 command line of any process of its user: ``/proc/<pid>/environ`` and ``/proc/<pid>/cmdline``
 (``ps eww`` elsewhere). Those show the memory the process was *started* with — deleting the
 variable from ``os.environ`` changes nothing there. So a worker given its token in
-``SWAMP_WORKER_TOKEN`` or ``--token`` hides it before it connects (``--token-file`` needs
-nothing: only the path is in view):
+``SWAMP_WORKER_TOKEN`` or ``--token``, or through a source that read it from a variable
+(``env:NAME``), hides it before it connects; a token from a file or a secret store needs
+nothing, only its reference is in view (:func:`exposed` tells which):
 
 - **On Linux, in place.** ``/proc/self/stat`` gives where the kernel reads both from (the
   initial command line and environment, on the main thread's stack); every copy of the token
@@ -25,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+from swamp.domain.token_sources import is_reference
 from swamp.errors import UserError
 
 TOKEN_FD = "--token-fd"
@@ -35,13 +37,37 @@ def supported() -> bool:
     return sys.platform != "win32" and hasattr(sys, "orig_argv")
 
 
-def hide(token: str) -> None:
-    """Take ``token`` out of this process's environment block and command line, in place where
-    that can be done and proven (Linux), else by starting again without it."""
-    given = {token, os.environ.get(TOKEN_VARIABLE) or token}  # --token beat the variable
-    if sys.platform.startswith("linux") and erase_in_place(given):
+def exposed(token: str, given: str | None) -> tuple[set[str], set[str]]:
+    """What this process shows of its token: the texts to erase and the variables to unset,
+    both empty when nothing secret is in view. ``given`` is ``--token`` (or the variable):
+    a token given as it is is in view, and so is the variable it beat; a reference
+    (``exec:…``) is not a secret, but a token a source read from a variable (``env:NAME``),
+    or that also sits on the command line, is."""
+    secrets: set[str] = set()
+    variables: set[str] = set()
+    for text in (given, os.environ.get(TOKEN_VARIABLE)):
+        if text and not is_reference(text.strip()):  # a token given as it is
+            secrets.add(text)
+    if os.environ.get(TOKEN_VARIABLE) in secrets:
+        variables.add(TOKEN_VARIABLE)
+    variables |= {name for name, value in os.environ.items() if token in value}
+    if secrets or variables or any(token in arg for arg in sys.argv[1:]):
+        secrets.add(token)
+    return secrets, variables
+
+
+def hide(token: str, secrets: set[str], variables: set[str]) -> None:
+    """Take ``secrets`` out of this process's environment block and command line, in place
+    where that can be done and proven (Linux), else by starting again without them (the
+    ``token`` in a pipe). ``variables`` are unset first, everywhere: nothing this worker
+    starts inherits them (a method sees the worker's variables, bar ``SWAMP_*``)."""
+    for name in variables:
+        os.environ.pop(name, None)
+    if not supported():
         return
-    exec_without_token(token)
+    if sys.platform.startswith("linux") and erase_in_place(secrets):
+        return
+    exec_without_token(token, variables)
 
 
 def erase_in_place(tokens: set[str]) -> bool:
@@ -106,15 +132,16 @@ def command_line(orig_argv: list[str], argv: list[str], fd: int) -> list[str]:
     return [*prefix, *kept[:at], TOKEN_FD, str(fd), *kept[at:]]
 
 
-def exec_without_token(token: str) -> None:
-    """Start this process again without the token in its environment or command line; the
-    token goes through a pipe (``--token-fd``). Returns only if it cannot."""
+def exec_without_token(token: str, variables: set[str] = frozenset()) -> None:
+    """Start this process again without the token in its environment (``SWAMP_WORKER_TOKEN``
+    and ``variables``) or command line; the token goes through a pipe (``--token-fd``).
+    Returns only if it cannot."""
     read, write = os.pipe()
     os.write(write, token.encode())  # a few dozen bytes: the pipe holds them all
     os.close(write)
     os.set_inheritable(read, True)
     argv = command_line(list(sys.orig_argv), list(sys.argv), read)
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE and k not in variables}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     try:
