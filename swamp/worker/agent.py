@@ -10,6 +10,8 @@ for again when the orchestrator refuses the token in hand for good, or its deadl
 different answer is a rotated secret, enrolled with after the usual backoff; the same answer, or
 a source that fails, stops the worker as before. Not at every reconnect: a blip or an
 orchestrator restart leaves the token valid, and should not need the secret store to be up.
+A new token makes a new worker to the orchestrator (its own binding and name), so it enrolls
+with a fresh instance id: the old one stays the refused worker's until its grace window ends.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ async def _connect_loop(
             if fresh is None:
                 reporter.emit("stopped", reason=why, code=exc.code, exitCode=1)
                 return 1
-            config = replace(config, token=fresh)
+            config, iid = replace(config, token=fresh), instance_id()
             token_deadline, started = None, time.monotonic()
             delay = backoff.next()  # a source flipping between two refused tokens is no hot loop
             reporter.emit("retrying", delaySeconds=delay)
@@ -212,7 +214,7 @@ async def _connect_loop(
                 if fresh is None:
                     reporter.emit("stopped", reason=why, code="token_expired", exitCode=1)
                     return 1
-                config = replace(config, token=fresh)
+                config, iid = replace(config, token=fresh), instance_id()
                 token_deadline, started = None, time.monotonic()
         elif time.monotonic() - started + delay > config.connect_timeout:
             reporter.emit(

@@ -66,7 +66,10 @@ def _human(event: str, f: dict) -> str:
     if event == "stopped":
         return f"worker stopped: {f['reason']} (exit {f['exitCode']})"
     if event == "token_renewed":
-        return f"{f['source']} gave another token (the last one: {f['after']}); enrolling with it"
+        return (
+            f"{f['source']} gave a new token (the last one was refused: {f['after']}); "
+            "enrolling with it"
+        )
     if event == "warning":
         return f"warning: {f['message']}"
     return f"{event}: {f}"
