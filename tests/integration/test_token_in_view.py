@@ -106,6 +106,29 @@ def test_no_process_of_the_worker_shows_its_token(cluster):
         _assert_hidden(cluster, how, token, workers[how].p.pid)
 
 
+def test_nor_does_a_worker_whose_token_came_from_a_source(cluster):
+    """``env:NAME``: the other variable is erased and unset like ``SWAMP_WORKER_TOKEN`` (a
+    method sees the worker's variables bar ``SWAMP_*``: it would otherwise get the token);
+    ``exec:`` (the example plugin): only the reference was ever in view."""
+    cluster.serve()
+    tokens = {name: cluster.mint(name) for name in ("from-var", "from-cmd")}
+    (cluster.tmp / "store").write_text(tokens["from-cmd"] + "\n")
+    plugin = ROOT / "plugins" / "swamp-token-exec"
+    workers = {
+        "from-var": cluster.spawn("worker", "connect", cluster.url, "--json",
+                                  env={"SWAMP_WORKER_TOKEN": "env:CI_SWAMP_TOKEN",
+                                       "CI_SWAMP_TOKEN": tokens["from-var"]}),
+        "from-cmd": cluster.spawn("worker", "connect", cluster.url, "--json",
+                                  env={"SWAMP_WORKER_TOKEN": f"exec:cat {cluster.tmp / 'store'}",
+                                       "PYTHONPATH": f"{plugin}:{cluster.env['PYTHONPATH']}",
+                                       "SWAMP_PLUGINS": "swamp_testkit,swamp_token_exec"}),
+    }  # fmt: skip
+    for proc in workers.values():
+        proc.wait_for(lambda e: e.get("event") == "enrolled")
+    for how, token in tokens.items():
+        _assert_hidden(cluster, how, token, workers[how].p.pid)
+
+
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory):
     target = tmp_path_factory.mktemp("dist") / "swamp.pyz"
