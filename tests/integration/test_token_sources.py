@@ -149,3 +149,21 @@ def test_with_json_the_failure_is_coded_and_still_holds_no_secret(cluster, site)
     assert '"code": "token_source_failed"' in ran.stdout
     assert SECRET not in ran.stdout + ran.stderr
     assert ran.stderr == "error: token source exec: sh exited with status 1: oops ***\n"
+
+
+def test_a_token_that_expires_is_followed_by_the_one_the_source_has_now(cluster, site):
+    cluster.serve()
+    short = cluster.mint("short", duration="3s")
+    store = cluster.tmp / "store"
+    store.write_text(short)
+    worker = cluster.spawn("worker", "connect", cluster.url, "--json",
+                           "--token", f"exec:cat {store}",
+                           env=_with_plugin(cluster, site))  # fmt: skip
+    assert worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"] == "short"
+    store.write_text(cluster.mint("long"))
+    renewed = worker.wait_for(lambda e: e.get("event") == "token_renewed")
+    assert renewed["after"] == "token_expired"
+    assert worker.wait_for(lambda e: e.get("event") == "enrolled" and e["workerName"] == "long")
+    # asked as the deadline passed, not after a refused attempt with the expired token
+    kinds = [e["event"] for e in worker.events()]
+    assert kinds.index("token_renewed") < kinds.index("connecting", kinds.index("disconnected"))
