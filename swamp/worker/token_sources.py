@@ -32,7 +32,6 @@ from swamp.domain.token_sources import (
 )
 from swamp.errors import TokenSourceFailed
 from swamp.hooks import hookimpl
-from swamp.worker.config import read_token
 
 TIMEOUT = 300.0  # seconds a source may take; plugins keep their own, shorter, limits
 FILE_LIMIT = 16 * 1024  # bytes read from a file: far more than a token, far less than /dev/zero
@@ -155,6 +154,8 @@ def supply(
     """The worker's token from ``--token``/``SWAMP_WORKER_TOKEN`` (a token, or a reference
     resolved now) or ``--token-file``. ``sources`` is called only for a reference, so a plain
     token loads no plugin to get started."""
+    from swamp.worker.config import read_token  # not at import: every plugin manager loads us
+
     if token_file is not None or not token or not is_reference(token.strip()):
         value = read_token(token, token_file)  # also: not both
         again = partial(read_token, None, token_file) if token_file is not None else None
