@@ -230,6 +230,8 @@ def connect(
     secrets, variables = handoff.exposed(config.token, token)
     if secrets:  # in the environment or on the command line: in view
         handoff.hide(config.token, secrets, variables)
+    elif token:  # a reference: kept in memory for asking again, and out of view
+        handoff.blank(token)
     from swamp.worker.agent import run_worker
     from swamp.worker.events import Reporter
 

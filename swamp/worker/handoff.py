@@ -70,6 +70,14 @@ def hide(token: str, secrets: set[str], variables: set[str]) -> None:
     exec_without_token(token, variables)
 
 
+def blank(reference: str) -> None:
+    """Erase a token reference (``exec:…``) from what ``/proc`` shows, where that is done in
+    place (Linux). A reference is no secret, but a command in it may carry a credential for
+    the store; elsewhere it stays (starting again for it would lose the way to ask again)."""
+    if supported() and sys.platform.startswith("linux"):
+        erase_in_place({reference})
+
+
 def erase_in_place(tokens: set[str]) -> bool:
     """Overwrite every copy of each of ``tokens`` in the memory ``/proc/self/cmdline`` and
     ``/proc/self/environ`` read; whether both then read back without any."""

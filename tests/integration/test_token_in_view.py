@@ -127,6 +127,10 @@ def test_nor_does_a_worker_whose_token_came_from_a_source(cluster):
         proc.wait_for(lambda e: e.get("event") == "enrolled")
     for how, token in tokens.items():
         _assert_hidden(cluster, how, token, workers[how].p.pid)
+    # the reference is no secret, but a command's arguments may hold the store's credential
+    shown = [Path(f"/proc/{workers['from-cmd'].p.pid}/{name}").read_bytes()
+             for name in ("environ", "cmdline")]  # fmt: skip
+    assert not any(b"exec:cat" in text for text in shown)
 
 
 @pytest.fixture(scope="module")
