@@ -6,7 +6,8 @@ command line of any process of its user: ``/proc/<pid>/environ`` and ``/proc/<pi
 variable from ``os.environ`` changes nothing there. So a worker given its token in
 ``SWAMP_WORKER_TOKEN`` or ``--token``, or through a source that read it from a variable
 (``env:NAME``), hides it before it connects; a token from a file or a secret store needs
-nothing, only its reference is in view (:func:`exposed` tells which):
+nothing, only its reference is in view (:func:`exposed` tells which; :func:`blank` erases the
+reference where that is cheap):
 
 - **On Linux, in place.** ``/proc/self/stat`` gives where the kernel reads both from (the
   initial command line and environment, on the main thread's stack); every copy of the token
