@@ -243,9 +243,12 @@ def connect(
 @command
 def unit(
     exec_start: str = typer.Option(
-        "/usr/local/bin/swamp",
+        None,
         "--exec",
-        help="How to start swamp on that machine, e.g. '/usr/bin/python3 /opt/swamp.pyz'.",
+        show_default=False,
+        help="How to start swamp on that machine, e.g. '/usr/bin/python3 -I /opt/swamp/swamp.pyz' "
+        "(default: how this swamp was started: this python and this pyz, or the swamp "
+        "program).",
     ),
     env_file: str = typer.Option(
         "/etc/swamp/worker.env", "--env-file", help="The EnvironmentFile the unit reads."
@@ -255,12 +258,13 @@ def unit(
 ) -> None:
     """Print a systemd service for 'swamp worker connect', configured from an EnvironmentFile
     (keep it mode 0600: it holds the token). SIGTERM drains (TimeoutStopSec=300 lets running
-    steps finish); Restart=on-failure with RestartPreventExitStatus=1, so neither a drained
-    worker (exit 0) nor a rejected one (exit 1) is restarted. Install it with:
-    swamp worker unit > /etc/systemd/system/swamp-worker.service && systemctl daemon-reload &&
-    systemctl enable --now swamp-worker"""
+    steps finish); Restart=on-failure with RestartPreventExitStatus=1 2, so neither a drained
+    worker (exit 0), a rejected one (exit 1) nor a misconfigured one (exit 2) is restarted.
+    Install it with: swamp worker unit > /etc/systemd/system/swamp-worker.service &&
+    systemctl daemon-reload && systemctl enable --now swamp-worker"""
     from swamp.errors import UserError
 
+    exec_start = exec_start or _this_swamp()
     for what, value in (("--exec", exec_start), ("--env-file", env_file)):
         if not value.startswith("/") or "\n" in value:
             raise UserError(f"{what} must be an absolute path (got {value!r})")
@@ -273,6 +277,24 @@ def unit(
         emit_json({"path": "/etc/systemd/system/swamp-worker.service", "content": text})
         return
     print(text, end="")
+
+
+def _this_swamp() -> str:
+    """The command that started this swamp, as a unit's ExecStart: the interpreter and the
+    pyz it runs from, else the ``swamp`` program on PATH (or beside this interpreter)."""
+    import os
+    import shutil
+
+    from swamp.orchestrator.downloads import running_pyz
+
+    pyz = running_pyz()
+    if pyz is not None:
+        return f"{os.path.abspath(sys.executable)} -I {os.path.realpath(pyz)}"
+    beside = os.path.join(os.path.dirname(sys.executable), "swamp")
+    found = shutil.which("swamp") or (beside if os.access(beside, os.X_OK) else None)
+    if found:
+        return os.path.abspath(found)
+    return f"{os.path.abspath(sys.executable)} -m swamp"
 
 
 @app.command("list", short_help="The pool: workers, status, slots, labels.")
@@ -637,15 +659,19 @@ def token_create(
     )
 
 
-def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dict:
-    """The orchestrator's URL and the sha256 of the build it serves, asked for *before* the
-    token is minted, so a failure here mints nothing. The URL must have a plain shape and the
-    checksum must be one (64 lowercase hex digits) before either goes into a script."""
+def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
+    """What a provisioning file carries, asked of the orchestrator *before* the token is
+    minted, so a failure here mints nothing: its URL, the sha256 of the build it serves, and
+    its own CA (``serve --tls auto``) with that CA's pin — read over a connection this CLI
+    verified (the repo's own server, or ``--ca-cert``), so what machines will trust is what
+    this command trusted. The URL must reach the orchestrator from here as well as from the
+    machines."""
     import httpx
 
-    from swamp.admin.routes import running_server
-    from swamp.domain.provisioning import check_url, is_sha256
+    from swamp.admin.routes import own_ca, running_server
+    from swamp.domain.provisioning import Build, check_url, is_sha256
     from swamp.errors import PeerError, UserError
+    from swamp.tls.trust import client_context, pem_pin
 
     if url:
         what = "--orchestrator-url"
@@ -661,12 +687,18 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dic
     check_url(url, what=what)
     base = ("https://" if url.startswith("wss://") else "http://") + url.split("://", 1)[1]
     base = base.rstrip("/")
+    own = None if ca_cert else own_ca(url, repo_dir)
+    verify = client_context(ca_file=ca_cert, ca_pem=own) if base.startswith("https") else True
     try:
-        answer = httpx.get(
-            f"{base}/swamp.pyz.sha256", timeout=10, verify=str(ca_cert) if ca_cert else True
-        )
+        with httpx.Client(timeout=10, verify=verify) as http:
+            answer = http.get(f"{base}/swamp.pyz.sha256")
+            ca_answer = http.get(f"{base}/tls/ca.pem") if answer.status_code == 200 else None
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise PeerError(f"cannot reach the orchestrator at {base}: {exc}") from None
+        hint = "" if ca_cert or own else " (an orchestrator with its own CA: pass --ca-cert)"
+        raise PeerError(
+            f"cannot reach the orchestrator at {base} from here: {exc}{hint}; the URL must "
+            "work both from this command and from the machines"
+        ) from None
     if answer.status_code != 200:
         raise PeerError(
             f"the orchestrator at {base} serves no build (HTTP {answer.status_code}): start it "
@@ -679,7 +711,30 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert) -> dic
             f"the orchestrator at {base} sent a malformed checksum for its build (not 64 "
             "lowercase hex digits): nothing was minted"
         )
-    return {"url": url, "download": f"{base}/swamp.pyz", "sha256": sha256}
+    ca_pem = ca_pin = None
+    if ca_answer is not None and ca_answer.status_code == 200 and base.startswith("https"):
+        ca_pem = ca_answer.text
+        try:
+            ca_pin = pem_pin(ca_pem)
+        except ValueError:
+            raise PeerError(f"the orchestrator at {base} sent an unreadable CA") from None
+    elif ca_cert:
+        ca_pem = Path(ca_cert).read_text()
+    return Build(
+        url=url,
+        download=f"{base}/swamp.pyz",
+        sha256=sha256,
+        bootstrap=_bootstrap_program(),
+        ca_pem=ca_pem,
+        ca_pin=ca_pin,
+    )
+
+
+def _bootstrap_program() -> str:
+    """The text of swamp/bootstrap.py, which provisioning files carry to new machines."""
+    from importlib.resources import files
+
+    return files("swamp").joinpath("bootstrap.py").read_text()
 
 
 def _outputs(kind: str, output: Path | None) -> list[tuple[Path, str]]:
@@ -757,15 +812,15 @@ class _NewFiles:
         self.fds = []
 
 
-def _provision(kind: str, build: dict, item, files: _NewFiles, *, json_output: bool) -> None:
+def _provision(kind: str, build, item, files: _NewFiles, *, json_output: bool) -> None:
     from swamp.domain import provisioning
 
     if kind == "cloud-init":
-        text = provisioning.cloud_init(token=item.token, **build)
+        text = provisioning.cloud_init(build, token=item.token)
     elif kind == "kubernetes":
-        text = provisioning.kubernetes(name=item.name, token=item.token, **build)
+        text = provisioning.kubernetes(build, name=item.name, token=item.token)
     else:
-        text = provisioning.compose(**build)
+        text = provisioning.compose(build)
     if not files.paths:
         if json_output:  # the token item, with the file that provisions a machine with it
             emit_json({**item.to_json(), "provisioning": {"kind": kind, "content": text}})

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.external import command, require
 from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -379,62 +380,116 @@ def test_an_orchestrator_and_two_workers_from_the_one_file(pyz, tmp_path):
             assert proc.wait(timeout=15) == 0
 
 
-def test_cloud_init_provisions_a_worker_from_the_orchestrators_build(pyz, cluster):
-    cluster.serve("--pyz", str(pyz))
-    digest = hashlib.sha256(pyz.read_bytes()).hexdigest()
+def _render_runcmd(commands) -> str:
+    """``runcmd`` as cloud-init writes it to its script (``util.shellify``, from Debian's
+    cloud-init package, imported by the system python that package serves)."""
+    system_python = "/usr/bin/python3"
+    require(Path(system_python).exists(), "the system python3 with Debian's cloud-init")
+    rendered = subprocess.run(
+        [system_python, "-c", "import json, sys; from cloudinit import util; "
+         "print(util.shellify(json.load(sys.stdin)), end='')"],
+        input=json.dumps(commands), capture_output=True, text=True,
+    )  # fmt: skip
+    require(rendered.returncode == 0, f"cloudinit (Debian's cloud-init): {rendered.stderr[-200:]}")
+    return rendered.stdout
+
+
+def _boot(tmp, config: dict, script: str, *, name: str) -> tuple[int, str, list[str], Path]:
+    """Boot a machine, as far as cloud-init goes, in a mount namespace of its own: a private
+    /opt and an overlay over /etc take the user-data's files; the rendered runcmd script runs
+    as cloud-init runs it (``sh``, no ``set -e``) with a ``systemctl`` that only writes down
+    what it was asked. Returns the script's exit status, its output, the systemctl calls, and
+    a copy of what the machine ended up with in /opt/swamp and /etc/swamp."""
+    command("unshare")
+    box = tmp / name
+    stage, upper, work, kept, fake = (box / d for d in ("stage", "up", "work", "kept", "bin"))
+    for folder in (stage, upper, work, kept, fake):
+        folder.mkdir(parents=True)
+    for entry in config["write_files"]:
+        path = stage / entry["path"].lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(entry["content"])
+        path.chmod(int(entry["permissions"], 8))
+    calls = box / "systemctl.calls"
+    (fake / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (fake / "systemctl").chmod(0o755)
+    (box / "runcmd").write_text(script)
+    inside = (
+        "set -e\n"
+        f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc\n"
+        "mount -t tmpfs tmpfs /opt\n"
+        f"cp -a {stage}/. /\n"
+        "set +e\n"
+        f"sh {box / 'runcmd'}; status=$?\n"
+        f"cp -a /opt/swamp /etc/swamp {kept}/ 2>/dev/null\n"
+        "exit $status\n"
+    )
+    booted = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", inside],
+        env=_env(PATH=f"{fake}:/usr/bin:/bin"), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = calls.read_text().splitlines() if calls.exists() else []
+    return booted.returncode, booted.stdout + booted.stderr, said, kept
+
+
+def test_cloud_init_starts_a_checked_build_and_nothing_else(pyz, cluster):
+    """The user-data of a --tls auto orchestrator, rendered the way cloud-init renders it and
+    run for real: with the download altered it starts nothing; with the real build it enables
+    the unit, whose command (run here as systemd would) enrolls over TLS it verified by pin."""
+    cluster.serve("--pyz", str(pyz), "--tls", "auto")
     out = cluster.tmp / "user-data.yaml"
     made = cluster.cli(
-        "worker",
-        "token",
-        "create",
-        "pool",
-        "--duration",
-        "1h",
-        "--max-enrollments",
-        "5",
-        "--cloud-init",
-        "--output",
-        str(out),
-    )
+        "worker", "token", "create", "pool", "--duration", "1h", "--max-enrollments", "5",
+        "--cloud-init", "--output", str(out),
+    )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert out.stat().st_mode & 0o777 == 0o600
-    text = out.read_text()
-    assert text.startswith("#cloud-config\n")
-    config = yaml.safe_load(text)
-    base = cluster.url.replace("ws://", "http://")
-    commands = config["runcmd"]
-    assert ["curl", "-fsSL", "--retry", "5", "-o", "/opt/swamp/swamp.pyz", f"{base}/swamp.pyz"] in (
-        commands
+    config = yaml.safe_load(out.read_text())
+    schema = subprocess.run(
+        [command("cloud-init"), "schema", "--config-file", str(out)], capture_output=True, text=True
     )
-    assert ["sha256sum", "-c", "/opt/swamp/swamp.pyz.sha256"] in commands  # no shell
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    [chain] = config["runcmd"]
+    pin = json.loads((cluster.repo / ".swamp" / "serve.json").read_text())["caPin"]
     files = {f["path"]: f for f in config["write_files"]}
-    checksum = files["/opt/swamp/swamp.pyz.sha256"]["content"]
-    assert checksum == f"{digest}  /opt/swamp/swamp.pyz\n"
-    # that check, run for real on this machine's copy of the build: it passes, and fails on
-    # a changed file
-    machine = cluster.tmp / "opt"
-    machine.mkdir()
-    shutil.copy(pyz, machine / "swamp.pyz")
-    (machine / "swamp.pyz.sha256").write_text(checksum.replace("/opt/swamp", str(machine)))
-    check = ["sha256sum", "-c", str(machine / "swamp.pyz.sha256")]
-    assert subprocess.run(check, capture_output=True).returncode == 0
-    with open(machine / "swamp.pyz", "ab") as changed:
-        changed.write(b"\0")
-    assert subprocess.run(check, capture_output=True).returncode != 0
-    env_file = files["/etc/swamp/worker.env"]
-    assert env_file["permissions"] == "0600"
-    unit = files["/etc/systemd/system/swamp-worker.service"]["content"]
-    assert "KillSignal=SIGTERM" in unit and "EnvironmentFile=/etc/swamp/worker.env" in unit
-    if shutil.which("cloud-init"):
-        schema = subprocess.run(
-            ["cloud-init", "schema", "--config-file", str(out)], capture_output=True, text=True
+    lines = files["/etc/swamp/worker.env"]["content"].splitlines()
+    env = dict(line.split("=", 1) for line in lines)
+    assert env["SWAMP_CA_PIN"] == pin and env["SWAMP_ORCHESTRATOR_URL"] == cluster.url
+
+    # the download altered: another file where the build should be
+    fake_dir = cluster.tmp / "altered"
+    fake_dir.mkdir()
+    (fake_dir / "swamp.pyz").write_bytes(pyz.read_bytes() + b"\0")
+    fake = subprocess.Popen(
+        [PYTHON, "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        cwd=fake_dir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        port = int(fake.stdout.readline().split(" port ")[1].split()[0])
+        altered = [f"http://127.0.0.1:{port}/swamp.pyz" if a == chain[4] else a for a in chain]
+        status, said, calls, kept = _boot(
+            cluster.tmp, config, _render_runcmd([altered]), name="altered"
         )
-        assert schema.returncode == 0, schema.stdout + schema.stderr
-    # the unit's ExecStart, with its environment file, against this orchestrator: it enrolls
+    finally:
+        fake.terminate()
+        fake.wait(timeout=10)
+    assert status != 0 and calls == [], said
+    assert "expected " + chain[5] in said and "not started" in said
+    assert not (kept / "swamp" / "swamp.pyz").exists()
+
+    # the real build, through the orchestrator's own TLS (the CA the user-data carries)
+    status, said, calls, kept = _boot(cluster.tmp, config, _render_runcmd([chain]), name="real")
+    assert status == 0, said
+    assert calls == ["daemon-reload", "enable --now swamp-worker"]
+    assert (kept / "swamp" / "swamp.pyz").read_bytes() == pyz.read_bytes()
+    unit = files["/etc/systemd/system/swamp-worker.service"]["content"]
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    argv = exec_start.removeprefix("ExecStart=").replace("/opt/swamp/swamp.pyz", str(pyz)).split()
-    env = dict(line.split("=", 1) for line in env_file["content"].splitlines() if line)
-    env["SWAMP_WORKER_CACHE_DIR"] = str(cluster.tmp / "cache")
+    argv = exec_start.removeprefix("ExecStart=").split()
+    argv = [str(kept / "swamp" / "swamp.pyz") if a == "/opt/swamp/swamp.pyz" else a for a in argv]
+    env.update(
+        SWAMP_CA_CERT=str(kept / "swamp" / "ca.pem"),
+        SWAMP_WORKER_CACHE_DIR=str(cluster.tmp / "cache"),
+    )
     worker = subprocess.Popen(
         argv, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -446,18 +501,42 @@ def test_cloud_init_provisions_a_worker_from_the_orchestrators_build(pyz, cluste
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=15) == 0
+    unit_file = cluster.tmp / "swamp-worker.service"
+    unit_file.write_text(unit)
+    verified = subprocess.run(
+        [command("systemd-analyze"), "verify", str(unit_file)], capture_output=True, text=True
+    )
+    assert verified.returncode == 0, verified.stderr
+
+
+def test_the_unit_printed_by_a_pyz_runs_that_pyz_and_passes_systemd_analyze(pyz, tmp_path):
+    printed = _swamp(pyz, "worker", "unit", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert f"ExecStart={PYTHON} -I {pyz.resolve()} worker connect\n" in printed.stdout
+    unit_file = tmp_path / "swamp-worker.service"
+    unit_file.write_text(printed.stdout)
+    verified = subprocess.run(
+        [command("systemd-analyze"), "verify", str(unit_file)], capture_output=True, text=True
+    )
+    assert verified.returncode == 0, verified.stderr
+
+
+def test_the_other_shapes_parse_and_carry_the_checked_download(pyz, cluster):
+    cluster.serve("--pyz", str(pyz))
+    digest = hashlib.sha256(pyz.read_bytes()).hexdigest()
+    base = cluster.url.replace("ws://", "http://")
     as_json = cluster.cli_json(
         "worker", "token", "create", "js", "--duration", "1h", "--cloud-init"
     )
     assert as_json["provisioning"]["kind"] == "cloud-init" and as_json["token"].startswith("js.")
     assert as_json["token"] in as_json["provisioning"]["content"]
-    # the other two shapes parse, and carry the checked download
-    for flag, kinds in (("--kubernetes", ["Secret", "Deployment"]), ("--compose", None)):
+    kinds = ["Secret", "ConfigMap", "Service", "StatefulSet"]
+    for flag, expected in (("--kubernetes", kinds), ("--compose", None)):
         printed = cluster.cli("worker", "token", "create", f"k{flag[2]}", "--duration", "1h", flag)
         assert printed.returncode == 0, printed.stderr
         documents = list(yaml.safe_load_all(printed.stdout))
-        if kinds:
-            assert [d["kind"] for d in documents] == kinds
+        if expected:
+            assert [d["kind"] for d in documents] == expected
         assert digest in printed.stdout and f"{base}/swamp.pyz" in printed.stdout
 
 
@@ -490,13 +569,17 @@ def test_a_container_fetches_checks_and_runs_the_build_without_a_shell(pyz, clus
     assert token.startswith("boxes.") and token_file.stat().st_mode & 0o777 == 0o600
     text = out.read_text()
     assert token not in text and token.split(".")[1] not in text
-    service = yaml.safe_load(text)["services"]["worker"]
-    command = service["command"]
-    assert command[:3] == ["python3", "-I", "-c"] and "sh" not in command
+    compose = yaml.safe_load(text)
+    service = compose["services"]["worker"]
+    argv_of = service["command"]
+    assert argv_of[:4] == ["python3", "-I", "/etc/swamp/bootstrap.py", "compose"]
+    bootstrap = cluster.tmp / "bootstrap.py"  # the config Compose mounts, $$ read as $
+    bootstrap.write_text(compose["configs"]["swamp_bootstrap"]["content"].replace("$$", "$"))
 
     def run(argv, log):
-        argv = [PYTHON if a == "python3" else a for a in argv]
-        argv = [str(cluster.tmp / "fetched.pyz") if a == "/tmp/swamp.pyz" else a for a in argv]
+        places = {"python3": PYTHON, "/tmp/swamp.pyz": str(cluster.tmp / "fetched.pyz"),
+                  "/etc/swamp/bootstrap.py": str(bootstrap)}  # fmt: skip
+        argv = [places.get(a, a) for a in argv]
         env = _env(
             SWAMP_ORCHESTRATOR_URL=service["environment"]["SWAMP_ORCHESTRATOR_URL"],
             SWAMP_WORKER_TOKEN_FILE=str(token_file),
@@ -507,15 +590,15 @@ def test_a_container_fetches_checks_and_runs_the_build_without_a_shell(pyz, clus
             return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
     # the control: a build that does not match the checksum is never run
-    wrong = list(command)
-    digest = command[5]
+    wrong = list(argv_of)
+    digest = argv_of[5]
     wrong[5] = digest[:-1] + ("0" if digest[-1] != "0" else "1")
     refused = run(wrong, cluster.tmp / "refused.log")
     refused.communicate(timeout=60)
     err = (cluster.tmp / "refused.log").read_text()
     assert refused.returncode == 1 and err.count("\n") == 1 and f"expected {wrong[5]}" in err
     assert not (cluster.tmp / "fetched.pyz").exists()
-    worker = run(command, cluster.tmp / "box.log")
+    worker = run(argv_of, cluster.tmp / "box.log")
     try:
         line = worker.stdout.readline()
         while line and "enrolled as" not in line:
