@@ -178,9 +178,11 @@ def connect(
 
     Exit status: 0 every intentional stop (a drain); 1 a permanent rejection (a revoked,
     expired, wrong or unknown token, a single-machine token bound elsewhere, a protocol
-    mismatch), which would repeat if restarted, or an unexpected error; 2 bad input, or a token
-    source that gave no token (one line naming it); 3 a forced stop (a second signal or
-    --drain-timeout). A full fleet is not a rejection: the worker waits for a place, retrying.
+    mismatch, a wrong --ca-pin), which would repeat if restarted, or an unexpected error; 2 bad
+    input, or a token source that gave no token (one line naming it); 3 a forced stop (a
+    second signal or --drain-timeout); 4 no orchestrator reached for the whole connect timeout
+    (a restart may help: the unit restarts it). A full fleet is not a rejection: the worker
+    waits for a place, retrying.
     --json prints one JSON event per line (connecting, enrolled, token_renewed,
     dispatch_started, dispatch_finished, draining, drain_complete, stopped {reason, exitCode}).
     """

@@ -15,6 +15,9 @@ from enum import Enum
 EXIT_OK = 0  # every intentional stop: a drain that finished
 EXIT_FAILED = 1  # a permanent rejection, or an unexpected error
 EXIT_FORCED = 3  # a second signal stopped running dispatches
+# The orchestrator could not be reached for --connect-timeout: not a rejection, so a service
+# manager that does not restart 1 and 2 (the unit) starts it again.
+EXIT_UNREACHABLE = 4
 
 
 class Stage(str, Enum):

@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from swamp.concurrency import open_unwrapping_nursery
-from swamp.domain.drain import Stage
+from swamp.domain.drain import EXIT_UNREACHABLE, Stage
 from swamp.domain.token_sources import another_token_may_help
 from swamp.domain.urls import redact
 from swamp.errors import Rejected, SwampError, UserError
@@ -221,9 +221,9 @@ async def _connect_loop(
                 "stopped",
                 reason=f"could not enroll within "
                 f"{config.connect_timeout:g}s (last error: {reason})",
-                exitCode=1,
+                exitCode=EXIT_UNREACHABLE,
             )
-            return 1
+            return EXIT_UNREACHABLE
         reporter.emit("retrying", delaySeconds=delay)
         await trio.sleep(delay)
         if drain.draining:  # signalled while away: there is nothing to finish
