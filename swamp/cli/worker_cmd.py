@@ -720,8 +720,16 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
             ca_pin = pem_pin(ca_pem)
         except ValueError:
             raise PeerError(f"the orchestrator at {base} sent an unreadable CA") from None
-    elif ca_cert:
-        ca_pem = Path(ca_cert).read_text()
+    elif ca_cert:  # the operator's CA: its certificates only, as a plain PEM text
+        from swamp.tls.certificates import pem, pem_blocks
+
+        try:
+            blocks = pem_blocks(Path(ca_cert).read_text(errors="replace"), "CERTIFICATE")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read --ca-cert {ca_cert}: {exc}") from None
+        if not blocks:
+            raise UserError(f"--ca-cert {ca_cert} holds no certificate")
+        ca_pem = "".join(pem("CERTIFICATE", block) for block in blocks)
     return Build(
         url=url,
         download=f"{base}/swamp.pyz",

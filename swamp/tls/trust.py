@@ -116,8 +116,10 @@ async def fetch_ca(host: str, port: int) -> str:
         raise PeerError(f"{where} answered {CA_PATH} with more than {MAX_CA_BYTES} bytes")
     head, _, body = bytes(received).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
-    if len(status) < 2 or status[1] != b"200":
-        code = printable(status[1].decode("latin-1")) if len(status) > 1 else "no status"
+    code = printable(status[1].decode("latin-1")) if len(status) > 1 else "no status"
+    if code not in ("200", "404"):  # busy, or a proxy in the way: ask again later
+        raise PeerError(f"{where} answered {CA_PATH} with HTTP {code}")
+    if code == "404":
         raise PinMismatch(
             f"{where} has no CA of its own to check --ca-pin against ({CA_PATH}: {code}): "
             "is it 'swamp serve --tls auto'?"
