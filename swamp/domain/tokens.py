@@ -315,9 +315,9 @@ def redeem(
     if not token.has_room():
         if token.max_enrollments != 1:  # a fleet: a gone machine's place frees in time
             raise FleetFull(
-                f"fleet token {name!r} has all its places taken ({token.enrollments_text()}); "
-                "a place frees when one of its machines has been gone for the orchestrator's "
-                "--worker-retention"
+                f"fleet token {name!r}: enrollment allowance exhausted "
+                f"({token.enrollments_text()}); a place frees when one of its machines has "
+                "been gone for the orchestrator's --worker-retention"
             )
         raise AllowanceExhausted(
             f"token {name!r}: enrollment allowance exhausted ({token.enrollments_text()})"

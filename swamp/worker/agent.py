@@ -1,7 +1,8 @@
 """The connect loop: keep a session up for as long as the token lives.
 
 After a drop the worker reconnects with capped exponential backoff (1 s doubling to 30 s) until
-its token's deadline; before its first enrollment it keeps trying for ``connect_timeout``. A
+its token's deadline; before its first enrollment it keeps trying for ``connect_timeout`` (a
+fleet token whose places are all taken is such a wait: it says so, then waits for a place). A
 permanent rejection (revoked, expired, wrong secret, unknown token, protocol mismatch) stops it at
 once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
 
@@ -30,7 +31,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.drain import EXIT_UNREACHABLE, Stage
 from swamp.domain.token_sources import another_token_may_help
 from swamp.domain.urls import redact
-from swamp.errors import Rejected, SwampError, UserError
+from swamp.errors import FleetFull, Rejected, SwampError, UserError
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.worker.config import WorkerConfig
@@ -175,6 +176,7 @@ async def _connect_loop(
             reaper=reaper,
             drain=drain,
         )
+        full = False  # every place of its fleet token is taken: it waits for one
         try:
             reason = await session.run()
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
@@ -192,6 +194,8 @@ async def _connect_loop(
             if drain.draining:
                 return drain.exit_code
             continue
+        except FleetFull as exc:  # not permanent: a gone member's place frees in time
+            reason, full = exc.message, True
         except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
         if drain.draining:  # drained, stopped, or the socket ended mid-drain: no reconnect
@@ -201,7 +205,8 @@ async def _connect_loop(
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at
             backoff.reset()
-        reporter.emit("disconnected", reason=reason)
+        # the orchestrator's words first (they name the allowance: "… exhausted (3 / 3)")
+        reporter.emit("fleet_full" if full else "disconnected", reason=reason)
         delay = backoff.next()
         if token_deadline is not None:
             if time.time() + delay >= token_deadline:
@@ -224,7 +229,7 @@ async def _connect_loop(
                 exitCode=EXIT_UNREACHABLE,
             )
             return EXIT_UNREACHABLE
-        reporter.emit("retrying", delaySeconds=delay)
+        reporter.emit("waiting_for_place" if full else "retrying", delaySeconds=delay)
         await trio.sleep(delay)
         if drain.draining:  # signalled while away: there is nothing to finish
             return drain.exit_code

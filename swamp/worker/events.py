@@ -54,6 +54,10 @@ def _human(event: str, f: dict) -> str:
         return f"disconnected: {f['reason']}"
     if event == "retrying":
         return f"reconnecting in {f['delaySeconds']:g}s"
+    if event == "fleet_full":
+        return f"not enrolled: {f['reason']}"
+    if event == "waiting_for_place":
+        return f"waiting for a place in the fleet: asking again in {f['delaySeconds']:g}s"
     if event == "draining":
         return (
             f"draining ({f['reason']}): no new work; waiting for {f['running']} running "

@@ -92,9 +92,9 @@ def test_one_token_three_named_labelled_dispatchable_members(cluster):
     # a fourth machine: it waits for a place (one frees after a member is gone for the
     # retention), retrying, and never enrolls meanwhile
     fourth = cluster.worker(token, cache_dir=_cache(cluster, "m3"), wait=False)
-    waiting = fourth.wait_for(lambda e: e.get("event") == "disconnected")
-    assert "fleet token 'pool' has all its places taken (3 / 3)" in waiting["reason"]
-    fourth.wait_for(lambda e: e.get("event") == "retrying")
+    told = fourth.wait_for(lambda e: e.get("event") == "fleet_full")
+    assert "fleet token 'pool': enrollment allowance exhausted (3 / 3)" in told["reason"]
+    fourth.wait_for(lambda e: e.get("event") == "waiting_for_place")
     fourth.signal(signal.SIGTERM)
     assert fourth.wait_exit() == 0
     assert not any(e.get("event") == "enrolled" for e in fourth.events())
@@ -298,7 +298,7 @@ async def test_two_hundred_racing_enrollments_yield_exactly_ten_bindings(cluster
     refused = [o for o in outcomes if o["type"] == "error"]
     assert len(enrolled) == 10 and len(refused) == 190
     assert {o["error"]["code"] for o in refused} == {"fleet_full"}
-    assert all("has all its places taken (10 / 10)" in o["error"]["message"] for o in refused)
+    assert all("enrollment allowance exhausted (10 / 10)" in o["error"]["message"] for o in refused)
     assert len(_tokens(cluster)["ten"]["bindings"]) == 10
 
 
