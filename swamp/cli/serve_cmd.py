@@ -21,8 +21,52 @@ class EscapingFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+def _from_file(ctx: typer.Context, repo) -> tuple[dict[str, object], set[str]]:
+    """The settings of the repo's ``swamp.toml`` ``[serve]`` table that apply (by parameter
+    name; paths relative to the repo), and the names of the parameters they set. Every
+    option of this command may be there under its long name without dashes; one given on the
+    command line or in the environment wins (``swamp.domain.settings``)."""
+    from swamp.domain.settings import Kind, from_file
+
+    options = {}  # key in the file → the option
+    for param in ctx.command.params:
+        if param.name in ("repo_dir", "json_output") or not getattr(param, "opts", None):
+            continue
+        options[max(param.opts, key=len).lstrip("-")] = param
+    known = {
+        key: (
+            Kind.FLAG
+            if getattr(p, "is_flag", False)
+            else Kind.TEXTS
+            if p.multiple
+            else Kind.NUMBER
+            if p.type.name in ("int", "integer")
+            else Kind.TEXT
+        )
+        for key, p in options.items()
+    }
+    given = {
+        key
+        for key, p in options.items()
+        if getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT")
+        not in ("DEFAULT", "DEFAULT_MAP")
+    }
+    table = repo.config().get("serve")
+    values = {}
+    for key, value in from_file(table, known, given=given, where=f"{CONFIG} [serve]").items():
+        param = options[key]
+        if param.type.name == "path":
+            value = repo.root / value
+        values[param.name] = value
+    return values, set(values)
+
+
+CONFIG = "swamp.toml"
+
+
 @command
 def serve(
+    ctx: typer.Context,
     repo_dir: Path = REPO_DIR,
     host: str = typer.Option(
         "127.0.0.1",
@@ -161,6 +205,10 @@ def serve(
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
 
+    Any option may also be set in the repo's swamp.toml, in its [serve] table, under its long
+    name without dashes (port = 7420, heartbeat = "5s", verify-on-enroll = true); the command
+    line and the environment win over the file.
+
     Prints the ws:// URL it listens on and writes it to .swamp/serve.json (mode 0600, with
     the local admin credential the CLI in this repo presents). Before accepting traffic it
     reconciles what a previous run left: active leases expire, workers that were connected
@@ -185,29 +233,39 @@ def serve(
     from swamp.repo import Repo
 
     repo = Repo.find(repo_path(repo_dir))
-    if write_quota_records < 1:
-        raise UserError(f"invalid --write-quota-records {write_quota_records}: expected 1 or more")
+    filed, in_file = _from_file(ctx, repo)
+    o = {**ctx.params, **filed}
+
+    def what(name: str) -> str:
+        key = name.replace("_", "-")
+        return f"{CONFIG} [serve] {key}" if name in in_file else f"--{key}"
+
+    if o["write_quota_records"] < 1:
+        raise UserError(
+            f"invalid {what('write_quota_records')} {o['write_quota_records']}: expected 1 or more"
+        )
     options = ServeOptions(
-        host=host,
-        port=port,
-        auth=auth,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls=tls,
-        tls_names=tuple(tls_name or ()),
-        grace_seconds=parse_duration(grace_window, what="--grace-window"),
-        heartbeat_seconds=parse_duration(heartbeat, what="--heartbeat"),
-        worker_retention=parse_duration(worker_retention, what="--worker-retention"),
-        verify_on_enroll=verify_on_enroll,
-        allow_origins=tuple(allow_origin or ()),
-        trusted_hosts=tuple(trusted_host or ()),
-        ship_env=tuple(n.strip() for n in (ship_env or "").split(",") if n.strip()),
-        queue_timeout=queue_timeout,
-        pyz=pyz,
-        private_downloads=private_downloads,
-        default_timeout=parse_timeout(default_timeout, what="--default-timeout"),
+        host=o["host"],
+        port=o["port"],
+        auth=o["auth"],
+        tls_cert=o["tls_cert"],
+        tls_key=o["tls_key"],
+        tls=o["tls"],
+        tls_names=tuple(o["tls_name"] or ()),
+        grace_seconds=parse_duration(o["grace_window"], what=what("grace_window")),
+        heartbeat_seconds=parse_duration(o["heartbeat"], what=what("heartbeat")),
+        worker_retention=parse_duration(o["worker_retention"], what=what("worker_retention")),
+        verify_on_enroll=o["verify_on_enroll"],
+        allow_origins=tuple(o["allow_origin"] or ()),
+        trusted_hosts=tuple(o["trusted_host"] or ()),
+        ship_env=tuple(n.strip() for n in (o["ship_env"] or "").split(",") if n.strip()),
+        queue_timeout=o["queue_timeout"],
+        pyz=o["pyz"],
+        private_downloads=o["private_downloads"],
+        default_timeout=parse_timeout(o["default_timeout"], what=what("default_timeout")),
         write_quota=WriteQuota(
-            parse_size(write_quota_bytes, what="--write-quota-bytes"), write_quota_records
+            parse_size(o["write_quota_bytes"], what=what("write_quota_bytes")),
+            o["write_quota_records"],
         ),
         json=json_output,
     )
