@@ -379,7 +379,11 @@ class RunView:
 def run(
     name: str = typer.Argument(...),
     input: list[str] = typer.Option(
-        None, "--input", metavar="K=V", help="A workflow input; repeatable."
+        None,
+        "--input",
+        metavar="K=V",
+        help="A workflow input; repeatable. V takes the input's declared type: JSON for an "
+        """array or object (--input 'hosts=["a", "b"]'), text for a string.""",
     ),
     timeout: str = typer.Option(
         None, "--timeout", help="Cancel the run after this long, e.g. 30m."

@@ -9,6 +9,7 @@ A dependency on a ``forEach`` step means all of its expansions (their combined s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
 from swamp.domain.workflow import Dependency
@@ -16,6 +17,8 @@ from swamp.errors import UserError
 
 DONE = frozenset({"succeeded", "failed", "skipped"})
 MAX_EXPANSIONS = 1000  # a forEach runs a step at most this many times
+MAX_INPUT_DEPTH = 32  # how deep an array or object input given as JSON may nest
+_TOO_DEEP = object()  # JSON too deep for the parser itself
 RUN_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -88,3 +91,54 @@ def expansion_name(template: str, item: object, index: int) -> str:
     if isinstance(item, dict) and isinstance(item.get("name"), str):
         return f"{template}-{item['name']}"
     return f"{template}-{index}"
+
+
+def input_value(value: object, kind: object, key: str) -> object:
+    """A run's input as its schema's ``type`` says: ``--input k=v`` gives text, so an
+    ``integer``, ``number`` or ``boolean`` is read from it, and an ``array`` or ``object`` is
+    read as JSON (``--input 'hosts=["a", "b"]'``); a ``string`` (or an input the schema gives
+    no single type) stays the text it was. A value that is not text already has its type."""
+    if not isinstance(value, str) or kind in (None, "string"):
+        return value
+    if kind in ("array", "object"):
+        shown = value if len(value) <= 60 else f"{value[:60]}…"
+        example = '["a", "b"]' if kind == "array" else '{"k": "v"}'
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            why = getattr(exc, "msg", "not JSON")
+            raise UserError(
+                f"input {key!r}: expected JSON for its type {kind} (e.g. {example}), got "
+                f"{shown!r}: {why}"
+            ) from None
+        except RecursionError:
+            parsed = _TOO_DEEP
+        if parsed is _TOO_DEEP or _deeper_than(parsed, MAX_INPUT_DEPTH):
+            raise UserError(
+                f"input {key!r}: its JSON is nested more than {MAX_INPUT_DEPTH} levels deep"
+            )
+        return parsed  # of another type than the schema's? its check says so, by name
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            return float(value)
+        if kind == "boolean" and value in ("true", "false"):
+            return value == "true"
+    except ValueError:
+        raise UserError(f"input {key!r}: expected {kind}, got {value!r}") from None
+    return value
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether parsed JSON has a list or object more than ``limit`` levels down (level by
+    level: no recursion, whatever the depth)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, (dict, list))
+        ]
+    return bool(level)

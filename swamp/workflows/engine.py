@@ -36,6 +36,7 @@ from swamp.domain.workflow_run import (
     decide,
     expansion_items,
     expansion_name,
+    input_value,
     job_status,
     run_status,
 )
@@ -662,27 +663,11 @@ def check_inputs(workflow: Workflow, raw: dict) -> dict:
     values = {}
     for key, value in raw.items():
         kind = (properties.get(key) or {}).get("type")
-        values[key] = _coerce(value, kind, key)
+        values[key] = input_value(value, kind, key)
     try:
         return fastjsonschema.compile(workflow.inputs, use_default=True)(values)
     except fastjsonschema.JsonSchemaException as exc:
         raise UserError(f"workflow {workflow.name!r} inputs: {exc.message}") from None
-
-
-def _coerce(value, kind, key):
-    """``--input k=v`` gives text: turn it into the schema's type where it says one."""
-    if not isinstance(value, str) or kind in (None, "string"):
-        return value
-    try:
-        if kind == "integer":
-            return int(value)
-        if kind == "number":
-            return float(value)
-        if kind == "boolean" and value in ("true", "false"):
-            return value == "true"
-    except ValueError:
-        raise UserError(f"input {key!r}: expected {kind}, got {value!r}") from None
-    return value
 
 
 def _ms_between(a: str, b: str) -> int:

@@ -375,6 +375,44 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
     assert "gave 1001 items; a step runs at most 1000 times" in run["jobs"][0]["error"]
 
 
+LISTS = """\
+    name = "lists"
+    [inputs.properties.hosts]
+    type = "array"
+    [inputs.properties.opts]
+    type = "object"
+    default = {}
+    [inputs.properties.note]
+    type = "string"
+    [[jobs]]
+    name = "fan"
+    [[jobs.steps]]
+    name = "each"
+    forEach = { item = "h", in = "${{ inputs.hosts }}" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_array_and_object_inputs_are_json_the_same_on_both_routes(cluster):
+    _write(cluster, "lists", LISTS)
+    given = ["--input", 'hosts=["a", "b"]', "--input", 'opts={"k": 1}', "--input", 'note=["x"]']
+
+    def answers(*route: str) -> list:
+        result = cluster.cli("workflow", "run", "lists", *given, *route, "--json", timeout=120)
+        assert result.returncode == 0, result.stderr
+        run = [json.loads(line) for line in result.stdout.splitlines() if '"run"' in line][-1]
+        assert run["run"]["inputs"] == {"hosts": ["a", "b"], "opts": {"k": 1}, "note": '["x"]'}
+        assert [s["name"] for s in run["run"]["jobs"][0]["steps"]] == ["each-a", "each-b"]
+        bad = cluster.cli("workflow", "run", "lists", "--input", "hosts=a,b", *route)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+        assert "input 'hosts': expected JSON for its type array" in bad.stderr
+        return [bad.stderr]
+
+    on_the_repo = answers()  # no server: the run is in the CLI
+    cluster.serve()
+    assert answers("--server", cluster.url) == on_the_repo
+
+
 FOLLOWS = """\
     name = "follows"
     [[jobs]]

@@ -198,3 +198,25 @@ def test_a_workflow_name_is_checked_before_any_file_is_looked_at():
         assert "\n" not in info.value.message and len(info.value.message) < 200
     with pytest.raises(UserError, match=r"\(3000000 characters\)"):
         check_workflow_name("a" * 3_000_000)
+
+
+def test_an_array_or_object_input_is_read_as_json_and_a_string_stays_text():
+    from swamp.domain.workflow_run import input_value
+    from swamp.errors import UserError
+
+    assert input_value('["a", "b"]', "array", "hosts") == ["a", "b"]
+    assert input_value('{"k": [1, 2]}', "object", "opts") == {"k": [1, 2]}
+    assert input_value('["a", "b"]', "string", "s") == '["a", "b"]'  # text stays text
+    assert input_value("[1]", None, "s") == "[1]"  # no type: as given
+    assert input_value(["a"], "array", "hosts") == ["a"]  # already a list (a nested run)
+    assert input_value("3", "integer", "n") == 3 and input_value("true", "boolean", "b") is True
+    for text, kind, needle in (
+        ("a,b", "array", """input 'hosts': expected JSON for its type array (e.g. ["a", "b"]), """),
+        ("{k: 1}", "object", "expected JSON for its type object"),
+        ("[" * 100_000, "array", "nested more than 32 levels deep"),  # never the parser's stack
+        ("[" * 40 + "]" * 40, "array", "nested more than 32 levels deep"),
+    ):
+        with pytest.raises(UserError) as info:
+            input_value(text, kind, "hosts")
+        assert needle in info.value.message and "\n" not in info.value.message
+        assert len(info.value.message) < 200
