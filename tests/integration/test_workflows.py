@@ -2,6 +2,7 @@
 chained between steps, placed steps through the queue, cancellation and a crash, validation."""
 
 import json
+import re
 import shutil
 import signal
 import textwrap
@@ -411,6 +412,22 @@ def test_array_and_object_inputs_are_json_the_same_on_both_routes(cluster):
     on_the_repo = answers()  # no server: the run is in the CLI
     cluster.serve()
     assert answers("--server", cluster.url) == on_the_repo
+
+
+def test_the_readme_documents_a_guard_and_its_example_runs_as_it_says(cluster):
+    text = (ROOT / "README.md").read_text()
+    workflows = text[text.index("### Workflows") :]
+    workflows = workflows[: workflows.index("\n### ", 1)]
+    block = re.search(r"```toml\n( *# guard: .*?\n) *```", workflows, re.S)
+    assert block, "the Workflows section has no guard example"
+    (cluster.repo / "workflows" / "release.toml").write_text(textwrap.dedent(block.group(1)))
+    code, run, _ = _run(cluster, "release")
+    assert code == 0 and _steps(run)["ship.upload"]["status"] == "succeeded"
+    code, run, events = _run(cluster, "release", "--input", "dry_run=true")
+    upload = _steps(run)["ship.upload"]
+    assert code == 0 and upload["status"] == "skipped"
+    assert upload["reason"] == "guard ${{ inputs.dry_run }}"
+    assert any(e.get("what") == "skipped" and e.get("step") == "upload" for e in events)
 
 
 FOLLOWS = """\
