@@ -34,7 +34,7 @@ from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope, stored_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
-from swamp.domain.workflow import check_workflow_name
+from swamp.domain.workflow import check_workflow_name, explicit
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
@@ -309,7 +309,9 @@ class RepoAdmin:
         name = _needs_name(request)
         loaded = self.workflows.load(name)
         raw = tomllib.loads((self.workflows.dir / f"{name}.toml").read_text(encoding="utf-8"))
-        return WorkflowShowReply(workflow=raw, problems=[_problem(p) for p in loaded.problems])
+        return WorkflowShowReply(
+            workflow=explicit(raw), problems=[_problem(p) for p in loaded.problems]
+        )
 
     async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
         names = [check_workflow_name(request.name)] if request.name else self.workflows.names()

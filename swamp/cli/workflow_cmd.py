@@ -205,7 +205,9 @@ def show(
     repo_dir: Path = REPO_DIR,
     json_output: bool = JSON,
 ) -> None:
-    """The workflow's jobs and steps (with their dependencies, placement and task)."""
+    """The workflow's jobs and steps: what each runs, what it depends on (and on which
+    condition), its concurrency cap, whether a step may fail without failing its job, and its
+    fan-out, guard and placement. --json gives the file with those defaults written out."""
     from swamp.domain.text import printable
     from swamp.domain.workflow import check_workflow_name
     from swamp.protocol.messages import WorkflowRequest
@@ -223,27 +225,95 @@ def show(
         emit_json(reply.to_json())
         return
     wf = reply.workflow
-    print(printable(f"{name}: {wf.get('description', '')}"))
-    for job in wf.get("jobs", []):
-        deps = ", ".join(
-            f"{d.get('job')} {d.get('condition', {}).get('type', 'succeeded')}"
-            for d in job.get("dependsOn", [])
+    print(printable(f"{name}: {wf.get('description', '')}".rstrip(": ")))
+    print(f"jobs at once: {_cap(wf.get('concurrency'))}")
+    print()
+    print(
+        table(
+            ["JOB", "STEP", "RUNS", "DEPENDS ON", "CONCURRENCY", "ALLOW FAILURE", "MORE"], _rows(wf)
         )
-        print(printable(f"  job {job.get('name')}" + (f" (after {deps})" if deps else "")))
-        for step in job.get("steps", []):
-            task = step.get("task", {})
-            what = task.get("workflowIdOrName") or (
+    )
+    _print_problems([{"name": name, "problems": reply.problems}] if reply.problems else [])
+
+
+def _cap(value, none: str = "no cap") -> str:
+    """A concurrency as written: 0 (or nothing) is no cap."""
+    return none if value in (0, None) else str(value)
+
+
+def _condition(condition) -> str:
+    if not isinstance(condition, dict):
+        return str(condition)
+    kind = condition.get("type", "succeeded")
+    if kind in ("and", "or"):
+        parts = condition.get("conditions")
+        if isinstance(parts, list):
+            return "(" + f" {kind} ".join(_condition(c) for c in parts) + ")"
+    if kind == "not":
+        return f"not {_condition(condition.get('condition'))}"
+    return str(kind)
+
+
+def _depends(node: dict, noun: str) -> str:
+    deps = node.get("dependsOn") or []
+    if not isinstance(deps, list):
+        return str(deps)
+    return (
+        ", ".join(
+            f"{d.get(noun)} {_condition(d.get('condition'))}" if isinstance(d, dict) else str(d)
+            for d in deps
+        )
+        or "-"
+    )
+
+
+def _rows(wf: dict) -> list[list[str]]:
+    """A row per job (its own settings), then a row per step of it."""
+    rows = []
+    jobs = wf.get("jobs") if isinstance(wf.get("jobs"), list) else []
+    for job in jobs:
+        if not isinstance(job, dict):
+            continue
+        # a job's cap is on its steps at once; without one, the workflow's applies to them too
+        cap = _cap(job.get("concurrency"), "-")
+        if cap == "-" and _cap(wf.get("concurrency"), "-") != "-":
+            cap = f"{wf['concurrency']} (the workflow's)"
+        rows.append([str(job.get("name")), "", "", _depends(job, "job"), cap, "", _more(job)])
+        steps = job.get("steps") if isinstance(job.get("steps"), list) else []
+        for step in steps:
+            if not isinstance(step, dict):
+                continue
+            task = step.get("task") if isinstance(step.get("task"), dict) else {}
+            runs = task.get("workflowIdOrName") or (
                 f"{task.get('modelIdOrName') or task.get('modelType')}.{task.get('methodName')}"
             )
-            extra = []
-            if step.get("forEach"):
-                extra.append(f"for each {step['forEach'].get('item')}")
-            for key in ("target", "labels", "platform", "queueTimeout"):
-                if key in step:
-                    extra.append(f"{key}={step[key]}")
-            suffix = f" [{'; '.join(extra)}]" if extra else ""
-            print(printable(f"    step {step.get('name')}: {what}{suffix}"))
-    _print_problems([{"name": name, "problems": reply.problems}] if reply.problems else [])
+            extra = (
+                [f"for each {step['forEach'].get('item')}"]
+                if isinstance(step.get("forEach"), dict)
+                else []
+            )
+            if step.get("guard"):
+                extra.append(f"guard {step['guard']}")
+            rows.append(
+                [
+                    "",
+                    str(step.get("name")),
+                    str(runs),
+                    _depends(step, "step"),
+                    _cap(step.get("concurrency"), "-"),  # its forEach expansions at once
+                    "yes" if step.get("allowFailure") is True else "no",
+                    "; ".join([*extra, _more(step)]).strip("; "),
+                ]
+            )
+    return rows
+
+
+def _more(node: dict) -> str:
+    return "; ".join(
+        f"{key}={node[key]}"
+        for key in ("target", "labels", "platform", "queueTimeout", "timeout", "affinity")
+        if key in node
+    )
 
 
 # -- running ------------------------------------------------------------------------------------

@@ -511,6 +511,48 @@ class _Reader:
         )
 
 
+def explicit(raw: dict) -> dict:
+    """The workflow file ``raw`` with what its jobs and steps leave to the defaults written
+    out (for ``workflow show``): ``dependsOn`` (each with its ``condition``), ``concurrency``
+    (``0``: no cap) on the workflow, each job and each step, and each step's
+    ``allowFailure``. A value as written is kept as it is, even a wrong one (the file's
+    problems are reported beside it); parts that are not tables are left alone."""
+
+    def deps(node: dict) -> None:
+        node.setdefault("dependsOn", [])
+        if isinstance(node["dependsOn"], list):
+            node["dependsOn"] = [
+                {**d, "condition": d.get("condition", {"type": "succeeded"})}
+                if isinstance(d, dict)
+                else d
+                for d in node["dependsOn"]
+            ]
+
+    out = dict(raw)
+    out.setdefault("concurrency", 0)
+    jobs = out.get("jobs")
+    if not isinstance(jobs, list):
+        return out
+    out["jobs"] = []
+    for job in jobs:
+        if isinstance(job, dict):
+            job = dict(job)
+            deps(job)
+            job.setdefault("concurrency", 0)
+            steps = job.get("steps")
+            if isinstance(steps, list):
+                job["steps"] = []
+                for step in steps:
+                    if isinstance(step, dict):
+                        step = dict(step)
+                        deps(step)
+                        step.setdefault("concurrency", 0)
+                        step.setdefault("allowFailure", False)
+                    job["steps"].append(step)
+        out["jobs"].append(job)
+    return out
+
+
 def _constant(text: str) -> object:
     """The value of an expression that needs no names (else ``None``): ``${{ 'a' }}``."""
     try:

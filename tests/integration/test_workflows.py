@@ -430,6 +430,66 @@ def test_the_readme_documents_a_guard_and_its_example_runs_as_it_says(cluster):
     assert any(e.get("what") == "skipped" and e.get("step") == "upload" for e in events)
 
 
+CAPS = """\
+    name = "caps"
+    concurrency = 2
+    [[jobs]]
+    name = "a"
+    [[jobs.steps]]
+    name = "fan"
+    concurrency = 3
+    allowFailure = true
+    forEach = { item = "x", in = "${{ [1, 2, 3] }}" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+    [[jobs]]
+    name = "b"
+    concurrency = 1
+    dependsOn = [{ job = "a", condition = { type = "or", conditions = [{ type = "succeeded" }, { type = "failed" }] } }]
+    [[jobs.steps]]
+    name = "second"
+    dependsOn = [{ step = "first" }]
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+    [[jobs.steps]]
+    name = "first"
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""  # noqa: E501
+
+
+def test_show_gives_each_dependency_cap_and_allowed_failure_the_same_on_both_routes(cluster):
+    _write(cluster, "caps", CAPS)
+
+    def answers(*route: str) -> tuple[str, dict]:
+        text = cluster.cli("workflow", "show", "caps", *route)
+        assert text.returncode == 0, text.stderr
+        return text.stdout, cluster.cli_json("workflow", "show", "caps", *route)
+
+    text, shown = answers()
+    lines = text.splitlines()
+    assert lines[1] == "jobs at once: 2"
+    header = lines[3].split()
+    assert header[:4] == ["JOB", "STEP", "RUNS", "DEPENDS"]
+    assert "CONCURRENCY" in header and "ALLOW" in header
+    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    assert rows["a"][1:4] == ["-", "2", "(the"]  # no cap of its own: the workflow's applies
+    assert rows["fan"][1:5] == ["swamp/echo.echo", "-", "3", "yes"]
+    assert rows["b"][1:] == ["a", "(succeeded", "or", "failed)", "1"]
+    assert rows["second"][1:6] == ["swamp/echo.echo", "first", "succeeded", "-", "no"]
+    assert rows["first"][1:4] == ["swamp/echo.echo", "-", "-"]
+    wf = shown["workflow"]
+    assert wf["concurrency"] == 2
+    a, b = wf["jobs"]
+    assert (a["dependsOn"], a["concurrency"]) == ([], 0)
+    assert [(s["concurrency"], s["allowFailure"], s["dependsOn"]) for s in a["steps"]] == [
+        (3, True, [])
+    ]
+    assert b["concurrency"] == 1 and b["dependsOn"][0]["condition"]["type"] == "or"
+    second, first = b["steps"]
+    assert second["dependsOn"] == [{"step": "first", "condition": {"type": "succeeded"}}]
+    assert (first["dependsOn"], first["concurrency"], first["allowFailure"]) == ([], 0, False)
+    cluster.serve()
+    assert answers("--server", cluster.url) == (text, shown)
+
+
 FOLLOWS = """\
     name = "follows"
     [[jobs]]

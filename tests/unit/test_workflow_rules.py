@@ -220,3 +220,41 @@ def test_an_array_or_object_input_is_read_as_json_and_a_string_stays_text():
             input_value(text, kind, "hosts")
         assert needle in info.value.message and "\n" not in info.value.message
         assert len(info.value.message) < 200
+
+
+def test_show_writes_out_dependencies_caps_and_allowed_failures():
+    from swamp.domain.workflow import explicit
+
+    raw = {
+        "name": "w",
+        "jobs": [
+            {
+                "name": "a",
+                "steps": [{"name": "s", "task": {}}, "not a table"],
+            },
+            {
+                "name": "b",
+                "concurrency": 2,
+                "dependsOn": [{"job": "a"}, "wrong"],
+                "steps": [{"name": "t", "dependsOn": [{"step": "u"}], "allowFailure": True}],
+            },
+        ],
+    }
+    out = explicit(raw)
+    assert out["concurrency"] == 0
+    a, b = out["jobs"]
+    assert a["dependsOn"] == [] and a["concurrency"] == 0
+    assert a["steps"][0] == {
+        "name": "s",
+        "task": {},
+        "dependsOn": [],
+        "concurrency": 0,
+        "allowFailure": False,
+    }
+    assert a["steps"][1] == "not a table"  # as written: its problem is reported beside it
+    assert b["concurrency"] == 2
+    assert b["dependsOn"] == [{"job": "a", "condition": {"type": "succeeded"}}, "wrong"]
+    assert b["steps"][0]["dependsOn"] == [{"step": "u", "condition": {"type": "succeeded"}}]
+    assert b["steps"][0]["allowFailure"] is True
+    assert raw["jobs"][0] == {"name": "a", "steps": [{"name": "s", "task": {}}, "not a table"]}
+    assert explicit({"jobs": "oops"}) == {"jobs": "oops", "concurrency": 0}
