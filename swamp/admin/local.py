@@ -181,7 +181,11 @@ class RepoAdmin:
     async def worker_list(self, request: WorkerListRequest) -> WorkerListReply:
         live = None
         if self.gateway is not None:
-            live = {m.name: m.to_json() for m in self.gateway.pool.members.values()}
+            now, loop_now = self.clock(), trio.current_time()
+            live = {
+                m.name: m.to_json(last_seen=m.last_seen(now, loop_now))
+                for m in self.gateway.pool.members.values()
+            }
         return WorkerListReply.decode(
             worker_items(WorkerBook(self.store).all(), live, show_all=request.all)
         )

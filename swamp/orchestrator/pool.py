@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from swamp.domain.scheduler import PoolIndex, Slots
 from swamp.domain.workers import WorkerStatus, is_schedulable
 from swamp.protocol.rpc import RpcChannel
-from swamp.store.datastore import Record
+from swamp.store.datastore import Record, iso
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -46,7 +46,17 @@ class Member:
     def connected(self) -> bool:
         return self.channel is not None and not self.channel.closed
 
-    def to_json(self) -> dict:
+    def last_seen(self, now: float, loop_now: float) -> str:
+        """When the orchestrator last heard from it. Connected: its socket's last frame — a
+        heartbeat counts, so an idle worker is fresh — told from memory (``now`` is the
+        wall clock, ``loop_now`` trio's), never written per heartbeat. Otherwise the time it
+        was last seen, as kept (its disconnect)."""
+        if self.connected:
+            return iso(now - max(0.0, loop_now - self.channel.last_heard))
+        return self.last_seen_at
+
+    def to_json(self, *, last_seen: str | None = None) -> dict:
+        """Its listing; ``last_seen`` (from :meth:`last_seen`) for a live one."""
         return {
             "name": self.name,
             "instanceId": self.instance_id,
@@ -58,7 +68,7 @@ class Member:
             "capacity": self.capacity,
             "activeDispatchIds": sorted(self.active),
             "enrolledAt": self.enrolled_at,
-            "lastSeenAt": self.last_seen_at,
+            "lastSeenAt": last_seen or self.last_seen_at,
             "swampVersion": self.version,
             **(
                 {"verifyFailureReason": self.verify_failure_reason}

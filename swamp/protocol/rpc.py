@@ -415,6 +415,11 @@ class RpcChannel:
     def heartbeat(self) -> float:
         return self._heartbeat
 
+    @property
+    def last_heard(self) -> float:
+        """When the last frame arrived from the peer (a heartbeat counts), on trio's clock."""
+        return self._last_heard
+
     @heartbeat.setter
     def heartbeat(self, seconds: float) -> None:
         """The peer told us its interval (a worker learns it at enrollment): the pinger follows

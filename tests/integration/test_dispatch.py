@@ -169,3 +169,25 @@ def test_no_matching_worker_waits_then_times_out_clearly_and_runs_nothing(cluste
         "message": "timed out waiting for a worker matching labels zone=mars to become available",
     }
     assert cluster.query('modelType == "swamp/step-lease"') == []
+
+
+def test_an_idle_worker_is_last_seen_at_its_last_heartbeat(cluster):
+    """Nothing dispatched: LAST SEEN still moves with the heartbeats (1 s here), through the
+    server; nothing is written per heartbeat (the records keep the enrollment's time)."""
+    import time
+    from datetime import datetime
+
+    cluster.serve()
+    cluster.worker(cluster.mint("idle"))
+
+    def seen() -> float:
+        [w] = cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+        return datetime.fromisoformat(w["lastSeenAt"].replace("Z", "+00:00")).timestamp()
+
+    [before] = cluster.workers()  # the repo's records
+    first = seen()
+    time.sleep(3)
+    second, now = seen(), time.time()
+    assert second > first and now - second < 2.5
+    [after] = cluster.workers()
+    assert after["lastSeenAt"] == before["lastSeenAt"]  # no write per heartbeat
