@@ -389,7 +389,8 @@ def queue(
     repo_dir: Path = REPO_DIR,
     json_output: bool = JSON,
 ) -> None:
-    """The steps waiting for a free matching worker, oldest first, then one line per
+    """The steps waiting for a free matching worker, oldest first (with the workflow, job
+    and step each belongs to, for a workflow's step), then one line per
     requirement: how many wait, the oldest wait, and the supply — matching workers connected
     and their free slots. A requirement with waiting steps and no matching worker needs a
     worker with those labels; one whose workers are all full needs more of them.
@@ -415,14 +416,18 @@ def queue(
     rows = [
         [
             item.requirement,
-            item.step_name or f"{item.model_type}.{item.method_name}",
+            item.workflow_name or "-",  # a workflow's step; "-" for a run of its own
+            item.job_name or "-",
+            item.step_name or "-",
             item.model_name or item.model_type,
+            item.method_name,
             item.queued_at,
             format_age(item.age_ms / 1000),
         ]
         for item in reply.items
     ]
-    print(table(["REQUIREMENT", "STEP", "MODEL", "QUEUED AT", "AGE"], rows))
+    headers = ["REQUIREMENT", "WORKFLOW", "JOB", "STEP", "MODEL", "METHOD", "QUEUED AT", "AGE"]
+    print(table(headers, rows))
     print()
     for line in reply.summary:
         print(

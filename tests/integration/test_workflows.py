@@ -123,6 +123,10 @@ def test_a_placed_step_goes_through_the_queue(cluster):
     assert [(i["workflowName"], i["jobName"], i["stepName"]) for i in listed] == [
         ("gpu", "train", "fit")
     ]
+    for route in ((), ("--server", cluster.url)):  # the table names them too, on both routes
+        header, row = cluster.cli("worker", "queue", *route).stdout.splitlines()[:2]
+        assert header.split()[:4] == ["REQUIREMENT", "WORKFLOW", "JOB", "STEP"]
+        assert row.split()[:4] == ["gpu=true", "gpu", "train", "fit"]
     cluster.worker(cluster.mint("gpu-box"), "--label", "gpu=true")
     assert running.wait_exit() == 0
     run = next(e["run"] for e in running.events() if "run" in e)
