@@ -5,7 +5,8 @@ Three triggers start the one drain (it is idempotent): a signal (SIGTERM, SIGINT
 drain before it could send one more) and ``--idle-timeout`` (no dispatch running for that
 long). Signals escalate, as a service manager expects: the first drains, the second stops the
 running dispatches (they fail as "worker stopped") and exits with :data:`EXIT_FORCED`, the
-third exits at once.
+third exits at once. ``--drain-timeout`` forces a drain that takes longer, as the second
+signal does, and says so.
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def on_trigger(stage: Stage) -> tuple[Stage, Action]:
     if stage is Stage.RUNNING:
         return Stage.DRAINING, Action.DRAIN
     return stage, Action.NOTHING
+
+
+def on_drain_timeout(stage: Stage) -> tuple[Stage, Action]:
+    """``--drain-timeout`` passed: a drain still waiting is forced, as a second signal would
+    force it; one already forced or exiting is left to finish that."""
+    if stage is Stage.DRAINING:
+        return Stage.FORCING, Action.FORCE
+    return stage, Action.NOTHING
+
+
+def timeout_reached(seconds: float, running: int) -> str:
+    """What the worker says when its drain timeout forces the stop."""
+    them = "it" if running == 1 else "them"
+    return (
+        f"drain timeout ({seconds:g}s) reached with {running} "
+        f"dispatch{'' if running == 1 else 'es'} running: stopping {them}"
+    )
 
 
 def refusal(

@@ -123,7 +123,7 @@ async def _run(
             await drain.began.wait()
             await trio.sleep(config.drain_timeout)
             if not drain.done.is_set():
-                await drain.signal("the drain timeout")
+                await drain.timed_out(config.drain_timeout)
 
         async def exit_when_done() -> None:
             await drain.done.wait()

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from swamp.domain.drain import EXIT_FORCED, EXIT_OK, Action, Stage, on_signal, on_trigger
+from swamp.domain.drain import (
+    EXIT_FORCED,
+    EXIT_OK,
+    Action,
+    Stage,
+    on_drain_timeout,
+    on_signal,
+    on_trigger,
+    timeout_reached,
+)
 from swamp.worker.events import Reporter
 
 if TYPE_CHECKING:
@@ -59,6 +68,12 @@ class Drain:
             self.exit_code = EXIT_FORCED
             self.done.set()
 
+    async def timed_out(self, seconds: float) -> None:
+        """``--drain-timeout`` (``seconds``) passed with the drain not done: stop what runs."""
+        self.stage, action = on_drain_timeout(self.stage)
+        if action is Action.FORCE:
+            await self._force(timeout=seconds)
+
     async def _start(self, reason: str, *, detail: str | None = None) -> None:
         self.reason = reason
         self.began.set()
@@ -89,19 +104,26 @@ class Drain:
             self.session.leave(f"drained ({self.reason})")
         self.done.set()
 
-    async def _force(self, name: str) -> None:
-        """Second signal: stop the running dispatches, let them report, exit non-zero."""
+    async def _force(self, name: str | None = None, *, timeout: float | None = None) -> None:
+        """Second signal (``name``) or the drain timeout (``timeout`` seconds): stop the
+        running dispatches, let them report, exit non-zero."""
         session = self.session
-        stopped = session.stop_dispatches() if session is not None else 0
-        self.reporter.emit("forcing", signal=name, stopping=stopped)
+        stopped = 0
+        if session is not None and timeout is not None:
+            stopped = session.stop_dispatches(f"the drain timeout ({timeout:g}s) stopped it")
+        elif session is not None:
+            stopped = session.stop_dispatches()
+        if timeout is not None:
+            said = timeout_reached(timeout, stopped)
+            self.reporter.emit("forcing", reason=said, timeoutSeconds=timeout, stopping=stopped)
+            why = f"drain timeout ({timeout:g}s) reached: {stopped} dispatch(es) stopped"
+        else:
+            self.reporter.emit("forcing", signal=name, stopping=stopped)
+            why = f"received {name} during the drain: {stopped} dispatch(es) stopped"
         if session is not None:
             with trio.move_on_after(FORCE_GRACE):
                 await session.idle.wait()
-        self.reporter.emit(
-            "stopped",
-            reason=f"received {name} during the drain: {stopped} dispatch(es) stopped",
-            exitCode=EXIT_FORCED,
-        )
+        self.reporter.emit("stopped", reason=why, exitCode=EXIT_FORCED)
         self.exit_code = EXIT_FORCED
         if session is not None:
             session.leave("worker stopped")

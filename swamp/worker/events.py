@@ -66,6 +66,8 @@ def _human(event: str, f: dict) -> str:
     if event == "drain_complete":
         return "drain complete"
     if event == "forcing":
+        if f.get("reason"):  # the drain timeout: its own words
+            return f["reason"]
         return f"{f['signal']} during the drain: stopping {f['stopping']} running dispatch(es)"
     if event == "stopped":
         return f"worker stopped: {f['reason']} (exit {f['exitCode']})"

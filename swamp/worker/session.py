@@ -320,10 +320,11 @@ class Session:
     async def _check_drain(self) -> None:
         self.drain.check()
 
-    def stop_dispatches(self) -> int:
-        """Cancel every running dispatch (each then reports itself stopped); how many."""
+    def stop_dispatches(self, why: str = "a second signal during the drain stopped it") -> int:
+        """Cancel every running dispatch (each then reports itself stopped, ``why``); how
+        many."""
         for call in self.running.values():
-            call.stop(WorkerStopped("a second signal during the drain stopped it"))
+            call.stop(WorkerStopped(why))
         return len(self.running)
 
     def leave(self, reason: str) -> None:

@@ -140,6 +140,22 @@ def test_a_second_sigterm_stops_the_step_and_exits_with_the_forced_code(cluster)
     assert lease["attributes"]["error"] == "worker stopped"
 
 
+def test_the_drain_timeout_names_itself_when_it_stops_the_steps(cluster):
+    cluster.serve()
+    worker = cluster.worker(cluster.mint("w1"), "--drain-timeout", "2s")
+    step = _run(cluster, "command/shell", "run", "--arg", "command=sleep 30", "--target", "w1")
+    worker.wait_for(lambda e: e.get("event") == "dispatch_started")
+    worker.signal(signal.SIGTERM)
+    forcing = worker.wait_for(lambda e: e.get("event") == "forcing", timeout=20)
+    assert forcing["reason"] == ("drain timeout (2s) reached with 1 dispatch running: stopping it")
+    assert worker.wait_exit(timeout=20) == 3
+    stopped = worker.events()[-1]
+    assert stopped["event"] == "stopped"
+    assert stopped["reason"] == "drain timeout (2s) reached: 1 dispatch(es) stopped"
+    assert step.wait_exit() == 1
+    assert "the drain timeout (2s) stopped it" in _result(step)["error"]["message"]
+
+
 def test_max_dispatches_runs_exactly_that_many_then_exits(cluster):
     cluster.serve()
     worker = cluster.worker(cluster.mint("w1"), "--concurrency", "4", "--max-dispatches", "2")

@@ -4,9 +4,11 @@ from swamp.domain.drain import (
     Action,
     Stage,
     last_allowed,
+    on_drain_timeout,
     on_signal,
     on_trigger,
     refusal,
+    timeout_reached,
 )
 
 
@@ -37,3 +39,15 @@ def test_what_a_dispatch_is_refused_for():
     assert refused(started=2, most=2) == "worker_draining"  # the allowance is used up
     assert refused(started=1, most=2) is None
     assert last_allowed(2, 2) and not last_allowed(1, 2) and not last_allowed(5, None)
+
+
+def test_the_drain_timeout_forces_a_waiting_drain_once_and_says_so():
+    assert on_drain_timeout(Stage.DRAINING) == (Stage.FORCING, Action.FORCE)
+    for stage in (Stage.FORCING, Stage.EXITING, Stage.RUNNING):
+        assert on_drain_timeout(stage) == (stage, Action.NOTHING)
+    assert timeout_reached(300, 2) == (
+        "drain timeout (300s) reached with 2 dispatches running: stopping them"
+    )
+    assert (
+        timeout_reached(90, 1) == "drain timeout (90s) reached with 1 dispatch running: stopping it"
+    )

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import trio
 
+from swamp.domain.drain import Stage
 from swamp.errors import FleetFull
 from swamp.worker import agent
 from swamp.worker.config import WorkerConfig
@@ -71,3 +72,54 @@ async def test_a_machine_past_a_full_fleet_is_told_the_allowance_then_waits(
     assert first.startswith("not enrolled: fleet token 'pool': enrollment allowance exhausted")
     assert "(3 / 3)" in first
     assert second == "waiting for a place in the fleet: asking again in 1.5s"
+
+
+class _BusySession:
+    """Two dispatches that run until they are stopped."""
+
+    def __init__(self) -> None:
+        self.enrollment = object()
+        self.active = 2
+        self.idle = trio.Event()
+        self.stopped_with: str | None = None
+
+    async def announce_drain(self, reason) -> None:
+        return None
+
+    def stop_dispatches(self, why: str = "a second signal") -> int:
+        self.stopped_with = why
+        self.active = 0
+        self.idle.set()
+        return 2
+
+    def leave(self, reason: str) -> None:
+        return None
+
+
+async def test_a_drain_timeout_names_itself_and_the_steps_it_stops(autojump_clock):
+    out = io.StringIO()
+    drain = Drain(Reporter(json_lines=True, stream=out))
+    drain.session = session = _BusySession()
+    await drain.signal("SIGTERM")  # the drain begins; its two dispatches go on running
+    assert not drain.done.is_set()
+    await drain.timed_out(300)
+    assert drain.done.is_set() and drain.exit_code == 3
+    forcing, stopped = _events(out)[-2:]
+    assert forcing["event"] == "forcing" and forcing["timeoutSeconds"] == 300
+    assert (
+        forcing["reason"] == "drain timeout (300s) reached with 2 dispatches running: stopping them"
+    )
+    assert stopped["reason"] == "drain timeout (300s) reached: 2 dispatch(es) stopped"
+    assert session.stopped_with == "the drain timeout (300s) stopped it"  # each step's error
+    # for people: the same words
+    text = io.StringIO()
+    Reporter(json_lines=False, stream=text).emit(
+        "forcing", **{k: v for k, v in forcing.items() if k not in ("event", "time")}
+    )
+    assert text.getvalue().strip() == forcing["reason"]
+    # a drain already forced by a second signal is not forced again
+    again = Drain(Reporter(json_lines=True, stream=io.StringIO()))
+    again.session = _BusySession()
+    again.stage = Stage.FORCING
+    await again.timed_out(300)
+    assert not again.done.is_set() and again.session.stopped_with is None
