@@ -181,10 +181,11 @@ def connect(
     mismatch, a wrong --ca-pin), which would repeat if restarted, or an unexpected error; 2 bad
     input, or a token source that gave no token (one line naming it); 3 a forced stop (a
     second signal or --drain-timeout); 4 no orchestrator reached for the whole connect timeout
-    (a restart may help: the unit restarts it). A full fleet is not a rejection: the worker
-    waits for a place, retrying.
-    --json prints one JSON event per line (connecting, enrolled, token_renewed,
-    dispatch_started, dispatch_finished, draining, drain_complete, stopped {reason, exitCode}).
+    (a restart may help: the unit restarts it). A full fleet is not a rejection: the worker is
+    told the allowance is exhausted and waits for a place, asking again. --json prints one
+    JSON event per line (connecting, enrolled, token_renewed, dispatch_started,
+    dispatch_finished, draining, drain_complete, forcing, stopped {reason, exitCode};
+    fleet_full and waiting_for_place while a fleet token's places are all taken).
     """
     import os
 
