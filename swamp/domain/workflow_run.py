@@ -82,6 +82,11 @@ def expansion_items(value: object, *, step: str) -> list:
     return value
 
 
+def no_items(expression: str) -> str:
+    """Why a ``forEach`` step ran no times: its list was empty."""
+    return f"forEach over zero items: {expression} gave none, so nothing ran"
+
+
 def expansion_name(template: str, item: object, index: int) -> str:
     """The name of one ``forEach`` expansion whose name has no expression of its own."""
     if isinstance(item, (str, int, float)) and not isinstance(item, bool):

@@ -38,6 +38,7 @@ from swamp.domain.workflow_run import (
     expansion_name,
     input_value,
     job_status,
+    no_items,
     run_status,
 )
 from swamp.errors import NeedsOrchestrator, SwampError, UserError
@@ -297,15 +298,43 @@ class _Run:
                 )
             )
             return
-        state["steps"] = [
-            {"name": name, "status": "pending", **({"template": s.name} if s.for_each else {})}
-            for s, name, _ in expanded
-        ]
-        records = {r["name"]: r for r in state["steps"]}
-        done = {name: trio.Event() for _, name, _ in expanded}
         members: dict[str, list[str]] = {}
         for step, name, _ in expanded:
             members.setdefault(step.name, []).append(name)
+        # a fan-out over zero items ran nothing: it says so, as a skipped step of its own,
+        # and what depends on it sees it skipped (the combined status of no expansions)
+        empty = [s for s in job.steps if s.for_each is not None and s.name not in members]
+        nothing = {s.name: no_items(s.for_each.items) for s in empty}
+        state["steps"] = []
+        for step in job.steps:
+            if step.name in nothing:
+                state["steps"].append(
+                    {
+                        "name": step.name,
+                        "status": "skipped",
+                        "template": step.name,
+                        "reason": nothing[step.name],
+                    }
+                )
+            for name in members.get(step.name, []):
+                state["steps"].append(
+                    {
+                        "name": name,
+                        "status": "pending",
+                        **({"template": step.name} if step.for_each else {}),
+                    }
+                )
+        records = {r["name"]: r for r in state["steps"]}
+        done = {name: trio.Event() for _, name, _ in expanded}
+        for name, reason in nothing.items():
+            members[name] = [name]
+            done[name] = trio.Event()
+            done[name].set()
+            log.info("workflow run %s: %s.%s: %s", self.id, job.name, name, reason)
+        if nothing:
+            await self.save()
+            for name, reason in nothing.items():
+                await self.emit(StepEvent("skipped", job.name, name, self.id, detail=reason))
         limit = job.concurrency or self.workflow.concurrency
         job_steps = trio.CapacityLimiter(limit or math.inf)
         per_template = {
