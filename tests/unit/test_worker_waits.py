@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import trio
 
-from swamp.domain.drain import Stage
+from swamp.domain.drain import EXIT_UNREACHABLE, Stage
 from swamp.errors import FleetFull
 from swamp.worker import agent
 from swamp.worker.config import WorkerConfig
@@ -59,8 +59,8 @@ async def test_a_machine_past_a_full_fleet_is_told_the_allowance_then_waits(
     assert "disconnected" not in kinds and "retrying" not in kinds
     assert events[1]["reason"] == FULL
     assert _RefusedSession.attempts > 2  # it kept asking
-    # the connect timeout still ends the wait, naming why
-    assert code == 1 and kinds[-1] == "stopped"
+    # the connect timeout still ends the wait, naming why: 4, a stop a restart may cure
+    assert code == EXIT_UNREACHABLE and kinds[-1] == "stopped"
     assert "enrollment allowance exhausted (3 / 3)" in events[-1]["reason"]
 
     # and for people: the allowance before the wait
