@@ -45,7 +45,7 @@ def _fingerprint() -> str:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 11):  # noqa: UP036 - build.py runs on whatever python3 is
+    if sys.version_info < (3, 11):
         sys.exit(f"swamp needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     if not PY.exists():
         print("creating .venv ...", flush=True)
@@ -90,8 +90,9 @@ def build_pyz(target: Path) -> int:
     """dist/swamp.pyz from exactly the runtime versions in constraints.txt: pure Python only,
     reproducible (the same inputs give the same bytes), bytecode compiled on first run."""
     import shutil
-    import tomllib
     import zipfile
+
+    import tomllib
 
     build = ROOT / "build" / "pyz"
     site = build / "site-packages"

@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from swamp.compat import BaseExceptionGroup
+
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     out: list[BaseException] = []

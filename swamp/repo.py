@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
+from swamp.compat import tomllib
 from swamp.domain.durations import parse_timeout
 from swamp.domain.environment import check_names
 from swamp.domain.names import check_instance_name, is_model_type

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import tomllib
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -22,6 +21,7 @@ from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
 from swamp.bookkeeping.workflow_runs import RunBook
+from swamp.compat import tomllib
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.claims import ClaimPolicy
 from swamp.domain.durations import parse_duration

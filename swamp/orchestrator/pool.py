@@ -15,7 +15,7 @@ from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import Record, iso
 
 
-@dataclass(eq=False, slots=True, weakref_slot=True)
+@dataclass(eq=False, slots=True)
 class Member:
     name: str
     instance_id: str

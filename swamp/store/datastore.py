@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from swamp.domain.durations import parse_duration
@@ -118,7 +118,7 @@ def iso(epoch: float) -> str:
         whole, micros = whole - 1, micros + 1_000_000
     second = int(whole)
     if _second[0] != second:
-        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
         _second[0], _second[1] = second, text
         return f"{text}.{micros // 1000:03d}Z"
     return f"{_second[1]}.{micros // 1000:03d}Z"

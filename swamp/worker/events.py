@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from swamp.domain.text import printable
 
@@ -19,12 +19,8 @@ class Reporter:
 
     def emit(self, event: str, **fields) -> None:
         if self.json_lines:
-            record = {
-                "event": event,
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                **fields,
-            }
-            line = json.dumps(record)
+            now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+            line = json.dumps({"event": event, "time": now.replace("+00:00", "Z"), **fields})
         else:
             line = printable(_human(event, fields))  # reasons come from the orchestrator
         print(line, file=self.stream, flush=True)

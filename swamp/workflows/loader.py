@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 
+from swamp.compat import tomllib
 from swamp.domain.names import check_instance_name
 from swamp.domain.workflow import MethodInfo, Problem, Workflow, check_against, parse
 from swamp.errors import NotFound, UserError

@@ -264,12 +264,12 @@ def test_reads_entries_parse():
 
 def test_iso_formats_as_datetime_does_rounding_and_all():
     import random
-    from datetime import UTC, datetime
+    from datetime import datetime, timezone
 
     from swamp.store.datastore import iso
 
     def by_datetime(epoch: float) -> str:
-        text = datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+        text = datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
         return text.replace("+00:00", "Z")
 
     edges = [
