@@ -45,8 +45,12 @@ def _fingerprint() -> str:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 11):
-        sys.exit(f"swamp needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    # developing (the tools, the test suite, the build) needs 3.11; the pyz runs on PYTHONS
+    if sys.version_info < (3, 11):  # noqa: UP036 - build.py runs on whatever python3 is
+        sys.exit(
+            f"build.py needs Python 3.11 or newer; this is {sys.version.split()[0]} "
+            f"(dist/swamp.pyz itself runs on {PYTHONS[0]} or newer)"
+        )
     if not PY.exists():
         print("creating .venv ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
@@ -57,6 +61,122 @@ def ensure_venv() -> None:
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"], check=True)
     STAMP.write_text(_fingerprint())
+
+
+# The Pythons the pyz runs on (a machine's python3: Ubuntu 22.04's is 3.10). It carries what
+# each of them needs, and its launcher refuses anything older than the first in one line.
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+# pip resolves as for the oldest of them, and takes only wheels that any Python can run.
+PURE_WHEELS = [
+    "--only-binary=:all:",
+    f"--python-version={PYTHONS[0]}",
+    "--implementation=py",
+    "--abi=none",
+    "--platform=any",
+]
+
+
+def unmet_requirements(dists: list[dict], requirements: list[str], pythons=PYTHONS) -> list[str]:
+    """What one of ``pythons`` needs that a resolution does not give it (``dists``: pip's
+    report of what it would install, ``{"metadata": {"name", "version", "requires_dist"}}``).
+
+    pip evaluates markers for the Python it runs on, never for ``--python-version``: built on
+    3.11, ``exceptiongroup; python_version < "3.11"`` is dropped and the pyz dies on 3.10. So
+    the requirements are walked here once per Python, from ``requirements`` (the project's)
+    through each distribution's, extras followed; one whose distribution is absent, or at a
+    version it does not accept, is returned without its marker, for pip to resolve again.
+    Needs ``packaging``."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    by_name = {canonicalize_name(d["metadata"]["name"]): d["metadata"] for d in dists}
+    unmet: dict[str, None] = {}
+    for python in pythons:
+        env = {**default_environment(), "python_version": python}
+        env["python_full_version"] = env["implementation_version"] = f"{python}.0"
+        seen: set[tuple[str, str]] = set()
+        pending = [(Requirement(r), "") for r in requirements]
+        while pending:
+            req, extra = pending.pop()
+            if req.marker is not None and not req.marker.evaluate({**env, "extra": extra}):
+                continue
+            name = canonicalize_name(req.name)
+            found = by_name.get(name)
+            if found is None or not req.specifier.contains(found["version"], prereleases=True):
+                req.marker = None
+                unmet[str(req)] = None
+                continue
+            for wanted in ("", *sorted(req.extras)):
+                if (name, wanted) not in seen:
+                    seen.add((name, wanted))
+                    pending += [(Requirement(r), wanted) for r in found.get("requires_dist", [])]
+    return list(unmet)
+
+
+def unsupported(dists: list[dict], pythons=PYTHONS) -> list[str]:
+    """``name==version needs Python …`` for each distribution whose Requires-Python leaves out
+    one of ``pythons``. Needs ``packaging``."""
+    from packaging.specifiers import SpecifierSet
+
+    found = []
+    for dist in dists:
+        meta = dist["metadata"]
+        needs = SpecifierSet(meta.get("requires_python") or "")
+        if not all(needs.contains(f"{python}.0", prereleases=True) for python in pythons):
+            found.append(f"{meta['name']}=={meta['version']} needs Python {needs}")
+    return found
+
+
+def pyz_pins(constraints: str | None) -> list[str]:
+    """``name==version`` of everything the pyz carries, for every Python in PYTHONS: pip's
+    resolution of the project's dependencies (pure wheels, within ``constraints``), grown by
+    what :func:`unmet_requirements` finds until nothing is unmet. Needs ``packaging``, so it
+    runs in a virtualenv (:func:`_pins_in`)."""
+    import tempfile
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"]
+    wanted = list(requirements)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    limit = ["-c", constraints] if constraints else []
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        for _ in range(10):
+            resolve = ["--dry-run", "--ignore-installed", "--report", str(report)]
+            command = [*pip, *resolve, *PURE_WHEELS, *limit, *wanted]
+            subprocess.run(command, check=True, stdout=sys.stderr)  # stdout: the answer
+            dists = json.loads(report.read_text())["install"]
+            unmet = unmet_requirements(dists, requirements)
+            if not unmet:
+                break
+            wanted += unmet
+        else:
+            sys.exit(f"refusing to build: still unmet after 10 resolutions: {unmet}")
+    refused = unsupported(dists)
+    if refused:
+        sys.exit(f"refusing to build: {'; '.join(refused)} (the pyz runs on {', '.join(PYTHONS)})")
+    return sorted(
+        (f"{d['metadata']['name']}=={d['metadata']['version']}" for d in dists), key=str.lower
+    )
+
+
+def _pin_key(line: str) -> str:
+    """``Typing_Extensions==4.1`` → ``typing-extensions==4.1`` (a name as PEP 503 compares it)."""
+    import re
+
+    name, _, version = line.strip().partition("==")
+    return f"{re.sub(r'[-_.]+', '-', name).lower()}=={version}"
+
+
+def _pins_in(python: Path, constraints: Path | None) -> list[str]:
+    """:func:`pyz_pins`, run by ``python`` (a virtualenv with ``packaging``): the python3 that
+    runs build.py may have nothing but the standard library."""
+    limit = str(constraints) if constraints else None
+    code = f"import build; print(*build.pyz_pins({limit!r}), sep='\\n')"
+    ran = subprocess.run([str(python), "-c", code], cwd=ROOT, check=True, stdout=subprocess.PIPE)
+    return ran.stdout.decode().split()
 
 
 # The pyz's own __main__ (pyz_launcher.py: where to unpack, and that nobody else wrote there)
@@ -92,18 +212,20 @@ def build_pyz(target: Path) -> int:
     import shutil
     import zipfile
 
-    import tomllib
-
     build = ROOT / "build" / "pyz"
     site = build / "site-packages"
     shutil.rmtree(build, ignore_errors=True)
     site.mkdir(parents=True)
     pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    constraints = ["-c", str(ROOT / "constraints.txt")]
-    subprocess.run([*pip, *constraints, "shiv"], check=True)
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    locked = ROOT / "constraints.txt"
+    subprocess.run([*pip, "-c", str(locked), "shiv", "packaging"], check=True)
+    pins = _pins_in(PY, locked)
+    exact = {_pin_key(line) for line in locked.read_text().splitlines()}
+    loose = [pin for pin in pins if _pin_key(pin) not in exact]
+    if loose:
+        sys.exit(f"refusing to build: not pinned in constraints.txt: {loose} (build.py lock)")
     subprocess.run(
-        [*pip, *constraints, "--no-compile", "--only-binary=:all:", "--target", str(site), *deps],
+        [*pip, "--no-deps", "--no-compile", *PURE_WHEELS, "--target", str(site), *pins],
         check=True,
     )
     subprocess.run(
@@ -181,20 +303,28 @@ def main(argv: list[str]) -> int:
         lock_env = ROOT / ".venv-lock"
         venv.EnvBuilder(with_pip=True, clear=True).create(lock_env)
         lock_py = lock_env / BIN.name / PY.name
-        subprocess.run(
-            [str(lock_py), "-m", "pip", "install", "--quiet", f"{ROOT}[test]", "shiv"], check=True
-        )
+        pip = [str(lock_py), "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, "packaging"], check=True)
+        # the pyz's first: the newest versions that run on every Python of PYTHONS, with the
+        # backports only the older ones need (pip, on this Python, would leave them out)
+        runtime = _pins_in(lock_py, None)
+        pinned = lock_env / "pyz-pins.txt"
+        pinned.write_text("\n".join(runtime) + "\n")
+        subprocess.run([*pip, "-c", str(pinned), f"{ROOT}[test]", "shiv"], check=True)
         frozen = subprocess.run(
             [str(lock_py), "-m", "pip", "freeze", "--exclude", "swamp"],
             check=True,
             capture_output=True,
             text=True,
-        ).stdout
+        ).stdout.splitlines()
+        have = {_pin_key(line).partition("==")[0] for line in frozen}
+        frozen += [pin for pin in runtime if _pin_key(pin).partition("==")[0] not in have]
         header = (
             "# Exact versions the virtualenv and the zipapp are built from (build.py uses "
             "this file).\n# Regenerate with: python3 build.py lock\n"
         )
-        (ROOT / "constraints.txt").write_text(header + frozen)
+        lines = sorted(frozen, key=_pin_key)
+        (ROOT / "constraints.txt").write_text(header + "\n".join(lines) + "\n")
         print("constraints.txt updated")
         return 0
     ensure_venv()
