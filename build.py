@@ -144,7 +144,9 @@ def pyz_pins(constraints: str | None) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         for _ in range(10):
-            resolve = ["--dry-run", "--ignore-installed", "--report", str(report)]
+            # --target: an older pip takes --platform and the like only with it
+            where = ["--target", str(Path(scratch) / "site-packages")]
+            resolve = ["--dry-run", "--ignore-installed", *where, "--report", str(report)]
             command = [*pip, *resolve, *PURE_WHEELS, *limit, *wanted]
             subprocess.run(command, check=True, stdout=sys.stderr)  # stdout: the answer
             dists = json.loads(report.read_text())["install"]
@@ -323,7 +325,7 @@ def main(argv: list[str]) -> int:
             "# Exact versions the virtualenv and the zipapp are built from (build.py uses "
             "this file).\n# Regenerate with: python3 build.py lock\n"
         )
-        lines = sorted(frozen, key=_pin_key)
+        lines = sorted(frozen, key=lambda line: _pin_key(line).partition("==")[0])
         (ROOT / "constraints.txt").write_text(header + "\n".join(lines) + "\n")
         print("constraints.txt updated")
         return 0
