@@ -28,10 +28,28 @@ atomic rename), done under a umask that keeps group and others from writing.
 
 ``SWAMP_PYZ`` tells swamp which file it runs from (its children start from the same file; the
 orchestrator serves it) and ``SHIV_ROOT`` is exported, so children unpack nowhere else.
+
+First of all, though, it checks the Python: an older one than the build carries its
+dependencies for (``build.py``'s ``PYTHONS``) gets one line saying which Python is needed and
+which was found, and exit status 2 — a machine set up wrongly, which a service manager should
+not restart — instead of a traceback from deep inside a dependency. So that it can, this file
+parses on Python 3.6 (Python compiles a module whole before it runs a line of it; ruff checks
+it as 3.7, its oldest target) and imports nothing but ``sys`` before the check (the trust rule
+is newer Python).
 """
 
-import os
 import sys
+
+NEEDS = (3, 10)
+
+if sys.version_info < NEEDS:
+    found = ".".join(str(part) for part in sys.version_info[:3])
+    python = sys.executable or "this python"
+    needs = ".".join(str(part) for part in NEEDS)
+    sys.stderr.write(f"swamp.pyz needs Python {needs} or newer; {python} is {found}\n")
+    sys.exit(2)
+
+import os  # noqa: E402 - after the check: nothing runs on a Python it would break on
 
 try:
     import _swamp_file_trust as trust  # swamp/domain/file_trust.py, copied here by build.py

@@ -61,6 +61,8 @@ def test_a_distribution_that_leaves_out_a_supported_python_is_named():
     ]
 
 
-def test_the_pythons_the_build_serves_are_the_ones_the_project_names():
+def test_the_pythons_the_build_serves_are_the_ones_the_project_and_the_launcher_name():
     project = tomllib.loads((build.ROOT / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == f">={build.PYTHONS[0]}"
+    oldest = tuple(int(part) for part in build.PYTHONS[0].split("."))
+    assert f"\nNEEDS = {oldest}\n" in build.LAUNCHER.read_text()
