@@ -31,14 +31,18 @@ def base_env() -> dict[str, str]:
 
 
 class Proc:
-    """A child process whose stdout lines are collected as they arrive."""
+    """A child process whose stdout lines are collected as they arrive. ``swamp`` is how it
+    starts swamp: this checkout on the test's Python unless told otherwise (a pyz on another
+    Python, say)."""
 
-    def __init__(self, args: list[str], *, env: dict, log: Path) -> None:
+    def __init__(
+        self, args: list[str], *, env: dict, log: Path, swamp: list[str] | None = None
+    ) -> None:
         self.args = args
         self.log = log
         self.stderr = open(log, "wb")  # noqa: SIM115 - open for the child's whole life
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "swamp", *args],
+            [*(swamp or [sys.executable, "-m", "swamp"]), *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -251,6 +255,35 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory):
+    """``build.py pyz`` once for the whole run. The build works in the checkout's ``build/``,
+    so two at once would undo each other: the processes of a parallel run (xdist) share one
+    build under a lock, in the directory they have in common."""
+    import fcntl
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build_pyz(tmp_path_factory.mktemp("dist") / "swamp.pyz")
+    shared = tmp_path_factory.getbasetemp().parent
+    target = shared / "dist" / "swamp.pyz"
+    with open(shared / "pyz.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            build_pyz(target)
+    return target
+
+
+def build_pyz(target: Path) -> Path:
+    """``build.build_pyz(target)`` in a process of its own, as ``python3 build.py pyz`` runs it."""
+    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(target)!r}))"
+    built = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    return target
 
 
 @pytest.fixture

@@ -16,21 +16,10 @@ import pytest
 import yaml
 
 from tests.external import command, require
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, build_pyz
 
 pytestmark = pytest.mark.integration
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-
-
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    target = tmp_path_factory.mktemp("dist") / "swamp.pyz"
-    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(target)!r}))"
-    built = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    return target
 
 
 def _env(**extra) -> dict:
@@ -60,9 +49,7 @@ def test_the_pyz_is_pure_python_small_and_reproducible(pyz, tmp_path):
     assert rule == (ROOT / "swamp" / "domain" / "file_trust.py").read_bytes()
     assert not [n for n in manifest["files"] if n.endswith(".pth")]
     assert len(manifest["files"]) == len([n for n in names if n.startswith("site-packages/")])
-    again = tmp_path / "again.pyz"
-    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(again)!r}))"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+    again = build_pyz(tmp_path / "again.pyz")  # the shared build is done: none runs beside it
     assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(pyz.read_bytes()).digest()
 
 

@@ -133,17 +133,6 @@ def test_nor_does_a_worker_whose_token_came_from_a_source(cluster):
     assert not any(b"exec:cat" in text for text in shown)
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    target = tmp_path_factory.mktemp("dist") / "swamp.pyz"
-    code = f"from pathlib import Path; import build; build.build_pyz(Path({str(target)!r}))"
-    built = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    return target
-
-
 def test_a_worker_from_the_pyz_with_environment_variables_only(cluster, pyz):
     cluster.serve()
     token = cluster.mint("pyz")
