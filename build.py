@@ -148,7 +148,13 @@ def pyz_pins(constraints: str | None) -> list[str]:
             where = ["--target", str(Path(scratch) / "site-packages")]
             resolve = ["--dry-run", "--ignore-installed", *where, "--report", str(report)]
             command = [*pip, *resolve, *PURE_WHEELS, *limit, *wanted]
-            subprocess.run(command, check=True, stdout=sys.stderr)  # stdout: the answer
+            if subprocess.run(command, stdout=sys.stderr).returncode != 0:  # stdout: the answer
+                loud = [arg for arg in command if arg != "--quiet"]  # to say why
+                subprocess.run(loud, stdout=sys.stderr)
+                sys.exit(
+                    f"refusing to build: pip found no pure-Python set of the dependencies for "
+                    f"Python {PYTHONS[0]} (its reasons are above)"
+                )
             dists = json.loads(report.read_text())["install"]
             unmet = unmet_requirements(dists, requirements)
             if not unmet:
@@ -177,7 +183,9 @@ def _pins_in(python: Path, constraints: Path | None) -> list[str]:
     runs build.py may have nothing but the standard library."""
     limit = str(constraints) if constraints else None
     code = f"import build; print(*build.pyz_pins({limit!r}), sep='\\n')"
-    ran = subprocess.run([str(python), "-c", code], cwd=ROOT, check=True, stdout=subprocess.PIPE)
+    ran = subprocess.run([str(python), "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    if ran.returncode != 0:
+        sys.exit(ran.returncode)  # it said why
     return ran.stdout.decode().split()
 
 
