@@ -1,5 +1,6 @@
 """Drain and lifecycle on real processes: SIGTERM finishes the work, a second one stops it,
---max-dispatches and --idle-timeout, an ephemeral fleet, and the service-manager files."""
+--max-dispatches and --idle-timeout, an ephemeral fleet, and the systemd unit (the README's
+Kubernetes and Compose files are test_readme.py's; their containers run in test_pyz.py)."""
 
 import os
 import re
@@ -12,9 +13,8 @@ from datetime import datetime
 
 import httpx
 import pytest
-import yaml
 
-from tests.integration.conftest import ROOT, Proc, wait_until
+from tests.integration.conftest import Proc, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -291,40 +291,3 @@ def test_the_systemd_unit_verifies_and_runs_its_command(cluster):
     command = re.search(r"^ExecStart=(.*)$", path.read_text(), re.M).group(1).split()
     env = {"SWAMP_ORCHESTRATOR_URL": cluster.url, "SWAMP_WORKER_TOKEN": cluster.mint("unit")}
     _lifecycle(cluster, command, env)
-
-
-def _readme_yaml(kind: str) -> dict:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(rf"```yaml\n# {kind}: .*?\n(.*?)```", text, re.S).group(1)
-    return yaml.safe_load(block)
-
-
-def _local(command: list[str]) -> list[str]:
-    """The manifest's ``python3 /opt/swamp/swamp.pyz …`` as this checkout runs it."""
-    assert command[:2] == ["python3", "/opt/swamp/swamp.pyz"]
-    return [sys.executable, "-m", "swamp", *command[2:]]
-
-
-def test_the_kubernetes_and_compose_examples_parse_and_their_command_runs(cluster):
-    cluster.serve()
-    secret = cluster.tmp / "token"
-    secret.write_text(cluster.mint("k8s", "1h") + "\n")
-    deployment = _readme_yaml("kubernetes")
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] == 300
-    [container] = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SWAMP_WORKER_TOKEN_FILE"].startswith(container["volumeMounts"][0]["mountPath"])
-    env.update(SWAMP_ORCHESTRATOR_URL=cluster.url, SWAMP_WORKER_TOKEN_FILE=str(secret))
-    _lifecycle(cluster, _local(container["command"]), env)
-
-    compose = _readme_yaml("compose")
-    service = compose["services"]["worker"]
-    assert service["stop_grace_period"] == "5m" and service["restart"] == "on-failure"
-    secret.write_text(cluster.mint("compose", "1h"))
-    env = dict(
-        service["environment"],
-        SWAMP_ORCHESTRATOR_URL=cluster.url,
-        SWAMP_WORKER_TOKEN_FILE=str(secret),
-    )
-    _lifecycle(cluster, _local(service["command"]), env)
