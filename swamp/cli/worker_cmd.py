@@ -679,7 +679,7 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
     from swamp.admin.routes import own_ca, running_server
     from swamp.domain.provisioning import Build, check_url, is_sha256
     from swamp.errors import PeerError, UserError
-    from swamp.tls.trust import client_context, pem_pin
+    from swamp.tls.trust import client_context, only_certificate, pem_pin
 
     if url:
         what = "--orchestrator-url"
@@ -721,8 +721,8 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
         )
     ca_pem = ca_pin = None
     if ca_answer is not None and ca_answer.status_code == 200 and base.startswith("https"):
-        ca_pem = ca_answer.text
-        try:
+        try:  # the one certificate in the answer, as the machines will read it: nothing more
+            ca_pem = only_certificate(ca_answer.text)
             ca_pin = pem_pin(ca_pem)
         except ValueError:
             raise PeerError(f"the orchestrator at {base} sent an unreadable CA") from None

@@ -25,7 +25,7 @@ import trio
 
 from swamp.domain.text import printable
 from swamp.errors import PeerError, PinMismatch, UserError
-from swamp.tls.certificates import CertificateError, is_pin, pem_blocks, pin
+from swamp.tls.certificates import CertificateError, is_pin, pem, pem_blocks, pin
 
 CA_PATH = "/tls/ca.pem"
 MAX_CA_BYTES = 64 * 1024
@@ -42,11 +42,22 @@ def check_pin(text: str, *, what: str = "--ca-pin (SWAMP_CA_PIN)") -> str:
     return text
 
 
-def pem_pin(text: str) -> str:
-    """The pin of the one certificate in a PEM text."""
+def only_certificate(text: str) -> str:
+    """The one certificate in a PEM text, written again as exactly that certificate.
+
+    What a pin proved is what a context trusts: OpenSSL reads more than ``BEGIN CERTIFICATE``
+    blocks (``BEGIN X509 CERTIFICATE`` too, and text around them), so the text a pin was
+    checked against is never handed to it as it came, only the one certificate in it."""
     blocks = pem_blocks(text, "CERTIFICATE")
     if len(blocks) != 1:
         raise CertificateError(f"expected one certificate, found {len(blocks)}")
+    pin(blocks[0])  # one well-formed DER element, or CertificateError
+    return pem("CERTIFICATE", blocks[0])
+
+
+def pem_pin(text: str) -> str:
+    """The pin of the one certificate in a PEM text."""
+    blocks = pem_blocks(only_certificate(text), "CERTIFICATE")
     return pin(blocks[0])
 
 
@@ -64,7 +75,7 @@ def pinned_file(path: Path, expected: str) -> str:
             f"--ca-cert {path} is not the CA --ca-pin names (it is {found}, the pin says "
             f"{expected})"
         )
-    return text
+    return only_certificate(text)
 
 
 def client_context(*, ca_file: Path | None = None, ca_pem: str | None = None) -> ssl.SSLContext:
@@ -72,12 +83,13 @@ def client_context(*, ca_file: Path | None = None, ca_pem: str | None = None) ->
     file (names checked), or the system's roots."""
     try:
         if ca_pem is not None:
-            context = ssl.create_default_context(cadata=ca_pem)
+            # exactly the one certificate a pin proved, never what else the text holds
+            context = ssl.create_default_context(cadata=only_certificate(ca_pem))
             context.check_hostname = False  # the pin, not a name, says who it is
             context.verify_mode = ssl.CERT_REQUIRED
             return context
         return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-    except (ssl.SSLError, OSError) as exc:
+    except (ssl.SSLError, OSError, CertificateError) as exc:
         raise UserError(f"cannot load --ca-cert {ca_file or 'CA'}: {exc}") from None
 
 
@@ -139,4 +151,4 @@ async def pinned_ca(host: str, port: int, expected: str) -> str:
             f"the orchestrator at {host}:{port} presents a CA whose pin is {found}, not "
             f"{expected} (--ca-pin / SWAMP_CA_PIN): refusing to connect"
         )
-    return text
+    return only_certificate(text)

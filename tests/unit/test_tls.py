@@ -8,8 +8,10 @@ import hashlib
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +212,69 @@ def test_certificate_names():
     for bad in ("a b", "a/b", "ex*ample", "-a", "a..b", ""):
         with pytest.raises(UserError, match="invalid --tls-name"):
             tls_mode.check_name(bad)
+
+
+def _smuggled(real: certificates.Issued, label: str) -> tuple[str, ssl.SSLContext]:
+    """What an impostor on the port can send for /tls/ca.pem knowing only the real CA (it is
+    public): the real certificate, whose pin is right, and its own CA in a block OpenSSL also
+    reads; and the impostor's server context, a chain rooted in its own CA."""
+    now = datetime.now(timezone.utc)
+    evil = certificates.authority(name="evil", now=now)
+    server = certificates.server(ca=evil, ca_name="evil", names=["impostor"], now=now)
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "s.pem").write_text(server.certificate_pem())
+        (Path(folder) / "s.key").write_text(server.key_pem())
+        serving.load_cert_chain(Path(folder) / "s.pem", Path(folder) / "s.key")
+    return real.certificate_pem() + certificates.pem(label, evil.certificate), serving
+
+
+@pytest.mark.parametrize("label", ["X509 CERTIFICATE", "TRUSTED CERTIFICATE"])
+def test_a_pinned_context_trusts_the_pinned_certificate_alone(label):
+    real = certificates.authority(name="swamp orchestrator CA", now=datetime.now(timezone.utc))
+    body, impostor = _smuggled(real, label)
+    assert pem_pin(body) == certificates.pin(real.certificate)  # the pin alone cannot tell
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(impostor, client_context(ca_pem=body), "orchestrator")
+
+
+async def test_a_worker_with_a_pin_sends_nothing_to_an_impostor_that_smuggles_its_ca():
+    import trio
+
+    from swamp.worker.config import WorkerConfig
+
+    real = certificates.authority(name="swamp orchestrator CA", now=datetime.now(timezone.utc))
+    body, impostor = _smuggled(real, "X509 CERTIFICATE")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_ca():
+        conn, _ = listener.accept()
+        with impostor.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(4096)
+            payload = body.encode()
+            tls.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload)
+                + payload
+            )
+
+    thread = threading.Thread(target=answer_ca, daemon=True)
+    thread.start()
+    try:
+        config = WorkerConfig(
+            url=f"wss://127.0.0.1:{port}", token="a.b", ca_pin=certificates.pin(real.certificate)
+        )
+        context = await config.ssl_context()
+    finally:
+        await trio.to_thread.run_sync(thread.join, 30)
+        listener.close()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await trio.to_thread.run_sync(_handshake, impostor, context, "orchestrator")
+
+
+def test_a_pinned_ca_file_is_carried_as_its_one_certificate(tmp_path):
+    real = certificates.authority(name="swamp orchestrator CA", now=datetime.now(timezone.utc))
+    body, _ = _smuggled(real, "X509 CERTIFICATE")
+    path = tmp_path / "ca.pem"
+    path.write_text(body)
+    assert pinned_file(path, certificates.pin(real.certificate)) == real.certificate_pem()
