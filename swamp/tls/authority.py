@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from swamp.errors import UserError
-from swamp.tls import certificates
+from swamp.tls import certificates, p256
 from swamp.tls.certificates import CertificateError, Issued
 
 CA_NAME = "swamp orchestrator CA"
@@ -66,7 +66,7 @@ def _write_private(path: Path, text: str, mode: int) -> None:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text()
+        return path.read_text(errors="replace")  # not text at all: no PEM in it, refused below
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -88,8 +88,6 @@ def _load_ca(folder: Path) -> Issued | None:
         if len(blocks) != 1:
             raise CertificateError("expected one CERTIFICATE block")
         ca = Issued(blocks[0], certificates.read_private_key(key_text))
-        from swamp.tls import p256
-
         public = certificates.subject_public_key_info(p256.public_key(ca.private_key))
         if certificates.spki(ca.certificate) != public:
             raise CertificateError("ca.key is not the key of ca.pem")
@@ -121,9 +119,11 @@ def _current_server(folder: Path, ca: Issued, names: list[str], now: datetime) -
         if len(blocks) != 1:
             return False
         certificate = blocks[0]
-        certificates.read_private_key(key_text)
+        key = certificates.read_private_key(key_text)
         return (
-            certificates.signed_by(certificate, ca.certificate)
+            # the pair a crash between the two renames (or a restored half) would split
+            certificates.public_point(certificate) == p256.public_key(key)
+            and certificates.signed_by(certificate, ca.certificate)
             and set(certificates.alt_names(certificate)) == set(names)
             and certificates.not_after(certificate) - now > RENEW_BEFORE
         )

@@ -179,6 +179,29 @@ def test_half_a_ca_or_a_foreign_key_is_refused_not_replaced(tmp_path):
         authority.ensure(tmp_path, ["a.example"], now=NOW)
 
 
+def test_a_server_key_that_is_not_the_certificates_is_issued_again(tmp_path):
+    """A crash between the renames of server.key and server.pem leaves a new key beside the
+    old certificate: serve issues both again rather than fail to listen at every start."""
+    authority.ensure(tmp_path, ["a.example"], now=NOW)
+    (tmp_path / "tls" / "server.key").write_text(
+        certificates.authority(name="x", now=NOW).key_pem()
+    )
+    again = authority.ensure(tmp_path, ["a.example"], now=NOW)
+    assert again.issued
+    ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+        again.cert_file, again.key_file
+    )
+
+
+def test_files_that_are_not_text_are_refused_or_replaced_not_a_crash(tmp_path):
+    authority.ensure(tmp_path, ["a.example"], now=NOW)
+    (tmp_path / "tls" / "server.pem").write_bytes(b"\xff\xfe\x00junk")
+    assert authority.ensure(tmp_path, ["a.example"], now=NOW).issued
+    (tmp_path / "tls" / "ca.pem").write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(UserError, match="cannot be used"):
+        authority.ensure(tmp_path, ["a.example"], now=NOW)
+
+
 @pytest.mark.parametrize(
     ("host", "tls", "has_cert", "mode"),
     [
