@@ -23,6 +23,7 @@ stderr and exit status 1 — nothing is enabled or started after a failed check:
 """
 
 import hashlib
+import http.client
 import os
 import signal
 import ssl
@@ -35,6 +36,7 @@ import urllib.request
 ATTEMPTS = 5
 FIRST_PAUSE = 2.0
 MAX_BYTES = 64 * 1024 * 1024
+ATTEMPT_SECONDS = 300  # an attempt that has not finished by then (a trickle) is a failed one
 UNIT = "swamp-worker"
 
 
@@ -51,22 +53,43 @@ def context(ca_file):
     return ctx
 
 
+def too_slow(signum, frame):
+    raise OSError(f"not complete after {ATTEMPT_SECONDS} s")
+
+
+def download(url, ca_file):
+    """One attempt: the whole body, or an exception (a body shorter than its Content-Length,
+    which a connection closed early gives, is one: it is asked again, not checked)."""
+    secure = context(ca_file) if url.startswith("https://") else None
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(ATTEMPT_SECONDS)
+    try:
+        with urllib.request.urlopen(url, timeout=60, context=secure) as answer:
+            declared = answer.getheader("Content-Length") or ""
+            data = answer.read(MAX_BYTES + 1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    if len(data) > MAX_BYTES:
+        fail(f"the download from {url} is larger than {MAX_BYTES} bytes")
+    if declared.isdigit() and len(data) < int(declared):
+        raise OSError(f"the answer ended after {len(data)} of {declared} bytes")
+    return data
+
+
 def fetch(url, ca_file):
     """The build's bytes, after at most ATTEMPTS tries."""
     pause = FIRST_PAUSE
     last = None
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            secure = context(ca_file) if url.startswith("https://") else None
-            with urllib.request.urlopen(url, timeout=60, context=secure) as answer:
-                data = answer.read(MAX_BYTES + 1)
-            if len(data) > MAX_BYTES:
-                fail(f"the download from {url} is larger than {MAX_BYTES} bytes")
-            return data
-        except (OSError, ValueError) as exc:  # URLError, HTTPError and TLS errors are OSErrors
-            last = exc
+            return download(url, ca_file)
+        # URLError, HTTPError and TLS errors are OSErrors; a peer that is not HTTP (or stops
+        # in the middle of a chunk) raises an HTTPException
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            last = " ".join(str(exc).split())  # one line, whatever the peer sent
             sys.stderr.write(
-                f"swamp bootstrap: download {attempt}/{ATTEMPTS} from {url} failed: {exc}\n"
+                f"swamp bootstrap: download {attempt}/{ATTEMPTS} from {url} failed: {last}\n"
             )
             if attempt < ATTEMPTS:
                 time.sleep(pause)
