@@ -831,6 +831,7 @@ class _NewFiles:
 def _provision(kind: str, build, item, files: _NewFiles, *, json_output: bool) -> None:
     from swamp.domain import provisioning
 
+    provisioning.check_token(item.token)  # the orchestrator's answer, before any file has it
     if kind == "cloud-init":
         text = provisioning.cloud_init(build, token=item.token)
     elif kind == "kubernetes":

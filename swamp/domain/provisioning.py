@@ -149,8 +149,23 @@ def _block(text: str, indent: int) -> str:
     return "\n".join(pad + line if line else "" for line in text.splitlines())
 
 
+# A token as the orchestrator mints it (<name>.<hex>): it comes in the orchestrator's answer
+# and goes into an environment file, a Secret and a Compose secret file, which a newline in it
+# would add lines to.
+_TOKEN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}\.[A-Za-z0-9_-]{1,512}")
+
+
+def check_token(token: str) -> str:
+    if not isinstance(token, str) or _TOKEN.fullmatch(token) is None:
+        raise UserError(
+            "the orchestrator answered with a token that is not <name>.<secret>: nothing "
+            "was written"
+        )
+    return token
+
+
 def environment(build: Build, token: str) -> str:
-    variables = {**build.environment(ca_file=CA_FILE), "SWAMP_WORKER_TOKEN": token}
+    variables = {**build.environment(ca_file=CA_FILE), "SWAMP_WORKER_TOKEN": check_token(token)}
     return "".join(f"{name}={value}\n" for name, value in variables.items())
 
 
@@ -205,6 +220,7 @@ def kubernetes(build: Build, *, name: str, token: str) -> str:
     (``SWAMP_WORKER_CACHE_DIR``, where the machine id lives) across restarts and re-rolls, so a
     restarted pod comes back as the same worker and holds the same fleet place, never a new
     one (a fleet of N places takes ``replicas: N``)."""
+    check_token(token)
     app = f"swamp-worker-{name}"
     ca_file = f"{CONTAINER_CONFIG}/ca.pem" if build.ca_pem else None
     command = _container_command(build, "container", CONTAINER_PYZ, ca_file)

@@ -178,3 +178,17 @@ def test_the_kubernetes_output_passes_the_api_schemas():
     broken["spec"]["replicas"] = "one"  # the control: the validator does find errors
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    "token", ["t.s\nSWAMP_ORCHESTRATOR_URL=wss://evil.example:443", "t.s\r\nLD_PRELOAD=/x", "", "t"]
+)
+def test_a_token_that_is_not_one_adds_no_line_to_any_file(token):
+    """The token is the orchestrator's answer: a newline in it would add variables to the
+    environment file the unit reads as root."""
+    for render in (
+        lambda: provisioning.cloud_init(_build(), token=token),
+        lambda: provisioning.kubernetes(_build(), name="t", token=token),
+    ):
+        with pytest.raises(UserError, match="not <name>.<secret>"):
+            render()
