@@ -678,6 +678,7 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
 
     from swamp.admin.routes import own_ca, running_server
     from swamp.domain.provisioning import Build, check_url, is_sha256
+    from swamp.domain.urls import sends_in_clear
     from swamp.errors import PeerError, UserError
     from swamp.tls.trust import client_context, only_certificate, pem_pin
 
@@ -693,6 +694,13 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
             "(or run it in the repo of a running 'swamp serve')"
         )
     check_url(url, what=what)
+    if sends_in_clear(url):  # the worker refuses it; the checksum would come in clear text
+        raise UserError(
+            f"refusing to provision machines for {url}: the token would go to it in clear "
+            "text (the worker refuses that), and the build's checksum would be read from it "
+            "unprotected; serve with TLS (off loopback 'swamp serve' does: --tls auto) and "
+            "pass its wss:// URL"
+        )
     base = ("https://" if url.startswith("wss://") else "http://") + url.split("://", 1)[1]
     base = base.rstrip("/")
     own = None if ca_cert else own_ca(url, repo_dir)
