@@ -64,6 +64,19 @@ def _write_private(path: Path, text: str, mode: int) -> None:
     tmp.replace(path)
 
 
+def _check_owner(folder: Path) -> None:
+    """The directory must be ours: its owner could put another CA in it (root's chmod would
+    not stop them, as it stops any other user's serve)."""
+    uid = getattr(os, "geteuid", None)
+    owner = folder.stat().st_uid
+    if uid is not None and owner != uid():
+        raise UserError(
+            f"{folder} belongs to another user (uid {owner}), who could replace the CA in it: "
+            "serve as that user, or remove the directory to make a new CA (every worker's "
+            "--ca-pin then changes)"
+        )
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace")  # not text at all: no PEM in it, refused below
@@ -138,6 +151,7 @@ def ensure(state_dir: Path, names: list[str], *, now: datetime | None = None) ->
     folder = directory(state_dir)
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
+        _check_owner(folder)
         os.chmod(folder, 0o700)
         ca = _load_ca(folder)
         if ca is None:

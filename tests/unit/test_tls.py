@@ -5,6 +5,7 @@ and the rule that decides when serve speaks TLS."""
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import ssl
 import subprocess
@@ -200,6 +201,18 @@ def test_files_that_are_not_text_are_refused_or_replaced_not_a_crash(tmp_path):
     (tmp_path / "tls" / "ca.pem").write_bytes(b"\xff\xfe\x00junk")
     with pytest.raises(UserError, match="cannot be used"):
         authority.ensure(tmp_path, ["a.example"], now=NOW)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_a_tls_directory_another_user_owns_is_refused_even_by_root(tmp_path):
+    """Root's chmod succeeds on another user's directory, which keeps it theirs: they could
+    have put their own CA there (as links, or files)."""
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(UserError, match="belongs to another user"):
+        authority.ensure(tmp_path, ["a.example"], now=NOW)
+    assert not (folder / "ca.key").exists()
 
 
 @pytest.mark.parametrize(
