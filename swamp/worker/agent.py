@@ -31,7 +31,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.drain import EXIT_UNREACHABLE, Stage
 from swamp.domain.token_sources import another_token_may_help
 from swamp.domain.urls import redact
-from swamp.errors import FleetFull, Rejected, SwampError, UserError
+from swamp.errors import FleetFull, PinMismatch, Rejected, SwampError, UserError
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.worker.config import WorkerConfig
@@ -163,6 +163,7 @@ async def _connect_loop(
     started = time.monotonic()
     token_deadline: float | None = None
     attempt = 0
+    proven = False  # enrolled at least once: what the pin names is this orchestrator
     while True:
         attempt += 1
         reporter.emit("connecting", url=redact(config.url), attempt=attempt)
@@ -179,6 +180,14 @@ async def _connect_loop(
         full = False  # every place of its fleet token is taken: it waits for one
         try:
             reason = await session.run()
+        except PinMismatch as exc:
+            if not proven:  # a pin that never let it in: a wrong pin, or not this orchestrator
+                reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
+                return 1
+            # The pin has let this worker in before: a CA answer that does not match it now
+            # came from whatever sits on the path (a load balancer's page, an impostor), not
+            # from a wrong pin. Nothing was sent; ask again, as for an orchestrator away.
+            reason = exc.message
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
             fresh, why = None, exc.message
             if another_token_may_help(exc.code):
@@ -205,6 +214,7 @@ async def _connect_loop(
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at
             backoff.reset()
+            proven = True
         # the orchestrator's words first (they name the allowance: "… exhausted (3 / 3)")
         reporter.emit("fleet_full" if full else "disconnected", reason=reason)
         delay = backoff.next()
