@@ -561,7 +561,10 @@ def token_create(
         "a systemd unit.",
     ),
     kubernetes: bool = typer.Option(
-        False, "--kubernetes", help="Print a Kubernetes Secret and Deployment instead."
+        False,
+        "--kubernetes",
+        help="Print Kubernetes manifests instead: a StatefulSet (each pod keeps its machine id on "
+        "a volume), its Secret, ConfigMap and headless Service.",
     ),
     compose: bool = typer.Option(False, "--compose", help="Print a Compose service instead."),
     orchestrator_url: str = typer.Option(
@@ -715,6 +718,12 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
             f"cannot reach the orchestrator at {base} from here: {exc}{hint}; the URL must "
             "work both from this command and from the machines"
         ) from None
+    if answer.status_code in (401, 403):
+        raise PeerError(
+            f"the orchestrator at {base} keeps its build private (--private-downloads): the "
+            "machines could not download it either; provision from an orchestrator that serves "
+            "it openly"
+        )
     if answer.status_code != 200:
         raise PeerError(
             f"the orchestrator at {base} serves no build (HTTP {answer.status_code}): start it "
