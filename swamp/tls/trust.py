@@ -42,30 +42,35 @@ def check_pin(text: str, *, what: str = "--ca-pin (SWAMP_CA_PIN)") -> str:
     return text
 
 
+def _one_certificate(text: str) -> bytes:
+    """The DER of the one ``BEGIN CERTIFICATE`` block in a PEM text (well formed, or
+    CertificateError)."""
+    blocks = pem_blocks(text, "CERTIFICATE")
+    if len(blocks) != 1:
+        raise CertificateError(f"expected one certificate, found {len(blocks)}")
+    pin(blocks[0])  # one well-formed DER element, or CertificateError
+    return blocks[0]
+
+
 def only_certificate(text: str) -> str:
     """The one certificate in a PEM text, written again as exactly that certificate.
 
     What a pin proved is what a context trusts: OpenSSL reads more than ``BEGIN CERTIFICATE``
     blocks (``BEGIN X509 CERTIFICATE`` too, and text around them), so the text a pin was
     checked against is never handed to it as it came, only the one certificate in it."""
-    blocks = pem_blocks(text, "CERTIFICATE")
-    if len(blocks) != 1:
-        raise CertificateError(f"expected one certificate, found {len(blocks)}")
-    pin(blocks[0])  # one well-formed DER element, or CertificateError
-    return pem("CERTIFICATE", blocks[0])
+    return pem("CERTIFICATE", _one_certificate(text))
 
 
 def pem_pin(text: str) -> str:
     """The pin of the one certificate in a PEM text."""
-    blocks = pem_blocks(only_certificate(text), "CERTIFICATE")
-    return pin(blocks[0])
+    return pin(_one_certificate(text))
 
 
 def pinned_file(path: Path, expected: str) -> str:
     """The CA certificate in ``path`` (``--ca-cert``), if its pin is ``expected``."""
     try:
-        text = Path(path).read_text()
-        found = pem_pin(text)
+        certificate = _one_certificate(Path(path).read_text())
+        found = pin(certificate)
     except OSError as exc:
         raise UserError(f"cannot read --ca-cert {path}: {exc.strerror}") from None
     except (CertificateError, ValueError) as exc:
@@ -75,7 +80,7 @@ def pinned_file(path: Path, expected: str) -> str:
             f"--ca-cert {path} is not the CA --ca-pin names (it is {found}, the pin says "
             f"{expected})"
         )
-    return only_certificate(text)
+    return pem("CERTIFICATE", certificate)
 
 
 def client_context(*, ca_file: Path | None = None, ca_pem: str | None = None) -> ssl.SSLContext:
@@ -143,7 +148,8 @@ async def pinned_ca(host: str, port: int, expected: str) -> str:
     """The orchestrator's CA certificate (PEM), proven by ``expected``, its pin."""
     text = await fetch_ca(host, port)
     try:
-        found = pem_pin(text)
+        certificate = _one_certificate(text)
+        found = pin(certificate)
     except (CertificateError, ValueError) as exc:
         raise PinMismatch(f"{host}:{port} sent no usable CA certificate ({exc})") from None
     if found != expected:
@@ -151,4 +157,4 @@ async def pinned_ca(host: str, port: int, expected: str) -> str:
             f"the orchestrator at {host}:{port} presents a CA whose pin is {found}, not "
             f"{expected} (--ca-pin / SWAMP_CA_PIN): refusing to connect"
         )
-    return only_certificate(text)
+    return pem("CERTIFICATE", certificate)

@@ -1,32 +1,21 @@
 """LAST SEEN of a connected worker is its socket's last frame: an idle worker, which sends
 nothing but heartbeats, is fresh, and nothing is written per heartbeat."""
 
-import uuid
+from dataclasses import replace
 
 import trio
 
 from swamp.orchestrator.pool import Member
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.datastore import iso
+from tests.unit.test_episode_leases import member
 from tests.unit.test_rpc import answering_side, echo_handler, pair
 
 ENROLLED = "2026-01-01T00:00:00.000Z"  # what the record says: its enrollment
 
 
 def _member(channel) -> Member:
-    return Member(
-        name="w",
-        instance_id=str(uuid.uuid4()),
-        machine_id="m",
-        token_name="t",
-        labels={},
-        platform="linux",
-        arch="x86_64",
-        capacity=1,
-        version="1",
-        channel=channel,
-        last_seen_at=ENROLLED,
-    )
+    return replace(member(channel), capacity=1, last_seen_at=ENROLLED)
 
 
 async def test_an_idle_connected_worker_is_seen_at_its_last_heartbeat(nursery, autojump_clock):
