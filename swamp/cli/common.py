@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,52 @@ CA_CERT = typer.Option(
 )
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where an admin command acts: straight on a repo, or through a running orchestrator
+    (``swamp.admin.routes`` decides which). Its options are declared once, here, so that every
+    command that can go either way offers the same names, variables and help."""
+
+    server: str | None = None
+    server_token: str | None = None
+    ca_cert: Path | None = None
+    repo_dir: Path | None = None
+
+
+# A command's ``route: Route = ROUTE`` parameter: ``command`` shows typer the four options
+# below in its place (in this order) and calls the command with the Route they make.
+ROUTE = Route()
+ROUTE_OPTIONS: tuple[tuple[str, type, Any], ...] = (
+    ("server", str, SERVER),
+    ("server_token", str, SERVER_TOKEN),
+    ("ca_cert", Path, CA_CERT),
+    ("repo_dir", Path, REPO_DIR),
+)
+
+
+def _route_parameter(fn: Callable) -> str | None:
+    """The name of ``fn``'s parameter that defaults to :data:`ROUTE`, if it has one."""
+    found = [p.name for p in inspect.signature(fn).parameters.values() if p.default is ROUTE]
+    assert len(found) <= 1, f"{fn.__name__}: one route parameter at most"
+    return found[0] if found else None
+
+
+def _with_route_options(wrapper: Callable, fn: Callable, name: str) -> None:
+    """What typer reads of ``wrapper``: ``fn``'s signature with the route options in place
+    of its ``name`` parameter."""
+    params: list[inspect.Parameter] = []
+    annotations = {k: v for k, v in fn.__annotations__.items() if k != name}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name != name:
+            params.append(param)
+            continue
+        for option, kind, default in ROUTE_OPTIONS:
+            params.append(inspect.Parameter(option, param.kind, default=default, annotation=kind))
+            annotations[option] = kind
+    wrapper.__signature__ = inspect.signature(fn).replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = annotations
+
+
 def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = False):
     """``error: <message>`` on stderr. A message's own continuation lines (a predicate's caret)
     stay lines, indented, so that no text in a message can pass for a line of its own."""
@@ -60,12 +108,16 @@ def fail(message: str, *, code: str = "error", status: int = 1, as_json: bool = 
 
 def command(fn: Callable) -> Callable:
     """Map ``SwampError`` to one line on stderr (and JSON on stdout with --json) and an exit
-    status; never a traceback for an error we raised on purpose."""
+    status; never a traceback for an error we raised on purpose. A parameter that defaults to
+    :data:`ROUTE` is offered as the shared route options and handed over as one ``Route``."""
+    route = _route_parameter(fn)
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any):
         from swamp.errors import SwampError
 
+        if route is not None:
+            kwargs[route] = Route(**{name: kwargs.pop(name, None) for name, _, _ in ROUTE_OPTIONS})
         try:
             return fn(*args, **kwargs)
         except SwampError as exc:
@@ -79,6 +131,8 @@ def command(fn: Callable) -> Callable:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
 
+    if route is not None:
+        _with_route_options(wrapper, fn, route)
     return wrapper
 
 
@@ -111,25 +165,17 @@ def run_async(fn, *args):
     return trio.run(fn, *args)
 
 
-def with_admin(
-    operation: Callable,
-    *,
-    repo_dir: Path | None,
-    server: str | None,
-    server_token: str | None,
-    ca_cert: Path | None,
-    prefer_server: bool = False,
-):
+def with_admin(operation: Callable, route: Route, *, prefer_server: bool = False):
     """Run ``await operation(api)`` on the route the flags choose (see ``swamp.admin.routes``)
     and return its reply: a command formats it, whichever route answered."""
     from swamp.admin.routes import open_route
 
     async def go():
         async with open_route(
-            repo_dir=repo_dir,
-            server=server,
-            server_token=server_token,
-            ca_cert=ca_cert,
+            repo_dir=route.repo_dir,
+            server=route.server,
+            server_token=route.server_token,
+            ca_cert=route.ca_cert,
             prefer_server=prefer_server,
         ) as api:
             return await operation(api)

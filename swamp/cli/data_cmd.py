@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
 from swamp.cli.common import (
-    CA_CERT,
     JSON,
-    REPO_DIR,
-    SERVER,
-    SERVER_TOKEN,
+    ROUTE,
+    Route,
     command,
     emit_json,
     table,
@@ -38,10 +35,7 @@ def query(
     limit: int = typer.Option(
         None, "--limit", metavar="N", show_default=False, help="Stop after N matches."
     ),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Select records with a predicate over modelType, modelName, name, version, spec,
@@ -55,10 +49,7 @@ def query(
     request = DataQueryRequest(predicate=predicate, all_versions=all_versions, limit=limit)
     reply = with_admin(
         lambda api: api.data_query(request),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json([r.to_json() for r in reply.records])

@@ -6,16 +6,13 @@ import json
 import re
 import sys
 import time
-from pathlib import Path
 
 import typer
 
 from swamp.cli.common import (
-    CA_CERT,
     JSON,
-    REPO_DIR,
-    SERVER,
-    SERVER_TOKEN,
+    ROUTE,
+    Route,
     command,
     emit_json,
     with_admin,
@@ -218,10 +215,7 @@ def run(
         "named here, by the model (env = [...]) or by serve "
         "--ship-env.",
     ),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Run a method. With --target/--label/--platform it runs on the least-loaded matching
@@ -275,10 +269,7 @@ def run(
     try:
         result = with_admin(
             run_with_progress,
-            repo_dir=repo_dir,
-            server=server,
-            server_token=server_token,
-            ca_cert=ca_cert,
+            route,
             prefer_server=placement.is_remote(),
         )
     finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import JSON, REPO_DIR, command, emit_json, table, with_admin
+from swamp.cli.common import JSON, REPO_DIR, Route, command, emit_json, table, with_admin
 
 app = typer.Typer(
     help="The orchestrator's admin credentials.", no_args_is_help=True, rich_markup_mode=None
@@ -24,7 +24,7 @@ app.add_typer(token_app, name="token")
 def _on_repo(operation, repo_dir):
     """Server tokens are managed straight on the repo: whoever holds admin credentials' keys
     owns the orchestrator's directory (a running server notices changes within a second)."""
-    return with_admin(operation, repo_dir=repo_dir, server=None, server_token=None, ca_cert=None)
+    return with_admin(operation, Route(repo_dir=repo_dir))
 
 
 SCOPE_HELP = (

@@ -10,9 +10,8 @@ import typer
 from swamp.cli.common import (
     CA_CERT,
     JSON,
-    REPO_DIR,
-    SERVER,
-    SERVER_TOKEN,
+    ROUTE,
+    Route,
     command,
     emit_json,
     run_async,
@@ -304,10 +303,7 @@ def _this_swamp() -> str:
 @command
 def list_workers(
     all_workers: bool = typer.Option(False, "--all", help="Include disconnected workers."),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """The pool: every enrolled worker with its status, slots and labels.
@@ -319,10 +315,7 @@ def list_workers(
 
     reply = with_admin(
         lambda api: api.worker_list(WorkerListRequest(all=all_workers)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(reply.to_json())
@@ -384,10 +377,7 @@ def list_workers(
 @app.command("queue", short_help="Demand: the steps waiting for a worker.")
 @command
 def queue(
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """The steps waiting for a free matching worker, oldest first (with the workflow, job
@@ -403,10 +393,7 @@ def queue(
 
     reply = with_admin(
         lambda api: api.worker_queue(),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(reply.to_json())
@@ -453,10 +440,7 @@ def verify(
         show_default=False,
         help="Verify only workers with this k=v label; repeatable (all must match).",
     ),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Prove each worker end to end: run the fleet probe on it through the normal dispatch path
@@ -474,10 +458,7 @@ def verify(
     labels = parse_labels(label or [])
     report = with_admin(
         lambda api: api.worker_verify(VerifyRequest(name=name, labels=labels)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
         prefer_server=True,
     )
     if json_output:
@@ -580,10 +561,7 @@ def token_create(
         "with --compose the token goes to swamp_token beside it. An existing file or a "
         "link is refused.",
     ),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Mint an enrollment token and print NAME.SECRET once (only a hash is stored).
@@ -629,23 +607,17 @@ def token_create(
     if output is not None and not kinds:
         raise UserError("--output goes with --cloud-init, --kubernetes or --compose")
     if kinds:  # everything that can fail is checked and claimed before the token is minted
-        build = _served_build(orchestrator_url, server, repo_dir, ca_cert)
+        build = _served_build(orchestrator_url, route)
         with _NewFiles(_outputs(kinds[0], output)) as files:
             item = with_admin(
                 lambda api: api.token_create(request),
-                repo_dir=repo_dir,
-                server=server,
-                server_token=server_token,
-                ca_cert=ca_cert,
+                route,
             )
             _provision(kinds[0], build, item, files, json_output=json_output)
         return
     item = with_admin(
         lambda api: api.token_create(request),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(item.to_json())
@@ -670,7 +642,7 @@ def token_create(
     )
 
 
-def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
+def _served_build(url: str | None, route: Route):
     """What a provisioning file carries, asked of the orchestrator *before* the token is
     minted, so a failure here mints nothing: its URL, the sha256 of the build it serves, and
     its own CA (``serve --tls auto``) with that CA's pin — read over a connection this CLI
@@ -685,6 +657,7 @@ def _served_build(url: str | None, server: str | None, repo_dir, ca_cert):
     from swamp.errors import PeerError, UserError
     from swamp.tls.trust import client_context, only_certificate, pem_pin
 
+    server, repo_dir, ca_cert = route.server, route.repo_dir, route.ca_cert
     if url:
         what = "--orchestrator-url"
     elif server:
@@ -885,10 +858,7 @@ def _provision(kind: str, build, item, files: _NewFiles, *, json_output: bool) -
 @token_app.command("list", short_help="Tokens: state, deadline, enrollments.")
 @command
 def token_list(
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Every enrollment token: state, deadline, enrollments used / allowed."""
@@ -896,10 +866,7 @@ def token_list(
 
     reply = with_admin(
         lambda api: api.token_list(),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json([t.to_json() for t in reply.tokens])
@@ -924,10 +891,7 @@ def token_list(
 @command
 def token_revoke(
     name: str = typer.Argument(..., help="The token to revoke."),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Revoke a token: its connected workers are disconnected within a second and can never
@@ -937,10 +901,7 @@ def token_revoke(
 
     item = with_admin(
         lambda api: api.token_revoke(TokenRevokeRequest(name)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(item.to_json())

@@ -10,11 +10,10 @@ from pathlib import Path
 import typer
 
 from swamp.cli.common import (
-    CA_CERT,
     JSON,
     REPO_DIR,
-    SERVER,
-    SERVER_TOKEN,
+    ROUTE,
+    Route,
     command,
     emit_json,
     repo_path,
@@ -114,10 +113,7 @@ def create(
 @command
 def validate(
     name: str = typer.Argument(None, show_default=False, help="One workflow (default: all)."),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Check each workflow: keys (with a did-you-mean), names, dependencies and cycles, models,
@@ -132,10 +128,7 @@ def validate(
 
     reply = with_admin(
         lambda api: api.workflow_validate(WorkflowRequest(name=name)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(reply.to_json())
@@ -161,19 +154,13 @@ def _print_problems(workflows: list[dict]) -> None:
 @app.command("list", short_help="The workflows of the repo.")
 @command
 def list_workflows(
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Every workflows/*.toml: its jobs, steps, whether it places steps on workers, problems."""
     reply = with_admin(
         lambda api: api.workflow_list(),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(reply.to_json())
@@ -199,10 +186,7 @@ def list_workflows(
 @command
 def show(
     name: str = typer.Argument(...),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """The workflow's jobs and steps: what each runs, what it depends on (and on which
@@ -216,10 +200,7 @@ def show(
 
     reply = with_admin(
         lambda api: api.workflow_show(WorkflowRequest(name=name)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
     )
     if json_output:
         emit_json(reply.to_json())
@@ -458,10 +439,7 @@ def run(
     timeout: str = typer.Option(
         None, "--timeout", help="Cancel the run after this long, e.g. 30m."
     ),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Run a workflow in the orchestrator (the repo's running 'swamp serve', --server or
@@ -504,10 +482,7 @@ def run(
     try:
         reply = with_admin(
             go,
-            repo_dir=repo_dir,
-            server=server,
-            server_token=server_token,
-            ca_cert=ca_cert,
+            route,
             prefer_server=True,
         )
     finally:
@@ -551,10 +526,7 @@ def history(
         None, metavar="[RUN]", show_default=False, help="With get: a run id or unique prefix."
     ),
     logs: bool = typer.Option(False, "--logs", help="With get: the last lines each step printed."),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """'swamp workflow history [NAME]': runs, newest first — id, workflow, status, steps that
@@ -566,11 +538,10 @@ def history(
     from swamp.errors import UserError
     from swamp.protocol.messages import RunRef, WorkflowRequest
 
-    route = dict(repo_dir=repo_dir, server=server, server_token=server_token, ca_cert=ca_cert)
     if name == "get":
         if not run_id:
             raise UserError("history get needs a run id: see 'swamp workflow history'")
-        reply = with_admin(lambda api: api.workflow_history_get(RunRef(run=run_id)), **route)
+        reply = with_admin(lambda api: api.workflow_history_get(RunRef(run=run_id)), route)
         if json_output:
             emit_json(reply.to_json())
             return
@@ -585,7 +556,7 @@ def history(
         raise UserError(f"unexpected {run_id!r}: 'history NAME' or 'history get RUN'")
     if name is not None:
         check_workflow_name(name)  # refused here, the same on either route
-    reply = with_admin(lambda api: api.workflow_history(WorkflowRequest(name=name)), **route)
+    reply = with_admin(lambda api: api.workflow_history(WorkflowRequest(name=name)), route)
     if json_output:
         emit_json(reply.to_json())
         return
@@ -611,10 +582,7 @@ def history(
 def cancel(
     run_id: str = typer.Argument(..., metavar="RUN", help="A run id, or a unique prefix."),
     reason: str = typer.Option(None, "--reason", help="Recorded with the run."),
-    server: str = SERVER,
-    server_token: str = SERVER_TOKEN,
-    ca_cert: Path = CA_CERT,
-    repo_dir: Path = REPO_DIR,
+    route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Cancel a run in the orchestrator that runs it: its running steps are cancelled on their
@@ -623,10 +591,7 @@ def cancel(
 
     reply = with_admin(
         lambda api: api.workflow_cancel(RunRef(run=run_id, reason=reason)),
-        repo_dir=repo_dir,
-        server=server,
-        server_token=server_token,
-        ca_cert=ca_cert,
+        route,
         prefer_server=True,
     )
     if json_output:
