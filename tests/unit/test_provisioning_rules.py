@@ -197,7 +197,8 @@ def test_a_token_that_is_not_one_adds_no_line_to_any_file(token):
 def test_no_provisioning_file_for_a_plain_url_off_loopback(tmp_path):
     """Its worker would refuse to send the token (exit 2, never restarted), and the checksum
     the file carries would have been read in clear text: refused before anything is asked."""
+    from swamp.cli.common import Route
     from swamp.cli.worker_cmd import _served_build
 
     with pytest.raises(UserError, match="refusing to provision machines for ws://192.0.2.1"):
-        _served_build("ws://192.0.2.1:7420", None, tmp_path, None)
+        _served_build("ws://192.0.2.1:7420", Route(repo_dir=tmp_path))
