@@ -1,9 +1,10 @@
-"""Random ids and secrets, drawn from the operating system a block at a time.
+"""Random ids, drawn from the operating system a block at a time.
 
-A dispatch needs three (a step id, a dispatch id, a data-plane credential); one ``getrandom``
-system call each was a measurable part of a dispatch. The bytes are the kernel's CSPRNG output
-either way (``os.urandom``), handed out in order and never twice; a forked child starts a block
-of its own.
+A dispatch needs two (a step id, a dispatch id) and a websocket client a masking key per frame;
+one ``getrandom`` system call each was a measurable part of a dispatch. The bytes are the
+kernel's CSPRNG output either way (``os.urandom``), handed out in order and never twice; a
+forked child starts a block of its own. Secrets do not come from here: a credential, a token or
+an id that must not be guessed comes from ``secrets``, one call each, its bytes nowhere else.
 """
 
 from __future__ import annotations
@@ -46,15 +47,10 @@ def new_id() -> str:
 def ordered_id() -> str:
     """32 hex digits that sort by creation time: the wall clock in nanoseconds, then 64 random
     bits. A lease's key is its dispatch id, so each new lease lands at the end of the table's
-    index instead of on a random page of it (not a secret: credentials are :func:`secret_hex`)."""
+    index instead of on a random page of it (not a secret)."""
     return f"{time.time_ns():016x}{_pool.take(8).hex()}"
 
 
 def random_bytes(count: int) -> bytes:
     """``count`` bytes from the same source (a websocket client's masking keys)."""
     return _pool.take(count)
-
-
-def secret_hex(nbytes: int = 32) -> str:
-    """A secret of ``nbytes`` random bytes, in hex (as ``secrets.token_hex``)."""
-    return _pool.take(nbytes).hex()

@@ -15,7 +15,7 @@ one write transaction, so two processes racing for the last place can never both
 from __future__ import annotations
 
 import hashlib
-import hmac
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -180,7 +180,7 @@ def hash_secret(secret: str) -> str:
 
 
 def secret_matches(secret: str, secret_hash: str) -> bool:
-    return hmac.compare_digest(hash_secret(secret).encode(), secret_hash.encode())
+    return secrets.compare_digest(hash_secret(secret).encode(), secret_hash.encode())
 
 
 def split_credential(text: str) -> tuple[str, str]:

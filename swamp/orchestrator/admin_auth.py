@@ -18,7 +18,6 @@ is the one check of a principal against a verb, for admin frames and HTTP routes
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -83,7 +82,7 @@ class AdminAuth:
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
             return Unauthorized("the Authorization header must be 'Bearer <credential>'")
-        if self._local is not None and hmac.compare_digest(_digest(credential), self._local):
+        if self._local is not None and secrets.compare_digest(_digest(credential), self._local):
             return Principal("local", LOCAL)
         try:
             token = self.server_tokens.authenticate(credential)

@@ -9,10 +9,9 @@ an unused session credential was an unneeded secret, so there is none.)
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from dataclasses import dataclass
-
-from swamp.ids import secret_hex
 
 DEFAULT_TTL = 15 * 60
 
@@ -38,7 +37,7 @@ class Credentials:
         return f"<Credentials live={len(self._grants)}>"
 
     def _issue(self, grant: Grant) -> str:
-        token = secret_hex(32)
+        token = secrets.token_hex(32)
         self._grants[_digest(token)] = grant
         return token
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import uuid
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def machine_id(cache_dir: Path) -> str:
         if not _VALID.fullmatch(existing):
             raise UserError(f"{path} does not hold a machine id; delete it to make a new one")
         return existing
-    new = str(uuid.uuid4())
+    new = _new_uuid()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -41,4 +42,10 @@ def machine_id(cache_dir: Path) -> str:
 
 
 def instance_id() -> str:
-    return str(uuid.uuid4())
+    return _new_uuid()
+
+
+def _new_uuid() -> str:
+    """A random (version 4) UUID from ``secrets``: the ids a worker is known by must not be
+    guessable (the shape of ``uuid.uuid4()``, which draws the same bytes)."""
+    return str(uuid.UUID(bytes=secrets.token_bytes(16), version=4))

@@ -129,8 +129,10 @@ def test_ids_and_secrets_are_hex_and_never_repeat_across_blocks():
     drawn = [ids.new_id() for _ in range(3 * ids.BLOCK // 16 + 7)]  # several blocks' worth
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in drawn)
     assert len(set(drawn)) == len(drawn)
-    secret = ids.secret_hex(32)
-    assert len(secret) == 64 and secret not in "".join(drawn)
+    from swamp.orchestrator.credentials import Credentials
+
+    secret = Credentials().issue_dispatch("w1", "d1")  # a credential: from ``secrets``
+    assert len(secret) == 64 and int(secret, 16) >= 0 and secret not in "".join(drawn)
 
 
 def test_a_forked_child_draws_from_a_block_of_its_own():
