@@ -8,7 +8,7 @@ again with the same cache dir, so it re-enrolls as itself) and, once, SIGKILLs t
 and starts it again on the same port.
 
 The verdict: every step got an answer (none lost); no two copies of a step ever ran at once; no
-step's effect happened twice (the command keys it on ``SWAMP_STEP_ID``, as the README advises);
+step's effect happened twice (the command keys it on ``SWAMP_STEP_ID``, as docs/usage.md advises);
 every step reported as succeeded finished; every failure carries its reason. More steps are in
 flight than the fleet has slots, so steps also wait in the queue (and are queued again after a
 lost worker). Prints one JSON object; it is not part of the test suite (it takes minutes).
@@ -172,7 +172,7 @@ def _verdict(args, results, ledger, kills, restarts, elapsed) -> dict:
     """What the ledger says. A copy's lines are ``start`` then (unless it was killed) ``end``, or
     ``again`` where an earlier attempt had already finished; a copy that finds an earlier copy of
     its step still alive writes ``overlap``. Neither an overlap nor a second ``end`` may ever
-    happen; ``again`` counts the window no runner can close (see the README)."""
+    happen; ``again`` counts the window no runner can close (see docs/usage.md)."""
     events = collections.defaultdict(list)
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
         what, step, _ = line.split(" ", 2)
