@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from swamp.domain.language import (
     COMPARATORS,
@@ -63,7 +63,8 @@ VALUES = Dialect(
     too_deep="nested more than {limit} levels deep",
     values=True,
 )
-Compiled = Callable[[dict], object]
+Context = dict[str, Any]  # the names an expression may use
+Compiled = Callable[[Context], object]
 T = TypeVar("T")
 
 
@@ -131,7 +132,7 @@ def _compile(node: Node, source: str) -> Compiled:
 def _postfix(base: Compiled, node: Postfix, source: str) -> Compiled:
     """A chain of fields, indexes and calls, applied in a loop (a long ``a.b.c…`` does not
     recurse)."""
-    steps: list[Callable[[object, dict], object]] = []
+    steps: list[Callable[[object, Context], object]] = []
     for suffix in node.suffixes:
         if isinstance(suffix, Attr):
             steps.append(_member(suffix.name))
@@ -140,7 +141,7 @@ def _postfix(base: Compiled, node: Postfix, source: str) -> Compiled:
         else:
             steps.append(_call([_compile(a, source) for a in suffix.args], source))
 
-    def chain(c: dict) -> object:
+    def chain(c: Context) -> object:
         value = base(c)
         for step in steps:
             value = step(value, c)
@@ -149,7 +150,7 @@ def _postfix(base: Compiled, node: Postfix, source: str) -> Compiled:
     return chain
 
 
-def _name(context: dict, name: str) -> object:
+def _name(context: Context, name: str) -> object:
     if name not in context:
         raise ExpressionError(
             f"unknown name {name!r} (names here: {', '.join(sorted(context)) or 'none'})"
@@ -157,8 +158,8 @@ def _name(context: dict, name: str) -> object:
     return context[name]
 
 
-def _member(name: str) -> Callable[[object, dict], object]:
-    def get(value: object, c: dict) -> object:
+def _member(name: str) -> Callable[[object, Context], object]:
+    def get(value: object, c: Context) -> object:
         if isinstance(value, dict):
             if name not in value:
                 raise _Missing(name)
@@ -168,8 +169,8 @@ def _member(name: str) -> Callable[[object, dict], object]:
     return get
 
 
-def _index(key: Compiled) -> Callable[[object, dict], object]:
-    def get(value: object, c: dict) -> object:
+def _index(key: Compiled) -> Callable[[object, Context], object]:
+    def get(value: object, c: Context) -> object:
         k = key(c)
         if isinstance(value, list) and isinstance(k, int) and not isinstance(k, bool):
             if -len(value) <= k < len(value):
@@ -184,8 +185,8 @@ def _index(key: Compiled) -> Callable[[object, dict], object]:
     return get
 
 
-def _call(args: list[Compiled], source: str) -> Callable[[object, dict], object]:
-    def call(fn: object, c: dict) -> object:
+def _call(args: list[Compiled], source: str) -> Callable[[object, Context], object]:
+    def call(fn: object, c: Context) -> object:
         if not callable(fn):
             raise ExpressionError(f"{_kind(fn)} is not a function")
         values = [a(c) for a in args]
@@ -197,7 +198,7 @@ def _call(args: list[Compiled], source: str) -> Callable[[object, dict], object]
     return call
 
 
-def _has(inner: Compiled, c: dict) -> bool:
+def _has(inner: Compiled, c: Context) -> bool:
     try:
         inner(c)
     except _Missing:
@@ -205,7 +206,7 @@ def _has(inner: Compiled, c: dict) -> bool:
     return True
 
 
-def _add(values: list, source: str) -> object:
+def _add(values: list[Any], source: str) -> object:
     first = values[0]
     for kind in (str, list):
         if isinstance(first, kind) and all(isinstance(v, kind) for v in values):
@@ -241,9 +242,10 @@ def _size(value: object) -> int:
 
 def _int(value: object) -> int:
     try:
-        return int(value)  # type: ignore[call-overload]
+        number: int = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise ExpressionError(f"int() of {_kind(value)} {value!r}") from None
+    return number
 
 
 # names that are functions whatever the context holds (``has`` is syntax: ``has(x)``)
@@ -275,7 +277,7 @@ def compile_expression(source: str) -> Compiled:
     return node
 
 
-def evaluate(source: str, context: dict) -> object:
+def evaluate(source: str, context: Context) -> object:
     node = compile_expression(source)
     try:
         return node(context)
@@ -314,7 +316,7 @@ def _capped(value: T, source: str) -> T:
     return value
 
 
-def render(value: object, context: dict) -> object:
+def render(value: object, context: Context) -> object:
     """``value`` with every ``${{ … }}`` evaluated (strings, lists and maps, recursively).
     What one string renders to is at most :data:`MAX_RENDERED` characters (as JSON, for a
     value that is not text)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from swamp.domain import language
 from swamp.domain.language import (
@@ -64,7 +65,8 @@ __all__ = [
     "parse",
 ]
 
-Evaluator = Callable[[dict], object]
+Record = dict[str, Any]  # a data record as JSON (``Record.to_json()``)
+Evaluator = Callable[[Record], object]
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Predicate:
     evaluate: Evaluator
     equalities: dict[str, str]
 
-    def matches(self, record: dict) -> bool:
+    def matches(self, record: Record) -> bool:
         return truthy(self.evaluate(record))
 
 
@@ -149,7 +151,7 @@ def _path(node: Node) -> tuple[str, ...]:
     raise ValueError(f"not a field: {node!r}")
 
 
-def _lookup(record: dict, path: tuple[str, ...]) -> object:
+def _lookup(record: Record, path: tuple[str, ...]) -> object:
     value: object = record
     for part in path:
         if not isinstance(value, dict) or part not in value:
