@@ -50,7 +50,8 @@ NUMBERS = st.one_of(
     st.builds(lambda a, b: float(f"{a}.{b}"), st.integers(-999, 10**6), st.integers(0, 10**4)),
 )
 LITERALS = st.builds(Literal, st.one_of(NUMBERS, TEXT, st.booleans(), st.none()))
-KNOWN = ("inputs", "self", "run", "x", "data", "size", "string", "int")  # the context's, builtins
+# the context's names, builtins, and two that are not there
+KNOWN = ("inputs", "self", "run", "x", "data", "size", "string", "int", "nope", "nah")
 NAMES = st.builds(
     Name, st.one_of(st.sampled_from(KNOWN), IDENT.filter(lambda n: n not in KEYWORDS))
 )
@@ -269,6 +270,34 @@ def test_nesting_is_bounded_where_it_was(text):
         assert _outcome(_parsed, new, text) == _outcome(_parsed, old, text)
 
 
+WRAPPERS = {
+    "paren": ("(", ")"),
+    "list": ("[", "]"),
+    "list-item": ("[1, ", "]"),
+    "map": ("{'k': ", "}"),
+    "not": ("!", ""),
+    "index": ("x[", "]"),
+    "call": ("size(", ")"),
+    "has": ("has(", ")"),
+    "ternary": ("true ? ", " : 1"),
+    "field": ("(", ").a"),
+}
+
+
+@given(st.lists(st.sampled_from(sorted(WRAPPERS)), min_size=8, max_size=40), st.booleans())
+def test_nesting_is_bounded_where_it_was_however_it_nests(wrappers, field):
+    """Around the 32-level bound, every way of nesting is refused (or not) exactly as before."""
+    text = "attributes.a" if field else "1"
+    for name in wrappers:
+        before, after = WRAPPERS[name]
+        text = before + text + after
+    for new, old in (
+        (query.parse, old_query.parse),
+        (expressions.compile_expression, old_expressions.compile_expression),
+    ):
+        assert _outcome(_parsed, new, text) == _outcome(_parsed, old, text)
+
+
 def _parsed(parse_with, text: str) -> None:
     parse_with(text)
 
@@ -341,6 +370,16 @@ def test_predicate_errors_read_as_documented(text, message):
         ("size(1, 2)", "bad arguments"),
         ("1 + 'a'", "cannot add a number, a string"),
         ("{1: 2}", "a map key must be a string"),
+        # what is evaluated first names the error
+        ("nope in nah", "unknown name 'nah'"),
+        ("nope == nah", "unknown name 'nope'"),
+        ("nope[nah]", "unknown name 'nope'"),
+        ("x[nah]", "unknown name 'nah'"),
+        ("x(nah)", "a number is not a function"),
+        ("{nope: nah}", "unknown name 'nope'"),
+        ("{1: nah}", "a map key must be a string"),
+        ("nope + nah", "unknown name 'nope'"),
+        ("nope ? nah : 1", "unknown name 'nope'"),
     ],
 )
 def test_value_errors_read_as_documented(text, message):
