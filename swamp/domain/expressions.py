@@ -1,16 +1,8 @@
-"""Expressions in workflow files: ``${{ … }}`` in string values, evaluated to values.
+"""Workflow values: ``${{ … }}`` in the strings of a workflow file, evaluated to values.
 
-The query language (``swamp.domain.query``) extended from predicates to values, over the same
-tokens and the same comparison rules::
-
-    expr    := or ( "?" expr ":" expr )?
-    or      := and ( "||" and )*
-    and     := unary ( "&&" unary )*
-    unary   := "!" unary | compare
-    compare := sum ( ("==" | "!=" | "<" | "<=" | ">" | ">=" | "in") sum )?
-    sum     := postfix ( "+" postfix )*
-    postfix := primary ( "." name | "[" expr "]" | "(" args ")" )*
-    primary := literal | name | "[" list "]" | "{" key ":" expr , … "}" | "(" expr ")"
+The expression language (``swamp.domain.language``, written out in ``docs/expressions.md``) as a
+whole, over the same tokens and comparison rules as record predicates, plus ``a ? b : c``,
+``+``, tables ``{key: value}``, indexing ``a[k]`` and calls ``f(x)``.
 
 Names come from the context (``inputs``, ``self``, ``run``, ``data``, ``workers``); host
 functions are callables in it (``data.latest(model, name)``, ``workers.connected({…})``), plus
@@ -24,14 +16,55 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from swamp.domain.query import _COMPARATORS, _contains, _tokenize, _unquote
+from swamp.domain.language import (
+    COMPARATORS,
+    MAX_LENGTH,
+    MAX_NESTING,
+    Add,
+    And,
+    Attr,
+    Compare,
+    Conditional,
+    Dialect,
+    Has,
+    Item,
+    ListOf,
+    Literal,
+    Name,
+    Node,
+    Not,
+    Or,
+    ParseError,
+    Postfix,
+    contains,
+    parse,
+    truthy,
+)
 from swamp.errors import ExpressionError, InvalidPredicate
 
+__all__ = [
+    "MAX_NESTING",
+    "MAX_RENDERED",
+    "ExpressionError",
+    "as_text",
+    "check_templates",
+    "compile_expression",
+    "evaluate",
+    "has_template",
+    "render",
+]
+
 TEMPLATE = re.compile(r"\$\{\{\s*(.+?)\s*\}\}", re.S)
-MAX_NESTING = 32
-Node = Callable[[dict], object]
+VALUES = Dialect(
+    noun="expression",
+    end_found="'the end'",
+    too_deep="nested more than {limit} levels deep",
+    values=True,
+)
+Context = dict[str, Any]  # the names an expression may use
+Compiled = Callable[[Context], object]
 T = TypeVar("T")
 
 
@@ -39,197 +72,85 @@ class _Missing(Exception):
     """A field that is not there (``has()`` turns it into false; anything else into an error)."""
 
 
-class _Parser:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        try:
-            self.tokens = _tokenize(source)
-        except InvalidPredicate as exc:
-            raise ExpressionError(f"in ${{{{ {source} }}}}: {exc.message}") from None
-        self.index = 0
-        self.depth = 0
-
-    @property
-    def tok(self):
-        return self.tokens[self.index]
-
-    def fail(self, message: str) -> ExpressionError:
+def _syntax_error(source: str, exc: ParseError) -> ExpressionError:
+    if exc.lexical:  # worded as the predicate's error, as it always was
         return ExpressionError(
-            f"in ${{{{ {self.source} }}}}: {message} (at character {self.tok.pos + 1})"
+            f"in ${{{{ {source} }}}}: {InvalidPredicate(exc.message, source, exc.position).message}"
         )
-
-    def take(self, text: str) -> bool:
-        if self.tok.kind == "op" and self.tok.text == text:
-            self.index += 1
-            return True
-        return False
-
-    def expect(self, text: str) -> None:
-        if not self.take(text):
-            raise self.fail(f"expected {text!r}, found {self.tok.text or 'the end'!r}")
-
-    def nest(self) -> None:
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise self.fail(f"nested more than {MAX_NESTING} levels deep")
-
-    def parse(self) -> Node:
-        if self.tok.kind == "end":
-            raise self.fail("the expression is empty")
-        node = self.expr()
-        if self.tok.kind != "end":
-            raise self.fail(f"unexpected {self.tok.text!r}")
-        return node
-
-    def expr(self) -> Node:
-        self.nest()
-        cond = self.or_()
-        if self.take("?"):
-            yes = self.expr()
-            self.expect(":")
-            no = self.expr()
-            self.depth -= 1
-            return lambda c: yes(c) if _truth(cond(c)) else no(c)
-        self.depth -= 1
-        return cond
-
-    def or_(self) -> Node:
-        terms = [self.and_()]
-        while self.take("||"):
-            terms.append(self.and_())
-        if len(terms) == 1:
-            return terms[0]
-        return lambda c: any(_truth(t(c)) for t in terms)
-
-    def and_(self) -> Node:
-        terms = [self.unary()]
-        while self.take("&&"):
-            terms.append(self.unary())
-        if len(terms) == 1:
-            return terms[0]
-        return lambda c: all(_truth(t(c)) for t in terms)
-
-    def unary(self) -> Node:
-        if self.take("!"):
-            self.nest()
-            inner = self.unary()
-            self.depth -= 1
-            return lambda c: not _truth(inner(c))
-        return self.compare()
-
-    def compare(self) -> Node:
-        left = self.sum()
-        tok = self.tok
-        if tok.kind == "op" and tok.text in _COMPARATORS:
-            self.index += 1
-            right, fn = self.sum(), _COMPARATORS[tok.text]
-            return lambda c: fn(left(c), right(c))
-        if tok.kind == "ident" and tok.text == "in":
-            self.index += 1
-            right = self.sum()
-            return lambda c: _contains(right(c), left(c))
-        return left
-
-    def sum(self) -> Node:
-        terms = [self.postfix()]
-        while self.take("+"):
-            terms.append(self.postfix())
-        if len(terms) == 1:
-            return terms[0]
-        return lambda c: _add([t(c) for t in terms], self.source)
-
-    def postfix(self) -> Node:
-        node = self.primary()
-        while True:
-            if self.take("."):
-                if self.tok.kind != "ident":
-                    raise self.fail("expected a name after '.'")
-                name = self.tok.text
-                self.index += 1
-                node = _member(node, name)
-            elif self.take("["):
-                self.nest()
-                key = self.expr()
-                self.expect("]")
-                self.depth -= 1
-                node = _index(node, key)
-            elif self.take("("):
-                self.nest()
-                args = self.args(")")
-                self.depth -= 1
-                node = _call(node, args, self.source)
-            else:
-                return node
-
-    def args(self, close: str) -> list[Node]:
-        items: list[Node] = []
-        if self.take(close):
-            return items
-        while True:
-            items.append(self.expr())
-            if self.take(close):
-                return items
-            self.expect(",")
-
-    def primary(self) -> Node:
-        tok = self.tok
-        if tok.kind == "end":
-            raise self.fail("the expression ends where a value was expected")
-        if tok.kind == "number":
-            self.index += 1
-            value = float(tok.text) if "." in tok.text else int(tok.text)
-            return lambda c: value
-        if tok.kind == "string":
-            self.index += 1
-            text = _unquote(tok.text)
-            return lambda c: text
-        if self.take("("):
-            self.nest()
-            inner = self.expr()
-            self.expect(")")
-            self.depth -= 1
-            return inner
-        if self.take("["):
-            self.nest()
-            items = self.args("]")
-            self.depth -= 1
-            return lambda c: [item(c) for item in items]
-        if self.take("{"):
-            self.nest()
-            pairs: list[tuple[Node, Node]] = []
-            if not self.take("}"):
-                while True:
-                    key = self.expr()
-                    self.expect(":")
-                    pairs.append((key, self.expr()))
-                    if self.take("}"):
-                        break
-                    self.expect(",")
-            self.depth -= 1
-            return lambda c: {_key(k(c), self.source): v(c) for k, v in pairs}
-        if tok.kind == "ident":
-            self.index += 1
-            if tok.text in ("true", "false", "null"):
-                value = {"true": True, "false": False, "null": None}[tok.text]
-                return lambda c: value
-            if tok.text in _BUILTINS:
-                if tok.text == "has":
-                    self.expect("(")
-                    inner = self.expr()
-                    self.expect(")")
-                    return lambda c: _has(inner, c)
-                fn = _BUILTINS[tok.text]
-                return lambda c: fn
-            name = tok.text
-            return lambda c: _name(c, name)
-        raise self.fail(f"unexpected {tok.text!r} where a value was expected")
+    return ExpressionError(
+        f"in ${{{{ {source} }}}}: {exc.message} (at character {exc.position + 1})"
+    )
 
 
-def _truth(value: object) -> bool:
-    return value is True
+# -- the evaluator: a tree of closures, built once -------------------------------------------------
 
 
-def _name(context: dict, name: str) -> object:
+def _compile(node: Node, source: str) -> Compiled:
+    """``node`` as a function of the context (``source`` names the expression in errors)."""
+    if isinstance(node, Literal):
+        value = node.value
+        return lambda c: value
+    if isinstance(node, Name):
+        name = node.name
+        builtin = _BUILTINS.get(name)
+        if builtin is not None:
+            return lambda c: builtin
+        return lambda c: _name(c, name)
+    if isinstance(node, Postfix):
+        return _postfix(_compile(node.base, source), node, source)
+    if isinstance(node, Has):
+        inner = _compile(node.operand, source)
+        return lambda c: _has(inner, c)
+    if isinstance(node, Not):
+        operand = _compile(node.operand, source)
+        return lambda c: not truthy(operand(c))
+    if isinstance(node, (And, Or)):
+        terms = [_compile(t, source) for t in node.terms]
+        if isinstance(node, And):
+            return lambda c: all(truthy(t(c)) for t in terms)
+        return lambda c: any(truthy(t(c)) for t in terms)
+    if isinstance(node, Compare):
+        left, right = _compile(node.left, source), _compile(node.right, source)
+        if node.op == "in":
+            return lambda c: contains(right(c), left(c))
+        fn = COMPARATORS[node.op]
+        return lambda c: fn(left(c), right(c))
+    if isinstance(node, Add):
+        addends = [_compile(t, source) for t in node.terms]
+        return lambda c: _add([t(c) for t in addends], source)
+    if isinstance(node, Conditional):
+        test, yes = _compile(node.test, source), _compile(node.yes, source)
+        no = _compile(node.no, source)
+        return lambda c: yes(c) if truthy(test(c)) else no(c)
+    if isinstance(node, ListOf):
+        items = [_compile(i, source) for i in node.items]
+        return lambda c: [item(c) for item in items]
+    pairs = [(_compile(k, source), _compile(v, source)) for k, v in node.pairs]
+    return lambda c: {_key(k(c), source): v(c) for k, v in pairs}
+
+
+def _postfix(base: Compiled, node: Postfix, source: str) -> Compiled:
+    """A chain of fields, indexes and calls, applied in a loop (a long ``a.b.c…`` does not
+    recurse)."""
+    steps: list[Callable[[object, Context], object]] = []
+    for suffix in node.suffixes:
+        if isinstance(suffix, Attr):
+            steps.append(_member(suffix.name))
+        elif isinstance(suffix, Item):
+            steps.append(_index(_compile(suffix.key, source)))
+        else:
+            steps.append(_call([_compile(a, source) for a in suffix.args], source))
+
+    def chain(c: Context) -> object:
+        value = base(c)
+        for step in steps:
+            value = step(value, c)
+        return value
+
+    return chain
+
+
+def _name(context: Context, name: str) -> object:
     if name not in context:
         raise ExpressionError(
             f"unknown name {name!r} (names here: {', '.join(sorted(context)) or 'none'})"
@@ -237,9 +158,8 @@ def _name(context: dict, name: str) -> object:
     return context[name]
 
 
-def _member(node: Node, name: str) -> Node:
-    def get(c: dict) -> object:
-        value = node(c)
+def _member(name: str) -> Callable[[object, Context], object]:
+    def get(value: object, c: Context) -> object:
         if isinstance(value, dict):
             if name not in value:
                 raise _Missing(name)
@@ -249,9 +169,9 @@ def _member(node: Node, name: str) -> Node:
     return get
 
 
-def _index(node: Node, key: Node) -> Node:
-    def get(c: dict) -> object:
-        value, k = node(c), key(c)
+def _index(key: Compiled) -> Callable[[object, Context], object]:
+    def get(value: object, c: Context) -> object:
+        k = key(c)
         if isinstance(value, list) and isinstance(k, int) and not isinstance(k, bool):
             if -len(value) <= k < len(value):
                 return value[k]
@@ -265,9 +185,8 @@ def _index(node: Node, key: Node) -> Node:
     return get
 
 
-def _call(node: Node, args: list[Node], source: str) -> Node:
-    def call(c: dict) -> object:
-        fn = node(c)
+def _call(args: list[Compiled], source: str) -> Callable[[object, Context], object]:
+    def call(fn: object, c: Context) -> object:
         if not callable(fn):
             raise ExpressionError(f"{_kind(fn)} is not a function")
         values = [a(c) for a in args]
@@ -279,7 +198,7 @@ def _call(node: Node, args: list[Node], source: str) -> Node:
     return call
 
 
-def _has(inner: Node, c: dict) -> bool:
+def _has(inner: Compiled, c: Context) -> bool:
     try:
         inner(c)
     except _Missing:
@@ -287,7 +206,7 @@ def _has(inner: Node, c: dict) -> bool:
     return True
 
 
-def _add(values: list, source: str) -> object:
+def _add(values: list[Any], source: str) -> object:
     first = values[0]
     for kind in (str, list):
         if isinstance(first, kind) and all(isinstance(v, kind) for v in values):
@@ -323,33 +242,42 @@ def _size(value: object) -> int:
 
 def _int(value: object) -> int:
     try:
-        return int(value)  # type: ignore[arg-type]
+        number: int = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise ExpressionError(f"int() of {_kind(value)} {value!r}") from None
+    return number
 
 
-_BUILTINS: dict[str, Callable] = {"size": _size, "string": lambda v: as_text(v), "int": _int}
-_BUILTINS["has"] = _has
+# names that are functions whatever the context holds (``has`` is syntax: ``has(x)``)
+_BUILTINS: dict[str, Callable[[object], object]] = {
+    "size": _size,
+    "string": lambda v: as_text(v),
+    "int": _int,
+}
 
 
 # -- the public surface ---------------------------------------------------------------------------
 
 
-_CACHE: dict[str, Node] = {}
+_CACHE: dict[str, Compiled] = {}
 
 
-def compile_expression(source: str) -> Node:
+def compile_expression(source: str) -> Compiled:
     node = _CACHE.get(source)
     if node is None:
-        if len(source) > 4096:
-            raise ExpressionError("an expression may be at most 4096 characters")
-        node = _Parser(source).parse()
+        if len(source) > MAX_LENGTH:
+            raise ExpressionError(f"an expression may be at most {MAX_LENGTH} characters")
+        try:
+            tree = parse(source, VALUES)
+        except ParseError as exc:
+            raise _syntax_error(source, exc) from None
+        node = _compile(tree, source)
         if len(_CACHE) < 4096:
             _CACHE[source] = node
     return node
 
 
-def evaluate(source: str, context: dict) -> object:
+def evaluate(source: str, context: Context) -> object:
     node = compile_expression(source)
     try:
         return node(context)
@@ -388,7 +316,7 @@ def _capped(value: T, source: str) -> T:
     return value
 
 
-def render(value: object, context: dict) -> object:
+def render(value: object, context: Context) -> object:
     """``value`` with every ``${{ … }}`` evaluated (strings, lists and maps, recursively).
     What one string renders to is at most :data:`MAX_RENDERED` characters (as JSON, for a
     value that is not text)."""

@@ -718,9 +718,34 @@ def check_layout(block: Block) -> None:
             assert (ROOT / first).exists(), f"{block.source}: {first} is not in the checkout"
 
 
+def check_grammar(block: Block) -> None:
+    """Each quoted terminal of the grammar is one token of the language's lexer (or, in the
+    predicates' grammar, one of a record's fields)."""
+    from swamp.domain import language, query
+
+    for terminal in re.findall(r'"([^"]+)"', block.text):
+        if terminal in query.FIELDS:
+            continue
+        tokens = language.tokenize(terminal)
+        assert len(tokens) == 2 and tokens[0].text == terminal, f"{block.source}: {terminal!r}"
+
+
+def check_predicate_error(block: Block) -> None:
+    """The error shown is the one the predicate on its second line gets, word for word."""
+    from swamp.domain import query
+    from swamp.errors import SwampError
+
+    source = block.text.splitlines()[1].strip()
+    with pytest.raises(SwampError) as refused:
+        query.parse(source)
+    assert refused.value.message + "\n" == block.text, block.source
+
+
 CHECKED: dict[str, Callable[[Block], None]] = {
     "build-tasks": check_build_tasks,
     "layout": check_layout,
+    "grammar": check_grammar,
+    "predicate-error": check_predicate_error,
 }
 
 
