@@ -260,6 +260,7 @@ class RepoAdmin:
     def _connected(self, selector: dict) -> list[dict]:
         """``workers.connected(selector)``: the schedulable workers whose labels match."""
         check_labels({k: str(v) for k, v in selector.items()}, source="workers.connected()")
+        assert self.pool is not None  # asked only by the live orchestrator's engine
         out = []
         for member in sorted(self.pool.members.values(), key=lambda m: m.name):
             if not member.connected or not is_schedulable(member.status):

@@ -116,7 +116,7 @@ class Admission:
     def close_revoked_admins(self, still_valid: Callable[[Principal], bool]) -> None:
         """After a repo change: close the admin sockets of server tokens revoked meanwhile."""
         for connection in self.revoked_admins(still_valid):
-            principal = connection.identity
+            principal = self._admins[connection]
             log.info("closing %s: %s was revoked", connection.peer, principal.describe())
             connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
 

@@ -155,6 +155,7 @@ class Connection:
             if method == "capability.queryData":
                 return await capabilities.query_data(self.dispatch, self.member, call.params)
             if method == "worker.drain":
+                assert self.member is not None  # a worker socket has enrolled
                 return self.membership.drain(self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")

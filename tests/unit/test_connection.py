@@ -2,7 +2,9 @@
 a memory pair. Its first call gives it a role, and the role decides what it may call."""
 
 import pytest
+import trio
 
+from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.errors import SwampError
@@ -57,3 +59,19 @@ async def test_admin_frames_need_the_credential_and_answer_from_the_live_parts(s
         "worker.token.create", {"name": "w", "duration": "1h", "maxEnrollments": 1}
     )
     assert made["name"] == "w" and "w" in served.parts.live_tokens.token_deadlines
+
+
+async def test_a_server_token_revoked_on_the_repo_closes_its_admin_socket(served):
+    """The wiring of the root: the live tokens' repo watcher tells admission, which closes the
+    admin sockets whose credential no longer holds."""
+    _, credential = ServerTokenBook(served.parts.store).create("ops")
+    admin, connection = await served.connect(f"Bearer {credential}")
+    await admin.call("server.info")
+    other = served.repo.open_store()  # another process's connection: the CLI on the repo
+    try:
+        ServerTokenBook(other).revoke("ops")
+    finally:
+        other.close()
+    with trio.fail_after(30):  # the watcher looks every quarter second; a bound, not a pace
+        reason = await connection.channel.wait_closed()
+    assert "server token 'ops' has been revoked" in reason
