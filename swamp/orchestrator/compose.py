@@ -169,8 +169,10 @@ def compose(
     )
     admission = Admission()
 
-    # -- write-behind: the lease journal writer, worker records, queue episodes ---------------
-    # (one place: what is written after the event, and the journal it goes through first)
+    # -- write-behind: what is written after the event ---------------------------------------
+    # The one place for its writers: the worker records here; the lease writer (through
+    # ``journal``, opened by serve before the replay) and the queue's episode writer still live
+    # inside Episodes and DispatchQueue, which get them from here when they move out.
     records = WorkerRecords(WorkerBook(store))
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
