@@ -1,6 +1,6 @@
 """The admin operations, performed on a repo: the one implementation of each.
 
-The CLI uses it straight on a repo (``gateway`` and ``dispatch`` absent); ``swamp serve`` uses it
+The CLI uses it straight on a repo (the live parts absent); ``swamp serve`` uses it
 for every admin frame, handing it the live orchestrator. What only a running orchestrator can do
 — place a method on a worker, probe workers — says so in one line on the other route. What the
 live orchestrator does besides (arm a new token's deadline, cut off a revoked token's workers at
@@ -37,7 +37,8 @@ from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
-from swamp.orchestrator.gateway import CLOSE_REVOKED, Gateway
+from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
+from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry, default_registry
 from swamp.protocol.messages import (
@@ -91,7 +92,8 @@ class RepoAdmin:
         repo: Repo,
         store: Datastore,
         *,
-        gateway: Gateway | None = None,
+        live_tokens: LiveTokens | None = None,
+        pool: Pool | None = None,
         dispatch: DispatchService | None = None,
         verifier: Verifier | None = None,
         registry: ModelRegistry | None = None,
@@ -101,9 +103,10 @@ class RepoAdmin:
         self.repo = repo
         # the orchestrator's own CA, which a token's machines pin: the live server's (None
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
-        self.ca_pin = ca_pin if gateway is not None else authority.ca_pin(repo.state_dir)
+        self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
         self.store = store
-        self.gateway = gateway
+        self.live_tokens = live_tokens
+        self.pool = pool
         self.dispatch = dispatch
         self.verifier = verifier
         self._engine: Engine | None = None
@@ -135,8 +138,8 @@ class RepoAdmin:
                 request.name, duration_seconds=seconds, max_enrollments=allowance, claims=claims
             )
         )
-        if self.gateway is not None:
-            self.gateway.arm_token_deadline(token)
+        if self.live_tokens is not None:
+            self.live_tokens.arm_token_deadline(token)
         item = token_item(token, self.clock(), self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, token=credential, caPin=self.ca_pin))
 
@@ -151,8 +154,8 @@ class RepoAdmin:
 
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
         token, revoked = await retry_busy(lambda: self.tokens.revoke(request.name))
-        if self.gateway is not None:
-            await self.gateway.disconnect_token(
+        if self.live_tokens is not None:
+            await self.live_tokens.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
             )
         item = token_item(token, self.clock(), self.tokens.bindings(token.name))
@@ -180,11 +183,11 @@ class RepoAdmin:
 
     async def worker_list(self, request: WorkerListRequest) -> WorkerListReply:
         live = None
-        if self.gateway is not None:
+        if self.pool is not None:
             now, loop_now = self.clock(), trio.current_time()
             live = {
                 m.name: m.to_json(last_seen=m.last_seen(now, loop_now))
-                for m in self.gateway.pool.members.values()
+                for m in self.pool.members.values()
             }
         return WorkerListReply.decode(
             worker_items(WorkerBook(self.store).all(), live, show_all=request.all)
@@ -192,13 +195,13 @@ class RepoAdmin:
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
         """Probe the selected connected workers, concurrently, through the dispatch path."""
-        if self.gateway is None or self.verifier is None:
+        if self.pool is None or self.verifier is None:
             raise NeedsOrchestrator(
                 "worker verify needs a running orchestrator: pass --server URL or set "
                 "SWAMP_SERVE_URL (or run it in the repo where 'swamp serve' runs)"
             )
         labels = check_labels(request.labels, source="labels")
-        members = [m for m in self.gateway.pool.members.values() if m.connected]
+        members = [m for m in self.pool.members.values() if m.connected]
         if request.name:
             members = [m for m in members if m.name == request.name]
             if not members:
@@ -257,8 +260,9 @@ class RepoAdmin:
     def _connected(self, selector: dict) -> list[dict]:
         """``workers.connected(selector)``: the schedulable workers whose labels match."""
         check_labels({k: str(v) for k, v in selector.items()}, source="workers.connected()")
+        assert self.pool is not None  # asked only by the live orchestrator's engine
         out = []
-        for member in sorted(self.gateway.pool.members.values(), key=lambda m: m.name):
+        for member in sorted(self.pool.members.values(), key=lambda m: m.name):
             if not member.connected or not is_schedulable(member.status):
                 continue
             if any(member.labels.get(k) != str(v) for k, v in selector.items()):

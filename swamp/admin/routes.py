@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from swamp.admin.api import AdminApi
 from swamp.admin.local import RepoAdmin
 from swamp.admin.remote import RemoteAdmin
 from swamp.domain.urls import is_loopback, redact, sends_in_clear
 from swamp.errors import Unauthorized, UserError
+from swamp.protocol.admin import AdminApi
 from swamp.repo import Repo, same_server
 
 

@@ -108,6 +108,8 @@ class ContextBase(abc.ABC):
         dispatch_id: str | None,
         env: Mapping[str, str] | Callable[[], Mapping[str, str]],
         cwd: str | None = None,
+        launcher: Launcher | None = None,
+        probe_seams: Callable[[], Sequence[Any]] = tuple,
     ) -> None:
         self.model = model_type
         self.model_type = model_type.type
@@ -118,7 +120,10 @@ class ContextBase(abc.ABC):
         self._make_env = env if callable(env) else lambda: env
         self.cwd = cwd
         self.outputs: list[dict] = []
-        self.launcher: Launcher = Launcher()
+        self.launcher: Launcher = launcher if launcher is not None else Launcher()
+        # the fleet probe's seams, as the process that built this context knows them (its
+        # plugins): asked only when the probe runs, so the models need not know the plugins
+        self.probe_seams = probe_seams
 
     @property
     def env(self) -> dict[str, str]:

@@ -160,6 +160,8 @@ class MethodContext(Protocol):
     dispatch_id: str | None
     env: Mapping[str, str]
     cwd: str | None
+    #: the fleet probe's seams, as the process that built the context knows them (its plugins)
+    probe_seams: Callable[[], Sequence[Any]]
 
     async def log(self, line: str, *, stream: str = "log") -> None: ...
 

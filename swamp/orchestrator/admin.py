@@ -1,46 +1,30 @@
 """Admin frames: the admin API, served over the control socket.
 
-Each frame's params are decoded into the operation's request message, performed by the same
-:class:`~swamp.admin.local.RepoAdmin` the CLI uses straight on a repo — here holding the live
-orchestrator — and answered with its reply. Only sockets that presented an accepted admin
-credential reach these, and only for the verbs its scope covers (``swamp.domain.scopes``); a
-worker socket never does.
+Each frame's params are decoded into the operation's request message (the contract,
+``swamp.protocol.admin``), performed by the implementation this was given — in ``swamp serve``
+the same :class:`~swamp.admin.local.RepoAdmin` the CLI uses straight on a repo, holding the live
+orchestrator (the composition root builds it) — and answered with its reply. Only sockets that
+presented an accepted admin credential reach these, and only for the verbs its scope covers
+(``swamp.domain.scopes``); a worker socket never does.
 """
 
 from __future__ import annotations
 
-from swamp.admin.api import OPERATIONS
-from swamp.admin.local import RepoAdmin
 from swamp.domain.scopes import VERBS
 from swamp.orchestrator.dispatch import DispatchService
-from swamp.orchestrator.gateway import Gateway
-from swamp.orchestrator.verification import Verifier
+from swamp.orchestrator.pool import Pool
+from swamp.protocol.admin import OPERATIONS, AdminApi
 from swamp.protocol.messages import Empty, Message
 from swamp.protocol.rpc import IncomingCall
 from swamp.repo import Repo
 
 
 class Admin:
-    def __init__(
-        self,
-        repo: Repo,
-        gateway: Gateway,
-        dispatch: DispatchService,
-        verifier: Verifier,
-        *,
-        ca_pin: str | None = None,
-    ) -> None:
+    def __init__(self, api: AdminApi, *, repo: Repo, pool: Pool, dispatch: DispatchService) -> None:
+        self.api = api
         self.repo = repo
-        self.gateway = gateway
+        self.pool = pool
         self.dispatch = dispatch
-        self.api = RepoAdmin(
-            repo,
-            dispatch.store,
-            gateway=gateway,
-            dispatch=dispatch,
-            verifier=verifier,
-            ca_pin=ca_pin,
-        )
         self.handlers = {
             method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()
         }
@@ -66,7 +50,7 @@ class Admin:
         Empty.decode(call.params)
         return {
             "repo": str(self.repo.root),
-            "pool": self.gateway.pool.statistics(),
+            "pool": self.pool.statistics(),
             "activeDispatches": len(self.dispatch.active),
             "completedDispatches": self.dispatch.episodes.completed,
             "waitingSteps": len(self.dispatch.queue.waiting),

@@ -92,6 +92,15 @@ class AdminAuth:
             "server-token", token["name"], stored_scope(token), str(token.get("secretHash", ""))
         )
 
+    def admit(self, scope: dict, verb: str) -> None:
+        """Raise unless the HTTP request's credential may call ``verb``: ``Unauthorized``
+        (missing or not accepted) or ``ScopeTooNarrow`` — the same check and words as an admin
+        frame's (the data plane asks this of its admin routes)."""
+        identity = self.identify(_authorization(scope))
+        if isinstance(identity, Unauthorized):
+            raise identity
+        authorize(identity, verb)
+
     def still_valid(self, principal: Principal) -> bool:
         """Re-check a server token after the repo changed: revoked (or revoked and minted
         again under its name, perhaps with another scope) closes what it opened."""
@@ -104,3 +113,11 @@ class AdminAuth:
             and str(record.get("secretHash", "")) == principal.minted
             and stored_scope(record) == principal.scope
         )
+
+
+def _authorization(scope: dict) -> str | None:
+    """The request's first ``Authorization`` header (latin-1, as HTTP defines headers)."""
+    for name, value in scope.get("headers") or []:
+        if name.decode("latin-1").lower() == "authorization":
+            return value.decode("latin-1")
+    return None

@@ -26,6 +26,7 @@ sockets it opened.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from swamp.orchestrator.admin_auth import Principal
     from swamp.orchestrator.connection import Connection
 
+log = logging.getLogger("swamp.app")
 MAX_PENDING = 128
 PENDING_DEADLINE = 5.0
 PENDING_IN_FLIGHT = 1
@@ -110,6 +112,13 @@ class Admission:
         self._pending.pop(connection, None)
         self._engaged.discard(connection)
         self._admins.pop(connection, None)
+
+    def close_revoked_admins(self, still_valid: Callable[[Principal], bool]) -> None:
+        """After a repo change: close the admin sockets of server tokens revoked meanwhile."""
+        for connection in self.revoked_admins(still_valid):
+            principal = self._admins[connection]
+            log.info("closing %s: %s was revoked", connection.peer, principal.describe())
+            connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
 
     def revoked_admins(self, still_valid: Callable[[Principal], bool]) -> list[Connection]:
         """Admin sockets whose principal is no longer valid (checked once per principal)."""

@@ -22,13 +22,15 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
 from swamp.errors import Unauthorized
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AdminAuth, authorize
-from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
+from swamp.orchestrator.admin_auth import AdminAuth
+from swamp.orchestrator.admission import Admission
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
-from swamp.orchestrator.gateway import Gateway
+from swamp.orchestrator.enrollment import Enrollment
 from swamp.orchestrator.listener import Upgrade
+from swamp.orchestrator.membership import Membership
+from swamp.protocol.rpc import SilenceSweeper
 from swamp.protocol.transport import AsgiTransport, WebSocketTransport
 
 log = logging.getLogger("swamp.app")
@@ -46,23 +48,25 @@ class App:
     def __init__(
         self,
         *,
-        gateway: Gateway,
+        enrollment: Enrollment,
+        membership: Membership,
+        sweeper: SilenceSweeper,
         dispatch: DispatchService,
         admin: Admin,
         dataplane: DataPlane,
         auth: AdminAuth,
         policy: RequestPolicy,
-        admission: Admission | None = None,
+        admission: Admission,
     ) -> None:
-        self.gateway = gateway
+        self.enrollment = enrollment
+        self.membership = membership
+        self.sweeper = sweeper
         self.dispatch = dispatch
         self.admin = admin
         self.dataplane = dataplane
         self.auth = auth
         self.policy = policy
-        self.admission = admission or Admission()
-        dataplane.admit = self._admit
-        gateway.repo_listeners.append(self.close_revoked_admins)
+        self.admission = admission
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -86,14 +90,6 @@ class App:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
 
-    def _admit(self, scope, verb: str) -> None:
-        """Raise unless the request's credential may call ``verb``: ``Unauthorized`` (missing or
-        not accepted) or ``ScopeTooNarrow`` — the same check and words as an admin frame's."""
-        identity = self.auth.identify(_headers(scope).get("authorization"))
-        if isinstance(identity, Unauthorized):
-            raise identity
-        authorize(identity, verb)
-
     async def _websocket(self, scope, receive, send) -> None:
         """An upgrade Hypercorn took (one on a kept-alive HTTP connection); most come straight
         from the listener (:meth:`websocket`)."""
@@ -108,7 +104,7 @@ class App:
             client[0],
         )
         transport = AsgiTransport(receive, send)
-        await self._connection(transport, _headers(scope), peer=f"{client[0]}:{client[1]}").serve()
+        await self.connection(transport, _headers(scope), peer=f"{client[0]}:{client[1]}").serve()
 
     async def websocket(self, upgrade: Upgrade) -> Callable[[], Awaitable[None]] | None:
         """An upgrade from the listener: the same policy as every request; accepted, it is
@@ -122,29 +118,26 @@ class App:
             return None
         ws = await upgrade.request.accept()
         transport = WebSocketTransport(ws, idle=upgrade.idle)
-        return self._connection(transport, upgrade.headers, peer=upgrade.peer).serve
+        return self.connection(transport, upgrade.headers, peer=upgrade.peer).serve
 
-    def _connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
+    def connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
+        """The connection that serves an accepted socket: identified once, by its upgrade's
+        ``Authorization`` header."""
         authorization = headers.get("authorization")
         identity = self.auth.identify(authorization)
         if authorization and isinstance(identity, Unauthorized):
             log.info("refused an admin credential: %s", printable(identity.message))
         return Connection(
             transport,
-            gateway=self.gateway,
+            enrollment=self.enrollment,
+            membership=self.membership,
+            sweeper=self.sweeper,
             dispatch=self.dispatch,
             admin=self.admin,
             admission=self.admission,
             identity=identity,
             peer=peer,
         )
-
-    def close_revoked_admins(self) -> None:
-        """After a repo change: close the admin sockets of server tokens revoked meanwhile."""
-        for connection in self.admission.revoked_admins(self.auth.still_valid):
-            principal = connection.identity
-            log.info("closing %s: %s was revoked", connection.peer, principal.describe())
-            connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
 
 
 def _refusal(reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:

@@ -15,7 +15,7 @@ import logging
 import trio
 
 from swamp.domain.scopes import Scope
-from swamp.errors import Conflict, Forbidden, SwampError, Unauthorized, UnknownMethod
+from swamp.errors import Conflict, Forbidden, Unauthorized, UnknownMethod
 from swamp.orchestrator import capabilities
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import Principal, authorize
@@ -32,9 +32,10 @@ from swamp.orchestrator.admission import (
     worker_in_flight,
 )
 from swamp.orchestrator.dispatch import DispatchService
-from swamp.orchestrator.gateway import Gateway
+from swamp.orchestrator.enrollment import Enrollment
+from swamp.orchestrator.membership import Membership
 from swamp.orchestrator.pool import Member
-from swamp.protocol.rpc import IncomingCall, RpcChannel
+from swamp.protocol.rpc import IncomingCall, RpcChannel, SilenceSweeper
 from swamp.protocol.transport import Transport
 
 log = logging.getLogger("swamp.connection")
@@ -44,7 +45,8 @@ WORKER_VERBS = frozenset({"capability.queryData", "worker.drain"})
 
 class Connection:
     __slots__ = (  # one per socket
-        "gateway",
+        "enrollment",
+        "membership",
         "dispatch",
         "admin",
         "admission",
@@ -63,14 +65,17 @@ class Connection:
         self,
         transport: Transport,
         *,
-        gateway: Gateway,
+        enrollment: Enrollment,
+        membership: Membership,
+        sweeper: SilenceSweeper,
         dispatch: DispatchService,
         admin: Admin,
         admission: Admission,
         identity: Principal | Unauthorized,
         peer: str,
     ) -> None:
-        self.gateway = gateway
+        self.enrollment = enrollment
+        self.membership = membership
         self.dispatch = dispatch
         self.admin = admin
         self.admission = admission
@@ -84,11 +89,11 @@ class Connection:
         self.channel = RpcChannel(
             transport,
             self.handle,
-            heartbeat=gateway.heartbeat_seconds,
+            heartbeat=membership.heartbeat_seconds,
             name=f"client {peer}",
             max_in_flight=PENDING_IN_FLIGHT,
             pings=False,  # the peer pings; we answer (and watch its silence, all in one task)
-            sweeper=gateway.sweeper,
+            sweeper=sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
         if isinstance(identity, Principal) and identity.scope is Scope.ADMIN:
@@ -119,7 +124,7 @@ class Connection:
         """The socket is gone (or given up on): forget it now, whatever its tasks still do."""
         self.admission.left(self)
         if self.member is not None:
-            self.gateway.disconnected(self.member, self.channel)
+            self.membership.disconnected(self.member, self.channel)
 
     async def _pending_deadline(self) -> None:
         """Close the socket if it has not earned a role in time (an enrollment under way is
@@ -150,7 +155,8 @@ class Connection:
             if method == "capability.queryData":
                 return await capabilities.query_data(self.dispatch, self.member, call.params)
             if method == "worker.drain":
-                return self.gateway.drain(self.member, call.params)
+                assert self.member is not None  # a worker socket has enrolled
+                return self.membership.drain(self.member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
             raise UnknownMethod(f"unknown method {method!r}")
@@ -180,7 +186,7 @@ class Connection:
         raise UnknownMethod(f"unknown method {method!r}")
 
     async def _enroll(self, call: IncomingCall) -> dict:
-        """The first call of a worker socket (its payload is decoded by the gateway)."""
+        """The first call of a worker socket (its payload is decoded by the enrollment)."""
         if self.role == "admin":
             raise Forbidden("an admin socket cannot enroll as a worker")
         if self.enrolling:
@@ -188,10 +194,7 @@ class Connection:
         self.enrolling = True
         self.admission.engaged(self, True)
         try:
-            result, member = await self.gateway.enroll(self.channel, call.params)
-        except SwampError as exc:
-            self.gateway.on_rejection(exc.code)
-            raise
+            result, member = await self.enrollment.enroll(self.channel, call.params)
         finally:
             self.enrolling = False
             self.admission.engaged(self, False)

@@ -190,6 +190,7 @@ class DataPlane:
         private_downloads: bool = False,
         quota: WriteQuota = WriteQuota(),
         ca_pem: str | None = None,
+        admit: Callable[[dict, str], None] | None = None,
     ) -> None:
         self.dispatch = dispatch
         self.ca_pem = ca_pem  # GET /tls/ca.pem: the CA of serve --tls auto
@@ -200,8 +201,8 @@ class DataPlane:
         self.metrics = metrics
         self.download = download
         self.private_downloads = private_downloads
-        # Raise unless the request's admin credential may call the verb (set by the app).
-        self.admit: Callable[[dict, str], None] = _nobody
+        # Raise unless the request's admin credential may call the verb (``AdminAuth.admit``).
+        self.admit: Callable[[dict, str], None] = admit if admit is not None else _nobody
 
     def _admitted(self, scope, verb: str, *, missing: str) -> None:
         """``admit``, with this route's own words for a request that sent no credential."""

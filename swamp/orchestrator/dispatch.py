@@ -36,7 +36,7 @@ from swamp.models.runner import run_method
 from swamp.orchestrator.episode import Emit, Episodes, Step, Work, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
-from swamp.plugins import ModelRegistry
+from swamp.plugins import ModelRegistry, default_seams
 from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record, iso
@@ -295,6 +295,7 @@ async def run_here(
         method=request.method,
         dispatch_id=None,
         env={**env, **environment.step_identity(new_id(), 1)},
+        probe_seams=default_seams,
     )
     await safe_emit(emit, Started(where="orchestrator").to_json())
     timeout = request.execution_timeout()

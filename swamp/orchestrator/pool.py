@@ -93,14 +93,28 @@ class Pool:
 
     Everything that can change which steps a member may take goes through a method here —
     enrolled, slot reserved or released, status changed, disconnected, left — which updates the
-    index and then tells the listener (the queue) about the member, so waiting work is looked
+    index and then tells its subscribers (the queue) about the member, so waiting work is looked
     at on the event itself, never on a timer.
     """
 
     def __init__(self) -> None:
         self.members: dict[str, Member] = {}
         self.index = PoolIndex()
-        self.listener: Callable[[Member], None] = lambda member: None
+        self.listener: Callable[[Member], None] = _nobody  # every subscriber, in one call
+
+    def subscribe(self, listener: Callable[[Member], None]) -> None:
+        """Be told of every member change, in the event itself (the queue subscribes when it
+        is made with this pool: the pool knows no queue)."""
+        if self.listener is _nobody:
+            self.listener = listener  # the usual one subscriber: called directly
+            return
+        before = self.listener
+
+        def both(member: Member) -> None:
+            before(member)
+            listener(member)
+
+        self.listener = both
 
     def __repr__(self) -> str:
         connected = sum(1 for m in self.members.values() if m.connected)
@@ -172,6 +186,10 @@ class Pool:
             "slots": sum(m.capacity for m in connected),
             "busySlots": sum(len(m.active) for m in connected),
         }
+
+
+def _nobody(member: Member) -> None:
+    return None
 
 
 def _schedulable(member: Member) -> bool:

@@ -92,7 +92,7 @@ class DispatchQueue:
         self.clock = clock
         self.max_waiting = max_waiting
         self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
-        pool.listener = self.member_changed
+        pool.subscribe(self.member_changed)
 
     def __repr__(self) -> str:
         return f"<DispatchQueue {self.waiting!r}>"

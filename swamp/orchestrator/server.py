@@ -1,9 +1,9 @@
 """``swamp serve``: compose the orchestrator and run it until a signal says stop.
 
 Order matters: open the store, reconcile what a previous orchestrator left behind (active leases
-→ expired, connected workers → disconnected) *before* accepting traffic, then listen, announce the
-URL (stdout and ``.swamp/serve.json``), and run the background services in the root nursery:
-the gateway's timers, the checkpointer and the bookkeeping GC.
+→ expired, connected workers → disconnected) *before* accepting traffic, build the parts
+(``swamp.orchestrator.compose``), start their services, then listen, announce the URL (stdout and
+``.swamp/serve.json``), and run the checkpointer and the bookkeeping GC in the root nursery.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook, journaled_lease
 from swamp.bookkeeping.pending import PendingBook
-from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.bookkeeping.workflow_runs import RunBook
@@ -37,28 +36,17 @@ from swamp.domain.worker_names import is_fleet
 from swamp.errors import CannotListen, SwampError, UserError
 from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
-from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
+from swamp.orchestrator.admin_auth import new_local_credential
 from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
-from swamp.orchestrator.app import App
-from swamp.orchestrator.credentials import Credentials
-from swamp.orchestrator.dataplane import DataPlane
-from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.compose import Settings, compose
 from swamp.orchestrator.downloads import Download, served_build
-from swamp.orchestrator.episode import Episodes
-from swamp.orchestrator.gateway import Gateway
-from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Pool
-from swamp.orchestrator.queue import DispatchQueue
-from swamp.orchestrator.records import WorkerRecords
-from swamp.orchestrator.verification import Verifier
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
-from swamp.store.reader import Reader
 from swamp.store.retry import retry_busy
 from swamp.tls import authority
 from swamp.tls.authority import ServerTls
@@ -134,17 +122,6 @@ def check_options(options: ServeOptions) -> RequestPolicy:
         allow_origins=options.allow_origins,
         trusted_hosts=options.trusted_hosts,
     )
-
-
-HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
-FENCE_MARGIN = 2.0
-
-
-def fence_seconds(heartbeat: float) -> float:
-    """How long after losing a worker its step may run elsewhere: by then the worker, if it is
-    alive behind a partition, has given up on us and killed its commands (and its reaper has,
-    if it is frozen)."""
-    return heartbeat * HEARTBEATS_MISSED + FENCE_MARGIN
 
 
 GC_THRESHOLDS = (50_000, 2, 1000)
@@ -401,66 +378,29 @@ async def _serve(
         if options.queue_timeout is not None
         else None,
     )
-    registry = default_registry()
-    metrics = Metrics()
-    pool = Pool()
-    credentials = Credentials()
-    records = WorkerRecords(WorkerBook(store))
-    gateway = Gateway(
-        store,
-        pool,
-        credentials,
-        grace_seconds=options.grace_seconds,
-        heartbeat_seconds=options.heartbeat_seconds,
-        records=records,
-    )
-    gateway.on_rejection = metrics.on_rejection
-    episodes = Episodes(store, credentials, journal=journal, on_unacknowledged=gateway.unresponsive)
-    queue = DispatchQueue(pool, store, observe=metrics.on_queue)
-    reader = Reader(repo.db_path)
-    metrics.watch(pool, queue)
-    dispatch = DispatchService(
-        store,
-        registry,
-        pool,
-        episodes,
-        queue,
-        ship_env=options.ship_env,
-        fence=lambda member: fence_seconds(member.heartbeat),
-        queue_timeout=queue_timeout,
-        observe=metrics.on_dispatch,
-        reader=reader,
-        default_timeout=options.default_timeout,
-    )
-    unset = [n for n in options.ship_env if n not in dispatch.environ]
-    if unset:
-        log.warning("--ship-env names variables this process does not have: %s", ", ".join(unset))
-    verifier = Verifier(
-        episodes, pool, shipped=environment.ship(dispatch.environ, dispatch.ship_env)
-    )
-    if options.verify_on_enroll:
-        gateway.prober = verifier.probe
     local_credential = new_local_credential() if options.auth == "token" else None
-    auth = AdminAuth(
-        mode=options.auth, server_tokens=ServerTokenBook(store), local_credential=local_credential
-    )
-    app = App(
-        gateway=gateway,
-        dispatch=dispatch,
-        admin=Admin(repo, gateway, dispatch, verifier, ca_pin=own_tls and own_tls.pin),
-        dataplane=DataPlane(
-            dispatch,
-            credentials,
-            pool,
-            metrics=metrics,
-            download=download,
+    parts = compose(
+        repo,
+        store,
+        journal,
+        default_registry(),
+        Settings(
+            auth=options.auth,
+            grace_seconds=options.grace_seconds,
+            heartbeat_seconds=options.heartbeat_seconds,
+            verify_on_enroll=options.verify_on_enroll,
+            ship_env=options.ship_env,
+            queue_timeout=queue_timeout,
+            default_timeout=options.default_timeout,
             private_downloads=options.private_downloads,
-            quota=options.write_quota,
-            ca_pem=own_tls and own_tls.ca_pem,
+            write_quota=options.write_quota,
+            local_credential=local_credential,
         ),
-        auth=auth,
         policy=policy,
+        download=download,
+        own_tls=own_tls,
     )
+    app = parts.app
 
     config = hypercorn.config.Config()
     host = f"[{options.host}]" if ":" in options.host else options.host
@@ -484,17 +424,12 @@ async def _serve(
             async for signum in signals:
                 log.info("received %s: shutting down", signal.Signals(signum).name)
                 break
-        await gateway.shutdown()
+        await parts.membership.shutdown()
         stop.set()
 
     try:
         async with open_unwrapping_nursery() as nursery:
-            await nursery.start(records.run)
-            await nursery.start(queue.writer.run)
-            await nursery.start(gateway.run)
-            await nursery.start(episodes.keep_credentials_fresh)
-            await nursery.start(episodes.write_leases)
-            await nursery.start(episodes.watch_acknowledgements)
+            await nursery.start(parts.run)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
                     lambda task_status: _listen(app, config, stop, options, task_status)
@@ -511,19 +446,17 @@ async def _serve(
                 )
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
-                nursery.start_soon(_collect_garbage, store, pool, options.worker_retention)
+                nursery.start_soon(_collect_garbage, store, parts.pool, options.worker_retention)
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
             # The listener has returned: every connection is closed or past its graceful timeout.
             with trio.move_on_after(5):
-                await records.settled()  # the last status versions (disconnected) go in
-                await queue.writer.settled()
+                await parts.settled()
             nursery.cancel_scope.cancel()
     finally:
         repo.remove_serve_file()
-        episodes.write_unwritten_leases()  # still running: the next boot expires them
+        parts.close()
         journal.close()
-        reader.close()
         try:
             store.checkpoint()
         except sqlite3.Error as exc:  # the store went read-only or away: the log stays as it is

@@ -2,8 +2,8 @@
 
 The probe runs as an ordinary dispatch episode (lease, credential, frame, data plane), straight to
 the named connected worker: it skips the queue and takes no slot, so it can prove a worker that
-is unverified or full. It never changes the worker's scheduling status — the gateway does that
-with the verdict under ``--verify-on-enroll``. ``worker verify`` and the gateway both use it.
+is unverified or full. It never changes the worker's scheduling status — membership does that
+with the verdict under ``--verify-on-enroll``. ``worker verify`` and membership both use it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ drain, to stop its running dispatches, or to leave.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import trio
 
@@ -24,8 +24,21 @@ from swamp.domain.drain import (
 )
 from swamp.worker.events import Reporter
 
-if TYPE_CHECKING:
-    from swamp.worker.session import Session
+
+class Draining(Protocol):
+    """What the drain asks of the session of the moment (``swamp.worker.session.Session``):
+    the drain outlives each connection, so it knows the session only by this."""
+
+    enrollment: Any  # None until enrolled
+    active: int  # dispatches running
+    idle: trio.Event  # set while none runs
+
+    async def announce_drain(self, reason: str | None) -> None: ...
+
+    def stop_dispatches(self, why: str = ...) -> int: ...
+
+    def leave(self, reason: str) -> None: ...
+
 
 FORCE_GRACE = 3.0  # after a second signal: how long the stopped dispatches get to report
 
@@ -37,13 +50,17 @@ class Drain:
         self.stage = Stage.RUNNING
         self.reason: str | None = None
         self.started = 0  # dispatches accepted, over the worker's life
-        self.session: Session | None = None
+        self.session: Draining | None = None  # the connection of the moment (attach)
         self.exit_code = EXIT_OK
         self.done = trio.Event()  # the worker should exit now, with ``exit_code``
         self.began = trio.Event()  # the drain has started
 
     def __repr__(self) -> str:
         return f"<Drain {self.stage.value} reason={self.reason} started={self.started}>"
+
+    def attach(self, session: Draining) -> None:
+        """A new connection's session: the one the drain announces itself to and stops."""
+        self.session = session
 
     @property
     def draining(self) -> bool:

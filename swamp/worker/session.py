@@ -34,7 +34,7 @@ from swamp.errors import (
 )
 from swamp.hostinfo import local_platform
 from swamp.models.runner import run_method
-from swamp.plugins import ModelRegistry
+from swamp.plugins import ModelRegistry, default_seams
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from swamp.protocol.messages import Accepted, DispatchRequest, EnrollReply, EnrollRequest
 from swamp.protocol.rpc import IncomingCall, RpcChannel
@@ -81,7 +81,7 @@ class Session:
         self.enrollment: Enrollment | None = None
         self._enrolled = trio.Event()
         self.drain = drain or Drain(reporter)
-        self.drain.session = self
+        self.drain.attach(self)
         self.running: dict[str, IncomingCall] = {}
         # dispatches running and not acknowledged yet, with when each started (trio time)
         self._unacknowledged: dict[str, tuple[IncomingCall, float]] = {}
@@ -250,9 +250,9 @@ class Session:
                     | environment.step_identity(request.step_id, request.attempt)
                 ),
                 cache_dir=self.cache_dir,
+                launcher=self.reaper,
+                probe_seams=default_seams,
             )
-            if self.reaper is not None:
-                ctx.launcher = self.reaper
             self.running[dispatch_id] = call  # a second signal stops it (stop_dispatches)
             self._unacknowledged[dispatch_id] = (call, trio.current_time())
             outcome = await run_method(method, args, ctx)

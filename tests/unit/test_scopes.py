@@ -5,13 +5,13 @@ import itertools
 
 import pytest
 
-from swamp.admin.api import OPERATIONS, AdminApi
 from swamp.bookkeeping.server_tokens import TYPE, ServerTokenBook
 from swamp.domain import scopes
 from swamp.domain.scopes import VERBS, Scope, needed, parse_scope, refusal, stored_scope
 from swamp.domain.tokens import hash_secret
 from swamp.errors import ScopeTooNarrow, UserError
 from swamp.orchestrator.admin_auth import AdminAuth, Principal, authorize
+from swamp.protocol.admin import OPERATIONS, AdminApi
 from swamp.protocol.messages import REQUESTS
 from swamp.store.datastore import Datastore, Key, SpecPolicy
 

@@ -99,7 +99,7 @@ class _BusySession:
 async def test_a_drain_timeout_names_itself_and_the_steps_it_stops(autojump_clock):
     out = io.StringIO()
     drain = Drain(Reporter(json_lines=True, stream=out))
-    drain.session = session = _BusySession()
+    drain.attach(session := _BusySession())
     await drain.signal("SIGTERM")  # the drain begins; its two dispatches go on running
     assert not drain.done.is_set()
     await drain.timed_out(300)
@@ -119,7 +119,7 @@ async def test_a_drain_timeout_names_itself_and_the_steps_it_stops(autojump_cloc
     assert text.getvalue().strip() == forcing["reason"]
     # a drain already forced by a second signal is not forced again
     again = Drain(Reporter(json_lines=True, stream=io.StringIO()))
-    again.session = _BusySession()
+    again.attach(_BusySession())
     again.stage = Stage.FORCING
     await again.timed_out(300)
     assert not again.done.is_set() and again.session.stopped_with is None

@@ -1,4 +1,11 @@
-"""The admin operations, as one interface both routes implement."""
+"""The admin contract: every operation an operator asks of swamp, its wire verb and its request
+and reply messages, as one interface both routes implement.
+
+It lives with the wire because both sides speak it: ``swamp.admin`` performs it (on the repo, or
+holding the live orchestrator) and sends it (to a running ``swamp serve``), and the
+orchestrator's admin frames (``swamp.orchestrator.admin``) decode it into whatever
+implementation they were given. The scope each verb needs is ``swamp.domain.scopes``.
+"""
 
 from __future__ import annotations
 

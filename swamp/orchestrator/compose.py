@@ -1,0 +1,279 @@
+"""The composition root: every part of a running orchestrator, built once, in one place.
+
+Each part is handed what it uses through its constructor, in dependency order — nothing is wired
+by assigning to another object after it is made. Where two parts need each other, the circle is
+broken here and said so:
+
+- the pool tells the queue of every member change: the queue *subscribes* to the pool it is
+  given (an event; the pool knows no queue);
+- membership probes workers under ``--verify-on-enroll`` through the verifier, which dispatches
+  through the episodes, which report an unresponsive worker to membership: the probe is handed
+  to membership's task when it starts (:meth:`Orchestrator.run`), not to its constructor;
+- a change another process made to the repo (a revoked server token) closes admin sockets: the
+  live tokens' repo watcher is given that action (admission's) as a plain callable.
+
+``swamp serve`` (``swamp.orchestrator.server``) opens the store and the journal, reconciles,
+calls :func:`compose`, runs the parts and closes what it opened. The admin API the admin frames
+perform is the one the CLI uses on a repo (``swamp.admin.local``), here holding the live parts;
+the frames themselves know only its contract (``swamp.protocol.admin``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from swamp.admin.local import RepoAdmin
+from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.bookkeeping.workers import WorkerBook
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.domain import environment
+from swamp.domain.quota import WriteQuota
+from swamp.domain.request_policy import RequestPolicy
+from swamp.orchestrator.admin import Admin
+from swamp.orchestrator.admin_auth import AdminAuth
+from swamp.orchestrator.admission import Admission
+from swamp.orchestrator.app import App
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.dataplane import DataPlane
+from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.downloads import Download
+from swamp.orchestrator.enrollment import Enrollment
+from swamp.orchestrator.episode import Episodes
+from swamp.orchestrator.live_tokens import LiveTokens
+from swamp.orchestrator.membership import Membership
+from swamp.orchestrator.metrics import Metrics
+from swamp.orchestrator.pool import Member, Pool
+from swamp.orchestrator.queue import DispatchQueue
+from swamp.orchestrator.records import WorkerRecords
+from swamp.orchestrator.verification import Verifier
+from swamp.plugins import ModelRegistry
+from swamp.protocol.rpc import SilenceSweeper
+from swamp.repo import Repo
+from swamp.store.datastore import Datastore
+from swamp.store.journal import Journal
+from swamp.store.reader import Reader
+from swamp.tls.authority import ServerTls
+
+log = logging.getLogger("swamp.serve")
+
+HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
+FENCE_MARGIN = 2.0
+
+
+def fence_seconds(heartbeat: float) -> float:
+    """How long after losing a worker its step may run elsewhere: by then the worker, if it is
+    alive behind a partition, has given up on us and killed its commands (and its reaper has,
+    if it is frozen)."""
+    return heartbeat * HEARTBEATS_MISSED + FENCE_MARGIN
+
+
+def _fence(member: Member) -> float:
+    return fence_seconds(member.heartbeat)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``swamp serve``'s options say to the parts (``ServeOptions``, decided)."""
+
+    auth: str = "token"
+    grace_seconds: float = 60
+    heartbeat_seconds: float = 5
+    verify_on_enroll: bool = False
+    ship_env: tuple[str, ...] = ()
+    queue_timeout: float | None = 600
+    default_timeout: float | None = 24 * 3600
+    private_downloads: bool = False
+    write_quota: WriteQuota = WriteQuota()
+    local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
+
+
+@dataclass
+class Orchestrator:
+    """The parts, as :func:`compose` made them (for ``serve``, tests and harnesses)."""
+
+    store: Datastore
+    metrics: Metrics
+    pool: Pool
+    credentials: Credentials
+    sweeper: SilenceSweeper
+    records: WorkerRecords
+    membership: Membership
+    live_tokens: LiveTokens
+    enrollment: Enrollment
+    episodes: Episodes
+    queue: DispatchQueue
+    reader: Reader
+    dispatch: DispatchService
+    verifier: Verifier
+    auth: AdminAuth
+    admission: Admission
+    admin: Admin
+    dataplane: DataPlane
+    app: App
+    verify_on_enroll: bool
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Every background service, in the order they were made; started before the listener
+        accepts anything (the repo watcher takes its baseline now)."""
+        async with open_unwrapping_nursery() as nursery:
+            # -- write-behind: what goes to disk after the event (see compose) ---------------
+            await nursery.start(self.records.run)
+            await nursery.start(self.queue.writer.run)
+            # -- the gateway: members, live tokens, silent sockets ---------------------------
+            prober = self.verifier.probe if self.verify_on_enroll else None
+            await nursery.start(functools.partial(self.membership.run, prober))
+            await nursery.start(self.live_tokens.run)
+            await nursery.start(self.sweeper.run)
+            # -- dispatch episodes ----------------------------------------------------------
+            await nursery.start(self.episodes.keep_credentials_fresh)
+            await nursery.start(self.episodes.write_leases)
+            await nursery.start(self.episodes.watch_acknowledgements)
+            task_status.started()
+
+    async def settled(self) -> None:
+        """What was written behind has gone in (the listener has closed every socket)."""
+        await self.records.settled()  # the last status versions (disconnected) go in
+        await self.queue.writer.settled()
+
+    def close(self) -> None:
+        """After the services stopped: what is still in memory goes to the journal."""
+        self.episodes.write_unwritten_leases()  # still running: the next boot expires them
+        self.reader.close()
+
+
+def compose(
+    repo: Repo,
+    store: Datastore,
+    journal: Journal,
+    registry: ModelRegistry,
+    settings: Settings,
+    *,
+    policy: RequestPolicy,
+    download: Download | None = None,
+    own_tls: ServerTls | None = None,
+) -> Orchestrator:
+    """Build every part, each from the ones before it."""
+    metrics = Metrics()
+    pool = Pool()
+    credentials = Credentials()
+    sweeper = SilenceSweeper(tick=min(1.0, settings.heartbeat_seconds / 2))
+    auth = AdminAuth(
+        mode=settings.auth,
+        server_tokens=ServerTokenBook(store),
+        local_credential=settings.local_credential,
+    )
+    admission = Admission()
+
+    # -- write-behind: what is written after the event ---------------------------------------
+    # The one place for its writers: the worker records here; the lease writer (through
+    # ``journal``, opened by serve before the replay) and the queue's episode writer still live
+    # inside Episodes and DispatchQueue, which get them from here when they move out.
+    records = WorkerRecords(WorkerBook(store))
+
+    # -- the gateway: membership, live tokens, enrollment --------------------------------------
+    membership = Membership(
+        pool,
+        credentials,
+        records,
+        grace_seconds=settings.grace_seconds,
+        heartbeat_seconds=settings.heartbeat_seconds,
+        verify_on_enroll=settings.verify_on_enroll,
+    )
+    tokens = TokenBook(store)
+    live_tokens = LiveTokens(
+        store,
+        pool,
+        tokens,
+        on_repo_change=[functools.partial(admission.close_revoked_admins, auth.still_valid)],
+    )
+    enrollment = Enrollment(
+        pool, tokens, records, membership, live_tokens, on_rejection=metrics.on_rejection
+    )
+
+    # -- dispatch ----------------------------------------------------------------------------
+    episodes = Episodes(
+        store, credentials, journal=journal, on_unacknowledged=membership.unresponsive
+    )
+    queue = DispatchQueue(pool, store, observe=metrics.on_queue)  # subscribes to the pool
+    reader = Reader(repo.db_path)
+    metrics.watch(pool, queue)
+    dispatch = DispatchService(
+        store,
+        registry,
+        pool,
+        episodes,
+        queue,
+        ship_env=settings.ship_env,
+        fence=_fence,
+        queue_timeout=settings.queue_timeout,
+        observe=metrics.on_dispatch,
+        reader=reader,
+        default_timeout=settings.default_timeout,
+    )
+    unset = [n for n in settings.ship_env if n not in dispatch.environ]
+    if unset:
+        log.warning("--ship-env names variables this process does not have: %s", ", ".join(unset))
+    verifier = Verifier(
+        episodes, pool, shipped=environment.ship(dispatch.environ, dispatch.ship_env)
+    )
+
+    # -- the surfaces: admin frames, the data plane, the app -----------------------------------
+    api = RepoAdmin(
+        repo,
+        store,
+        live_tokens=live_tokens,
+        pool=pool,
+        dispatch=dispatch,
+        verifier=verifier,
+        ca_pin=own_tls.pin if own_tls else None,
+    )
+    admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
+    dataplane = DataPlane(
+        dispatch,
+        credentials,
+        pool,
+        metrics=metrics,
+        download=download,
+        private_downloads=settings.private_downloads,
+        quota=settings.write_quota,
+        ca_pem=own_tls.ca_pem if own_tls else None,
+        admit=auth.admit,
+    )
+    app = App(
+        enrollment=enrollment,
+        membership=membership,
+        sweeper=sweeper,
+        dispatch=dispatch,
+        admin=admin,
+        dataplane=dataplane,
+        auth=auth,
+        policy=policy,
+        admission=admission,
+    )
+    return Orchestrator(
+        store=store,
+        metrics=metrics,
+        pool=pool,
+        credentials=credentials,
+        sweeper=sweeper,
+        records=records,
+        membership=membership,
+        live_tokens=live_tokens,
+        enrollment=enrollment,
+        episodes=episodes,
+        queue=queue,
+        reader=reader,
+        dispatch=dispatch,
+        verifier=verifier,
+        auth=auth,
+        admission=admission,
+        admin=admin,
+        dataplane=dataplane,
+        app=app,
+        verify_on_enroll=settings.verify_on_enroll,
+    )

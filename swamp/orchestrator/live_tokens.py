@@ -1,0 +1,139 @@
+"""Live tokens: a token's deadline and revocation enforced while its workers run.
+
+When a token's deadline passes its workers are disconnected and it is stored ``expired``; when
+it is revoked (through this server, or by the CLI writing straight to the repo, which the repo
+watcher notices) its workers are disconnected at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import trio
+
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.domain.tokens import Token, TokenState
+from swamp.errors import SwampError
+from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.timers import Deadlines
+from swamp.store.datastore import Datastore
+from swamp.store.retry import retry_busy
+
+log = logging.getLogger("swamp.gateway")
+
+CLOSE_REVOKED = 4001
+CLOSE_EXPIRED = 4002
+REPO_WATCH_INTERVAL = 0.25
+
+
+class LiveTokens:
+    def __init__(
+        self,
+        store: Datastore,
+        pool: Pool,
+        tokens: TokenBook,
+        *,
+        on_repo_change: Sequence[Callable[[], None]] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.tokens = tokens
+        # called after another process wrote to the repo (e.g. revoked a server token)
+        self.on_repo_change = tuple(on_repo_change)
+        self.clock = clock
+        self.token_deadlines = Deadlines("token deadlines")
+
+    def __repr__(self) -> str:
+        return f"<LiveTokens {self.token_deadlines!r}>"
+
+    def _trio_time(self, epoch: float) -> float:
+        return trio.current_time() + max(0.0, epoch - self.clock())
+
+    def arm_token_deadline(self, token: Token) -> None:
+        """Store the token ``expired`` (and cut off its workers) when its deadline passes."""
+        self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
+
+    def arm_token_deadlines(self) -> None:
+        """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
+        whether or not a worker ever used it (tokens may be minted by the CLI on the repo)."""
+        for token in self.tokens.all():
+            if (
+                token.state in (TokenState.UNUSED, TokenState.ENROLLED)
+                and token.name not in self.token_deadlines
+            ):
+                self.arm_token_deadline(token)
+
+    async def _token_deadline(self, name: str) -> None:
+        token = self.tokens.get(name)
+        if token is None:
+            return
+        if token.expires_at_epoch > self.clock():  # re-minted with a later deadline
+            self.arm_token_deadline(token)
+            return
+        if await retry_busy(lambda: self.tokens.expire(name)):
+            log.info("token %s expired", name)
+        await self.disconnect_token(name, CLOSE_EXPIRED, f"token {name!r} has expired")
+
+    async def disconnect_token(self, name: str, code: int, reason: str) -> int:
+        members = [m for m in self.pool.of_token(name) if m.connected]
+        for member in members:
+            log.info("disconnecting %s: %s", member.name, reason)
+            if member.channel is not None:  # connected: it has one
+                member.channel.abort(code, reason)
+        for member in self.pool.of_token(name):  # steps waiting for one learn it cannot return
+            self.pool.refresh(member)
+        return len(members)
+
+    async def token_changed(self, name: str) -> None:
+        """Re-check one token (after a revoke): disconnect its workers if it is no longer live."""
+        token = self.tokens.get(name)
+        now = self.clock()
+        if token is None or not token.live(now):
+            state = token.effective_state(now).value if token else "deleted"
+            code = CLOSE_EXPIRED if state == "expired" else CLOSE_REVOKED
+            await self.disconnect_token(name, code, f"token {name!r} has been {state}")
+
+    async def _watch_repo(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Notice writes by other processes (the CLI on the repo) without a server round trip.
+
+        ``PRAGMA data_version`` only changes when another connection commits, so this costs one
+        tiny query per tick and does nothing when the repo is quiet. It is the one periodic
+        check in the orchestrator, and it is not on any dispatch path.
+        """
+        try:  # the baseline is taken before the server listens: no change can slip past
+            seen: int | None = self.store.data_version()
+        except SwampError:
+            seen = None  # unknown: the first tick re-checks everything
+        task_status.started()
+        broken = None
+        while True:
+            await trio.sleep(REPO_WATCH_INTERVAL)
+            if broken is None and (broken := self.store.check_file()):
+                log.error("%s", broken)  # said once; every write is refused from now on
+            try:
+                current = self.store.data_version()
+                if current == seen:
+                    continue
+                seen = current
+                self.arm_token_deadlines()
+                for name in {m.token_name for m in self.pool.members.values() if m.connected}:
+                    await self.token_changed(name)
+                for listener in self.on_repo_change:
+                    listener()
+            except SwampError as exc:  # e.g. the database is locked: try again next tick
+                log.warning("could not re-check the repo after a change: %s", exc)
+                seen = None
+            except Exception:  # a bug here must not take the orchestrator down with it
+                log.exception("the repo watcher failed; it carries on")
+                seen = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.arm_token_deadlines()
+        async with open_unwrapping_nursery() as nursery:
+            await nursery.start(self.token_deadlines.run, self._token_deadline)
+            await nursery.start(self._watch_repo)
+            task_status.started()
