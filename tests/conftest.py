@@ -1,8 +1,11 @@
 """What every test shares."""
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-# No property test here is about time, and the suite runs two at a time beside real
-# orchestrators and workers: a slow example on a busy machine is not a failure.
-settings.register_profile("swamp", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("swamp")
+from tests import profiles
+
+settings.load_profile(profiles.chosen())
+
+
+def pytest_report_header(config):
+    return f"hypothesis profile: {profiles.chosen()} ({settings.default.max_examples} examples)"
