@@ -358,7 +358,7 @@ async def test_the_reader_queries_in_a_thread_while_the_loop_goes_on(tmp_path):
         nonlocal ticks
         while not done.is_set():
             ticks += 1
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     try:
         async with trio.open_nursery() as nursery:
