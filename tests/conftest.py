@@ -1,5 +1,7 @@
 """What every test shares."""
 
+from pathlib import Path
+
 from hypothesis import settings
 
 from tests import profiles
@@ -9,3 +11,16 @@ settings.load_profile(profiles.chosen())
 
 def pytest_report_header(config):
     return f"hypothesis profile: {profiles.chosen()} ({settings.default.max_examples} examples)"
+
+
+FAST_LOOP = "not integration"  # the marker expression of the fast loop (build.py's help)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast loop does not import what it would deselect: every test under
+    tests/integration is marked ``integration`` (its conftest), so with exactly the fast loop's
+    expression that directory is not collected at all."""
+    if (config.option.markexpr or "").strip() != FAST_LOOP:
+        return None
+    integration = Path(__file__).parent / "integration"
+    return True if collection_path == integration else None
