@@ -86,7 +86,8 @@ async def test_a_long_lock_held_by_another_process_delays_writes_and_drops_nothi
                 answered += 1
                 await trio.sleep(0.2)
     with trio.fail_after(30):
-        await holder.aclose()
+        await holder.wait()
+    await holder.stdout.aclose()
     # the event loop never waits on the lock: a blocked one would stall until the lock is
     # released, or for sqlite's 5 s at a time; how fast each answer is belongs to a benchmark
     assert answered > 1
