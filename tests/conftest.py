@@ -1,7 +1,10 @@
 """What every test shares."""
 
+from __future__ import annotations
+
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 from tests import profiles
@@ -9,14 +12,14 @@ from tests import profiles
 settings.load_profile(profiles.chosen())
 
 
-def pytest_report_header(config):
-    return f"hypothesis profile: {profiles.chosen()} ({settings.default.max_examples} examples)"
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hypothesis profile: {profiles.chosen()} ({settings().max_examples} examples)"
 
 
 FAST_LOOP = "not integration"  # the marker expression of the fast loop (build.py's help)
 
 
-def pytest_ignore_collect(collection_path, config):
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """The fast loop does not import what it would deselect: every test under
     tests/integration is marked ``integration`` (its conftest), so with exactly the fast loop's
     expression that directory is not collected at all."""

@@ -35,4 +35,4 @@ def chosen() -> str:
 def examples(full: int) -> int:
     """A test's count: ``full`` in CI, scaled as the loaded profile is (a tenth in ``dev``),
     never below one."""
-    return max(1, full * settings.default.max_examples // FULL)
+    return max(1, full * settings().max_examples // FULL)  # settings(): the loaded profile
