@@ -125,7 +125,7 @@ async def start_serve(
     port: int = 0,
 ) -> tuple[trio.Process, LineReader, str]:
     """Start ``swamp serve`` (on a free port by default); returns the process, its reader and
-    its URL, or ``trio.TooSlowError`` if it names no URL within ``SERVE_READY_SECONDS``."""
+    its URL (``trio.TooSlowError`` if it names none within ``SERVE_READY_SECONDS``)."""
     process = await trio.lowlevel.open_process(
         swamp_argv("serve", "--repo-dir", str(repo_root), "--port", str(port), "--json", *args),
         stdout=subprocess.PIPE,
