@@ -30,8 +30,8 @@ MESSAGES = sorted(
     key=lambda cls: cls.__name__,
 )
 # Each class writes out its codec the first time it is used; here that is before the first
-# example, as a long-running process does at boot, so no example pays for it (a first example
-# that did was a "deadline exceeded" and then an "unreliable timing" on a busy machine).
+# example, as a long-running process does at boot, so every example does the same work (a
+# first one that also wrote the codec is what a wall-clock deadline catches, then calls flaky).
 messages.prepare()
 
 json_values = st.recursive(
