@@ -102,8 +102,8 @@ async def _fleet(root: Path, args) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     procs = []
     try:
-        with open(root / "serve.log", "wb") as log:
-            serve, lines, url = await start_serve(repo.root, env=env, stderr=log)
+        async with await trio.Path(root / "serve.log").open("wb") as log:
+            serve, lines, url = await start_serve(repo.root, env=env, stderr=log.wrapped)
             procs.append(serve)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lines.drain)

@@ -54,7 +54,12 @@ class Demo:
             raise SwampError(f"not as designed: {message}")
 
     async def call(
-        self, method: str, params: dict | None = None, *, timeout=WAIT, on_event=None
+        self,
+        method: str,
+        params: dict | None = None,
+        *,
+        timeout=WAIT,  # noqa: ASYNC109 - passed on to RpcChannel.call (the call's own deadline)
+        on_event=None,
     ) -> Any:
         assert self.channel is not None
         return await self.channel.call(method, params or {}, timeout=timeout, on_event=on_event)
@@ -70,7 +75,8 @@ class Demo:
         writes behind (a record) or learns from a socket (a status): there is no event for a
         client to wait on."""
         with trio.move_on_after(WAIT):
-            while (found := pick(await fetch())) is None:
+            # no event crosses the socket for this: ask again
+            while (found := pick(await fetch())) is None:  # noqa: ASYNC110
                 await trio.sleep(0.05)
             return found
         raise CallTimeout(f"waited {WAIT:g}s for {what}")

@@ -111,16 +111,21 @@ def swamp_argv(*args: str) -> list[str]:
     return [sys.executable, *isolated, "-m", "swamp", *args]
 
 
+# How long a started process is given to say it is ready; a caller wanting less puts its own
+# cancel scope around the call.
+SERVE_READY_SECONDS = 30
+ENROLLED_SECONDS = 60
+
+
 async def start_serve(
     repo_root: Path,
     *args: str,
     env: dict,
     stderr=subprocess.DEVNULL,
-    timeout: float = 30,
     port: int = 0,
 ) -> tuple[trio.Process, LineReader, str]:
     """Start ``swamp serve`` (on a free port by default); returns the process, its reader and
-    its URL."""
+    its URL (``trio.TooSlowError`` if it names none within ``SERVE_READY_SECONDS``)."""
     process = await trio.lowlevel.open_process(
         swamp_argv("serve", "--repo-dir", str(repo_root), "--port", str(port), "--json", *args),
         stdout=subprocess.PIPE,
@@ -128,7 +133,7 @@ async def start_serve(
         env=env,
     )
     reader = LineReader(process.stdout)
-    with trio.fail_after(timeout):
+    with trio.fail_after(SERVE_READY_SECONDS):
         url = (await reader.until(lambda e: "url" in e))["url"]
     return process, reader, url
 
@@ -147,15 +152,15 @@ async def start_worker(
     return process, LineReader(process.stdout)
 
 
-async def wait_enrolled(readers: list[LineReader], *, timeout: float = 60) -> list[dict]:
-    """Each worker's ``enrolled`` event, in order."""
-    with trio.fail_after(timeout):
+async def wait_enrolled(readers: list[LineReader]) -> list[dict]:
+    """Each worker's ``enrolled`` event, in order (within ``ENROLLED_SECONDS``)."""
+    with trio.fail_after(ENROLLED_SECONDS):
         return [await reader.until(lambda e: e.get("event") == "enrolled") for reader in readers]
 
 
-async def wait_enrolled_text(readers: list[LineReader], *, timeout: float = 60) -> None:
-    """Each text-mode worker's ``enrolled as NAME`` line."""
-    with trio.fail_after(timeout):
+async def wait_enrolled_text(readers: list[LineReader]) -> None:
+    """Each text-mode worker's ``enrolled as NAME`` line (within ``ENROLLED_SECONDS``)."""
+    with trio.fail_after(ENROLLED_SECONDS):
         for reader in readers:
             while True:
                 line = await reader.readline()

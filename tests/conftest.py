@@ -1,8 +1,29 @@
 """What every test shares."""
 
-from hypothesis import HealthCheck, settings
+from __future__ import annotations
 
-# No property test here is about time, and the suite runs two at a time beside real
-# orchestrators and workers: a slow example on a busy machine is not a failure.
-settings.register_profile("swamp", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("swamp")
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from tests import profiles
+
+settings.load_profile(profiles.chosen())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hypothesis profile: {profiles.chosen()} ({settings().max_examples} examples)"
+
+
+FAST_LOOP = "not integration"  # the marker expression of the fast loop (build.py's help)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast loop does not import what it would deselect: every test under
+    tests/integration is marked ``integration`` (its conftest), so with exactly the fast loop's
+    expression that directory is not collected at all."""
+    if (config.option.markexpr or "").strip() != FAST_LOOP:
+        return None
+    integration = Path(__file__).parent / "integration"
+    return True if collection_path == integration else None

@@ -152,7 +152,8 @@ class ContextBase(abc.ABC):
         argv: Sequence[str] | str,
         *,
         cwd: str | None = None,
-        timeout: float | None = None,
+        # the plugin API's own limit, and its end is a result (timed_out), not a cancellation
+        timeout: float | None = None,  # noqa: ASYNC109
         tail: int = 20,
     ) -> ProcessResult:
         """Run a subprocess with the shipped environment, streaming its lines as log events.

@@ -36,7 +36,7 @@ class Verifier:
     def __repr__(self) -> str:
         return f"<Verifier {self.pool!r}>"
 
-    async def probe(self, name: str, *, timeout: float = PROBE_TIMEOUT) -> Verdict:
+    async def probe(self, name: str) -> Verdict:
         """Run the fleet probe on worker ``name``; every way it can go wrong is a verdict."""
         member = self.pool.get(name)
         if member is None or not member.connected:
@@ -56,12 +56,13 @@ class Verifier:
             return None
 
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(PROBE_TIMEOUT):
                 episode = await self.episodes.run(
                     member, uuid.uuid4().hex, work, Step(uuid.uuid4().hex), ignore
                 )
         except trio.TooSlowError:
-            return Verdict(name, "error", error=f"the probe got no answer within {timeout:g}s")
+            said = f"the probe got no answer within {PROBE_TIMEOUT:g}s"
+            return Verdict(name, "error", error=said)
         except SwampError as exc:
             return Verdict(name, "error", error=exc.message)
         end = episode.end

@@ -504,10 +504,11 @@ class RpcChannel:
             self._settled.set()
             self._settled = None
 
-    async def finish(self, code: int, reason: str, *, timeout: float = 5.0) -> None:
+    async def finish(self, code: int, reason: str, *, grace: float = 5.0) -> None:
         """Close once every call being handled has answered and every answer has gone out: a
-        drained worker's last result must reach the orchestrator before the close does."""
-        with trio.move_on_after(timeout):
+        drained worker's last result must reach the orchestrator before the close does (and
+        after ``grace`` seconds, it closes regardless)."""
+        with trio.move_on_after(grace):
             while (
                 self._incoming
                 or self.outbox.frames
@@ -630,7 +631,9 @@ class RpcChannel:
 
     async def _watch_silence(self) -> None:
         """Drop a peer silent for ``heartbeat * missed`` seconds. Never sends anything."""
-        while not self.silent_too_long(trio.current_time()):
+        # silence is the absence of an event: only the clock can tell (the orchestrator's
+        # sweeper ticks the same way for all of its channels)
+        while not self.silent_too_long(trio.current_time()):  # noqa: ASYNC110
             await trio.sleep(self.heartbeat / 2)
 
     def _announce(self) -> float | None:
@@ -812,7 +815,9 @@ class RpcChannel:
         method: str,
         params: dict | None = None,
         *,
-        timeout: float | None = 30.0,
+        # the call's own deadline, part of the protocol: a CallTimeout naming the method, and
+        # the settle that follows it, which a caller's cancel scope would cut short
+        timeout: float | None = 30.0,  # noqa: ASYNC109
         on_event: EventSink | None = None,
         settle: float | Callable[[], float] = 0,
     ) -> Any:

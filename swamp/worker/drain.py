@@ -89,7 +89,7 @@ class Drain:
         """``--drain-timeout`` (``seconds``) passed with the drain not done: stop what runs."""
         self.stage, action = on_drain_timeout(self.stage)
         if action is Action.FORCE:
-            await self._force(timeout=seconds)
+            await self._force(after=seconds)
 
     async def _start(self, reason: str, *, detail: str | None = None) -> None:
         self.reason = reason
@@ -121,19 +121,19 @@ class Drain:
             self.session.leave(f"drained ({self.reason})")
         self.done.set()
 
-    async def _force(self, name: str | None = None, *, timeout: float | None = None) -> None:
-        """Second signal (``name``) or the drain timeout (``timeout`` seconds): stop the
+    async def _force(self, name: str | None = None, *, after: float | None = None) -> None:
+        """Second signal (``name``) or the drain timeout, reached ``after`` seconds: stop the
         running dispatches, let them report, exit non-zero."""
         session = self.session
         stopped = 0
-        if session is not None and timeout is not None:
-            stopped = session.stop_dispatches(f"the drain timeout ({timeout:g}s) stopped it")
+        if session is not None and after is not None:
+            stopped = session.stop_dispatches(f"the drain timeout ({after:g}s) stopped it")
         elif session is not None:
             stopped = session.stop_dispatches()
-        if timeout is not None:
-            said = timeout_reached(timeout, stopped)
-            self.reporter.emit("forcing", reason=said, timeoutSeconds=timeout, stopping=stopped)
-            why = f"drain timeout ({timeout:g}s) reached: {stopped} dispatch(es) stopped"
+        if after is not None:
+            said = timeout_reached(after, stopped)
+            self.reporter.emit("forcing", reason=said, timeoutSeconds=after, stopping=stopped)
+            why = f"drain timeout ({after:g}s) reached: {stopped} dispatch(es) stopped"
         else:
             self.reporter.emit("forcing", signal=name, stopping=stopped)
             why = f"received {name} during the drain: {stopped} dispatch(es) stopped"

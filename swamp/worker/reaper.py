@@ -38,6 +38,9 @@ from swamp.worker.reaper_process import (
     spawns_commands,
 )
 
+# The directory holding `swamp`, for the reaper process's path: found once, at import
+SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+
 
 class Reaper(Launcher):
     """Starts the reaper process, keeps it informed and starts the worker's commands through
@@ -304,9 +307,8 @@ class SpawnedCommand(Command):
 async def _launch() -> tuple[trio.Process, trio.socket.SocketType]:
     """A reaper process, and the worker's end of its socket."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    root = str(Path(__file__).resolve().parents[2])  # the directory holding `swamp`
     program = (
-        f"import sys; sys.path.insert(0, {root!r}); "
+        f"import sys; sys.path.insert(0, {SOURCE_ROOT!r}); "
         "from swamp.worker.reaper_process import main; main()"
     )
     try:

@@ -75,10 +75,12 @@ async def test_an_impostor_gets_none_of_its_victims_targeted_work(cluster):
     # ...counted in its token's fleet, whatever fleet label it claims: an autoscaler reading
     # /metrics does not see the victim's fleet grow
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)
-    metrics = httpx.get(
-        cluster.url.replace("ws://", "http://") + "/metrics",
-        headers={"Authorization": f"Bearer {credential}"},
-    ).text
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(
+            cluster.url.replace("ws://", "http://") + "/metrics",
+            headers={"Authorization": f"Bearer {credential}"},
+        )
+    metrics = answer.text
     assert f'swamp_slots{{fleet="pool"}} {DEFAULT_MAX_CONCURRENCY}.0' in metrics, metrics
     assert 'swamp_slots{fleet="victim"} 1.0' in metrics  # the victim's own slot, no more
     async with trio.open_nursery() as nursery:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +39,8 @@ async def gone(pid: int) -> bool:
     """Whether ``pid`` is gone within the deadline (it is killed at once; this only waits for
     the kernel to say so)."""
     with trio.move_on_after(DEADLINE):
-        while alive(pid):
+        # not our child: the kernel sends no event when it goes, /proc only says it has
+        while alive(pid):  # noqa: ASYNC110
             await trio.sleep(0.05)
         return True
     return False
@@ -57,21 +57,22 @@ def daemonizing(directory: Path, name: str, *, then: str = "exec sleep 600") -> 
 
 async def pid_in(path: Path) -> int:
     with trio.fail_after(DEADLINE):
-        while not path.exists():
+        # written by a process that is not ours (a daemon): no event reaches us
+        while not await trio.Path(path).exists():  # noqa: ASYNC110
             await trio.sleep(0.05)
-    return int(path.read_text())
+    return int(await trio.Path(path).read_text())
 
 
 async def test_the_control_a_daemon_outlives_a_kill_of_its_group(tmp_path):
     """Without the reaper's adoption: killing the command's group, as the reaper used to,
     leaves the daemon running."""
-    command = subprocess.Popen(
+    command = await trio.lowlevel.open_process(
         ["/bin/sh", "-c", daemonizing(tmp_path, "daemon")], start_new_session=True, env=ENV
     )
     daemon = await pid_in(tmp_path / "daemon")
     try:
         os.killpg(command.pid, signal.SIGKILL)
-        command.wait()
+        await command.wait()
         assert alive(daemon)  # the detector fires
     finally:
         os.kill(daemon, signal.SIGKILL)

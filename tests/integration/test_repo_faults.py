@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from swamp.processes import LineReader
 from swamp.store.datastore import Datastore, Key, SpecPolicy
 from tests.integration.conftest import result_of, wait_until
 from tests.integration.hostile import rss_bytes
@@ -55,16 +56,16 @@ async def test_a_long_lock_held_by_another_process_delays_writes_and_drops_nothi
     cluster.serve()
     worker = cluster.worker(cluster.mint("w1"))
     health = cluster.url.replace("ws://", "http://") + "/health"
-    holder = subprocess.Popen(  # another process takes the write lock and sits on it
+    holder = await trio.lowlevel.open_process(  # another process takes the write lock
         [sys.executable, "-c",
          "import sqlite3, sys, time\n"
          f"db = sqlite3.connect({str(cluster.repo / '.swamp' / 'swamp.db')!r}, "
          "isolation_level=None)\n"
          "db.execute('BEGIN IMMEDIATE'); print('locked', flush=True)\n"
          f"time.sleep({LOCK_SECONDS}); db.execute('COMMIT')\n"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
     )  # fmt: skip
-    assert holder.stdout.readline().strip() == "locked"
+    assert await LineReader(holder.stdout).readline() == "locked"
     locked_at = time.monotonic()
     mark = worker.mark()
     slowest, answered = 0.0, 0
@@ -84,7 +85,9 @@ async def test_a_long_lock_held_by_another_process_delays_writes_and_drops_nothi
                 assert holder.poll() is None
                 answered += 1
                 await trio.sleep(0.2)
-    holder.wait(timeout=30)
+    with trio.fail_after(30):
+        await holder.wait()
+    await holder.stdout.aclose()
     # the event loop never waits on the lock: a blocked one would stall until the lock is
     # released, or for sqlite's 5 s at a time; how fast each answer is belongs to a benchmark
     assert answered > 1

@@ -60,7 +60,7 @@ async def test_a_burst_of_large_writes_keeps_the_wal_within_its_bound(cluster):
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
         await nursery.start(beat)
         for n in range(DISPATCHES):
-            client = subprocess.Popen(
+            client = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "swamp", "model", "method", "run", "command/shell", "run",
                  "--arg", "command=true", "--target", "w", "--server", cluster.url],
                 env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -75,7 +75,7 @@ async def test_a_burst_of_large_writes_keeps_the_wal_within_its_bound(cluster):
             await ws.send(
                 {"type": "response", "id": frame["id"], "result": {"status": "succeeded"}}
             )
-            assert await trio.to_thread.run_sync(client.wait) == 0
+            assert await client.wait() == 0
         nursery.cancel_scope.cancel()
     grown = peak.stop()
     written = cluster.query('modelType == "command/shell" && size > 0')

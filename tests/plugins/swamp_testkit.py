@@ -3,7 +3,6 @@ query, so tests can kill workers at precise moments."""
 
 import json
 import time
-from pathlib import Path
 
 import trio
 
@@ -28,7 +27,8 @@ async def wait(ctx, args):
 async def _until_exists(path: str, limit: float) -> None:
     """Until the test creates ``path`` (its go-ahead), at most ``limit`` seconds."""
     with trio.fail_after(limit):
-        while not Path(path).exists():
+        # the test makes it from another process: no event crosses to this one
+        while not await trio.Path(path).exists():  # noqa: ASYNC110
             await trio.sleep(0.02)
 
 

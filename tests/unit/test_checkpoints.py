@@ -29,6 +29,7 @@ async def burst(store: Datastore) -> int:
     return peak
 
 
+@pytest.mark.integration  # big data: 80 MiB through a real file, twice
 @pytest.mark.parametrize("by_size", [True, False])
 async def test_a_burst_of_large_writes_keeps_the_wal_small(tmp_path, by_size):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)

@@ -6,7 +6,7 @@ import types
 import typing
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swamp.domain import environment
@@ -19,6 +19,7 @@ from swamp.protocol.messages import (
     MethodRunRequest,
     decode_event,
 )
+from tests.profiles import examples
 
 MESSAGES = sorted(
     (
@@ -28,6 +29,10 @@ MESSAGES = sorted(
     ),
     key=lambda cls: cls.__name__,
 )
+# Each class writes out its codec the first time it is used; here that is before the first
+# example, as a long-running process does at boot, so every example does the same work (a
+# first one that also wrote the codec is what a wall-clock deadline catches, then calls flaky).
+messages.prepare()
 
 json_values = st.recursive(
     st.none()
@@ -98,7 +103,7 @@ def test_there_is_a_message_per_payload():
 
 
 @pytest.mark.parametrize("cls", MESSAGES, ids=lambda cls: cls.__name__)
-@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40))
 @given(data=st.data())
 def test_every_message_round_trips_through_json(cls, data):
     value = data.draw(instances(cls))
@@ -107,7 +112,7 @@ def test_every_message_round_trips_through_json(cls, data):
 
 
 @pytest.mark.parametrize("cls", MESSAGES, ids=lambda cls: cls.__name__)
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(payload=json_values)
 def test_any_payload_decodes_or_is_one_coded_error(cls, payload):
     try:
@@ -117,7 +122,7 @@ def test_any_payload_decodes_or_is_one_coded_error(cls, payload):
 
 
 @pytest.mark.parametrize("cls", MESSAGES, ids=lambda cls: cls.__name__)
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(data=st.data())
 def test_a_valid_payload_with_one_field_broken_names_that_field(cls, data):
     wire = data.draw(instances(cls)).to_json()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from swamp.domain.placement import Placement, WorkerView, choose_worker
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign, requirements_of
+from tests.profiles import examples
 
 
 def slots(name, *, labels=None, platform="linux", arch="x86_64", capacity=1, active=0, ok=True):
@@ -150,7 +151,7 @@ PLACEMENTS = st.one_of(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000))
 @given(OPS, st.lists(PLACEMENTS, min_size=1, max_size=5))
 def test_the_index_decides_as_the_scan_does(ops, placements):
     index = PoolIndex()

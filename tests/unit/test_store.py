@@ -196,6 +196,7 @@ def _redeem_in_process(args):
         return exc.code
 
 
+@pytest.mark.integration  # real processes: eight of them, each starting Python
 @pytest.mark.parametrize("allowance,machines", [(1, 16), (10, 40)])
 def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance, machines):
     path = tmp_path / "race.db"
@@ -357,7 +358,7 @@ async def test_the_reader_queries_in_a_thread_while_the_loop_goes_on(tmp_path):
         nonlocal ticks
         while not done.is_set():
             ticks += 1
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     try:
         async with trio.open_nursery() as nursery:
