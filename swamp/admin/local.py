@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -208,9 +209,10 @@ class RepoAdmin:
         if labels:
             members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
         verdicts: dict[str, Verdict] = {}
+        verifier = self.verifier
 
         async def probe(member_name: str) -> None:
-            verdicts[member_name] = await self.verifier.probe(member_name)
+            verdicts[member_name] = await verifier.probe(member_name)
 
         async with open_unwrapping_nursery() as nursery:
             for member in members:
@@ -227,6 +229,7 @@ class RepoAdmin:
     async def worker_queue(self, request: Empty = Empty()) -> QueueReply:
         """The steps waiting for a worker, oldest first, and demand against supply for each
         requirement: live from the orchestrator, or from the records on the repo."""
+        supply: Callable[[Placement], tuple[int, int]]
         if self.dispatch is not None:
             queue = self.dispatch.queue
             items = queue.items()
@@ -257,7 +260,9 @@ class RepoAdmin:
     def _connected(self, selector: dict) -> list[dict]:
         """``workers.connected(selector)``: the schedulable workers whose labels match."""
         check_labels({k: str(v) for k, v in selector.items()}, source="workers.connected()")
-        out = []
+        out: list[dict] = []
+        if self.gateway is None:  # no live pool: nothing is connected
+            return out
         for member in sorted(self.gateway.pool.members.values(), key=lambda m: m.name):
             if not member.connected or not is_schedulable(member.status):
                 continue
@@ -319,7 +324,7 @@ class RepoAdmin:
 
     async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
         names = [check_workflow_name(request.name)] if request.name else self.workflows.names()
-        out = []
+        out: list[dict[str, Any]] = []
         for name in names:
             loaded = self.workflows.load(name)
             out.append({"name": name, "problems": [_problem(p) for p in loaded.problems]})

@@ -43,6 +43,7 @@ class ServerTokenBook:
             }
 
         record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        assert record is not None  # decide always writes
         return record.attributes, f"{name}.{secret}"
 
     def revoke(self, name: str) -> dict:
@@ -56,6 +57,8 @@ class ServerTokenBook:
             return dict(current.attributes, state="revoked", revokedAt=now)
 
         record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        if record is None:  # (decide refuses a missing token first)
+            raise NotFound(f"no server token named {name!r}")
         return record.attributes
 
     def all(self) -> list[dict]:

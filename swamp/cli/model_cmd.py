@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -52,7 +53,7 @@ def types(json_output: bool = JSON) -> None:
     from swamp.plugins import default_registry
 
     registry = default_registry()
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "type": t.type,
             "description": t.description,

@@ -22,7 +22,7 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
 from swamp.errors import Unauthorized
 from swamp.orchestrator.admin import Admin
-from swamp.orchestrator.admin_auth import AdminAuth, authorize
+from swamp.orchestrator.admin_auth import AdminAuth, Principal, authorize
 from swamp.orchestrator.admission import CLOSE_REVOKED, Admission
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.dataplane import DataPlane
@@ -143,8 +143,9 @@ class App:
         """After a repo change: close the admin sockets of server tokens revoked meanwhile."""
         for connection in self.admission.revoked_admins(self.auth.still_valid):
             principal = connection.identity
-            log.info("closing %s: %s was revoked", connection.peer, principal.describe())
-            connection.channel.abort(CLOSE_REVOKED, f"{principal.describe()} has been revoked")
+            who = principal.describe() if isinstance(principal, Principal) else "its credential"
+            log.info("closing %s: %s was revoked", connection.peer, who)
+            connection.channel.abort(CLOSE_REVOKED, f"{who} has been revoked")
 
 
 def _refusal(reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:

@@ -130,13 +130,16 @@ class RunResult(Message):
 # -- streamed events of a run --------------------------------------------------------------------
 
 
+LogStream = Literal["log", "stdout", "stderr"]
+
+
 @dataclass(frozen=True)
 class LogLine(Message):
     """A line a method logged (or its command printed); ``worker`` once relayed by the
     orchestrator."""
 
     line: str
-    stream: Literal["log", "stdout", "stderr"] = "log"
+    stream: LogStream = "log"
     worker: str | None = None
     kind: Literal["log"] = "log"
 

@@ -412,13 +412,13 @@ class RpcChannel:
         self._on_close: list[Callable[[str], None]] = []
 
     @property
-    def heartbeat(self) -> float:
-        return self._heartbeat
-
-    @property
     def last_heard(self) -> float:
         """When the last frame arrived from the peer (a heartbeat counts), on trio's clock."""
         return self._last_heard
+
+    @property
+    def heartbeat(self) -> float:
+        return self._heartbeat
 
     @heartbeat.setter
     def heartbeat(self, seconds: float) -> None:
@@ -695,29 +695,31 @@ class RpcChannel:
                 )
                 return
             scope = trio.CancelScope()
+            if self._nursery is None:  # serve() has not started: nobody would answer
+                return
             try:
                 self._nursery.start_soon(self._handle, frame, scope)
             except RuntimeError:  # serve() is on its way out: nobody would answer
                 return
             self._incoming[frame.id] = scope
         elif isinstance(frame, (frames.Response, frames.Error)):
-            pending = self._pending.pop(frame.id, None) if frame.id else None
-            if pending is None:
+            answered = self._pending.pop(frame.id, None) if frame.id else None
+            if answered is None:
                 return  # a late answer to a call that timed out or was cancelled
             if isinstance(frame, frames.Response):
-                pending.result = frame.result
+                answered.result = frame.result
             else:
-                pending.error = from_wire(frame.error)
-            pending.done.set()
+                answered.error = from_wire(frame.error)
+            answered.done.set()
         elif isinstance(frame, frames.Stream):
             # the sink must not wait on another socket (see the module docstring)
-            pending = self._pending.get(frame.id)
-            if pending is not None and pending.on_event is not None:
-                await pending.on_event(frame.event)
+            streaming = self._pending.get(frame.id)
+            if streaming is not None and streaming.on_event is not None:
+                await streaming.on_event(frame.event)
         elif isinstance(frame, frames.Cancel):
-            scope = self._incoming.get(frame.id)
-            if scope is not None:
-                scope.cancel()
+            running = self._incoming.get(frame.id)
+            if running is not None:
+                running.cancel()
         elif isinstance(frame, frames.Ping):
             await self._send_quietly(frames.Pong(self._announce()))
         elif (

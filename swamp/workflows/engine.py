@@ -42,7 +42,16 @@ from swamp.domain.workflow_run import (
     run_status,
 )
 from swamp.errors import NeedsOrchestrator, SwampError, UserError
-from swamp.protocol.messages import RunEvent, RunResult, StepEvent, decode_event
+from swamp.protocol.messages import (
+    Dispatched,
+    LogLine,
+    Queued,
+    Redispatched,
+    RunEvent,
+    RunResult,
+    StepEvent,
+    decode_event,
+)
 from swamp.store.datastore import Datastore, iso
 from swamp.store.retry import retry_busy
 from swamp.workflows.loader import Workflows
@@ -303,8 +312,11 @@ class _Run:
             members.setdefault(step.name, []).append(name)
         # a fan-out over zero items ran nothing: it says so, as a skipped step of its own,
         # and what depends on it sees it skipped (the combined status of no expansions)
-        empty = [s for s in job.steps if s.for_each is not None and s.name not in members]
-        nothing = {s.name: no_items(s.for_each.items) for s in empty}
+        nothing = {
+            s.name: no_items(s.for_each.items)
+            for s in job.steps
+            if s.for_each is not None and s.name not in members
+        }
         state["steps"] = []
         for step in job.steps:
             if step.name in nothing:
@@ -511,9 +523,10 @@ class _Run:
                 "running orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         pin = group if placement.is_remote() else None
-        chooses = False
+        chooser = None  # the group this step chooses the worker of
         if pin is not None:
             placement, chooses = await self.pinned(pin, placement, name)
+            chooser = pin if chooses else None
         instance = self.engine.workflows.instance(model_ref, model_name)
         if is_adhoc_instance(instance.name):
             self.adhoc[instance.type] = instance.name
@@ -534,13 +547,13 @@ class _Run:
             record["requirement"] = placement.describe()
 
         async def relay(payload: dict) -> None:
-            await self.relay(job, name, record, payload, pin if chooses else None)
+            await self.relay(job, name, record, payload, chooser)
 
         try:
             result = await self.engine.host.run_step(request, relay)
         finally:
-            if chooses:
-                pin.settle(record.get("worker"))
+            if chooser is not None:
+                chooser.settle(record.get("worker"))
         record["worker"] = result.worker or record.get("worker") or "orchestrator"
         if result.dispatch_id:
             record["dispatchId"] = result.dispatch_id
@@ -584,41 +597,33 @@ class _Run:
             event = decode_event(payload)
         except SwampError:
             return
-        kind = event.kind
-        if kind == "queued":
-            record["queuedAt"] = self.now()
-            await self.emit(StepEvent("queued", job.name, name, self.id, detail=event.requirement))
-        elif kind == "dispatched":
-            record.update(worker=event.worker, dispatchId=event.dispatch_id)
-            if "queuedAt" in record:
-                record["queuedMs"] = _ms_between(record["queuedAt"], self.now())
-            if pin is not None:  # the choosing step's: the group goes where it runs
-                pin.follow(event.worker)
-            await self.save()
-            await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=event.worker))
-        elif kind == "redispatch":
-            await self.emit(
-                StepEvent(
-                    "redispatch", job.name, name, self.id, worker=event.worker, detail=event.reason
+        match event:
+            case Queued(requirement=requirement):
+                record["queuedAt"] = self.now()
+                await self.emit(StepEvent("queued", job.name, name, self.id, detail=requirement))
+            case Dispatched(worker=worker, dispatch_id=dispatch_id):
+                record.update(worker=worker, dispatchId=dispatch_id)
+                if "queuedAt" in record:
+                    record["queuedMs"] = _ms_between(record["queuedAt"], self.now())
+                if pin is not None:  # the choosing step's: the group goes where it runs
+                    pin.follow(worker)
+                await self.save()
+                await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=worker))
+            case Redispatched(worker=worker, reason=reason):
+                await self.emit(
+                    StepEvent("redispatch", job.name, name, self.id, worker=worker, detail=reason)
                 )
-            )
-        elif kind == "log":
-            tail = record.setdefault("logTail", [])
-            tail.append(event.line[:500])
-            del tail[:-LOG_TAIL]
-            await self.emit(
-                StepEvent(
-                    "log",
-                    job.name,
-                    name,
-                    self.id,
-                    worker=event.worker,
-                    line=event.line,
-                    stream=event.stream,
+            case LogLine(line=line, stream=stream, worker=worker):
+                tail = record.setdefault("logTail", [])
+                tail.append(line[:500])
+                del tail[:-LOG_TAIL]
+                await self.emit(
+                    StepEvent(
+                        "log", job.name, name, self.id, worker=worker, line=line, stream=stream
+                    )
                 )
-            )
-        elif kind in ("step", "run"):
-            await self.emit(event)  # a nested workflow's own events
+            case StepEvent() | RunEvent():
+                await self.emit(event)  # a nested workflow's own events
 
     async def run_child(self, job, step, name, context, record):
         child_name = str(render(step.task.workflow, context))
@@ -695,7 +700,7 @@ def check_inputs(workflow: Workflow, raw: dict) -> dict:
         values[key] = input_value(value, kind, key)
     try:
         return fastjsonschema.compile(workflow.inputs, use_default=True)(values)
-    except fastjsonschema.JsonSchemaException as exc:
+    except fastjsonschema.JsonSchemaValueException as exc:  # (a bad schema: refused at load)
         raise UserError(f"workflow {workflow.name!r} inputs: {exc.message}") from None
 
 
