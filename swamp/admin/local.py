@@ -31,6 +31,7 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
+from swamp.domain.run_record import RunRecord, Status
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope, stored_scope
 from swamp.domain.tokens import parse_max_enrollments
@@ -343,7 +344,7 @@ class RepoAdmin:
                 "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
-        return WorkflowRunReply(record)
+        return WorkflowRunReply(record.to_json())
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
@@ -352,29 +353,29 @@ class RepoAdmin:
         return WorkflowHistoryReply([_run_summary(r) for r in runs])
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
-        return WorkflowRunReply(RunBook(self.store).get(request.run))
+        return WorkflowRunReply(RunBook(self.store).get(request.run).to_json())
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
         run = RunBook(self.store).get(request.run)
-        if run["status"] != "running":
-            raise Conflict(f"workflow run {run['runId'][:12]} has already ended: {run['status']}")
+        if run.status != Status.RUNNING:
+            raise Conflict(f"workflow run {run.run_id[:12]} has already ended: {run.status}")
         if self.dispatch is None:
             raise NeedsOrchestrator(
                 "a running workflow is cancelled by the orchestrator that runs it: pass "
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
-        if not self.engine.cancel(run["runId"], reason):
+        if not self.engine.cancel(run.run_id, reason):
             raise Conflict(
-                f"workflow run {run['runId'][:12]} is not running in this orchestrator "
+                f"workflow run {run.run_id[:12]} is not running in this orchestrator "
                 "(it ended with the one that ran it; its restart marks it failed)"
             )
         for _ in range(100):  # the run saves itself cancelled as its scope unwinds
-            run = RunBook(self.store).get(run["runId"])
-            if run["status"] != "running":
+            run = RunBook(self.store).get(run.run_id)
+            if run.status != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return WorkflowRunReply(run)
+        return WorkflowRunReply(run.to_json())
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -511,15 +512,15 @@ def _problem(problem) -> dict:
     return {"place": problem.place, "message": problem.message, "warning": problem.warning}
 
 
-def _run_summary(run: dict) -> dict:
-    steps = [s for j in run.get("jobs", []) for s in j.get("steps", [])]
+def _run_summary(run: RunRecord) -> dict:
+    steps = [s for j in run.jobs for s in j.steps]
     return {
-        "runId": run["runId"],
-        "workflow": run["workflow"],
-        "status": run["status"],
-        "startedAt": run["startedAt"],
-        "endedAt": run.get("endedAt"),
-        "error": run.get("error"),
+        "runId": run.run_id,
+        "workflow": run.workflow,
+        "status": str(run.status),
+        "startedAt": run.started_at,
+        "endedAt": run.ended_at,
+        "error": run.error,
         "steps": len(steps),
-        "succeeded": sum(1 for s in steps if s.get("status") == "succeeded"),
+        "succeeded": sum(1 for s in steps if s.status == Status.SUCCEEDED),
     }
