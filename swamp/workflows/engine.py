@@ -46,6 +46,7 @@ from swamp.errors import NeedsOrchestrator, SwampError, UserError
 from swamp.protocol.messages import (
     Dispatched,
     LogLine,
+    Message,
     Queued,
     Redispatched,
     RunEvent,
@@ -154,7 +155,14 @@ class Engine:
 
 
 class _Run:
-    def __init__(self, engine: Engine, workflow: Workflow, inputs: dict, emit: Emit, chain):
+    def __init__(
+        self,
+        engine: Engine,
+        workflow: Workflow,
+        inputs: dict,
+        emit: Emit,
+        chain: tuple[str, ...],
+    ) -> None:
         self.engine = engine
         self.workflow = workflow
         self.emit_raw = emit
@@ -186,7 +194,7 @@ class _Run:
         except SwampError as exc:  # the run goes on; its record catches up at the next save
             log.warning("could not save workflow run %s: %s", self.id, exc)
 
-    async def emit(self, message) -> None:
+    async def emit(self, message: Message) -> None:
         try:
             await self.emit_raw(message.to_json())
         except SwampError:
@@ -414,7 +422,17 @@ class _Run:
     # -- steps -------------------------------------------------------------------------------
 
     async def step(
-        self, job, step, name, binding, records, done, members, limiters, placement, group
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        binding: dict | None,
+        records: dict[str, StepRecord],
+        done: dict[str, trio.Event],
+        members: dict[str, list[str]],
+        limiters: tuple[trio.CapacityLimiter, trio.CapacityLimiter | None],
+        placement: Fields,
+        group: _Affinity | None,
     ) -> None:
         record = records[name]
         try:
@@ -462,7 +480,16 @@ class _Run:
             StepEvent(status.value, job.name, name, self.id, worker=record.worker, detail=detail)
         )
 
-    async def run_step(self, job, step, name, binding, record, job_placement, group) -> None:
+    async def run_step(
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        binding: dict | None,
+        record: StepRecord,
+        job_placement: Fields,
+        group: _Affinity | None,
+    ) -> None:
         context = self.context(binding)
         if step.guard is not None:
             try:
@@ -491,7 +518,16 @@ class _Run:
             record.allowed_failure = True
         await self.finish(job, name, record, status, error=error)
 
-    async def run_method(self, job, step, name, context, record, fields: Fields, group):
+    async def run_method(
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        context: dict,
+        record: StepRecord,
+        fields: Fields,
+        group: _Affinity | None,
+    ) -> tuple[Status, str | None]:
         from swamp.orchestrator.dispatch import RunRequest
 
         task = step.task
@@ -588,7 +624,9 @@ class _Run:
             )
         return StepPlacement(target=worker), False
 
-    async def relay(self, job, name, record, payload: dict, pin: _Affinity | None) -> None:
+    async def relay(
+        self, job: Job, name: str, record: StepRecord, payload: dict, pin: _Affinity | None
+    ) -> None:
         try:
             event = decode_event(payload)
         except SwampError:
@@ -623,7 +661,9 @@ class _Run:
             case StepEvent() | RunEvent():
                 await self.emit(event)  # a nested workflow's own events
 
-    async def run_child(self, job, step, name, context, record):
+    async def run_child(
+        self, job: Job, step: Step, name: str, context: dict, record: StepRecord
+    ) -> tuple[Status, str | None]:
         child_name = str(render(step.task.workflow, context))
         if child_name in self.chain:
             cycle = " -> ".join((*self.chain, child_name))
