@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from swamp.bookkeeping.pending import PendingBook
-from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
 from swamp.bookkeeping.workflow_runs import RunBook
@@ -33,7 +33,7 @@ from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
 from swamp.domain.run_record import RunRecord, Status
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
-from swamp.domain.scopes import parse_scope, stored_scope
+from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
@@ -164,10 +164,10 @@ class RepoAdmin:
 
     async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
         scope = parse_scope(request.scope)
-        attrs, credential = await retry_busy(
+        held, credential = await retry_busy(
             lambda: ServerTokenBook(self.store).create(request.name, scope)
         )
-        return _server_token_item(attrs, token=credential)
+        return _server_token_item(held, token=credential)
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
         return ServerTokenListReply(
@@ -175,8 +175,8 @@ class RepoAdmin:
         )
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
-        attrs = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
-        return _server_token_item(attrs)
+        held = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
+        return _server_token_item(held)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -431,9 +431,16 @@ class RepoAdmin:
         return await self._run_here(run, emit)
 
 
-def _server_token_item(attrs: dict, *, token: str | None = None) -> ServerTokenItem:
+def _server_token_item(held: ServerToken, *, token: str | None = None) -> ServerTokenItem:
     """As listed: with the scope it is held to (one minted before scopes is ``admin``)."""
-    return ServerTokenItem.decode(dict(attrs, scope=stored_scope(attrs).value, token=token))
+    return ServerTokenItem(
+        name=held.name,
+        state=held.state,
+        created_at=held.created_at,
+        scope=held.scope.value,
+        revoked_at=held.revoked_at,
+        token=token,
+    )
 
 
 def _queue_item(attrs: dict, now: float) -> QueueItem:
