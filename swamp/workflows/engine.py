@@ -227,7 +227,7 @@ class _Run:
             self.record.error = failed
         await self.save()
         await self.emit(
-            RunEvent("finished", self.id, self.workflow.name, status=status, detail=failed)
+            RunEvent("finished", self.id, self.workflow.name, status=status.value, detail=failed)
         )
 
     def first_failure(self) -> str | None:
@@ -368,7 +368,7 @@ class _Run:
         state.status, state.ended_at = status, self.now()
         await self.save()
         await self.emit(
-            RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status)
+            RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status.value)
         )
 
     def affinity_group(self, job: Job) -> _Affinity | None:
