@@ -6,6 +6,7 @@
                                # -m "not integration" for the fast loop: the pure core, the
                                # store, the protocol; seconds; -n 0 for one process)
     python3 build.py lint      # ruff: lint and format check (CI runs it before the tests)
+    python3 build.py typecheck  # mypy over swamp/: at its defaults, then --check-untyped-defs
     python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
@@ -346,6 +347,11 @@ def main(argv: list[str]) -> int:
         return run("-m", "pytest", *workers, *rest)
     if task == "lint":
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")
+    if task == "typecheck":
+        # twice: the defaults are what a plugin author's editor shows; the bodies of functions
+        # without annotations (tests' helpers, callbacks) are checked only by the second
+        mypy = ("-m", "mypy")
+        return run(*mypy, "swamp", *rest) or run(*mypy, "--check-untyped-defs", "swamp", *rest)
     if task == "bench":
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
     if task == "bench-fleet":

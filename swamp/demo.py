@@ -153,7 +153,10 @@ async def _orchestrator(demo: Demo, nursery: trio.Nursery, count: int) -> tuple[
     )
     demo.say(f"   is stored): swamp worker token create {FLEET} --max-enrollments {count}")
     # the local admin credential, as the CLI run in the repo presents it
-    return repo.admin_credential_for(url), credential
+    admin = repo.admin_credential_for(url)
+    if admin is None:
+        raise SwampError(f"the orchestrator at {url} announced no local admin credential")
+    return admin, credential
 
 
 async def _elastic_queue(demo: Demo, nursery: trio.Nursery, credential: str) -> Member:
@@ -296,7 +299,7 @@ async def _fan_out(demo: Demo, members: list[Member]) -> None:
         if isinstance(event, StepEvent) and event.what == "dispatched":
             demo.say(f"     {event.job}.{event.step} → dispatched to {event.worker}")
         elif isinstance(event, StepEvent) and event.what == "log":
-            demo.say(f"       [{event.worker}] {event.line.strip()}")
+            demo.say(f"       [{event.worker}] {(event.line or '').strip()}")
 
     reply = await demo.call(
         "workflow.run", {"name": "fleet-uptime", "inputs": {"fleet": FLEET}}, on_event=shown

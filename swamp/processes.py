@@ -132,7 +132,7 @@ async def start_serve(
         stderr=stderr,
         env=env,
     )
-    reader = LineReader(process.stdout)
+    reader = LineReader(_piped(process.stdout))
     with trio.fail_after(SERVE_READY_SECONDS):
         url = (await reader.until(lambda e: "url" in e))["url"]
     return process, reader, url
@@ -149,7 +149,14 @@ async def start_worker(
         stderr=stderr,
         env=dict(env, SWAMP_WORKER_TOKEN=token),
     )
-    return process, LineReader(process.stdout)
+    return process, LineReader(_piped(process.stdout))
+
+
+def _piped(stream: trio.abc.ReceiveStream | None) -> trio.abc.ReceiveStream:
+    """A child's output this process opened a pipe for (trio gives ``None`` otherwise)."""
+    if stream is None:
+        raise ValueError("the child's output is not piped here")
+    return stream
 
 
 async def wait_enrolled(readers: list[LineReader]) -> list[dict]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from swamp.bookkeeping.pending import PendingBook
-from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
 from swamp.bookkeeping.workflow_runs import RunBook
@@ -30,8 +31,9 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
+from swamp.domain.run_record import RunRecord, Status
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
-from swamp.domain.scopes import parse_scope, stored_scope
+from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
@@ -165,10 +167,10 @@ class RepoAdmin:
 
     async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
         scope = parse_scope(request.scope)
-        attrs, credential = await retry_busy(
+        held, credential = await retry_busy(
             lambda: ServerTokenBook(self.store).create(request.name, scope)
         )
-        return _server_token_item(attrs, token=credential)
+        return _server_token_item(held, token=credential)
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
         return ServerTokenListReply(
@@ -176,8 +178,8 @@ class RepoAdmin:
         )
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
-        attrs = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
-        return _server_token_item(attrs)
+        held = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
+        return _server_token_item(held)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -211,9 +213,10 @@ class RepoAdmin:
         if labels:
             members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
         verdicts: dict[str, Verdict] = {}
+        verifier = self.verifier
 
         async def probe(member_name: str) -> None:
-            verdicts[member_name] = await self.verifier.probe(member_name)
+            verdicts[member_name] = await verifier.probe(member_name)
 
         async with open_unwrapping_nursery() as nursery:
             for member in members:
@@ -230,6 +233,7 @@ class RepoAdmin:
     async def worker_queue(self, request: Empty = Empty()) -> QueueReply:
         """The steps waiting for a worker, oldest first, and demand against supply for each
         requirement: live from the orchestrator, or from the records on the repo."""
+        supply: Callable[[Placement], tuple[int, int]]
         if self.dispatch is not None:
             queue = self.dispatch.queue
             items = queue.items()
@@ -261,7 +265,7 @@ class RepoAdmin:
         """``workers.connected(selector)``: the schedulable workers whose labels match."""
         check_labels({k: str(v) for k, v in selector.items()}, source="workers.connected()")
         assert self.pool is not None  # asked only by the live orchestrator's engine
-        out = []
+        out: list[dict] = []
         for member in sorted(self.pool.members.values(), key=lambda m: m.name):
             if not member.connected or not is_schedulable(member.status):
                 continue
@@ -323,7 +327,7 @@ class RepoAdmin:
 
     async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply:
         names = [check_workflow_name(request.name)] if request.name else self.workflows.names()
-        out = []
+        out: list[dict[str, Any]] = []
         for name in names:
             loaded = self.workflows.load(name)
             out.append({"name": name, "problems": [_problem(p) for p in loaded.problems]})
@@ -342,7 +346,7 @@ class RepoAdmin:
                 "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
-        return WorkflowRunReply(record)
+        return WorkflowRunReply(record.to_json())
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
@@ -351,29 +355,29 @@ class RepoAdmin:
         return WorkflowHistoryReply([_run_summary(r) for r in runs])
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
-        return WorkflowRunReply(RunBook(self.store).get(request.run))
+        return WorkflowRunReply(RunBook(self.store).get(request.run).to_json())
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
         run = RunBook(self.store).get(request.run)
-        if run["status"] != "running":
-            raise Conflict(f"workflow run {run['runId'][:12]} has already ended: {run['status']}")
+        if run.status != Status.RUNNING:
+            raise Conflict(f"workflow run {run.run_id[:12]} has already ended: {run.status}")
         if self.dispatch is None:
             raise NeedsOrchestrator(
                 "a running workflow is cancelled by the orchestrator that runs it: pass "
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
-        if not self.engine.cancel(run["runId"], reason):
+        if not self.engine.cancel(run.run_id, reason):
             raise Conflict(
-                f"workflow run {run['runId'][:12]} is not running in this orchestrator "
+                f"workflow run {run.run_id[:12]} is not running in this orchestrator "
                 "(it ended with the one that ran it; its restart marks it failed)"
             )
         for _ in range(100):  # the run saves itself cancelled as its scope unwinds
-            run = RunBook(self.store).get(run["runId"])
-            if run["status"] != "running":
+            run = RunBook(self.store).get(run.run_id)
+            if run.status != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return WorkflowRunReply(run)
+        return WorkflowRunReply(run.to_json())
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -429,9 +433,16 @@ class RepoAdmin:
         return await self._run_here(run, emit)
 
 
-def _server_token_item(attrs: dict, *, token: str | None = None) -> ServerTokenItem:
+def _server_token_item(held: ServerToken, *, token: str | None = None) -> ServerTokenItem:
     """As listed: with the scope it is held to (one minted before scopes is ``admin``)."""
-    return ServerTokenItem.decode(dict(attrs, scope=stored_scope(attrs).value, token=token))
+    return ServerTokenItem(
+        name=held.name,
+        state=held.state,
+        created_at=held.created_at,
+        scope=held.scope.value,
+        revoked_at=held.revoked_at,
+        token=token,
+    )
 
 
 def _queue_item(attrs: dict, now: float) -> QueueItem:
@@ -510,15 +521,15 @@ def _problem(problem) -> dict:
     return {"place": problem.place, "message": problem.message, "warning": problem.warning}
 
 
-def _run_summary(run: dict) -> dict:
-    steps = [s for j in run.get("jobs", []) for s in j.get("steps", [])]
+def _run_summary(run: RunRecord) -> dict:
+    steps = [s for j in run.jobs for s in j.steps]
     return {
-        "runId": run["runId"],
-        "workflow": run["workflow"],
-        "status": run["status"],
-        "startedAt": run["startedAt"],
-        "endedAt": run.get("endedAt"),
-        "error": run.get("error"),
+        "runId": run.run_id,
+        "workflow": run.workflow,
+        "status": str(run.status),
+        "startedAt": run.started_at,
+        "endedAt": run.ended_at,
+        "error": run.error,
         "steps": len(steps),
-        "succeeded": sum(1 for s in steps if s.get("status") == "succeeded"),
+        "succeeded": sum(1 for s in steps if s.status == Status.SUCCEEDED),
     }

@@ -5,18 +5,50 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
 from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.names import check_name
-from swamp.domain.scopes import DEFAULT, Scope
+from swamp.domain.scopes import DEFAULT, Scope, stored_scope
 from swamp.domain.tokens import hash_secret, secret_matches, split_credential
 from swamp.errors import AlreadyExists, NotFound, Rejected, Unauthorized
 from swamp.models.builtin import SERVER_TOKEN
-from swamp.store.datastore import Datastore, Key, iso
+from swamp.store.datastore import Datastore, Key, Record, iso
 
 TYPE = SERVER_TOKEN.type
 _NO_SUCH_TOKEN_HASH = hash_secret("no such token")
 POLICY = SERVER_TOKEN.resources[0].policy
+_FIELDS = has_fields("name", "state", "createdAt")
+
+
+@dataclass(frozen=True)
+class ServerToken:
+    """A server token as stored: its secret only as a hash, and the scope it holds (one minted
+    before scopes holds ``admin``; a scope this version does not know, the narrowest)."""
+
+    name: str
+    state: str  # active | revoked
+    created_at: str
+    scope: Scope
+    secret_hash: str = ""
+    revoked_at: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+    @classmethod
+    def from_record(cls, record: Record) -> ServerToken:
+        attrs = _FIELDS(record)
+        revoked_at = attrs.get("revokedAt")
+        return cls(
+            name=attrs["name"],
+            state=attrs["state"],
+            created_at=attrs["createdAt"],
+            scope=stored_scope(attrs),
+            secret_hash=str(attrs.get("secretHash", "")),
+            revoked_at=revoked_at if isinstance(revoked_at, str) else None,
+        )
 
 
 class ServerTokenBook:
@@ -24,7 +56,7 @@ class ServerTokenBook:
         self.store = store
         self.clock = clock
 
-    def create(self, name: str, scope: Scope = DEFAULT) -> tuple[dict, str]:
+    def create(self, name: str, scope: Scope = DEFAULT) -> tuple[ServerToken, str]:
         check_name(name, what="server token name")
         secret = secrets.token_hex(32)
         now = iso(self.clock())
@@ -43,9 +75,10 @@ class ServerTokenBook:
             }
 
         record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
-        return record.attributes, f"{name}.{secret}"
+        assert record is not None  # decide always writes
+        return ServerToken.from_record(record), f"{name}.{secret}"
 
-    def revoke(self, name: str) -> dict:
+    def revoke(self, name: str) -> ServerToken:
         now = iso(self.clock())
 
         def decide(current):
@@ -56,19 +89,19 @@ class ServerTokenBook:
             return dict(current.attributes, state="revoked", revokedAt=now)
 
         record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
-        return record.attributes
+        if record is None:  # (decide refuses a missing token first)
+            raise NotFound(f"no server token named {name!r}")
+        return ServerToken.from_record(record)
 
-    def all(self) -> list[dict]:
-        return list(
-            decoded(self.store.latest_of_type(TYPE), has_fields("name", "state", "createdAt"))
-        )
+    def all(self) -> list[ServerToken]:
+        return list(decoded(self.store.latest_of_type(TYPE), ServerToken.from_record))
 
-    def get(self, name: str) -> dict | None:
+    def get(self, name: str) -> ServerToken | None:
         record = self.store.latest(Key(TYPE, name, "token"))
-        return record.attributes if record else None
+        return ServerToken.from_record(record) if record else None
 
-    def authenticate(self, credential: str) -> dict:
-        """The token's record if the credential is a live server token, else ``Unauthorized``.
+    def authenticate(self, credential: str) -> ServerToken:
+        """The token if the credential is a live server token, else ``Unauthorized``.
 
         An unknown name and a wrong secret get the same answer (and both cost a hash
         comparison); only whoever holds the secret is told that the token was revoked.
@@ -87,6 +120,7 @@ class ServerTokenBook:
                 f"the server token {name!r} was not accepted: its name is unknown "
                 "or its secret does not match"
             )
-        if record.attributes["state"] != "active":
+        token = ServerToken.from_record(record)
+        if not token.active:
             raise Unauthorized(f"the server token {name!r} has been revoked")
-        return record.attributes
+        return token

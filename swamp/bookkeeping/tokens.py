@@ -62,7 +62,7 @@ class TokenBook:
         name: str,
         *,
         duration_seconds: int,
-        max_enrollments: int | str = 1,
+        max_enrollments: int | rules.Unlimited = 1,
         claims: ClaimPolicy | None = None,
     ) -> tuple[Token, str]:
         """Returns the record and the credential ``<name>.<secret>`` (shown once, never stored).
@@ -111,6 +111,8 @@ class TokenBook:
             return revoked.to_attributes() if revoked else None
 
         record, wrote = self.store.transition(_key(name), decide, policy=POLICY)
+        if record is None:  # (decide refuses a missing token first)
+            raise NotFound(f"no token named {name!r}: see 'swamp worker token list'")
         return Token.from_attributes(record.attributes), wrote
 
     def expire(self, name: str) -> bool:
@@ -167,7 +169,7 @@ class TokenBook:
                     _key(name),
                     decision.write.to_attributes(),
                     policy=POLICY,
-                    expected_version=current.version,
+                    expected_version=current.version if current else 0,
                 )
         return decision
 
@@ -209,6 +211,8 @@ class TokenBook:
                 continue
             with self.store.transaction():
                 current = self.store.latest(_key(token.name))
+                if current is None:  # deleted since it was listed
+                    continue
                 fresh = Token.from_attributes(current.attributes)
                 for b in fresh.legacy_bindings:
                     if self.store.latest(_binding_key(fresh.name, b.machine_id)) is None:

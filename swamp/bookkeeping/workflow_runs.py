@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from swamp.bookkeeping.records import collect_ended, decoded, has_fields
+from swamp.domain.run_record import RunRecord, Status
 from swamp.errors import NotFound, UserError
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.store.datastore import Datastore, Key, Record, iso
@@ -17,6 +18,7 @@ from swamp.store.datastore import Datastore, Key, Record, iso
 TYPE = WORKFLOW_RUN.type
 POLICY = WORKFLOW_RUN.resources[0].policy
 INTERRUPTED = "interrupted: orchestrator restart"
+_RUN_FIELDS = has_fields("runId", "workflow", "status", "startedAt")
 
 
 def key(workflow: str, run_id: str) -> Key:
@@ -28,29 +30,29 @@ class RunBook:
         self.store = store
         self.clock = clock
 
-    def save(self, run: dict) -> Record:
-        return self.store.write(key(run["workflow"], run["runId"]), run, policy=POLICY)
+    def save(self, run: RunRecord) -> Record:
+        return self.store.write(key(run.workflow, run.run_id), run.to_json(), policy=POLICY)
 
-    def all(self, workflow: str | None = None) -> list[dict]:
+    def all(self, workflow: str | None = None) -> list[RunRecord]:
         """Runs, newest first."""
         runs = list(
             decoded(
                 self.store.latest_of_type(TYPE, model_name=workflow),
-                has_fields("runId", "workflow", "status", "startedAt"),
+                lambda record: RunRecord.from_json(_RUN_FIELDS(record)),
             )
         )
-        runs.sort(key=lambda r: r["startedAt"], reverse=True)
+        runs.sort(key=lambda r: r.started_at, reverse=True)
         return runs
 
-    def get(self, ref: str) -> dict:
+    def get(self, ref: str) -> RunRecord:
         """A run by its id or an unambiguous prefix of it (at least 4 characters)."""
         if len(ref) < 4:
             raise UserError(f"a run id prefix needs at least 4 characters, got {ref!r}")
-        found = [r for r in self.all() if r["runId"].startswith(ref)]
+        found = [r for r in self.all() if r.run_id.startswith(ref)]
         if not found:
             raise NotFound(f"no workflow run {ref!r}: see 'swamp workflow history'")
         if len(found) > 1:
-            ids = ", ".join(r["runId"][:12] for r in found[:5])
+            ids = ", ".join(r.run_id[:12] for r in found[:5])
             raise UserError(f"run id {ref!r} is ambiguous ({ids}…): give more of it")
         return found[0]
 
@@ -59,15 +61,15 @@ class RunBook:
         now = iso(self.clock())
         count = 0
         for run in self.all():
-            if run["status"] != "running":
+            if run.status != Status.RUNNING:
                 continue
-            for job in run.get("jobs", []):
-                for step in job.get("steps", []):
-                    if step.get("status") == "running":
-                        step.update(status="failed", error=INTERRUPTED, endedAt=now)
-                if job.get("status") == "running":
-                    job.update(status="failed", endedAt=now)
-            run.update(status="failed", error=INTERRUPTED, endedAt=now)
+            for job in run.jobs:
+                for step in job.steps:
+                    if step.status == Status.RUNNING:
+                        step.status, step.error, step.ended_at = Status.FAILED, INTERRUPTED, now
+                if job.status == Status.RUNNING:
+                    job.status, job.ended_at = Status.FAILED, now
+            run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
             self.save(run)
             count += 1
         return count
@@ -75,6 +77,6 @@ class RunBook:
     def collect(self, *, older_than_seconds: float) -> int:
         cutoff = iso(self.clock() - older_than_seconds)
         total = 0
-        for workflow in {r["workflow"] for r in self.all()}:
+        for workflow in {r.workflow for r in self.all()}:
             total += collect_ended(self.store, TYPE, workflow, open_state="running", cutoff=cutoff)
         return total

@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -49,7 +50,7 @@ def types(json_output: bool = JSON) -> None:
     from swamp.plugins import default_registry
 
     registry = default_registry()
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "type": t.type,
             "description": t.description,

@@ -29,10 +29,13 @@ def _from_file(ctx: typer.Context, repo) -> tuple[dict[str, object], set[str]]:
     from swamp.domain.settings import Kind, from_file
 
     options = {}  # key in the file → the option
+    names: dict[str, str] = {}  # key in the file → the parameter's name
     for param in ctx.command.params:
-        if param.name in ("repo_dir", "json_output") or not getattr(param, "opts", None):
+        if param.name in (None, "repo_dir", "json_output") or not getattr(param, "opts", None):
             continue
-        options[max(param.opts, key=len).lstrip("-")] = param
+        key = max(param.opts, key=len).lstrip("-")
+        options[key] = param
+        names[key] = param.name
     known = {
         key: (
             Kind.FLAG
@@ -48,16 +51,15 @@ def _from_file(ctx: typer.Context, repo) -> tuple[dict[str, object], set[str]]:
     given = {
         key
         for key, p in options.items()
-        if getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT")
+        if getattr(ctx.get_parameter_source(names[key]), "name", "DEFAULT")
         not in ("DEFAULT", "DEFAULT_MAP")
     }
     table = repo.config().get("serve")
-    values = {}
+    values: dict[str, object] = {}
     for key, value in from_file(table, known, given=given, where=f"{CONFIG} [serve]").items():
-        param = options[key]
-        if param.type.name == "path":
+        if options[key].type.name == "path":
             value = repo.root / value
-        values[param.name] = value
+        values[names[key]] = value
     return values, set(values)
 
 

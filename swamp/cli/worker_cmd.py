@@ -20,6 +20,7 @@ from swamp.cli.common import (
 )
 from swamp.domain.labels import format_labels
 from swamp.domain.text import printable
+from swamp.domain.workers import WorkerStatus
 
 app = typer.Typer(
     help="Workers: connect one, list the pool, manage enrollment tokens.",
@@ -344,12 +345,12 @@ def list_workers(
             else "No workers yet: "
             "mint a token with 'swamp worker token create NAME --duration 1h' and connect one."
         )
-    unverified = [w for w in reply.workers if w.status == "unverified"]
+    unverified = [w for w in reply.workers if w.status == WorkerStatus.UNVERIFIED]
     for worker in unverified:
         print(printable(f"{worker.name} is unverified: {worker.verify_failure_reason or '?'}"))
     if unverified:
         print("Unverified workers get no work; 'swamp worker verify NAME' shows every seam.")
-    unresponsive = [w for w in reply.workers if w.status == "unresponsive"]
+    unresponsive = [w for w in reply.workers if w.status == WorkerStatus.UNRESPONSIVE]
     for worker in unresponsive:
         print(printable(f"{worker.name} is unresponsive: {worker.unresponsive_reason or '?'}"))
     if unresponsive:

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +21,9 @@ from swamp.cli.common import (
     table,
     with_admin,
 )
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 app = typer.Typer(
     help="Workflows: jobs and steps in workflows/NAME.toml, run by the orchestrator.",
@@ -251,8 +255,8 @@ def _depends(node: dict, noun: str) -> str:
 def _rows(wf: dict) -> list[list[str]]:
     """A row per job (its own settings), then a row per step of it."""
     rows = []
-    jobs = wf.get("jobs") if isinstance(wf.get("jobs"), list) else []
-    for job in jobs:
+    jobs = wf.get("jobs")
+    for job in jobs if isinstance(jobs, list) else []:
         if not isinstance(job, dict):
             continue
         # a job's cap is on its steps at once; without one, the workflow's applies to them too
@@ -260,11 +264,13 @@ def _rows(wf: dict) -> list[list[str]]:
         if cap == "-" and _cap(wf.get("concurrency"), "-") != "-":
             cap = f"{wf['concurrency']} (the workflow's)"
         rows.append([str(job.get("name")), "", "", _depends(job, "job"), cap, "", _more(job)])
-        steps = job.get("steps") if isinstance(job.get("steps"), list) else []
-        for step in steps:
+        steps = job.get("steps")
+        for step in steps if isinstance(steps, list) else []:
             if not isinstance(step, dict):
                 continue
-            task = step.get("task") if isinstance(step.get("task"), dict) else {}
+            task = step.get("task")
+            if not isinstance(task, dict):
+                task = {}
             runs = task.get("workflowIdOrName") or (
                 f"{task.get('modelIdOrName') or task.get('modelType')}.{task.get('methodName')}"
             )
@@ -321,7 +327,7 @@ class RunView:
         self.name = ""
         self.jobs: dict[str, dict] = {}
         self.steps: dict[tuple[str, str], dict] = {}
-        self._live = None
+        self._live: Live | None = None
 
     def start(self) -> None:
         if self.live:

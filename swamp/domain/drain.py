@@ -69,10 +69,10 @@ def timeout_reached(seconds: float, running: int) -> str:
 
 
 def refusal(
-    stage: Stage, *, active: int, capacity: int, started: int, max_dispatches: int | None
+    stage: Stage, *, active: int, capacity: float, started: int, max_dispatches: int | None
 ) -> str | None:
     """Why a dispatch that takes a slot is refused (``worker_draining`` / ``worker_busy``), or
-    ``None`` to accept it."""
+    ``None`` to accept it (``capacity`` is infinite for one that takes none)."""
     if stage is not Stage.RUNNING:
         return "worker_draining"
     if max_dispatches is not None and started >= max_dispatches:

@@ -710,10 +710,11 @@ def check_against(
             place = f"jobs[{i}].steps[{k}].task"
             task = step.task
             if task.kind == "model_method":
-                if has_template(task.model) or has_template(task.method):
+                model, method = task.model, task.method  # (both present: the reader's rule)
+                if model is None or method is None or has_template(model) or has_template(method):
                     continue
                 try:
-                    info = method_of(task.model, task.model_name, task.method)
+                    info = method_of(model, task.model_name, method)
                 except UnknownMethod as exc:
                     out.append(Problem(f"{place}.methodName", exc.message))
                     continue

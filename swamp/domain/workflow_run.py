@@ -12,31 +12,34 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
+from swamp.domain.run_record import Status
 from swamp.domain.workflow import Dependency
 from swamp.errors import UserError
 
-DONE = frozenset({"succeeded", "failed", "skipped"})
+# a tuple, not a set: ``in`` compares by value, so a status read back as text matches too
+DONE = (Status.SUCCEEDED, Status.FAILED, Status.SKIPPED)
 MAX_EXPANSIONS = 1000  # a forEach runs a step at most this many times
 MAX_INPUT_DEPTH = 32  # how deep an array or object input given as JSON may nest
 _TOO_DEEP = object()  # JSON too deep for the parser itself
-RUN_ENDED = frozenset({"succeeded", "failed", "cancelled"})
 
 
-def combined(statuses: Iterable[str]) -> str | None:
+def combined(statuses: Iterable[Status | str]) -> Status | None:
     """The status of a group (a ``forEach`` step's expansions): ``None`` while any runs;
     ``failed`` if one failed; ``skipped`` if all were skipped (or there were none);
     else ``succeeded``."""
     statuses = list(statuses)
     if any(s not in DONE for s in statuses):
         return None
-    if "failed" in statuses:
-        return "failed"
-    if all(s == "skipped" for s in statuses):
-        return "skipped"
-    return "succeeded"
+    if Status.FAILED in statuses:
+        return Status.FAILED
+    if all(s == Status.SKIPPED for s in statuses):
+        return Status.SKIPPED
+    return Status.SUCCEEDED
 
 
-def decide(depends_on: Iterable[Dependency], status_of: Mapping[str, str | None]) -> str | None:
+def decide(
+    depends_on: Iterable[Dependency], status_of: Mapping[str, Status | str | None]
+) -> str | None:
     """``None`` (wait: a dependency is still running), ``"run"``, or why it is skipped."""
     deps = list(depends_on)
     if any(status_of.get(d.name) is None for d in deps):
@@ -56,14 +59,15 @@ def _describe(condition) -> str:
     return condition.type
 
 
-def job_status(steps: Iterable[tuple[str, bool]]) -> str:
+def job_status(steps: Iterable[tuple[Status | str, bool]]) -> Status:
     """A job ends ``failed`` if a step failed that was not allowed to; else ``succeeded``.
     ``steps``: (status, allowed to fail)."""
-    return "failed" if any(s == "failed" and not allowed for s, allowed in steps) else "succeeded"
+    failed = any(s == Status.FAILED and not allowed for s, allowed in steps)
+    return Status.FAILED if failed else Status.SUCCEEDED
 
 
-def run_status(jobs: Iterable[str]) -> str:
-    return "failed" if any(s == "failed" for s in jobs) else "succeeded"
+def run_status(jobs: Iterable[Status | str]) -> Status:
+    return Status.FAILED if any(s == Status.FAILED for s in jobs) else Status.SUCCEEDED
 
 
 def expansion_items(value: object, *, step: str) -> list:

@@ -18,8 +18,8 @@ from swamp.domain.names import check_data_name
 from swamp.domain.query import parse as parse_predicate
 from swamp.errors import SwampError, UserError
 from swamp.models.framework import ModelType, ProcessResult
-from swamp.protocol.messages import LogLine
-from swamp.store.datastore import Datastore, Key
+from swamp.protocol.messages import LogLine, LogStream
+from swamp.store.datastore import Datastore, Key, Record
 
 
 class Command(abc.ABC):
@@ -49,6 +49,8 @@ class ChildCommand(Command):
     def __init__(self, process: trio.Process) -> None:
         self.process = process
         self.pid = process.pid
+        if process.stdout is None or process.stderr is None:
+            raise ValueError("a command's output must be piped to be read")
         self.stdout = process.stdout
         self.stderr = process.stderr
         self.on_close: Callable[[int], None] | None = None
@@ -84,6 +86,12 @@ class Launcher:
     async def start_command(
         self, argv: list[str], *, env: Mapping[str, str], cwd: str | None
     ) -> Command:
+        return await self.start_child(argv, env=env, cwd=cwd)
+
+    async def start_child(
+        self, argv: list[str], *, env: Mapping[str, str], cwd: str | None
+    ) -> ChildCommand:
+        """The command as a child of this process (in a session of its own)."""
         process = await trio.lowlevel.open_process(
             argv,
             stdin=subprocess.DEVNULL,
@@ -140,7 +148,7 @@ class ContextBase(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def log(self, line: str, *, stream: str = "log") -> None:
+    async def log(self, line: str, *, stream: LogStream = "log") -> None:
         """Each context streams logs its own way (to the client, or as events over the socket)."""
 
     def _check_write(self, spec: str, name: str) -> None:
@@ -164,7 +172,7 @@ class ContextBase(abc.ABC):
         """
         if isinstance(argv, str):
             argv = ["cmd", "/c", argv] if sys.platform == "win32" else ["/bin/sh", "-c", argv]
-        tails = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
+        tails: dict[str, deque[str]] = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
         try:
             command = await self.launcher.start_command(
                 list(argv), env=self.env, cwd=cwd or self.cwd
@@ -200,7 +208,9 @@ class ContextBase(abc.ABC):
             timed_out=timed_out,
         )
 
-    async def _pump(self, stream: trio.abc.ReceiveStream, name: str, tail: deque) -> None:
+    async def _pump(
+        self, stream: trio.abc.ReceiveStream, name: LogStream, tail: deque[str]
+    ) -> None:
         buffer = b""
         while True:
             chunk = await stream.receive_some(65536)
@@ -226,7 +236,7 @@ class LocalContext(ContextBase):
         self.store = store
         self.emit = emit
 
-    async def log(self, line: str, *, stream: str = "log") -> None:
+    async def log(self, line: str, *, stream: LogStream = "log") -> None:
         await self.emit(LogLine(line=line, stream=stream).to_json())
 
     async def query_data(self, predicate: str) -> list[dict]:
@@ -259,7 +269,7 @@ def write_value(store: Datastore, key: Key, policy, value: Any):
     return store.write(key, value, policy=policy)
 
 
-def read_value(record) -> Any:
+def read_value(record: Record | None) -> Any:
     if record is None:
         return None
     return record.content if record.content is not None else record.attributes

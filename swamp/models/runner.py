@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -18,7 +18,7 @@ log = logging.getLogger("swamp.runner")
 
 @dataclass
 class Outcome:
-    status: str  # succeeded | failed
+    status: Literal["succeeded", "failed"]
     error: str | None = None
     result: Any = None
     outputs: list[dict] = field(default_factory=list)
@@ -40,6 +40,7 @@ async def run_method(method: Method, args: dict[str, Any], ctx) -> Outcome:
     Cancellation is not caught: it belongs to whoever cancelled (a lost socket, a shutdown).
     """
     started = time.monotonic()
+    status: Literal["succeeded", "failed"]
     try:
         result = await method.run(ctx, args)
         status, error = "succeeded", None

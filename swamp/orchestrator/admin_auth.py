@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 
 from swamp.bookkeeping.server_tokens import ServerTokenBook
-from swamp.domain.scopes import Scope, refusal, stored_scope
+from swamp.domain.scopes import Scope, refusal
 from swamp.errors import ScopeTooNarrow, SwampError, Unauthorized
 
 LOCAL = "local"
@@ -88,9 +88,7 @@ class AdminAuth:
             token = self.server_tokens.authenticate(credential)
         except SwampError as exc:
             return Unauthorized(exc.message)
-        return Principal(
-            "server-token", token["name"], stored_scope(token), str(token.get("secretHash", ""))
-        )
+        return Principal("server-token", token.name, token.scope, token.secret_hash)
 
     def admit(self, scope: dict, verb: str) -> None:
         """Raise unless the HTTP request's credential may call ``verb``: ``Unauthorized``
@@ -106,12 +104,12 @@ class AdminAuth:
         again under its name, perhaps with another scope) closes what it opened."""
         if principal.kind != "server-token":
             return True
-        record = self.server_tokens.get(principal.name)
+        token = self.server_tokens.get(principal.name)
         return (
-            record is not None
-            and record.get("state") == "active"
-            and str(record.get("secretHash", "")) == principal.minted
-            and stored_scope(record) == principal.scope
+            token is not None
+            and token.active
+            and token.secret_hash == principal.minted
+            and token.scope == principal.scope
         )
 
 

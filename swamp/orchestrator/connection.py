@@ -151,12 +151,12 @@ class Connection:
 
     async def handle(self, call: IncomingCall):
         method = call.method
-        if self.role == "worker":
+        member = self.member  # a worker's socket: set with its role, at enrollment
+        if member is not None:
             if method == "capability.queryData":
-                return await capabilities.query_data(self.dispatch, self.member, call.params)
+                return await capabilities.query_data(self.dispatch, member, call.params)
             if method == "worker.drain":
-                assert self.member is not None  # a worker socket has enrolled
-                return self.membership.drain(self.member, call.params)
+                return self.membership.drain(member, call.params)
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
             raise UnknownMethod(f"unknown method {method!r}")

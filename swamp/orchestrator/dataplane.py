@@ -403,7 +403,7 @@ class DataPlane:
         check_data_name(name)
         record = self.dispatch.store.latest(Key(active.model_type.type, active.model_name, name))
         value = read_value(record)
-        if value is None:
+        if record is None or value is None:
             raise NotFound(f"no data named {name!r} for this model yet")
         version = [(b"x-swamp-version", str(record.version).encode())]
         if isinstance(value, bytes):

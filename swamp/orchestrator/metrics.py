@@ -13,6 +13,7 @@ queue timeouts, and how long steps waited.
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -22,20 +23,20 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from swamp.domain.workers import WorkerStatus, is_schedulable
 
 if TYPE_CHECKING:
-    from swamp.orchestrator.pool import Pool
+    from swamp.orchestrator.pool import Member, Pool
     from swamp.orchestrator.queue import DispatchQueue
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 WAIT_BUCKETS = (0.005, 0.05, 0.5, 1, 5, 15, 60, 300, 900, 3600, float("inf"))
 
 
-def fleet_of(member) -> str:
+def fleet_of(member: Member) -> str:
     """The fleet its token puts it in: the ``fleet`` label the token pins, else the token's
     name (a single worker is a fleet of one) — never what a worker claims: a ``fleet`` label a
     worker brings itself must not move its slots into another fleet's numbers, which an
@@ -50,10 +51,10 @@ class _Live:
         self.pool = pool
         self.queue = queue
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # no registration-time collect (the pool may not exist yet)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         workers = GaugeMetricFamily(
             "swamp_workers", "Workers in the pool by status and fleet", labels=["status", "fleet"]
         )
@@ -114,7 +115,7 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        self._by_outcome: dict[str, object] = {}  # outcomes are a few words and error codes
+        self._by_outcome: dict[str, Counter] = {}  # outcomes are a few words and error codes
         self.rejections = Counter(
             "swamp_enrollment_rejections",
             "Enrollments refused, by reason (the error code)",

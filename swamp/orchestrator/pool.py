@@ -51,8 +51,9 @@ class Member:
         heartbeat counts, so an idle worker is fresh — told from memory (``now`` is the
         wall clock, ``loop_now`` trio's), never written per heartbeat. Otherwise the time it
         was last seen, as kept (its disconnect)."""
-        if self.connected:
-            return iso(now - max(0.0, loop_now - self.channel.last_heard))
+        channel = self.channel
+        if channel is not None and not channel.closed:  # connected
+            return iso(now - max(0.0, loop_now - channel.last_heard))
         return self.last_seen_at
 
     def to_json(self, *, last_seen: str | None = None) -> dict:

@@ -80,13 +80,16 @@ class Pong:
 Frame = Request | Response | Error | Stream | Cancel | Ping | Pong
 
 
-def _id(obj: dict, *, required: bool = True) -> str | None:
+def _id(obj: dict) -> str:
     value = obj.get("id")
-    if value is None and not required:
-        return None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
         raise MalformedFrame(f"a frame id must be a string of 1-{MAX_ID_LENGTH} characters")
     return value
+
+
+def _optional_id(obj: dict) -> str | None:
+    """An error frame's id: absent when the error answers no request (or one without an id)."""
+    return None if obj.get("id") is None else _id(obj)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -179,8 +182,9 @@ def decode(text: str | bytes) -> Frame:
         return Ping()
     if kind == "pong":
         beat = obj.get("heartbeat")
-        ok = isinstance(beat, (int, float)) and not isinstance(beat, bool) and 0 < beat <= 3600
-        return Pong(float(beat) if ok else None)
+        if isinstance(beat, (int, float)) and not isinstance(beat, bool) and 0 < beat <= 3600:
+            return Pong(float(beat))
+        return Pong(None)
     frame_id = obj.get("id") if isinstance(obj.get("id"), str) else None
     try:
         if kind == "request":
@@ -199,7 +203,7 @@ def decode(text: str | bytes) -> Frame:
             error = obj.get("error")
             if not isinstance(error, dict):
                 raise MalformedFrame("an error frame needs an error object")
-            return Error(_id(obj, required=False), error)
+            return Error(_optional_id(obj), error)
         if kind == "stream":
             event = obj.get("event")
             if not isinstance(event, dict):
@@ -234,7 +238,12 @@ def _dump(obj: dict) -> str:
 
 def encode(frame: Frame) -> str:
     if isinstance(frame, Request):
-        obj = {"type": "request", "id": frame.id, "method": frame.method, "params": frame.params}
+        obj: dict[str, Any] = {
+            "type": "request",
+            "id": frame.id,
+            "method": frame.method,
+            "params": frame.params,
+        }
         if frame.quiet:
             obj["quiet"] = True
         return _dump(obj)

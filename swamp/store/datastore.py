@@ -335,7 +335,9 @@ def select(
     deadline = None if budget is None else time.monotonic() + budget
 
     def late() -> bool:
-        return time.monotonic() > deadline or (stop is not None and stop.is_set())
+        if deadline is not None and time.monotonic() > deadline:
+            return True
+        return stop is not None and stop.is_set()
 
     if deadline is not None:  # SQLite asks every few thousand steps: stop when it is late
         db.set_progress_handler(late, 4096)
@@ -597,7 +599,8 @@ class Datastore:
         # processes without a BEGIN/COMMIT round trip.
         if self.broken:
             raise StoreBroken(self.broken)
-        in_place = bool(expected_version) and policy.garbage_collection == 1
+        replaced = expected_version or 0  # the version an in-place write replaces
+        in_place = replaced > 0 and policy.garbage_collection == 1
         try:
             if in_place:
                 # One version is kept: the next replaces it in place, a compare-and-swap in
@@ -606,7 +609,7 @@ class Datastore:
                     "UPDATE data SET version=?, spec=?, attributes=?, created_at=?, "
                     "created_epoch=?, expires_epoch=?, size=?, content=? WHERE model_type=? "
                     "AND model_name=? AND name=? AND version=? RETURNING version",
-                    (expected_version + 1, *row, *item, expected_version),
+                    (replaced + 1, *row, *item, replaced),
                 ).fetchall()
             elif fresh:
                 self.db.execute("INSERT INTO data VALUES (?,?,?,1,?,?,?,?,?,?,?)", (*item, *row))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from swamp.domain.token_sources import is_reference
@@ -141,7 +142,7 @@ def command_line(orig_argv: list[str], argv: list[str], fd: int) -> list[str]:
     return [*prefix, *kept[:at], TOKEN_FD, str(fd), *kept[at:]]
 
 
-def exec_without_token(token: str, variables: set[str] = frozenset()) -> None:
+def exec_without_token(token: str, variables: Collection[str] = frozenset()) -> None:
     """Start this process again without the token in its environment (``SWAMP_WORKER_TOKEN``
     and ``variables``) or command line; the token goes through a pipe (``--token-fd``).
     Returns only if it cannot."""

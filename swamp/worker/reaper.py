@@ -109,8 +109,9 @@ class Reaper(Launcher):
     async def _read(self) -> None:
         buffer = b""
         while True:
+            channel = self.channel  # None while a new reaper starts: as if this one had gone
             try:
-                chunk = await self.channel.recv(65536)
+                chunk = b"" if channel is None else await channel.recv(65536)
             except (OSError, trio.ClosedResourceError):
                 chunk = b""
             if not chunk:
@@ -198,7 +199,7 @@ class Reaper(Launcher):
         """A method's command: started by the reaper (Linux); elsewhere here, its group named
         to the reaper until it has exited."""
         if not self.spawns:
-            command = await super().start_command(argv, env=env, cwd=cwd)
+            command = await self.start_child(argv, env=env, cwd=cwd)
             if self.process is not None:
                 self.track(command.pid)  # its own session: the group id is its pid
                 command.on_close = self.untrack
@@ -282,8 +283,8 @@ class SpawnedCommand(Command):
         self.marks = pending.marks
         stdout, stderr = pending.fds
         pending.fds = ()  # the streams own them now
-        self.stdout = trio.lowlevel.FdStream(stdout)
-        self.stderr = trio.lowlevel.FdStream(stderr)
+        self.stdout: trio.lowlevel.FdStream = trio.lowlevel.FdStream(stdout)
+        self.stderr: trio.lowlevel.FdStream = trio.lowlevel.FdStream(stderr)
         self.returncode: int | None = None
         self._exited = trio.Event()
 

@@ -294,7 +294,8 @@ def main(fd: int = 0) -> None:
     while True:
         wait = max(0.0, heard + supervisor.silence - time.monotonic())
         writing = [channel] if supervisor.out else []
-        readable, _, _ = select.select([channel, wake_read], writing, [], wait)
+        watched: list[socket.socket | int] = [channel, wake_read]
+        readable, _, _ = select.select(watched, writing, [], wait)
         if wake_read in readable:
             os.read(wake_read, 4096)
         if channel in readable:

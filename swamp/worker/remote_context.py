@@ -25,7 +25,13 @@ from swamp.errors import (
     from_wire,
 )
 from swamp.models.context import ContextBase
-from swamp.protocol.messages import Effects, LogLine, QueryDataReply, QueryDataRequest
+from swamp.protocol.messages import (
+    Effects,
+    LogLine,
+    LogStream,
+    QueryDataReply,
+    QueryDataRequest,
+)
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 
 T = TypeVar("T")
@@ -40,10 +46,12 @@ class RemoteContext(ContextBase):
         http: httpx.AsyncClient,
         data_plane: str,
         credential: str,
+        dispatch_id: str,
         cache_dir=None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(dispatch_id=dispatch_id, **kwargs)
+        self.dispatch_id: str = dispatch_id  # always one: a worker runs only dispatches
         self.cache_dir = cache_dir  # the worker's cache directory (for probe seams)
         self.call = call
         self.channel = channel
@@ -54,7 +62,7 @@ class RemoteContext(ContextBase):
     async def report_effects(self) -> None:
         await self.call.emit(Effects().to_json())
 
-    async def log(self, line: str, *, stream: str = "log") -> None:
+    async def log(self, line: str, *, stream: LogStream = "log") -> None:
         await self.call.emit(LogLine(line=line, stream=stream).to_json())
 
     async def query_data(self, predicate: str) -> list[dict]:
@@ -122,10 +130,10 @@ class RemoteContext(ContextBase):
                     f"data plane refused {method} {path}: HTTP "
                     f"{response.status_code} {response.text[:200]}"
                 ) from None
-            exc = from_wire(error)
-            exc.message = f"data plane refused {method} {path}: {exc.message}"
-            exc.args = (exc.message,)
-            raise exc
+            refusal = from_wire(error)
+            refusal.message = f"data plane refused {method} {path}: {refusal.message}"
+            refusal.args = (refusal.message,)
+            raise refusal
         return response
 
 

@@ -200,6 +200,9 @@ class Session:
                 await self._enrolled.wait()
             if self.enrollment is None:
                 raise UnknownMethod("worker.dispatch before enrollment")
+        http = self.http  # made as the session starts, before it enrolls
+        if http is None:
+            raise UnknownMethod("worker.dispatch before the session started")
         request = DispatchRequest.decode(call.params)
         capacity = self.enrollment.capacity
         refused = refusal(
@@ -219,7 +222,8 @@ class Session:
         method = model_type.method(request.method)
         args = method.validate(request.args)
         dispatch_id = request.dispatch_id
-        if request.takes_slot and self.drain.accepted():  # the last one --max-dispatches allows
+        # the last one --max-dispatches allows
+        if request.takes_slot and self.drain.accepted() and self._nursery is not None:
             self._nursery.start_soon(self.drain.trigger, "max-dispatches")
         if self.active == 0:
             self.idle = trio.Event()  # set again when the last slot empties
@@ -238,7 +242,7 @@ class Session:
             ctx = RemoteContext(
                 call=call,
                 channel=call.channel,
-                http=self.http,
+                http=http,
                 data_plane=self._data_plane,
                 credential=request.credential,
                 model_type=model_type,

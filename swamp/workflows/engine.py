@@ -29,6 +29,7 @@ from swamp.domain.names import check_instance_name, is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
 from swamp.domain.read_scope import ALL_DATA
+from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
 from swamp.domain.workflow_run import (
@@ -42,7 +43,17 @@ from swamp.domain.workflow_run import (
     run_status,
 )
 from swamp.errors import NeedsOrchestrator, SwampError, UserError
-from swamp.protocol.messages import RunEvent, RunResult, StepEvent, decode_event
+from swamp.protocol.messages import (
+    Dispatched,
+    LogLine,
+    Message,
+    Queued,
+    Redispatched,
+    RunEvent,
+    RunResult,
+    StepEvent,
+    decode_event,
+)
 from swamp.store.datastore import Datastore, iso
 from swamp.store.retry import retry_busy
 from swamp.workflows.loader import Workflows
@@ -123,7 +134,7 @@ class Engine:
         # the workflow's declared limit: its end is a run recorded as timed out, not a
         # cancellation of whoever started it
         timeout: float | None = None,  # noqa: ASYNC109
-    ) -> dict:
+    ) -> RunRecord:
         run = _Run(self, workflow, inputs, emit, chain)
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
@@ -146,29 +157,31 @@ class Engine:
 
 
 class _Run:
-    def __init__(self, engine: Engine, workflow: Workflow, inputs: dict, emit: Emit, chain):
+    def __init__(
+        self,
+        engine: Engine,
+        workflow: Workflow,
+        inputs: dict,
+        emit: Emit,
+        chain: tuple[str, ...],
+    ) -> None:
         self.engine = engine
         self.workflow = workflow
         self.emit_raw = emit
         self.chain = (*chain, workflow.name)
         self.id = uuid.uuid4().hex
         self.inputs = inputs
-        self.record = {
-            "runId": self.id,
-            "workflow": workflow.name,
-            "status": "running",
-            "inputs": inputs,
-            "startedAt": iso(engine.clock()),
-            "jobs": [
-                {
-                    "name": job.name,
-                    "status": "pending",
-                    "steps": [{"name": s.name, "status": "pending"} for s in job.steps],
-                }
+        self.record = RunRecord(
+            run_id=self.id,
+            workflow=workflow.name,
+            started_at=iso(engine.clock()),
+            inputs=inputs,
+            jobs=[
+                JobRecord(job.name, steps=[StepRecord(s.name) for s in job.steps])
                 for job in workflow.jobs
             ],
-        }
-        self.jobs = {j["name"]: j for j in self.record["jobs"]}
+        )
+        self.jobs = {j.name: j for j in self.record.jobs}
         self.job_done = {job.name: trio.Event() for job in workflow.jobs}
         self.job_limiter = trio.CapacityLimiter(workflow.concurrency or math.inf)
         self.affinity: dict[str, _Affinity] = {}
@@ -183,7 +196,7 @@ class _Run:
         except SwampError as exc:  # the run goes on; its record catches up at the next save
             log.warning("could not save workflow run %s: %s", self.id, exc)
 
-    async def emit(self, message) -> None:
+    async def emit(self, message: Message) -> None:
         try:
             await self.emit_raw(message.to_json())
         except SwampError:
@@ -209,36 +222,37 @@ class _Run:
         async with open_unwrapping_nursery() as nursery:
             for job in self.workflow.jobs:
                 nursery.start_soon(self.job, job)
-        status = run_status(j["status"] for j in self.record["jobs"])
-        self.record.update(status=status, endedAt=self.now())
+        status = run_status(j.status for j in self.record.jobs)
+        self.record.status, self.record.ended_at = status, self.now()
         failed = self.first_failure()
         if failed:
-            self.record["error"] = failed
+            self.record.error = failed
         await self.save()
         await self.emit(
-            RunEvent("finished", self.id, self.workflow.name, status=status, detail=failed)
+            RunEvent("finished", self.id, self.workflow.name, status=status.value, detail=failed)
         )
 
     def first_failure(self) -> str | None:
-        for job in self.record["jobs"]:
-            for step in job["steps"]:
-                if step["status"] == "failed" and not step.get("allowedFailure"):
-                    return f"{job['name']}.{step['name']}: {step.get('error', 'failed')}"
-            if job["status"] == "failed" and job.get("error"):
-                return f"{job['name']}: {job['error']}"
+        for job in self.record.jobs:
+            for step in job.steps:
+                if step.status == Status.FAILED and not step.allowed_failure:
+                    return f"{job.name}.{step.name}: {step.error or 'failed'}"
+            if job.status == Status.FAILED and job.error:
+                return f"{job.name}: {job.error}"
         return None
 
     async def cancelled(self, reason: str) -> None:
         now = self.now()
-        for job in self.record["jobs"]:
-            for step in job["steps"]:
-                if step["status"] in ("running", "pending"):
-                    was = step["status"]
-                    step.update(status="cancelled" if was == "running" else "skipped")
-                    step.update(endedAt=now) if was == "running" else step.update(reason=reason)
-            if job["status"] in ("running", "pending"):
-                job.update(status="cancelled", endedAt=now)
-        self.record.update(status="cancelled", endedAt=now, error=reason)
+        for job in self.record.jobs:
+            for step in job.steps:
+                if step.status == Status.RUNNING:
+                    step.status, step.ended_at = Status.CANCELLED, now
+                elif step.status == Status.PENDING:
+                    step.status, step.reason = Status.SKIPPED, reason
+            if job.status in (Status.RUNNING, Status.PENDING):
+                job.status, job.ended_at = Status.CANCELLED, now
+        self.record.status, self.record.ended_at = Status.CANCELLED, now
+        self.record.error = reason
         await self.save()
         await self.emit(
             RunEvent("finished", self.id, self.workflow.name, status="cancelled", detail=reason)
@@ -251,15 +265,15 @@ class _Run:
         try:
             for dep in job.depends_on:
                 await self.job_done[dep.name].wait()
-            verdict = decide(job.depends_on, {n: j["status"] for n, j in self.jobs.items()})
+            verdict = decide(job.depends_on, {n: j.status for n, j in self.jobs.items()})
             if verdict != "run":
-                state.update(status="skipped", reason=verdict)
-                for step in state["steps"]:
-                    step.update(status="skipped", reason=f"job skipped: {verdict}")
+                state.status, state.reason = Status.SKIPPED, verdict
+                for entry in state.steps:
+                    entry.status, entry.reason = Status.SKIPPED, f"job skipped: {verdict}"
                 await self.save()
-                for step in state["steps"]:
+                for entry in state.steps:
                     await self.emit(
-                        StepEvent("skipped", job.name, step["name"], self.id, detail=step["reason"])
+                        StepEvent("skipped", job.name, entry.name, self.id, detail=entry.reason)
                     )
                 await self.emit(
                     RunEvent(
@@ -277,17 +291,17 @@ class _Run:
         finally:
             self.job_done[job.name].set()
 
-    async def run_job(self, job: Job, state: dict) -> None:
-        state.update(status="running", startedAt=self.now())
+    async def run_job(self, job: Job, state: JobRecord) -> None:
+        state.status, state.started_at = Status.RUNNING, self.now()
         await self.save()
         await self.emit(RunEvent("job_started", self.id, self.workflow.name, job=job.name))
         placement = job.placement.under(self.workflow.placement)
         try:
             expanded = self.expand(job)
         except UserError as exc:
-            state.update(status="failed", error=exc.message, endedAt=self.now())
-            for step in state["steps"]:
-                step.update(status="skipped", reason="the job could not start")
+            state.status, state.error, state.ended_at = Status.FAILED, exc.message, self.now()
+            for entry in state.steps:
+                entry.status, entry.reason = Status.SKIPPED, "the job could not start"
             await self.save()
             await self.emit(
                 RunEvent(
@@ -305,28 +319,22 @@ class _Run:
             members.setdefault(step.name, []).append(name)
         # a fan-out over zero items ran nothing: it says so, as a skipped step of its own,
         # and what depends on it sees it skipped (the combined status of no expansions)
-        empty = [s for s in job.steps if s.for_each is not None and s.name not in members]
-        nothing = {s.name: no_items(s.for_each.items) for s in empty}
-        state["steps"] = []
+        nothing = {
+            s.name: no_items(s.for_each.items)
+            for s in job.steps
+            if s.for_each is not None and s.name not in members
+        }
+        state.steps = []
         for step in job.steps:
             if step.name in nothing:
-                state["steps"].append(
-                    {
-                        "name": step.name,
-                        "status": "skipped",
-                        "template": step.name,
-                        "reason": nothing[step.name],
-                    }
+                state.steps.append(
+                    StepRecord(
+                        step.name, Status.SKIPPED, template=step.name, reason=nothing[step.name]
+                    )
                 )
             for name in members.get(step.name, []):
-                state["steps"].append(
-                    {
-                        "name": name,
-                        "status": "pending",
-                        **({"template": step.name} if step.for_each else {}),
-                    }
-                )
-        records = {r["name"]: r for r in state["steps"]}
+                state.steps.append(StepRecord(name, template=step.name if step.for_each else None))
+        records = {r.name: r for r in state.steps}
         done = {name: trio.Event() for _, name, _ in expanded}
         for name, reason in nothing.items():
             members[name] = [name]
@@ -358,11 +366,11 @@ class _Run:
                     placement,
                     group,
                 )
-        status = job_status((r["status"], bool(r.get("allowedFailure"))) for r in state["steps"])
-        state.update(status=status, endedAt=self.now())
+        status = job_status((r.status, bool(r.allowed_failure)) for r in state.steps)
+        state.status, state.ended_at = status, self.now()
         await self.save()
         await self.emit(
-            RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status)
+            RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status.value)
         )
 
     def affinity_group(self, job: Job) -> _Affinity | None:
@@ -379,7 +387,7 @@ class _Run:
             "run": {
                 "id": self.id,
                 "workflow": self.workflow.name,
-                "startedAt": self.record["startedAt"],
+                "startedAt": self.record.started_at,
             },
             "data": {"latest": self.data_latest, "query": self.data_query},
             "workers": {"connected": self.workers_connected},
@@ -416,7 +424,17 @@ class _Run:
     # -- steps -------------------------------------------------------------------------------
 
     async def step(
-        self, job, step, name, binding, records, done, members, limiters, placement, group
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        binding: dict | None,
+        records: dict[str, StepRecord],
+        done: dict[str, trio.Event],
+        members: dict[str, list[str]],
+        limiters: tuple[trio.CapacityLimiter, trio.CapacityLimiter | None],
+        placement: Fields,
+        group: _Affinity | None,
     ) -> None:
         record = records[name]
         try:
@@ -424,12 +442,12 @@ class _Run:
                 for member in members.get(dep.name, [dep.name]):
                     await done[member].wait()
             statuses = {
-                dep.name: combined(records[m]["status"] for m in members.get(dep.name, []))
+                dep.name: combined(records[m].status for m in members.get(dep.name, []))
                 for dep in step.depends_on
             }
             verdict = decide(step.depends_on, statuses)
             if verdict != "run":
-                await self.finish(job, name, record, "skipped", reason=verdict)
+                await self.finish(job, name, record, Status.SKIPPED, reason=verdict)
                 return
             job_limiter, template_limiter = limiters
             async with job_limiter:
@@ -441,34 +459,51 @@ class _Run:
         finally:
             done[name].set()
 
-    async def finish(self, job, name, record, status, *, reason=None, error=None) -> None:
-        record["status"] = status
-        if record.get("startedAt"):
-            record["endedAt"] = self.now()
+    async def finish(
+        self,
+        job: Job,
+        name: str,
+        record: StepRecord,
+        status: Status,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        record.status = status
+        if record.started_at:
+            record.ended_at = self.now()
         if reason:
-            record["reason"] = reason
+            record.reason = reason
         if error:
-            record["error"] = error
+            record.error = error
         await self.save()
-        what = status
         detail = reason or error
         await self.emit(
-            StepEvent(what, job.name, name, self.id, worker=record.get("worker"), detail=detail)
+            StepEvent(status.value, job.name, name, self.id, worker=record.worker, detail=detail)
         )
 
-    async def run_step(self, job, step, name, binding, record, job_placement, group) -> None:
+    async def run_step(
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        binding: dict | None,
+        record: StepRecord,
+        job_placement: Fields,
+        group: _Affinity | None,
+    ) -> None:
         context = self.context(binding)
         if step.guard is not None:
             try:
                 skip = render(step.guard, context)
             except ExpressionError as exc:
-                await self.finish(job, name, record, "failed", error=f"guard: {exc.message}")
-                record["allowedFailure"] = step.allow_failure or None
+                await self.finish(job, name, record, Status.FAILED, error=f"guard: {exc.message}")
+                record.allowed_failure = step.allow_failure or None
                 return
             if skip is True:
-                await self.finish(job, name, record, "skipped", reason=f"guard {step.guard}")
+                await self.finish(job, name, record, Status.SKIPPED, reason=f"guard {step.guard}")
                 return
-        record.update(status="running", startedAt=self.now())
+        record.status, record.started_at = Status.RUNNING, self.now()
         await self.save()
         await self.emit(StepEvent("started", job.name, name, self.id))
         try:
@@ -480,12 +515,21 @@ class _Run:
                     job, step, name, context, record, fields, group
                 )
         except SwampError as exc:  # the step fails with the reason; its siblings run on
-            status, error = "failed", exc.message
-        if status == "failed" and step.allow_failure:
-            record["allowedFailure"] = True
+            status, error = Status.FAILED, exc.message
+        if status == Status.FAILED and step.allow_failure:
+            record.allowed_failure = True
         await self.finish(job, name, record, status, error=error)
 
-    async def run_method(self, job, step, name, context, record, fields: Fields, group):
+    async def run_method(
+        self,
+        job: Job,
+        step: Step,
+        name: str,
+        context: dict,
+        record: StepRecord,
+        fields: Fields,
+        group: _Affinity | None,
+    ) -> tuple[Status, str | None]:
         from swamp.orchestrator.dispatch import RunRequest
 
         task = step.task
@@ -513,9 +557,10 @@ class _Run:
                 "running orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         pin = group if placement.is_remote() else None
-        chooses = False
+        chooser = None  # the group this step chooses the worker of
         if pin is not None:
             placement, chooses = await self.pinned(pin, placement, name)
+            chooser = pin if chooses else None
         instance = self.engine.workflows.instance(model_ref, model_name)
         if is_adhoc_instance(instance.name):
             self.adhoc[instance.type] = instance.name
@@ -531,22 +576,22 @@ class _Run:
             job=job.name,
             step=name,
         )
-        record.update(model=instance.name, modelType=instance.type, method=method)
+        record.model, record.model_type, record.method = instance.name, instance.type, method
         if placement.is_remote():
-            record["requirement"] = placement.describe()
+            record.requirement = placement.describe()
 
         async def relay(payload: dict) -> None:
-            await self.relay(job, name, record, payload, pin if chooses else None)
+            await self.relay(job, name, record, payload, chooser)
 
         try:
             result = await self.engine.host.run_step(request, relay)
         finally:
-            if chooses:
-                pin.settle(record.get("worker"))
-        record["worker"] = result.worker or record.get("worker") or "orchestrator"
+            if chooser is not None:
+                chooser.settle(record.worker)
+        record.worker = result.worker or record.worker or "orchestrator"
         if result.dispatch_id:
-            record["dispatchId"] = result.dispatch_id
-        return result.status, result.error
+            record.dispatch_id = result.dispatch_id
+        return Status(result.status), result.error
 
     async def pinned(
         self, group: _Affinity, placement: StepPlacement, name: str
@@ -581,62 +626,60 @@ class _Run:
             )
         return StepPlacement(target=worker), False
 
-    async def relay(self, job, name, record, payload: dict, pin: _Affinity | None) -> None:
+    async def relay(
+        self, job: Job, name: str, record: StepRecord, payload: dict, pin: _Affinity | None
+    ) -> None:
         try:
             event = decode_event(payload)
         except SwampError:
             return
-        kind = event.kind
-        if kind == "queued":
-            record["queuedAt"] = self.now()
-            await self.emit(StepEvent("queued", job.name, name, self.id, detail=event.requirement))
-        elif kind == "dispatched":
-            record.update(worker=event.worker, dispatchId=event.dispatch_id)
-            if "queuedAt" in record:
-                record["queuedMs"] = _ms_between(record["queuedAt"], self.now())
-            if pin is not None:  # the choosing step's: the group goes where it runs
-                pin.follow(event.worker)
-            await self.save()
-            await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=event.worker))
-        elif kind == "redispatch":
-            await self.emit(
-                StepEvent(
-                    "redispatch", job.name, name, self.id, worker=event.worker, detail=event.reason
+        match event:
+            case Queued(requirement=requirement):
+                record.queued_at = self.now()
+                await self.emit(StepEvent("queued", job.name, name, self.id, detail=requirement))
+            case Dispatched(worker=worker, dispatch_id=dispatch_id):
+                record.worker, record.dispatch_id = worker, dispatch_id
+                if record.queued_at is not None:
+                    record.queued_ms = _ms_between(record.queued_at, self.now())
+                if pin is not None:  # the choosing step's: the group goes where it runs
+                    pin.follow(worker)
+                await self.save()
+                await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=worker))
+            case Redispatched(worker=worker, reason=reason):
+                await self.emit(
+                    StepEvent("redispatch", job.name, name, self.id, worker=worker, detail=reason)
                 )
-            )
-        elif kind == "log":
-            tail = record.setdefault("logTail", [])
-            tail.append(event.line[:500])
-            del tail[:-LOG_TAIL]
-            await self.emit(
-                StepEvent(
-                    "log",
-                    job.name,
-                    name,
-                    self.id,
-                    worker=event.worker,
-                    line=event.line,
-                    stream=event.stream,
+            case LogLine(line=line, stream=stream, worker=worker):
+                if record.log_tail is None:
+                    record.log_tail = []
+                tail = record.log_tail
+                tail.append(line[:500])
+                del tail[:-LOG_TAIL]
+                await self.emit(
+                    StepEvent(
+                        "log", job.name, name, self.id, worker=worker, line=line, stream=stream
+                    )
                 )
-            )
-        elif kind in ("step", "run"):
-            await self.emit(event)  # a nested workflow's own events
+            case StepEvent() | RunEvent():
+                await self.emit(event)  # a nested workflow's own events
 
-    async def run_child(self, job, step, name, context, record):
+    async def run_child(
+        self, job: Job, step: Step, name: str, context: dict, record: StepRecord
+    ) -> tuple[Status, str | None]:
         child_name = str(render(step.task.workflow, context))
         if child_name in self.chain:
             cycle = " -> ".join((*self.chain, child_name))
-            return "failed", f"workflow cycle: {cycle}"
+            return Status.FAILED, f"workflow cycle: {cycle}"
         if len(self.chain) >= 10:
-            return "failed", "workflows nest at most 10 deep"
+            return Status.FAILED, "workflows nest at most 10 deep"
         child = self.engine.workflows.checked(child_name)
         inputs = render(step.task.inputs, context)
         if not isinstance(inputs, dict):
-            return "failed", "inputs for a nested workflow must give a table"
+            return Status.FAILED, "inputs for a nested workflow must give a table"
         inputs = check_inputs(child, inputs)
         result = await self.engine.run(child, inputs, self.emit_raw, chain=self.chain)
-        record["childRunId"] = result["runId"]
-        return result["status"], result.get("error")
+        record.child_run_id = result.run_id
+        return Status(result.status), result.error
 
     # -- expression host functions -----------------------------------------------------------
 
@@ -697,7 +740,7 @@ def check_inputs(workflow: Workflow, raw: dict) -> dict:
         values[key] = input_value(value, kind, key)
     try:
         return fastjsonschema.compile(workflow.inputs, use_default=True)(values)
-    except fastjsonschema.JsonSchemaException as exc:
+    except fastjsonschema.JsonSchemaValueException as exc:  # (a bad schema: refused at load)
         raise UserError(f"workflow {workflow.name!r} inputs: {exc.message}") from None
 
 

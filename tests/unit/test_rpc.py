@@ -16,7 +16,8 @@ from swamp.errors import (
     WorkerStopped,
 )
 from swamp.protocol import frames
-from swamp.protocol.rpc import OUTBOX_FRAMES, Outbox, RpcChannel, SilenceSweeper
+from swamp.protocol.outbox import OUTBOX_FRAMES, Outbox
+from swamp.protocol.rpc import RpcChannel, SilenceSweeper
 from swamp.protocol.transport import TransportClosed
 
 

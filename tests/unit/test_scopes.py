@@ -119,11 +119,14 @@ def test_tokens_keep_their_scope_and_old_ones_are_admin(store):
     assert auth.identify(f"Bearer {ops}").scope is Scope.ADMIN
     assert auth.identify(f"Bearer old.{'s' * 64}").scope is Scope.ADMIN
     assert auth.identify("Bearer local.x").scope is Scope.ADMIN
-    assert {t["name"]: t.get("scope") for t in book.all()} == {
-        "prom": "metrics",
-        "ops": "admin",
-        "old": None,
+    assert {t.name: t.scope for t in book.all()} == {
+        "prom": Scope.METRICS,
+        "ops": Scope.ADMIN,
+        "old": Scope.ADMIN,
     }
+    # as stored: the old one was not rewritten to say so
+    stored = {r.model_name: r.attributes.get("scope") for r in store.latest_of_type(TYPE)}
+    assert stored == {"prom": "metrics", "ops": "admin", "old": None}
 
 
 def test_a_name_revoked_and_minted_again_is_another_principal(store):
