@@ -14,9 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
-
-import trio_websocket
 
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
@@ -29,7 +26,7 @@ from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.gateway import Gateway
 from swamp.orchestrator.listener import Upgrade
-from swamp.protocol.transport import AsgiTransport, WebSocketTransport
+from swamp.protocol.transport import AsgiTransport
 
 log = logging.getLogger("swamp.app")
 
@@ -117,11 +114,9 @@ class App:
         if reason is not None:
             log.warning("refused a websocket request from %s: %s", upgrade.peer, printable(reason))
             body, content_headers = _refusal(reason)
-            with suppress(trio_websocket.ConnectionClosed):
-                await upgrade.request.reject(403, extra_headers=content_headers, body=body)
+            await upgrade.request.reject(403, extra_headers=content_headers, body=body)
             return None
-        ws = await upgrade.request.accept()
-        transport = WebSocketTransport(ws, idle=upgrade.idle)
+        transport = await upgrade.request.accept()  # drains on close (it knows the idle time)
         return self._connection(transport, upgrade.headers, peer=upgrade.peer).serve
 
     def _connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
