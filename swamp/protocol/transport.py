@@ -96,6 +96,8 @@ class AsgiTransport:
         self._receive = receive
         self._send = send
         self.closed = False
+        self.limit: int | None = None  # set by limit_messages
+        self.why = "connection closed"  # what receive raises once closed
 
     async def send(self, text: str) -> None:
         if self.closed:
@@ -114,14 +116,24 @@ class AsgiTransport:
             await self.send(text)
 
     async def receive(self) -> str:
+        if self.closed:
+            raise TransportClosed(self.why)
         message = await self._receive()
         kind = message.get("type")
         if kind == "websocket.receive":
             if message.get("text") is not None:
-                return message["text"]
-            return (message.get("bytes") or b"").decode("utf-8", "replace")
+                text = message["text"]
+            else:
+                text = (message.get("bytes") or b"").decode("utf-8", "replace")
+            if self.limit is not None and len(text) > self.limit:
+                reason = f"Exceeded maximum message size: {self.limit} bytes"
+                await self.aclose(1009, reason)
+                self.why = _describe(1009, reason)
+                raise TransportClosed(self.why)
+            return text
         self.closed = True
-        raise TransportClosed(_describe(message.get("code"), message.get("reason")))
+        self.why = _describe(message.get("code"), message.get("reason"))
+        raise TransportClosed(self.why)
 
     async def pump(self, take: Callable[[str], Awaitable[None]]) -> None:
         while True:
@@ -131,7 +143,10 @@ class AsgiTransport:
         return None  # an ASGI server takes a message only by awaiting it
 
     def limit_messages(self, size: int, *, fragments: int | None = None) -> None:
-        pass  # Hypercorn's limit is its configuration's, one for every socket
+        """Hypercorn's own limit (its configuration's, one for every socket) holds first; a
+        message within it but past ``size`` closes the socket here. Hypercorn puts a
+        fragmented message together before it hands it over: its frames are not counted."""
+        self.limit = size
 
     unflushed = False
 
