@@ -1,6 +1,6 @@
 """The app: websocket upgrades are the control plane, plain HTTP the data plane.
 
-Upgrades arrive from the listener (:meth:`App.websocket`, trio-websocket) or, rarely, through
+Upgrades arrive from the listener (:meth:`App.websocket`, our own websocket) or, rarely, through
 Hypercorn (the ASGI ``websocket`` scope); plain HTTP always through Hypercorn (ASGI).
 
 Every request first passes the request policy (browsers are not clients; the Host header must

@@ -158,12 +158,12 @@ class Prefaced(trio.abc.HalfCloseableStream):
             raise AttributeError(name)
         return getattr(self._stream, name)
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._preface:
             await trio.lowlevel.checkpoint()
             size = len(self._preface) if max_bytes is None else max_bytes
-            data, self._preface = self._preface[:size], self._preface[size:]
-            return data
+            preface, self._preface = self._preface[:size], self._preface[size:]
+            return preface
         data = await self._stream.receive_some(max_bytes)
         self._last_received = trio.current_time()
         return data
@@ -175,14 +175,18 @@ class Prefaced(trio.abc.HalfCloseableStream):
         await self._stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self._stream.send_eof()  # AttributeError on TLS, as Hypercorn expects
+        if not isinstance(self._stream, trio.abc.HalfCloseableStream):
+            raise AttributeError("send_eof")  # TLS cannot half-close, as Hypercorn expects
+        await self._stream.send_eof()
 
     async def aclose(self) -> None:
         await self._stream.aclose()
 
 
 def peer_of(stream: trio.abc.Stream) -> str:
-    socket = getattr(stream, "socket", None) or stream.transport_stream.socket
+    socket = getattr(stream, "socket", None)
+    if socket is None:  # a TLS stream: the socket is its transport's
+        socket = getattr(stream, "transport_stream", stream).socket  # type: ignore[union-attr]
     try:
         host, port, *_ = socket.getpeername()
     except OSError:
@@ -259,7 +263,9 @@ async def serve(
             if headers is None:
                 prefaced = Prefaced(served, head)
                 del head  # this frame lives as long as the socket; the head need not
-                await TCPServer(asgi, config, context, ConnectionState({}), prefaced).run()
+                # Hypercorn reads and writes any trio stream; its annotation names only one
+                server = TCPServer(asgi, config, context, ConnectionState({}), prefaced)  # type: ignore[arg-type]
+                await server.run()
                 return
             # the handshake gets its head; what came after it is the websocket's first frames
             prefaced = Prefaced(served, head[end + 4 :])

@@ -199,17 +199,18 @@ async def open_websocket(
     other = redact(("ws" if secure else "wss") + url[len(parts.scheme) :])
     try:
         with trio.fail_after(connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             if secure:
                 first = _FirstBytes(stream)
-                stream = trio.SSLStream(
+                tls = trio.SSLStream(
                     first,
                     ssl_context or ssl.create_default_context(),
                     server_hostname=host,
                     https_compatible=True,
                 )
+                stream = tls
                 try:
-                    await stream.do_handshake()
+                    await tls.do_handshake()
                 except trio.BrokenResourceError as exc:
                     if first.received.startswith(b"HTTP/"):  # an answer in plain text
                         raise WrongScheme(
@@ -268,7 +269,7 @@ class _FirstBytes(trio.abc.Stream):
         self.transport_stream = stream
         self.received = b""
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.transport_stream.receive_some(max_bytes)
         if len(self.received) < 16:
             self.received += data[:16]

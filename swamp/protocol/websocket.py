@@ -111,6 +111,7 @@ class WebSocket:
         "_stream_closed",
         "_rest",
         "_plain",
+        "_plain_known",
     )
 
     def __init__(
@@ -129,7 +130,7 @@ class WebSocket:
         self.idle = idle
         self._lock = trio.Lock()  # one writer at a time: frames never interleave
         self._inbox: deque[str] = deque()  # read, not received yet
-        self._parts: list[str | bytes] = []  # of a message in several frames
+        self._parts: list[str | bytes | bytearray] = []  # of a message in several frames
         self._size = 0
         self._close: tuple[int, str | None] | None = None  # why no message is taken any more
         self._done = False  # nothing more to read: the peer's close came, or the stream ended
@@ -137,7 +138,8 @@ class WebSocket:
         self._read_waiter: trio.Event | None = None  # set when that read returns
         self._stream_closed = False
         self._rest = b""  # what the socket did not take of a write_now
-        self._plain: trio.SocketStream | None | bool = None  # found at the first write_now
+        self._plain: trio.SocketStream | None = None  # found at the first write_now
+        self._plain_known = False
         if buffered:
             self.frames.receive_data(buffered)
 
@@ -156,12 +158,13 @@ class WebSocket:
     def _plain_stream(self) -> trio.SocketStream | None:
         """The TCP stream the websocket's bytes go to unchanged, if there is one: not under
         TLS (bytes are encrypted on the way)."""
-        if self._plain is None:
+        if not self._plain_known:
             stream: object = self.stream
             while stream is not None and not isinstance(stream, trio.SocketStream):
                 stream = getattr(stream, "plain_stream", None)  # a wrapper that adds nothing
-            self._plain = stream if isinstance(stream, trio.SocketStream) else False
-        return self._plain or None
+            self._plain = stream if isinstance(stream, trio.SocketStream) else None
+            self._plain_known = True
+        return self._plain
 
     def write_now(self, text: str) -> bool | None:
         """Write one message straight to the socket without waiting: ``True`` when all of it
@@ -391,7 +394,7 @@ def _drop(message: str) -> None:
     """What arrives after this end's close frame: nobody takes it."""
 
 
-def _text(message: str | bytes) -> str:
+def _text(message: str | bytes | bytearray) -> str:
     return message if isinstance(message, str) else message.decode("utf-8", "replace")
 
 
@@ -453,11 +456,13 @@ async def connect(
     raise HandshakeError("the upgrade was answered with something else")
 
 
-async def _rejection_body(stream: trio.abc.Stream, connection: WSConnection, data: bytes) -> bytes:
+async def _rejection_body(
+    stream: trio.abc.Stream, connection: WSConnection, data: bytes | bytearray
+) -> bytes:
     body = bytearray()
     while True:
         try:
-            connection.receive_data(data or None)
+            connection.receive_data(bytes(data) or None)
             for event in connection.events():
                 if isinstance(event, RejectData):
                     body += event.data

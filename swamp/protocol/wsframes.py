@@ -8,13 +8,13 @@ frame here), and writes each through its frame protocol with a masking key from
 ``os.urandom`` (≈ 2.5 µs for a server's frame, 4.5 µs for a client's). The same work for that
 one kind of frame is a few lines.
 
-:class:`FastFrames` stands in for the wsproto connection inside a trio-websocket connection
-once it is open. It reads a frame's header itself; a whole, final, unextended text frame of at
-most :data:`FAST_LIMIT` bytes, masked as its direction requires, with a minimal length and
-valid UTF-8, it decodes at once. Anything else — control frames (close, ping, pong), binary
-or fragmented messages, anything malformed, anything larger — it hands to wsproto exactly as
-it arrived, byte for byte, at a frame boundary, so wsproto answers it as it always did: the
-same events, the same errors and close codes. Sending, :func:`text_frame` does what wsproto's
+:class:`FastFrames` stands in front of a wsproto connection once it is open. It reads a
+frame's header itself; a whole, final, unextended text frame of at most :data:`FAST_LIMIT`
+bytes, masked as its direction requires, with a minimal length and valid UTF-8, it decodes at
+once. Anything else — control frames (close, ping, pong), binary or fragmented messages,
+anything malformed, anything larger — it hands to wsproto exactly as it arrived, byte for
+byte, at a frame boundary, so wsproto answers it as it always did: the same events, the same
+errors and close codes. Sending, :func:`text_frame` does what wsproto's
 ``send(TextMessage(...))`` does for an open connection without extensions.
 
 The websocket shell (:mod:`swamp.protocol.websocket`) puts it in front of wsproto's connection
@@ -88,7 +88,7 @@ class FastFrames:
         self.real = real
         self.client = real.client
         # the most frames one message may come in (None: any): a message in thousands of tiny
-        # frames makes wsproto and trio-websocket keep an object for each piece
+        # frames makes wsproto keep an object for each piece
         self.max_fragments = max_fragments
         self._pieces = 0  # frames of the data message being read
         self._refused = False  # a message broke the limit: nothing more reaches wsproto
@@ -109,7 +109,7 @@ class FastFrames:
     def send(self, event: Event) -> bytes:
         return self.real.send(event)
 
-    def receive_data(self, data: bytes | None) -> None:
+    def receive_data(self, data: bytes | bytearray | None) -> None:
         if data is None:  # the socket ended: wsproto says how (after what it was owed)
             if not self._refused:
                 self._hand(len(self._buffer) - self._at)
@@ -227,7 +227,7 @@ class FastFrames:
             return total
         if available < total:
             return None
-        payload = buffer[at + head : at + total]
+        payload: bytes | bytearray = buffer[at + head : at + total]
         if masked:
             payload = _unmask(payload, bytes(buffer[at + head - 4 : at + head]))
         try:
