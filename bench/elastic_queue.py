@@ -28,7 +28,6 @@ from pathlib import Path
 
 import trio
 from benchkit import enroll_params, percentile, rss_kib, scratch
-from trio_websocket import open_websocket_url
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
@@ -36,9 +35,10 @@ from swamp.domain.placement import Placement
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign
 from swamp.processes import start_serve, start_worker, stop_all
+from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.messages import DispatchResult
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport
+from swamp.protocol.transport import open_websocket
 from swamp.repo import Repo
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -119,8 +119,10 @@ async def _wake_once(channel: RpcChannel, url: str, token: str, label: str) -> f
     async with trio.open_nursery() as nursery:
         nursery.start_soon(place)
         await queued.wait()
-        async with open_websocket_url(url) as ws:
-            worker = RpcChannel(WebSocketTransport(ws), handle, name="bench worker")
+        async with open_websocket(
+            url, ssl_context=None, max_message_size=MAX_FRAME_BYTES * 2
+        ) as ws:
+            worker = RpcChannel(ws, handle, name="bench worker")
             await nursery.start(worker.serve)
             enroll = enroll_params(token, f"bench-{label}", {"wake": label})
             await worker.call("worker.enroll", enroll, timeout=30)

@@ -10,7 +10,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.errors import UnknownMethod, UserError
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import WebSocketTransport, open_websocket
+from swamp.protocol.transport import open_websocket
 from swamp.tls.trust import client_context
 
 
@@ -37,7 +37,7 @@ async def connect(
     async with open_websocket(
         url, ssl_context=ssl_context, extra_headers=headers, max_message_size=MAX_FRAME_BYTES * 2
     ) as ws:
-        channel = RpcChannel(WebSocketTransport(ws), _no_requests, name="orchestrator")
+        channel = RpcChannel(ws, _no_requests, name="orchestrator")
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(channel.serve)
             yield channel

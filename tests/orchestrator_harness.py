@@ -37,58 +37,10 @@ from swamp.orchestrator.records import WorkerRecords
 from swamp.plugins import default_registry
 from swamp.protocol.frames import PROTOCOL_VERSION
 from swamp.protocol.rpc import IncomingCall, RpcChannel
-from swamp.protocol.transport import TransportClosed
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
-
-FRAMES = 64  # what one side of a memory pair holds before a sender waits
-
-
-class MemoryTransport:
-    """One end of a socket, in memory: frames go through a bounded channel each way."""
-
-    def __init__(self, send: trio.MemorySendChannel[str], receive: trio.MemoryReceiveChannel[str]):
-        self.tx, self.rx = send, receive
-        self.closed_with: tuple[int, str] | None = None
-
-    unflushed = False
-
-    async def send(self, text: str) -> None:
-        try:
-            await self.tx.send(text)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise TransportClosed("connection closed") from None
-
-    async def send_many(self, texts: list[str]) -> None:
-        for text in texts:
-            await self.send(text)
-
-    def write_now(self, text: str) -> bool | None:
-        return None  # every frame through send: the order is the channel's
-
-    async def receive(self) -> str:
-        try:
-            return await self.rx.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise TransportClosed("connection closed") from None
-
-    async def pump(self, take) -> None:
-        while True:
-            await take(await self.receive())
-
-    async def aclose(self, code: int = 1000, reason: str = "") -> None:
-        self.closed_with = self.closed_with or (code, reason)
-        await self.tx.aclose()
-
-    def limit_messages(self, size: int, *, fragments: int | None = None) -> None:
-        return None  # sizes are the websocket's business, not these tests'
-
-
-def memory_pair() -> tuple[MemoryTransport, MemoryTransport]:
-    a_tx, b_rx = trio.open_memory_channel[str](FRAMES)
-    b_tx, a_rx = trio.open_memory_channel[str](FRAMES)
-    return MemoryTransport(a_tx, a_rx), MemoryTransport(b_tx, b_rx)
+from tests.memory_transport import pair as memory_pair
 
 
 def hello(credential: str, *, machine: str = "machine-1", instance: str | None = None, **more):

@@ -1,6 +1,6 @@
 """The app: websocket upgrades are the control plane, plain HTTP the data plane.
 
-Upgrades arrive from the listener (:meth:`App.websocket`, trio-websocket) or, rarely, through
+Upgrades arrive from the listener (:meth:`App.websocket`, our own websocket) or, rarely, through
 Hypercorn (the ASGI ``websocket`` scope); plain HTTP always through Hypercorn (ASGI).
 
 Every request first passes the request policy (browsers are not clients; the Host header must
@@ -14,9 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
-
-import trio_websocket
 
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.text import printable
@@ -31,7 +28,7 @@ from swamp.orchestrator.enrollment import Enrollment
 from swamp.orchestrator.listener import Upgrade
 from swamp.orchestrator.membership import Membership
 from swamp.protocol.rpc import SilenceSweeper
-from swamp.protocol.transport import AsgiTransport, WebSocketTransport
+from swamp.protocol.transport import AsgiTransport
 
 log = logging.getLogger("swamp.app")
 
@@ -113,11 +110,9 @@ class App:
         if reason is not None:
             log.warning("refused a websocket request from %s: %s", upgrade.peer, printable(reason))
             body, content_headers = _refusal(reason)
-            with suppress(trio_websocket.ConnectionClosed):
-                await upgrade.request.reject(403, extra_headers=content_headers, body=body)
+            await upgrade.request.reject(403, extra_headers=content_headers, body=body)
             return None
-        ws = await upgrade.request.accept()
-        transport = WebSocketTransport(ws, idle=upgrade.idle)
+        transport = await upgrade.request.accept()  # drains on close (it knows the idle time)
         return self.connection(transport, upgrade.headers, peer=upgrade.peer).serve
 
     def connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:

@@ -1,21 +1,22 @@
-"""One port, two servers: a websocket upgrade goes to trio-websocket, anything else to Hypercorn.
+"""One port, two servers: a websocket upgrade is ours (:mod:`swamp.protocol.websocket`), anything
+else goes to Hypercorn.
 
 Every dispatch crosses the control plane four times (client → orchestrator → worker → back), so
 its websocket path is the hot one. Measured with ``python3 build.py bench --floors``, the same
-hop behind Hypercorn's ASGI websockets reaches about 0.7 of the floor's throughput, behind
-trio-websocket all of it (the floor *is* trio-websocket); an idle socket also costs less there.
+hop behind Hypercorn's ASGI websockets reaches about 0.7 of the floor's throughput, behind our
+own websocket all of it; an idle socket also costs less there (no reader task of its own).
 HTTP — downloads, the data plane, ``/metrics`` — stays with Hypercorn, on the same port: users
 and firewalls see one address.
 
 Who serves a new connection is decided from its first request head, read here (bounded in size
 and time) and then handed on, unread, with the rest of the stream. Only a complete, well-formed
-websocket upgrade goes to trio-websocket; anything else — an HTTP request, a malformed or
+websocket upgrade is answered here; anything else — an HTTP request, a malformed or
 oversized head, an HTTP/2 preface — goes to Hypercorn exactly as it arrived, and Hypercorn
 answers it as it always did (a later upgrade on a kept-alive HTTP connection too).
 
 Before either, the first byte says whether the peer speaks the port's scheme. A ``ws://`` or
 ``http://`` client on a TLS port (or a ``wss://`` one on a plain port) would otherwise wait for
-an answer it can never read — trio-websocket's client until its own timeout, ten seconds — so
+an answer it can never read — a websocket client until its own timeout, ten seconds — so
 it gets a plain-text HTTP 400 at once naming the scheme to use, and the connection is closed.
 """
 
@@ -28,15 +29,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import trio
-import trio_websocket
 
-from swamp.protocol.transport import SPEAKS_PLAIN, SPEAKS_TLS
+from swamp.protocol.transport import SPEAKS_PLAIN, SPEAKS_TLS, TransportClosed
+from swamp.protocol.websocket import Handshake, HandshakeError
 
 log = logging.getLogger("swamp.listener")
 
 HEAD_LIMIT = 16 * 1024  # h11's own limit on a request head
 HEAD_TIMEOUT = 10.0  # the TLS handshake and the first request head, together
-RECEIVE_BYTES = 16 * 1024
 SINGLE = frozenset({"host", "origin", "authorization"})  # what the policy and auth read
 TLS_HANDSHAKE = 0x16  # the content type of the record every TLS client starts with
 
@@ -158,12 +158,12 @@ class Prefaced(trio.abc.HalfCloseableStream):
             raise AttributeError(name)
         return getattr(self._stream, name)
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._preface:
             await trio.lowlevel.checkpoint()
             size = len(self._preface) if max_bytes is None else max_bytes
-            data, self._preface = self._preface[:size], self._preface[size:]
-            return data
+            preface, self._preface = self._preface[:size], self._preface[size:]
+            return preface
         data = await self._stream.receive_some(max_bytes)
         self._last_received = trio.current_time()
         return data
@@ -175,14 +175,18 @@ class Prefaced(trio.abc.HalfCloseableStream):
         await self._stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self._stream.send_eof()  # AttributeError on TLS, as Hypercorn expects
+        if not isinstance(self._stream, trio.abc.HalfCloseableStream):
+            raise AttributeError("send_eof")  # TLS cannot half-close, as Hypercorn expects
+        await self._stream.send_eof()
 
     async def aclose(self) -> None:
         await self._stream.aclose()
 
 
 def peer_of(stream: trio.abc.Stream) -> str:
-    socket = getattr(stream, "socket", None) or stream.transport_stream.socket
+    socket = getattr(stream, "socket", None)
+    if socket is None:  # a TLS stream: the socket is its transport's
+        socket = getattr(stream, "transport_stream", stream).socket  # type: ignore[union-attr]
     try:
         host, port, *_ = socket.getpeername()
     except OSError:
@@ -194,7 +198,7 @@ def peer_of(stream: trio.abc.Stream) -> str:
 class Upgrade:
     """A websocket upgrade, for the app to accept or reject."""
 
-    request: trio_websocket.WebSocketRequest
+    request: Handshake  # accept() it (the open websocket) or reject() it
     headers: dict[str, str]  # as the peer sent them, lowercase names, first values
     peer: str  # host:port
     idle: Callable[[], float]  # seconds since the peer last sent anything (a draining close)
@@ -255,37 +259,35 @@ async def serve(
             if waited.cancelled_caught:
                 return
             end = head.find(b"\r\n\r\n")
-            prefaced = Prefaced(served, head)
             headers = upgrade_headers(head[: end + 4]) if end >= 0 else None
-            del head  # this frame lives as long as the socket; the head need not
             if headers is None:
-                await TCPServer(asgi, config, context, ConnectionState({}), prefaced).run()
+                prefaced = Prefaced(served, head)
+                del head  # this frame lives as long as the socket; the head need not
+                # Hypercorn reads and writes any trio stream; its annotation names only one
+                server = TCPServer(asgi, config, context, ConnectionState({}), prefaced)  # type: ignore[arg-type]
+                await server.run()
                 return
-            async with trio.open_nursery() as nursery:
-                run = await _upgrade(nursery, prefaced, headers, peer)
-                del headers
-                if run is not None:
-                    await run()
-                nursery.cancel_scope.cancel()
+            # the handshake gets its head; what came after it is the websocket's first frames
+            prefaced = Prefaced(served, head[end + 4 :])
+            run = await _upgrade(prefaced, head[: end + 4], headers, peer)
+            del head, headers
+            if run is not None:
+                await run()
         except Exception:  # the orchestrator never dies of what one peer did
             log.exception("a connection from %s failed", peer)
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _upgrade(nursery, prefaced: Prefaced, headers: dict, peer: str):
+    async def _upgrade(prefaced: Prefaced, head: bytes, headers: dict, peer: str):
         """The handshake, and the app's answer to it: what serves the socket from now on, or
         ``None``. Its own frame, so that what the handshake needed goes when it is done."""
         with trio.move_on_after(HEAD_TIMEOUT):  # the handshake is answered at once, or never
             try:
-                request = await trio_websocket.wrap_server_stream(
-                    nursery,
-                    prefaced,
-                    message_queue_size=1,
-                    max_message_size=max_message_size,
-                    receive_buffer_size=RECEIVE_BYTES,
+                request = Handshake(
+                    prefaced, head, max_message_size=max_message_size, idle=prefaced.idle
                 )
                 return await websocket(Upgrade(request, headers, peer, prefaced.idle))
-            except trio_websocket.ConnectionClosed:
+            except (HandshakeError, TransportClosed):
                 pass
         return None
 

@@ -406,7 +406,7 @@ async def _serve(
     host = f"[{options.host}]" if ":" in options.host else options.host
     config.bind = [f"{host}:{options.port}"]
     # Hypercorn serves only an upgrade on a kept-alive HTTP connection (the listener hands every
-    # other one to trio-websocket). Its limit is one for all its sockets, and it buffers a
+    # other one to swamp.protocol.websocket). Its limit is one for all its sockets, and it buffers a
     # message whole before the app sees it, trusted or not: such a socket keeps the limit of an
     # untrusted one (our own clients never upgrade that way).
     config.websocket_max_message_size = PENDING_MESSAGE_BYTES

@@ -3,9 +3,9 @@
 Both ends run the same class. :meth:`RpcChannel.serve` owns everything the channel does: the
 read loop, one task per incoming request, the writer (started when there is a frame to send; an
 orchestrator's idle socket gives it up), the pinger and the silence watcher. The read loop is
-wherever the transport reads the socket (:meth:`Transport.pump`): over trio-websocket, each
-frame is taken inside its reader task as it is parsed, with no queue or task in between. When the
-socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
+wherever the transport reads the socket (:meth:`Transport.pump`): over a websocket, each
+frame is taken in the task that reads the socket as it is parsed, no queue or task between. When
+the socket goes away every outstanding :meth:`call` fails with ``ChannelClosed`` and the owner's
 :meth:`on_close` callbacks run at once: nothing waits on a dead peer.
 
 **Nobody but the writer waits to send.** A frame with nothing queued or being written before

@@ -8,31 +8,29 @@ frame here), and writes each through its frame protocol with a masking key from
 ``os.urandom`` (≈ 2.5 µs for a server's frame, 4.5 µs for a client's). The same work for that
 one kind of frame is a few lines.
 
-:class:`FastFrames` stands in for the wsproto connection inside a trio-websocket connection
-once it is open. It reads a frame's header itself; a whole, final, unextended text frame of at
-most :data:`FAST_LIMIT` bytes, masked as its direction requires, with a minimal length and
-valid UTF-8, it decodes at once. Anything else — control frames (close, ping, pong), binary
-or fragmented messages, anything malformed, anything larger — it hands to wsproto exactly as
-it arrived, byte for byte, at a frame boundary, so wsproto answers it as it always did: the
-same events, the same errors and close codes. Sending, :func:`text_frame` does what wsproto's
+:class:`FastFrames` stands in front of a wsproto connection once it is open. It reads a
+frame's header itself; a whole, final, unextended text frame of at most :data:`FAST_LIMIT`
+bytes, masked as its direction requires, with a minimal length and valid UTF-8, it decodes at
+once. Anything else — control frames (close, ping, pong), binary or fragmented messages,
+anything malformed, anything larger — it hands to wsproto exactly as it arrived, byte for
+byte, at a frame boundary, so wsproto answers it as it always did: the same events, the same
+errors and close codes. Sending, :func:`text_frame` does what wsproto's
 ``send(TextMessage(...))`` does for an open connection without extensions.
 
-It is installed only on a connection whose wsproto state allows it (open, no extension
-negotiated, no partial frame or message buffered), reaching into wsproto and trio-websocket
-internals that are pinned in ``constraints.txt``; otherwise the connection keeps wsproto as
-it is.
+The websocket shell (:mod:`swamp.protocol.websocket`) puts it in front of wsproto's connection
+the moment the handshake is done: wsproto was given the handshake's bytes and nothing after
+them, so every frame passes here first. Only wsproto's public API is used (``receive_data``,
+``events``, ``send``, ``state``).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Generator
-from dataclasses import dataclass
 
 from wsproto import WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Event, TextMessage
-from wsproto.frame_protocol import Opcode
 
 from swamp.ids import random_bytes
 
@@ -68,69 +66,6 @@ def _unmask(payload: bytes | bytearray, key: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
 
 
-@dataclass(frozen=True)
-class _Where:
-    """Where wsproto is in the stream when the fast reader takes over from it."""
-
-    unread: bytes  # received, not parsed yet: the fast reader reads it
-    owed: int  # the rest of a frame wsproto has begun: handed to it as it arrives
-    fragmented: bool  # a data message goes on after the frame in hand
-    pieces: int  # frames of that message so far
-    events: bool  # events wsproto parsed and nobody took yet
-
-
-def _where(real: object) -> _Where | None:
-    """Where the fast reader can take over from wsproto's connection — open, no extensions —
-    whatever it has half read; ``None`` if it cannot (another wsproto: leave it alone)."""
-    try:
-        connection = real.connection  # type: ignore[attr-defined]
-        proto = connection._proto
-        decoder = proto._frame_decoder
-        buffer = decoder.buffer
-        if not isinstance(real, WSConnection) or connection.state is not _OPEN:
-            return None
-        if proto.extensions or proto._parse_more.gi_frame is None:
-            return None  # or wsproto's parser has ended (a frame it refused): it closes
-        inside = proto._message_decoder.opcode is not None  # frames of a message came already
-        header = decoder.header
-        unread = bytes(buffer.buffer[buffer.bytes_used :])
-        if header is None:
-            return _Where(unread, 0, inside, 1 if inside else 0, bool(connection._events))
-        if unread:  # a frame begun, and more than its payload not parsed yet: rare; wait
-            return None
-        owed = header.payload_len - decoder.payload_consumed
-        starts = header.opcode is not Opcode.CONTINUATION
-        return _Where(b"", owed, not header.fin, 1 if starts else 2, bool(connection._events))
-    except AttributeError:
-        return None
-
-
-def install(ws: object, *, max_fragments: int | None = None) -> bool:
-    """Put :class:`FastFrames` in front of a trio-websocket connection's wsproto connection,
-    taking over from wherever wsproto is (a message or frame half read, bytes not parsed yet,
-    events not taken); whether it is there (installing twice is harmless)."""
-    real = getattr(ws, "_wsproto", None)
-    if isinstance(real, FastFrames):
-        real.max_fragments = max_fragments
-        return True
-    where = _where(real) if real is not None else None
-    if where is None:
-        return False
-    fast = FastFrames(real, max_fragments=max_fragments)  # type: ignore[arg-type]
-    buffer = real.connection._proto._frame_decoder.buffer  # type: ignore[union-attr]
-    del buffer.buffer[:]  # the unread bytes are the fast reader's now
-    buffer.bytes_used = 0
-    fast._buffer += where.unread
-    fast._owed = where.owed
-    fast._fragmented = where.fragmented
-    fast._pieces = where.pieces
-    fast._handed = where.events
-    if max_fragments is not None and where.fragmented and where.pieces >= max_fragments:
-        fast._refuse(f"a message may come in at most {max_fragments} frame(s)")
-    ws._wsproto = fast  # type: ignore[attr-defined]
-    return True
-
-
 class FastFrames:
     """A wsproto connection, read the fast way where a frame allows (see the module docstring).
     Everything but ``receive_data`` and ``events`` is the wrapped connection's."""
@@ -153,7 +88,7 @@ class FastFrames:
         self.real = real
         self.client = real.client
         # the most frames one message may come in (None: any): a message in thousands of tiny
-        # frames makes wsproto and trio-websocket keep an object for each piece
+        # frames makes wsproto keep an object for each piece
         self.max_fragments = max_fragments
         self._pieces = 0  # frames of the data message being read
         self._refused = False  # a message broke the limit: nothing more reaches wsproto
@@ -174,7 +109,7 @@ class FastFrames:
     def send(self, event: Event) -> bytes:
         return self.real.send(event)
 
-    def receive_data(self, data: bytes | None) -> None:
+    def receive_data(self, data: bytes | bytearray | None) -> None:
         if data is None:  # the socket ended: wsproto says how (after what it was owed)
             if not self._refused:
                 self._hand(len(self._buffer) - self._at)
@@ -292,7 +227,7 @@ class FastFrames:
             return total
         if available < total:
             return None
-        payload = buffer[at + head : at + total]
+        payload: bytes | bytearray = buffer[at + head : at + total]
         if masked:
             payload = _unmask(payload, bytes(buffer[at + head - 4 : at + head]))
         try:

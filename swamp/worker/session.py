@@ -109,7 +109,7 @@ class Session:
             max_message_size=MAX_FRAME_BYTES * 2,
             connect_timeout=CONNECT_TIMEOUT,
         ) as ws:
-            return await self._serve(WebSocketTransport(ws), context)
+            return await self._serve(ws, context)
 
     async def _serve(self, transport: WebSocketTransport, context: ssl.SSLContext | None) -> str:
         async with httpx.AsyncClient(verify=context or True, timeout=30) as http:

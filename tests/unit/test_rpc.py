@@ -18,50 +18,7 @@ from swamp.errors import (
 from swamp.protocol import frames
 from swamp.protocol.outbox import OUTBOX_FRAMES, Outbox
 from swamp.protocol.rpc import RpcChannel, SilenceSweeper
-from swamp.protocol.transport import TransportClosed
-
-
-class MemoryTransport:
-    def __init__(self, send_channel, receive_channel):
-        self.tx, self.rx = send_channel, receive_channel
-        self.closed_with = None
-        self.writes: list[int] = []  # frames per write, for the writes of several
-
-    async def send(self, text):
-        try:
-            await self.tx.send(text)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise TransportClosed("connection closed") from None
-
-    async def send_many(self, texts):
-        self.writes.append(len(texts))
-        for text in texts:
-            await self.send(text)
-
-    async def receive(self):
-        try:
-            return await self.rx.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise TransportClosed("connection closed") from None
-
-    unflushed = False
-
-    def write_now(self, text):
-        return None  # every frame through the writer: what these tests watch
-
-    async def pump(self, take):
-        while True:
-            await take(await self.receive())
-
-    async def aclose(self, code=1000, reason=""):
-        self.closed_with = self.closed_with or (code, reason)
-        await self.tx.aclose()
-
-
-def pair():
-    a_tx, b_rx = trio.open_memory_channel(100)
-    b_tx, a_rx = trio.open_memory_channel(100)
-    return MemoryTransport(a_tx, a_rx), MemoryTransport(b_tx, b_rx)
+from tests.memory_transport import MemoryTransport, pair
 
 
 def answering_side(transport, sweeper=None, heartbeat=1):

@@ -17,7 +17,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from swamp.protocol.wsframes import FAST_LIMIT, FastFrames, install, text_frame
+from swamp.protocol.wsframes import FAST_LIMIT, FastFrames, text_frame
 
 
 def opened() -> tuple[WSConnection, WSConnection]:
@@ -163,50 +163,32 @@ def test_a_frame_written_here_reads_back_whole(client, size):
         assert ours == theirs
 
 
-class _Connection:
-    """Stands in for trio-websocket's connection: its wsproto connection is ``_wsproto``."""
-
-    def __init__(self, real) -> None:
-        self._wsproto = real
-
-
 @pytest.mark.parametrize("seed", range(60))
-def test_the_fast_reader_takes_over_from_wsproto_wherever_it_is(seed):
-    """It goes in when a socket's limits are set, and wsproto may have read some of the peer's
-    frames by then (a client that sends the moment the upgrade is answered): part of a frame,
-    a fragmented message under way, bytes not parsed, events not taken. The events are the
-    same as wsproto's alone, in order."""
+def test_the_fast_reader_reads_from_the_first_frame_after_the_handshake(seed):
+    """The websocket gives wsproto's handshake exactly its head and the fast reader everything
+    after it (a peer may send frames the moment the upgrade is answered, in the same read):
+    cut anywhere, the events are the same as wsproto's alone, in order."""
     rng = random.Random(seed)
     data = b"".join(some_frame(rng, to_server=True) for _ in range(rng.randint(1, 12)))
     expected = normalized(feed(opened()[1], data, random.Random(seed)))
-    server = opened()[1]
     cut = rng.randint(0, len(data))
-    server.receive_data(data[:cut])
-    events, pending = [], server.events()
-    for _ in range(rng.randint(0, 4)):  # some events taken, the generator left where it was
-        event = next(pending, None)
-        if event is None:
-            break
-        events.append(event)
-    connection = _Connection(server)
-    if not install(connection):  # only a frame begun with more behind it, not yet parsed
-        return
-    fast = connection._wsproto
-    assert isinstance(fast, FastFrames)
-    events.extend(pending)  # the reader finishes what it had begun
+    fast = FastFrames(opened()[1])
+    fast.receive_data(data[:cut])  # what came with the handshake
+    events = list(fast.events())
     fast.receive_data(data[cut:])
     events.extend(fast.events())
     assert normalized(events) == expected
 
 
-def test_taking_over_inside_a_fragmented_message_counts_its_frames():
+def test_a_limit_set_inside_a_fragmented_message_counts_its_frames():
     server = opened()[1]
     mask = b"abcd"
-    server.receive_data(frame(1, b"one ", fin=False, mask=mask))
-    assert [type(e).__name__ for e in server.events()] == ["TextMessage"]
-    connection = _Connection(server)
-    assert install(connection, max_fragments=1)  # the next frame would be the second
-    closes = [e for e in connection._wsproto.events() if isinstance(e, CloseConnection)]
+    fast = FastFrames(server)
+    fast.receive_data(frame(1, b"one ", fin=False, mask=mask))
+    assert [type(e).__name__ for e in fast.events()] == ["TextMessage"]
+    fast.max_fragments = 1  # the limit comes (the socket's trust changed); the next is the second
+    fast.receive_data(frame(0, b"two", mask=mask))
+    closes = [e for e in fast.events() if isinstance(e, CloseConnection)]
     assert closes and closes[0].code == 1009
 
 
