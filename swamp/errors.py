@@ -380,6 +380,10 @@ class ChannelClosed(PeerError):
     code = "channel_closed"
 
 
+class TransportClosed(ChannelClosed):
+    """The socket is gone; ``message`` says why (close code and reason when known)."""
+
+
 class CallTimeout(PeerError):
     code = "timeout"
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from swamp.errors import ChannelClosed
+from swamp.errors import TransportClosed
 from swamp.protocol.websocket import (
     DRAIN_MAX,
     DRAIN_QUIET,
@@ -34,10 +34,6 @@ from swamp.protocol.websocket import describe_close as _describe
 # scheme on its port (the listener sends it; open_websocket recognizes it).
 SPEAKS_TLS = "this port speaks TLS: use wss:// (or https://)"
 SPEAKS_PLAIN = "this port does not speak TLS: use ws:// (or http://)"
-
-
-class TransportClosed(ChannelClosed):
-    """The socket is gone; ``message`` says why (close code and reason when known)."""
 
 
 class Transport(Protocol):

@@ -36,6 +36,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
+from swamp.errors import TransportClosed
 from swamp.protocol.wsframes import FastFrames, text_frame
 
 RECEIVE_BYTES = 16 * 1024  # one read of the socket (and the most a read's messages queue up)
@@ -63,8 +64,6 @@ class Rejected(HandshakeError):
 
 
 def _transport_closed(message: str) -> Exception:
-    from swamp.protocol.transport import TransportClosed  # transport imports this module
-
     return TransportClosed(message)
 
 

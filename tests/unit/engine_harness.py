@@ -160,11 +160,11 @@ class Rig:
         path.write_text(textwrap.dedent(toml))
 
     async def run(self, name: str, inputs: dict | None = None) -> dict:
-        """Run workflow ``name`` to its end; its record, as the store has it."""
+        """Run workflow ``name`` to its end; its record as the store keeps it (JSON)."""
         workflow = self.engine.workflows.checked(name)
         record = await self.engine.run(workflow, check_inputs(workflow, inputs or {}), self.emit)
-        assert self.engine.runs.get(record["runId"]) == record  # saved as it ended
-        return record
+        assert self.engine.runs.get(record.run_id) == record  # saved as it ended
+        return record.to_json()
 
     async def emit(self, event: dict) -> None:
         self.events.append(event)
