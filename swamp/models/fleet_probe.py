@@ -78,7 +78,7 @@ BUILTIN_SEAMS = (
 def ordered(seams: list[Seam]) -> list[Seam]:
     """Built-in seams first, in their order, then plugin seams by name; a name counts once."""
     builtin = [s.name for s in BUILTIN_SEAMS]
-    unique = {}
+    unique: dict[str, Seam] = {}
     for seam in seams:
         unique.setdefault(seam.name, seam)
     return sorted(

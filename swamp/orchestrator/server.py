@@ -442,7 +442,7 @@ async def _serve(
                     url,
                     data_plane,
                     admin_credential=local_credential,
-                    ca_pin=own_tls and own_tls.pin,
+                    ca_pin=own_tls.pin if own_tls else None,
                 )
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
