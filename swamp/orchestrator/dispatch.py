@@ -228,7 +228,7 @@ class DispatchService:
                     member, dispatch_id, work, Step(step_id, attempt), emit
                 )
             finally:
-                self.pool.release(member, dispatch_id)
+                self.queue.release(member, dispatch_id)
                 if member.connected and not member.active:
                     self._set_status(member, WorkerStatus.IDLE.value)
             then = next_move(

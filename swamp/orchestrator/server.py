@@ -41,6 +41,7 @@ from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth, new_local_credential
 from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
 from swamp.orchestrator.app import App
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
@@ -405,7 +406,8 @@ async def _serve(
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
-    records = WorkerRecords(WorkerBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(store), journal)  # everything written behind
+    records = WorkerRecords(WorkerBook(store), bookkeeper)
     gateway = Gateway(
         store,
         pool,
@@ -415,8 +417,8 @@ async def _serve(
         records=records,
     )
     gateway.on_rejection = metrics.on_rejection
-    episodes = Episodes(store, credentials, journal=journal, on_unacknowledged=gateway.unresponsive)
-    queue = DispatchQueue(pool, store, observe=metrics.on_queue)
+    episodes = Episodes(bookkeeper, credentials, on_unacknowledged=gateway.unresponsive)
+    queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
     dispatch = DispatchService(
@@ -489,11 +491,9 @@ async def _serve(
 
     try:
         async with open_unwrapping_nursery() as nursery:
-            await nursery.start(records.run)
-            await nursery.start(queue.writer.run)
+            await nursery.start(bookkeeper.run)
             await nursery.start(gateway.run)
             await nursery.start(episodes.keep_credentials_fresh)
-            await nursery.start(episodes.write_leases)
             await nursery.start(episodes.watch_acknowledgements)
             async with open_unwrapping_nursery() as server:
                 binds = await server.start(
@@ -516,12 +516,11 @@ async def _serve(
                 task_status.started(url)
             # The listener has returned: every connection is closed or past its graceful timeout.
             with trio.move_on_after(5):
-                await records.settled()  # the last status versions (disconnected) go in
-                await queue.writer.settled()
+                await bookkeeper.settled()  # the last status versions (disconnected) go in
             nursery.cancel_scope.cancel()
     finally:
         repo.remove_serve_file()
-        episodes.write_unwritten_leases()  # still running: the next boot expires them
+        bookkeeper.flush()  # leases still running go in active: the next boot expires them
         journal.close()
         reader.close()
         try:
