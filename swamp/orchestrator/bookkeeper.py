@@ -101,7 +101,7 @@ class LeaseRows(Protocol):
     ) -> Record | None: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """One dispatch's lease as the bookkeeper keeps it: its attributes until its row is
     written, then the latest version this process wrote."""
@@ -320,7 +320,9 @@ class Bookkeeper:
         elif self._journaled:
             journaled = self._journaled[0][1] + JOURNAL_DELAY
             due = journaled if due is None else min(due, journaled)
-        return None if due is None else max(due, self._not_before)
+        if due is not None and self._pause:  # the store refused: not before the pause ends
+            due = max(due, self._not_before)
+        return due
 
     async def _write_leases(self) -> None:
         try:

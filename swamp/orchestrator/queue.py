@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -69,6 +70,15 @@ class StepInfo:
     step: str | None = None
 
 
+class Grant(NamedTuple):
+    """What a step acquired: a slot of ``member``, reserved for ``dispatch_id``
+    (``queue_id``: the episode it waited in, if it had to)."""
+
+    member: Member
+    dispatch_id: str
+    queue_id: str | None = None
+
+
 @dataclass(eq=False)
 class Ticket:
     """A step's place in the queue, and what it was given."""
@@ -111,10 +121,10 @@ class DispatchQueue:
 
     async def acquire(
         self, placement: Placement, info: StepInfo, *, deadline: float | None, emit: Emit
-    ) -> Ticket:
+    ) -> Grant:
         """Wait for a free worker matching ``placement`` until ``deadline`` (trio time;
-        ``None``: forever). Returns the ticket with its member, whose slot is reserved for
-        ``ticket.dispatch_id``; the caller gives it back with :meth:`release`."""
+        ``None``: forever). Returns the member, whose slot is reserved for the grant's
+        ``dispatch_id``; the caller gives it back with :meth:`release`."""
         ticket = Ticket(placement, info)
         decision = admit(
             Requirement.of(placement),
@@ -125,35 +135,35 @@ class DispatchQueue:
         )
         if isinstance(decision, Refuse):
             raise QueueFull(decision.reason)
-        self._hand_out(decision.handed)
+        if decision.handed:
+            self._hand_out(decision.handed)
         if isinstance(decision, Dispatch):
-            self._give(ticket, decision.worker)
-            return ticket
+            return self._give(ticket, decision.worker)
         step = decision.step
-        ticket.woken = trio.Event()
+        ticket.woken = woken = trio.Event()
         gone = self.never_returns(placement)
         if gone is not None:
             self.waiting.discard(step)
             raise NoMatchingWorker(gone)
-        self._start_waiting(ticket, emit)
+        queue_id = self._start_waiting(ticket)
         await safe_emit(
             emit,
             Queued(
                 requirement=placement.describe(),
-                queue_id=ticket.queue_id,
+                queue_id=queue_id,
                 detail=self._why_target_waits(placement),
             ).to_json(),
         )
         try:
             with trio.move_on_at(math.inf if deadline is None else deadline):
-                await ticket.woken.wait()
+                await woken.wait()
         except BaseException:  # cancelled: whoever waited for it has gone
             self._stop_waiting(step, ticket, PendingState.CANCELLED)
             raise
-        if ticket.member is not None:  # assigned, even if its deadline passed meanwhile
+        if ticket.member is not None and ticket.dispatch_id is not None:  # even if late
             self._ended(ticket, PendingState.DISPATCHED, dispatch_id=ticket.dispatch_id)
             self.observe("waited", self.clock() - ticket.queued_at)
-            return ticket
+            return Grant(ticket.member, ticket.dispatch_id, queue_id)
         if ticket.failure is not None:
             self._ended(ticket, PendingState.CANCELLED, reason=ticket.failure.message)
             raise ticket.failure
@@ -163,8 +173,8 @@ class DispatchQueue:
             f"timed out waiting for a worker matching {placement.describe()} to become available"
         )
 
-    def _start_waiting(self, ticket: Ticket, emit: Emit) -> None:
-        ticket.queue_id = new_id()
+    def _start_waiting(self, ticket: Ticket) -> str:
+        ticket.queue_id = queue_id = new_id()
         ticket.queued_at = self.clock()
         placement, info = ticket.placement, ticket.info
         attrs = {
@@ -183,12 +193,13 @@ class DispatchQueue:
         ):
             if value:
                 attrs[field_name] = value
-        self.bookkeeper.put(f"queue episode {ticket.queue_id}", lambda: self.pending.enqueue(attrs))
+        self.bookkeeper.put(f"queue episode {queue_id}", lambda: self.pending.enqueue(attrs))
+        return queue_id
 
     def _stop_waiting(self, step: WaitingStep, ticket: Ticket, state: PendingState) -> None:
         """It leaves the queue unassigned; a slot handed out in the same instant goes back."""
         self.waiting.discard(step)
-        if ticket.member is not None:
+        if ticket.member is not None and ticket.dispatch_id is not None:
             self.release(ticket.member, ticket.dispatch_id)
             ticket.member = None
         self._ended(ticket, state)
@@ -227,14 +238,16 @@ class DispatchQueue:
         for assignment in assignments:
             ticket: Ticket = assignment.step.ticket
             self._give(ticket, assignment.worker)
-            ticket.woken.set()
+            if ticket.woken is not None:
+                ticket.woken.set()
 
-    def _give(self, ticket: Ticket, name: str) -> None:
+    def _give(self, ticket: Ticket, name: str) -> Grant:
         """The member's slot, already taken in the index, is the ticket's."""
         member = self.pool.members[name]
-        ticket.dispatch_id = ordered_id()
+        ticket.dispatch_id = dispatch_id = ordered_id()
         ticket.member = member
-        self.pool.reserve(member, ticket.dispatch_id, indexed=True)
+        self.pool.reserve(member, dispatch_id, indexed=True)
+        return Grant(member, dispatch_id)
 
     def _fail_unreachable(self, member: Member) -> None:
         """Steps targeting a member whose token is dead fail now, not at their deadline."""
