@@ -97,3 +97,33 @@ async def test_lease_rows_and_ordered_writes_share_one_task_and_the_statistics_s
         }
         nursery.cancel_scope.cancel()
     journal.close()
+
+
+async def test_a_store_refusing_lease_rows_does_not_hold_the_ordered_writes_back(
+    store, autojump_clock
+):
+    bookkeeper = Bookkeeper(LeaseBook(store))
+    attempts = []
+    original = bookkeeper.leases.insert_many
+
+    def refuse(many, **kw):
+        attempts.append(trio.current_time())
+        if len(attempts) <= 3:
+            raise StoreError("the database is read-only")
+        return original(many, **kw)
+
+    bookkeeper.leases.insert_many = refuse
+    done: list[str] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(bookkeeper.run)
+        bookkeeper.open_lease(
+            "d1", worker="w", model_type="swamp/echo", model_name="default", method="echo"
+        )
+        await trio.sleep(0.06)  # due, refused once: now in its pause
+        assert len(attempts) == 1
+        bookkeeper.put("a worker as idle", lambda: "ok", done.append)
+        await bookkeeper.settled()
+        assert done == ["ok"] and len(attempts) == 1  # written meanwhile, the lease still waits
+        await trio.sleep(5)
+        assert len(attempts) == 4 and bookkeeper.statistics()["leasesUnwritten"] == 0
+        nursery.cancel_scope.cancel()
