@@ -114,6 +114,19 @@ class Lease:
     writes_stored: bool = False  # the row in the store says so
 
 
+@dataclass(frozen=True)
+class BookkeeperStatistics:
+    pending: int  # ordered writes queued (status versions, queue episodes)
+    written: int  # ordered writes done
+    failed: int  # ordered writes the store refused (said, and given up)
+    dropped: int  # ordered writes dropped past the bound
+    leases_unwritten: int  # running dispatches whose row is not written yet
+    leases_journaled: int  # ended rows in the journal, not in the store yet
+    leases_written: int  # lease rows that went in through the task's transactions
+    batches: int  # those transactions
+    journal_bytes: int  # the journal's size (emptied when its rows are in)
+
+
 class Bookkeeper:
     def __init__(
         self, leases: LeaseRows, journal: Journal | None = None, *, limit: int = MAX_BEHIND
@@ -149,19 +162,19 @@ class Bookkeeper:
             f"journaled={len(self._journaled)} written={self.written}>"
         )
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> BookkeeperStatistics:
         """What waits and what was written (as trio's objects describe themselves)."""
-        return {
-            "pending": len(self._queue),
-            "written": self.written,
-            "failed": self.failed,
-            "dropped": self.dropped,
-            "leasesUnwritten": len(self._unwritten),
-            "leasesJournaled": len(self._journaled),
-            "leasesWritten": self.leases_written,
-            "batches": self.batches,
-            "journalBytes": self._journal_bytes,
-        }
+        return BookkeeperStatistics(
+            pending=len(self._queue),
+            written=self.written,
+            failed=self.failed,
+            dropped=self.dropped,
+            leases_unwritten=len(self._unwritten),
+            leases_journaled=len(self._journaled),
+            leases_written=self.leases_written,
+            batches=self.batches,
+            journal_bytes=self._journal_bytes,
+        )
 
     # -- ordered writes: worker status versions, queue episodes --------------------------------
 

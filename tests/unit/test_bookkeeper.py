@@ -9,7 +9,7 @@ import trio.testing
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.leases import LeaseState
 from swamp.errors import StoreError
-from swamp.orchestrator.bookkeeper import JOURNAL_DELAY, Bookkeeper
+from swamp.orchestrator.bookkeeper import JOURNAL_DELAY, Bookkeeper, BookkeeperStatistics
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 
@@ -32,7 +32,7 @@ async def test_ordered_writes_go_in_the_order_they_were_queued_and_settle(store)
         await bookkeeper.settled()
         assert done == [0, 1, 2, 3, 4]
         nursery.cancel_scope.cancel()
-    assert bookkeeper.statistics()["written"] == 5 and bookkeeper.statistics()["pending"] == 0
+    assert bookkeeper.statistics().written == 5 and bookkeeper.statistics().pending == 0
 
 
 async def test_past_the_bound_the_oldest_queued_write_is_dropped_and_said(store, caplog):
@@ -40,7 +40,7 @@ async def test_past_the_bound_the_oldest_queued_write_is_dropped_and_said(store,
     done: list[int] = []
     for n in range(3):  # the task is not running: all three wait
         bookkeeper.put(f"write {n}", lambda n=n: n, done.append)
-    assert bookkeeper.statistics()["pending"] == 2 and bookkeeper.statistics()["dropped"] == 1
+    assert bookkeeper.statistics().pending == 2 and bookkeeper.statistics().dropped == 1
     assert "dropped write 0" in caplog.text
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
@@ -62,7 +62,7 @@ async def test_a_write_the_store_refuses_is_counted_and_the_next_goes_on(store, 
         bookkeeper.put("a queue episode", lambda: "ok", done.append)
         await bookkeeper.settled()
         nursery.cancel_scope.cancel()
-    assert done == ["ok"] and bookkeeper.statistics()["failed"] == 1
+    assert done == ["ok"] and bookkeeper.statistics().failed == 1
     assert "could not record a worker as idle" in caplog.text
 
 
@@ -79,22 +79,22 @@ async def test_lease_rows_and_ordered_writes_share_one_task_and_the_statistics_s
         await bookkeeper.end_lease(lease, LeaseState.COMPLETED, None)
         bookkeeper.put("a worker as busy", lambda: None)
         stats = bookkeeper.statistics()
-        assert stats["leasesJournaled"] == 1 and stats["journalBytes"] > 0
-        assert stats["pending"] == 1
+        assert stats.leases_journaled == 1 and stats.journal_bytes > 0
+        assert stats.pending == 1
         await bookkeeper.settled()
         await trio.sleep(JOURNAL_DELAY * 2)
         stats = bookkeeper.statistics()
-        assert stats == {
-            "pending": 0,
-            "written": 1,
-            "failed": 0,
-            "dropped": 0,
-            "leasesUnwritten": 0,
-            "leasesJournaled": 0,
-            "leasesWritten": 1,
-            "batches": 1,
-            "journalBytes": 0,
-        }
+        assert stats == BookkeeperStatistics(
+            pending=0,
+            written=1,
+            failed=0,
+            dropped=0,
+            leases_unwritten=0,
+            leases_journaled=0,
+            leases_written=1,
+            batches=1,
+            journal_bytes=0,
+        )
         nursery.cancel_scope.cancel()
     journal.close()
 
@@ -125,5 +125,5 @@ async def test_a_store_refusing_lease_rows_does_not_hold_the_ordered_writes_back
         await bookkeeper.settled()
         assert done == ["ok"] and len(attempts) == 1  # written meanwhile, the lease still waits
         await trio.sleep(5)
-        assert len(attempts) == 4 and bookkeeper.statistics()["leasesUnwritten"] == 0
+        assert len(attempts) == 4 and bookkeeper.statistics().leases_unwritten == 0
         nursery.cancel_scope.cancel()
