@@ -380,10 +380,6 @@ class ChannelClosed(PeerError):
     code = "channel_closed"
 
 
-class TransportClosed(ChannelClosed):
-    """The socket is gone; ``message`` says why (close code and reason when known)."""
-
-
 class CallTimeout(PeerError):
     code = "timeout"
 

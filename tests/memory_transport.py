@@ -21,8 +21,12 @@ class Close:
 
 
 class MemoryTransport:
-    def __init__(self, send_channel, receive_channel):
+    """One end. ``immediate``: ``write_now`` hands a message to the peer when the channel has
+    room (as a socket with room takes it); otherwise every message goes through ``send``."""
+
+    def __init__(self, send_channel, receive_channel, *, immediate: bool = False):
         self.tx, self.rx = send_channel, receive_channel
+        self.immediate = immediate
         self.closed_with = None
         self.writes: list[int] = []  # frames per write, for the writes of several
         self.why: str | None = None  # set once closed: what receive and send raise
@@ -63,7 +67,13 @@ class MemoryTransport:
     unflushed = False
 
     def write_now(self, text):
-        return None  # every frame through the writer: what these tests watch
+        if not self.immediate or self.why is not None:
+            return None  # every frame through the writer: what the RPC tests watch
+        try:
+            self.tx.send_nowait(text)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        return True
 
     def limit_messages(self, size, *, fragments=None):
         self.limit = size  # a message is one piece here: no fragments to count
@@ -86,7 +96,10 @@ class MemoryTransport:
         await self._send_close(code, reason)
 
 
-def pair(size: int = 100) -> tuple[MemoryTransport, MemoryTransport]:
+def pair(size: int = 100, *, immediate: bool = False) -> tuple[MemoryTransport, MemoryTransport]:
     a_tx, b_rx = trio.open_memory_channel(size)
     b_tx, a_rx = trio.open_memory_channel(size)
-    return MemoryTransport(a_tx, a_rx), MemoryTransport(b_tx, b_rx)
+    return (
+        MemoryTransport(a_tx, a_rx, immediate=immediate),
+        MemoryTransport(b_tx, b_rx, immediate=immediate),
+    )

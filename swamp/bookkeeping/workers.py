@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from typing import Any
 
 from swamp import __version__
 from swamp.bookkeeping.records import decoded, has_fields
@@ -50,7 +51,7 @@ class WorkerBook:
         """A full record for a (re-)enrollment: ``idle``, or ``unverified`` while it is probed."""
         now = iso(self.clock())
         previous = self.store.latest(key(name))
-        attrs = {
+        attrs: dict[str, Any] = {
             "name": name,
             "instanceId": instance_id,
             "machineId": machine_id,

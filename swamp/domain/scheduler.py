@@ -7,9 +7,11 @@ least-loaded order (most free slots, then name). Heaps are lazy: a change pushes
 and makes the old one stale; stale entries are dropped when they surface, and a heap is rebuilt
 when they outnumber the live ones. A decision at 10,000 workers costs a heap peek.
 
-:func:`assign` is the one decision: given the waiting steps and the index, which step goes to
-which worker. It takes each assigned slot in the index before it returns, so decisions that
-follow (in the same call or the next) never overbook. The shell performs the dispatches after.
+:func:`admit` is the one decision for a step that asks for a worker: dispatch it to a worker
+now, let it wait, or refuse it (with the reason). :func:`assign` is the one decision when the
+pool changes: given the waiting steps and the index, which step goes to which worker. Both take
+each slot they give in the index before they return, so decisions that follow (in the same
+call or the next) never overbook. The shell performs the dispatches after.
 :func:`swamp.domain.placement.choose_worker` — a plain scan — is the specification the index is
 tested against.
 """
@@ -20,6 +22,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from swamp.domain.placement import Placement
 from swamp.domain.queue import WaitingQueue, WaitingStep
@@ -80,6 +83,7 @@ class Slots:
         """Labels and platform, regardless of load (a target is resolved by the index)."""
         if requirement.target:
             return requirement.target in (self.name, self.instance_id)
+        have: str | None
         for key, value in requirement.keys:
             if key == _OS:
                 have = self.platform
@@ -216,7 +220,7 @@ class PoolIndex:
                 return None  # nobody has this label at all
             if smallest is None or len(names) < len(self._by_key[smallest]):
                 smallest = key
-        heap = self._heaps.get(smallest)
+        heap = self._heaps.get(smallest) if smallest is not None else None
         if not heap:
             return None
         aside = []
@@ -289,3 +293,59 @@ def assign(
 def requirements_of(slots: Slots, queue: WaitingQueue) -> list[Requirement]:
     """The waiting requirements this member satisfies: what its free slot can unblock."""
     return [r for r in queue.groups if slots.satisfies(r)]
+
+
+class Dispatch(NamedTuple):
+    """Admitted: the step goes to ``worker`` now (its slot is taken in the index)."""
+
+    worker: str
+    handed: tuple[Assignment, ...] = ()  # older steps the same decision gave a worker
+
+
+class Wait(NamedTuple):
+    """No free worker can take it yet: ``step`` is in the queue, waiting."""
+
+    step: WaitingStep
+    handed: tuple[Assignment, ...] = ()  # older steps the same decision gave a worker
+
+
+class Refuse(NamedTuple):
+    """It may not even wait (the queue is full): ``reason`` says so."""
+
+    reason: str
+
+
+# (named tuples: a decision is made on every dispatch, and one costs a third of a dataclass)
+Admission = Dispatch | Wait | Refuse
+
+
+def admit(
+    requirement: Requirement,
+    queue: WaitingQueue,
+    index: PoolIndex,
+    *,
+    max_waiting: int,
+    ticket: Any = None,
+) -> Admission:
+    """What becomes of a step that asks for a worker matching ``requirement``: oldest first, so
+    it goes at once only when no step is ahead of it (nobody waits: the least-loaded free
+    worker, a heap peek; otherwise it joins the queue and :func:`assign` runs for its
+    requirement, which may give it a worker too, after the steps ahead of it). Whatever this
+    decides is already done in ``queue`` and ``index``; ``ticket`` is the shell's handle."""
+    if len(queue) >= max_waiting:
+        return Refuse(
+            f"{len(queue)} steps are already waiting for workers (the most this "
+            "orchestrator holds); retry later, or add workers"
+        )
+    if not len(queue):  # nobody is ahead of it: what assign() decides, directly
+        slots = index.choose(requirement)
+        if slots is not None:
+            index.take(slots.name)
+            return Dispatch(slots.name)
+    step = WaitingStep(requirement, ticket=ticket)
+    queue.add(step)
+    handed = assign(queue, index, [requirement])
+    for n, assignment in enumerate(handed):
+        if assignment.step is step:
+            return Dispatch(assignment.worker, tuple(handed[:n] + handed[n + 1 :]))
+    return Wait(step, tuple(handed))

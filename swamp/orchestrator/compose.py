@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import trio
 
 from swamp.admin.local import RepoAdmin
+from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
@@ -38,6 +39,7 @@ from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
 from swamp.orchestrator.app import App
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dataplane import DataPlane
 from swamp.orchestrator.dispatch import DispatchService
@@ -101,6 +103,7 @@ class Orchestrator:
     pool: Pool
     credentials: Credentials
     sweeper: SilenceSweeper
+    bookkeeper: Bookkeeper
     records: WorkerRecords
     membership: Membership
     live_tokens: LiveTokens
@@ -122,8 +125,7 @@ class Orchestrator:
         accepts anything (the repo watcher takes its baseline now)."""
         async with open_unwrapping_nursery() as nursery:
             # -- write-behind: what goes to disk after the event (see compose) ---------------
-            await nursery.start(self.records.run)
-            await nursery.start(self.queue.writer.run)
+            await nursery.start(self.bookkeeper.run)
             # -- the gateway: members, live tokens, silent sockets ---------------------------
             prober = self.verifier.probe if self.verify_on_enroll else None
             await nursery.start(functools.partial(self.membership.run, prober))
@@ -131,18 +133,16 @@ class Orchestrator:
             await nursery.start(self.sweeper.run)
             # -- dispatch episodes ----------------------------------------------------------
             await nursery.start(self.episodes.keep_credentials_fresh)
-            await nursery.start(self.episodes.write_leases)
             await nursery.start(self.episodes.watch_acknowledgements)
             task_status.started()
 
     async def settled(self) -> None:
         """What was written behind has gone in (the listener has closed every socket)."""
-        await self.records.settled()  # the last status versions (disconnected) go in
-        await self.queue.writer.settled()
+        await self.bookkeeper.settled()  # the last status versions (disconnected) go in
 
     def close(self) -> None:
         """After the services stopped: what is still in memory goes to the journal."""
-        self.episodes.write_unwritten_leases()  # still running: the next boot expires them
+        self.bookkeeper.flush()  # leases still running go in active: the next boot expires them
         self.reader.close()
 
 
@@ -170,10 +170,10 @@ def compose(
     admission = Admission()
 
     # -- write-behind: what is written after the event ---------------------------------------
-    # The one place for its writers: the worker records here; the lease writer (through
-    # ``journal``, opened by serve before the replay) and the queue's episode writer still live
-    # inside Episodes and DispatchQueue, which get them from here when they move out.
-    records = WorkerRecords(WorkerBook(store))
+    # One bookkeeper for all of it: lease rows (through ``journal``, opened by serve before the
+    # replay), worker status versions and queue episodes (when each is durable: its docstring).
+    bookkeeper = Bookkeeper(LeaseBook(store), journal)
+    records = WorkerRecords(WorkerBook(store), bookkeeper)
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
     membership = Membership(
@@ -196,10 +196,8 @@ def compose(
     )
 
     # -- dispatch ----------------------------------------------------------------------------
-    episodes = Episodes(
-        store, credentials, journal=journal, on_unacknowledged=membership.unresponsive
-    )
-    queue = DispatchQueue(pool, store, observe=metrics.on_queue)  # subscribes to the pool
+    episodes = Episodes(bookkeeper, credentials, on_unacknowledged=membership.unresponsive)
+    queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)  # subscribes
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
     dispatch = DispatchService(
@@ -261,6 +259,7 @@ def compose(
         pool=pool,
         credentials=credentials,
         sweeper=sweeper,
+        bookkeeper=bookkeeper,
         records=records,
         membership=membership,
         live_tokens=live_tokens,

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -77,6 +78,15 @@ class RunRequest:
             return default
         seconds = parse_timeout(text, what="--timeout")  # "0": none, whatever the default
         return None if seconds is None else float(seconds)
+
+
+class Plan(NamedTuple):
+    """A run request resolved and checked (:meth:`DispatchService.prepare`)."""
+
+    model_type: ModelType
+    args: dict
+    queue_timeout: float | None  # the run's own --queue-timeout, seconds (None: serve's)
+    timeout: float | None  # seconds each attempt may run on a worker (None: as long as it takes)
 
 
 class DispatchService:
@@ -151,26 +161,29 @@ class DispatchService:
             predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope
         )
 
-    def prepare(self, request: RunRequest) -> tuple[ModelType, dict]:
-        """Resolve and validate before anything runs, waits or is written."""
+    def prepare(self, request: RunRequest) -> Plan:
+        """Resolve and validate once, before anything runs, waits or is written (a bad
+        timeout is an input error here, not after the step waited)."""
         model_type = self.registry.runnable(request.model.type)
         method = model_type.method(request.method)
         args = method.validate({**request.model.args, **request.args})
-        if request.queue_timeout is not None:
+        queue_timeout = (
             parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
-        request.execution_timeout()  # a bad one is an input error before anything runs
-        return model_type, args
+            if request.queue_timeout is not None
+            else None
+        )
+        timeout = request.execution_timeout(self.default_timeout)
+        return Plan(model_type, args, queue_timeout, timeout)
 
     async def run(self, request: RunRequest, emit: Emit) -> RunResult:
-        model_type, args = self.prepare(request)
+        plan = self.prepare(request)
+        model_type, args = plan.model_type, plan.args
         worker = dispatch_id = None
         if not request.placement.is_remote():
             result = await run_here(self.store, model_type, request, args, emit, env=self.environ)
         else:
             try:
-                result, worker, dispatch_id = await self._run_remote(
-                    request, model_type, args, emit
-                )
+                result, worker, dispatch_id = await self._run_remote(request, plan, emit)
             except DispatchFailed as exc:
                 self.observe("outcome", exc.code)
                 raise
@@ -190,23 +203,19 @@ class DispatchService:
         )
 
     async def _run_remote(
-        self, request: RunRequest, model_type: ModelType, args: dict, emit: Emit
+        self, request: RunRequest, plan: Plan, emit: Emit
     ) -> tuple[DispatchResult, str, str]:
-        run_timeout = (
-            parse_queue_timeout(request.queue_timeout, what="--queue-timeout")
-            if request.queue_timeout is not None
-            else None
-        )
-        timeout = effective_timeout(run_timeout, self.queue_timeout)
+        model_type = plan.model_type
+        timeout = effective_timeout(plan.queue_timeout, self.queue_timeout)
         deadline = trio.current_time() + timeout if timeout > 0 else None  # once, for the run
         work = Work(
             model_type=model_type,
             model_name=request.model.name,
             method=request.method,
-            args=args,
+            args=plan.args,
             environment=environment.ship(self.environ, request.shipped_names(self.ship_env)),
             read_scope=request.scope(),
-            timeout=request.execution_timeout(self.default_timeout),
+            timeout=plan.timeout,
         )
         info = StepInfo(
             model_type.type,
@@ -219,8 +228,8 @@ class DispatchService:
         step_id = new_id()
         attempt = busy = 0
         while True:
-            ticket = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
-            member, dispatch_id = ticket.member, ticket.dispatch_id
+            grant = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
+            member, dispatch_id = grant.member, grant.dispatch_id
             attempt += 1
             try:
                 self._set_busy(member)
@@ -228,7 +237,7 @@ class DispatchService:
                     member, dispatch_id, work, Step(step_id, attempt), emit
                 )
             finally:
-                self.pool.release(member, dispatch_id)
+                self.queue.release(member, dispatch_id)
                 if member.connected and not member.active:
                     self._set_status(member, WorkerStatus.IDLE.value)
             then = next_move(
@@ -238,6 +247,7 @@ class DispatchService:
                 retry=request.model.retry,
             )
             if then.move is Move.FINISH:
+                assert episode.result is not None  # it finishes only when the method ran
                 return episode.result, member.name, dispatch_id
             if then.move is Move.FAIL:
                 raise BY_CODE.get(then.code, DispatchFailed)(then.reason)

@@ -95,7 +95,8 @@ class Pool:
     Everything that can change which steps a member may take goes through a method here —
     enrolled, slot reserved or released, status changed, disconnected, left — which updates the
     index and then tells its subscribers (the queue) about the member, so waiting work is looked
-    at on the event itself, never on a timer.
+    at on the event itself, never on a timer. A freed slot is given back through the queue
+    (``DispatchQueue.release``), which calls down.
     """
 
     def __init__(self) -> None:
@@ -168,13 +169,16 @@ class Pool:
         if not indexed and self.members.get(member.name) is member:
             self.index.update(member.name, active=len(member.active))
 
-    def release(self, member: Member, dispatch_id: str) -> None:
+    def release(self, member: Member, dispatch_id: str) -> bool:
+        """Give a dispatch's slot back; says whether it held one. The queue is not told: a slot
+        is given back through it (``DispatchQueue.release``), which looks at its waiting steps
+        itself."""
         if dispatch_id not in member.active:
-            return
+            return False
         member.active.discard(dispatch_id)
         if self.members.get(member.name) is member:
             self.index.update(member.name, active=len(member.active))
-            self.listener(member)
+        return True
 
     def of_token(self, token_name: str) -> list[Member]:
         return [m for m in self.members.values() if m.token_name == token_name]

@@ -2,7 +2,8 @@
 
 :meth:`DispatchQueue.acquire` puts the step in the waiting queue and runs the assignment at once;
 when a free matching worker exists the step leaves with it in the same call (no record, no
-event). Otherwise the step *waits*: a ``swamp/pending-dispatch`` record is written (behind),
+event). Otherwise the step *waits*: a ``swamp/pending-dispatch`` record is written behind (by
+the bookkeeper, ``swamp.orchestrator.bookkeeper``),
 the caller is told ``queued``, and the step sleeps on its own event until one of these wakes it:
 
 - a pool event that can unblock it — an enrollment, a verify pass, a freed slot (the pool calls
@@ -20,8 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -35,13 +37,21 @@ from swamp.domain.queue import (
     WaitingStep,
     requirement_text,
 )
-from swamp.domain.scheduler import Requirement, assign, requirements_of
+from swamp.domain.scheduler import (
+    Assignment,
+    Dispatch,
+    Refuse,
+    Requirement,
+    admit,
+    assign,
+    requirements_of,
+)
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
 from swamp.ids import new_id, ordered_id
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
-from swamp.orchestrator.write_behind import WriteBehind
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import Datastore, iso
 
@@ -58,6 +68,15 @@ class StepInfo:
     workflow: str | None = None
     job: str | None = None
     step: str | None = None
+
+
+class Grant(NamedTuple):
+    """What a step acquired: a slot of ``member``, reserved for ``dispatch_id``
+    (``queue_id``: the episode it waited in, if it had to)."""
+
+    member: Member
+    dispatch_id: str
+    queue_id: str | None = None
 
 
 @dataclass(eq=False)
@@ -79,6 +98,7 @@ class DispatchQueue:
         self,
         pool: Pool,
         store: Datastore,
+        bookkeeper: Bookkeeper,
         *,
         clock=time.time,
         max_waiting: int = MAX_WAITING,
@@ -88,7 +108,7 @@ class DispatchQueue:
         self.waiting = WaitingQueue()
         self.pending = PendingBook(store, clock=clock)
         self.tokens = TokenBook(store, clock=clock)
-        self.writer = WriteBehind("queue episodes", limit=4 * max_waiting)
+        self.bookkeeper = bookkeeper  # writes the queue episodes behind
         self.clock = clock
         self.max_waiting = max_waiting
         self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
@@ -101,52 +121,49 @@ class DispatchQueue:
 
     async def acquire(
         self, placement: Placement, info: StepInfo, *, deadline: float | None, emit: Emit
-    ) -> Ticket:
+    ) -> Grant:
         """Wait for a free worker matching ``placement`` until ``deadline`` (trio time;
-        ``None``: forever). Returns the ticket with its member, whose slot is reserved for
-        ``ticket.dispatch_id``; the caller must release it (``Pool.release``)."""
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(
-                f"{len(self.waiting)} steps are already waiting for workers (the most this "
-                "orchestrator holds); retry later, or add workers"
-            )
+        ``None``: forever). Returns the member, whose slot is reserved for the grant's
+        ``dispatch_id``; the caller gives it back with :meth:`release`."""
         ticket = Ticket(placement, info)
-        requirement = Requirement.of(placement)
-        if not len(self.waiting):  # nobody is ahead of it: what assign() decides, directly
-            slots = self.pool.index.choose(requirement)
-            if slots is not None:
-                self.pool.index.take(slots.name)
-                self._give(ticket, slots.name)
-                return ticket
-        ticket.woken = trio.Event()
-        step = WaitingStep(requirement, ticket=ticket)
-        self.waiting.add(step)
-        self._hand_out(assign(self.waiting, self.pool.index, [requirement]))
-        if ticket.member is not None:
-            return ticket
+        decision = admit(
+            Requirement.of(placement),
+            self.waiting,
+            self.pool.index,
+            max_waiting=self.max_waiting,
+            ticket=ticket,
+        )
+        if isinstance(decision, Refuse):
+            raise QueueFull(decision.reason)
+        if decision.handed:
+            self._hand_out(decision.handed)
+        if isinstance(decision, Dispatch):
+            return self._give(ticket, decision.worker)
+        step = decision.step
+        ticket.woken = woken = trio.Event()
         gone = self.never_returns(placement)
         if gone is not None:
             self.waiting.discard(step)
             raise NoMatchingWorker(gone)
-        self._start_waiting(ticket, emit)
+        queue_id = self._start_waiting(ticket)
         await safe_emit(
             emit,
             Queued(
                 requirement=placement.describe(),
-                queue_id=ticket.queue_id,
+                queue_id=queue_id,
                 detail=self._why_target_waits(placement),
             ).to_json(),
         )
         try:
             with trio.move_on_at(math.inf if deadline is None else deadline):
-                await ticket.woken.wait()
+                await woken.wait()
         except BaseException:  # cancelled: whoever waited for it has gone
             self._stop_waiting(step, ticket, PendingState.CANCELLED)
             raise
-        if ticket.member is not None:  # assigned, even if its deadline passed meanwhile
+        if ticket.member is not None and ticket.dispatch_id is not None:  # even if late
             self._ended(ticket, PendingState.DISPATCHED, dispatch_id=ticket.dispatch_id)
             self.observe("waited", self.clock() - ticket.queued_at)
-            return ticket
+            return Grant(ticket.member, ticket.dispatch_id, queue_id)
         if ticket.failure is not None:
             self._ended(ticket, PendingState.CANCELLED, reason=ticket.failure.message)
             raise ticket.failure
@@ -156,8 +173,8 @@ class DispatchQueue:
             f"timed out waiting for a worker matching {placement.describe()} to become available"
         )
 
-    def _start_waiting(self, ticket: Ticket, emit: Emit) -> None:
-        ticket.queue_id = new_id()
+    def _start_waiting(self, ticket: Ticket) -> str:
+        ticket.queue_id = queue_id = new_id()
         ticket.queued_at = self.clock()
         placement, info = ticket.placement, ticket.info
         attrs = {
@@ -176,23 +193,29 @@ class DispatchQueue:
         ):
             if value:
                 attrs[field_name] = value
-        self.writer.put(f"queue episode {ticket.queue_id}", lambda: self.pending.enqueue(attrs))
+        self.bookkeeper.put(f"queue episode {queue_id}", lambda: self.pending.enqueue(attrs))
+        return queue_id
 
     def _stop_waiting(self, step: WaitingStep, ticket: Ticket, state: PendingState) -> None:
         """It leaves the queue unassigned; a slot handed out in the same instant goes back."""
         self.waiting.discard(step)
-        if ticket.member is not None:
-            self.pool.release(ticket.member, ticket.dispatch_id)
+        if ticket.member is not None and ticket.dispatch_id is not None:
+            self.release(ticket.member, ticket.dispatch_id)
             ticket.member = None
         self._ended(ticket, state)
 
     def _ended(self, ticket: Ticket, state: PendingState, **details) -> None:
         queue_id = ticket.queue_id
         if queue_id is not None:
-            self.writer.put(
+            self.bookkeeper.put(
                 f"queue episode {queue_id} as {state.value}",
                 lambda: self.pending.end(queue_id, state, **details),
             )
+
+    def release(self, member: Member, dispatch_id: str) -> None:
+        """The dispatch is over: its slot goes back, and to the oldest step it can take."""
+        if self.pool.release(member, dispatch_id):
+            self.member_changed(member)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -211,18 +234,20 @@ class DispatchQueue:
         except Exception:  # a bug here must not break the gateway or a dispatch's cleanup
             log.exception("the queue failed to handle a change of worker %s", member.name)
 
-    def _hand_out(self, assignments) -> None:
+    def _hand_out(self, assignments: Iterable[Assignment]) -> None:
         for assignment in assignments:
             ticket: Ticket = assignment.step.ticket
             self._give(ticket, assignment.worker)
-            ticket.woken.set()
+            if ticket.woken is not None:
+                ticket.woken.set()
 
-    def _give(self, ticket: Ticket, name: str) -> None:
+    def _give(self, ticket: Ticket, name: str) -> Grant:
         """The member's slot, already taken in the index, is the ticket's."""
         member = self.pool.members[name]
-        ticket.dispatch_id = ordered_id()
+        ticket.dispatch_id = dispatch_id = ordered_id()
         ticket.member = member
-        self.pool.reserve(member, ticket.dispatch_id, indexed=True)
+        self.pool.reserve(member, dispatch_id, indexed=True)
+        return Grant(member, dispatch_id)
 
     def _fail_unreachable(self, member: Member) -> None:
         """Steps targeting a member whose token is dead fail now, not at their deadline."""

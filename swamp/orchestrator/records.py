@@ -3,30 +3,25 @@
 While the orchestrator runs, the pool (in memory) is the truth the scheduler reads; the
 ``swamp/worker`` records are its history, for ``worker list`` straight on the repo, for queries
 and for the next boot. Status changes happen where nothing may wait on the disk — a socket's
-close callback, the end of a dispatch — so they are written behind (``write_behind``), in the
-order they happened. Nothing is coalesced: every change is a version.
+close callback, the end of a dispatch — so they are written behind by the bookkeeper
+(``swamp.orchestrator.bookkeeper``, which says when they are durable), in the order they
+happened. Nothing is coalesced: every change is a version.
 """
 
 from __future__ import annotations
 
-import trio
-
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.pool import Member
-from swamp.orchestrator.write_behind import WriteBehind
 
 
 class WorkerRecords:
-    def __init__(self, workers: WorkerBook) -> None:
+    def __init__(self, workers: WorkerBook, bookkeeper: Bookkeeper) -> None:
         self.workers = workers
-        self.writer = WriteBehind("worker records")
+        self.bookkeeper = bookkeeper
 
     def __repr__(self) -> str:
-        return f"<WorkerRecords {self.writer!r}>"
-
-    @property
-    def written(self) -> int:
-        return self.writer.written
+        return f"<WorkerRecords {self.bookkeeper!r}>"
 
     def status(
         self,
@@ -49,10 +44,8 @@ class WorkerRecords:
                 member.record = record
                 member.last_seen_at = record.attributes["lastSeenAt"]
 
-        self.writer.put(f"{member.name} as {status}", write, then)
+        self.bookkeeper.put(f"worker {member.name} as {status}", write, then)
 
     async def settled(self) -> None:
-        await self.writer.settled()
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.writer.run(task_status=task_status)
+        """Every status version queued so far is written (so are the other writes behind)."""
+        await self.bookkeeper.settled()

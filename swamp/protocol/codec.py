@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, ClassVar, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 from swamp.errors import MalformedFrame
 from swamp.protocol.frames import MAX_JSON_DEPTH
@@ -210,7 +210,7 @@ def _dump(value: Any, depth: int = 0) -> Any:
 class Message:
     """Base of every payload: a frozen dataclass whose codec is written on first use."""
 
-    _compiled: ClassVar[bool] = False  # set on each class once its codec is written
+    _compiled = False  # set on each class once its codec is written
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

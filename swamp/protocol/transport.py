@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 
 import trio
 
-from swamp.errors import TransportClosed
 from swamp.protocol.websocket import (
     DRAIN_MAX,
     DRAIN_QUIET,
     HandshakeError,
     Rejected,
+    TransportClosed,
     WebSocket,
     connect,
 )

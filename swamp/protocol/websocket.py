@@ -36,7 +36,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
-from swamp.errors import TransportClosed
+from swamp.errors import ChannelClosed
 from swamp.protocol.wsframes import FastFrames, text_frame
 
 RECEIVE_BYTES = 16 * 1024  # one read of the socket (and the most a read's messages queue up)
@@ -61,6 +61,11 @@ class Rejected(HandshakeError):
         self.status_code = status_code
         self.headers = headers
         self.body = body
+
+
+class TransportClosed(ChannelClosed):
+    """The socket is gone; ``message`` says why (close code and reason when known). Every
+    :class:`~swamp.protocol.transport.Transport` raises it."""
 
 
 def _transport_closed(message: str) -> Exception:

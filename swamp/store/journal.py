@@ -188,8 +188,9 @@ class Journal:
     def __repr__(self) -> str:
         return f"<Journal {self.path}>"
 
-    def append(self, entry: Entry) -> None:
-        """Durable once this returns (the kernel has the line); :class:`StoreError` if not."""
+    def append(self, entry: Entry) -> int:
+        """Durable once this returns (the kernel has the line); :class:`StoreError` if not.
+        Returns the bytes appended."""
         data = entry.to_line()
         try:
             written = os.write(self._fd, data)
@@ -200,6 +201,7 @@ class Journal:
                 written += more
         except OSError as exc:
             raise StoreError(f"could not append to the journal: {exc.strerror}") from None
+        return written
 
     def entries(self, skipped: Skipped | None = None) -> list[Entry]:
         """Every whole entry in the file, in the order written (all in memory: for a look at a

@@ -8,7 +8,7 @@ from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.errors import SwampError
-from tests.orchestrator_harness import hello, orchestrator
+from tests.harness.orchestrator import hello, orchestrator
 
 LOCAL = "local-credential-for-tests"
 

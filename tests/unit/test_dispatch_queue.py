@@ -8,9 +8,11 @@ import pytest
 import trio
 import trio.testing
 
+from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.placement import Placement
 from swamp.errors import NoMatchingWorker, QueueTimeout
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
@@ -48,16 +50,17 @@ async def ignore(event):
 async def queue(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     pool = Pool()
-    service = DispatchQueue(pool, store)
+    bookkeeper = Bookkeeper(LeaseBook(store))
+    service = DispatchQueue(pool, store, bookkeeper)
     async with trio.open_nursery() as nursery:
-        await nursery.start(service.writer.run)
+        await nursery.start(bookkeeper.run)
         yield service
         nursery.cancel_scope.cancel()
     store.close()
 
 
 async def episodes(queue):
-    await queue.writer.settled()
+    await queue.bookkeeper.settled()
     return {
         a["queueId"]: a
         for a in (
@@ -108,13 +111,13 @@ async def test_a_freed_slot_goes_to_the_oldest_waiting_step(queue):
     async def wait(n) -> None:
         ticket = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
         order.append(n)
-        queue.pool.release(w, ticket.dispatch_id)
+        queue.release(w, ticket.dispatch_id)
 
     async with trio.open_nursery() as nursery:
         for n in range(3):
             nursery.start_soon(wait, n)
             await trio.testing.wait_all_tasks_blocked()
-        queue.pool.release(w, first.dispatch_id)
+        queue.release(w, first.dispatch_id)
     assert order == [0, 1, 2] and w.active == set()
 
 
@@ -160,7 +163,7 @@ async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
         w.channel = None  # its socket is cut off
         queue.pool.refresh(w)
     assert failures and "can never return" in failures[0] and "revoked" in failures[0]
-    queue.pool.release(w, busy.dispatch_id)
+    queue.release(w, busy.dispatch_id)
 
 
 def test_ended_episodes_are_collected_and_waiting_ones_orphaned_at_boot(tmp_path):

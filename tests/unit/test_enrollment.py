@@ -12,7 +12,7 @@ from swamp.domain.enrollment import VERIFYING, Admit, Present, Refuse, Wait, adm
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import AlreadyConnected, Conflict, FleetFull, SwampError, TokenInvalid
 from swamp.protocol.messages import Verdict
-from tests.orchestrator_harness import gateway, hello
+from tests.harness.orchestrator import gateway, hello
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A dispatch's lease row, written behind, in-process: a real datastore and episodes; the
+"""A dispatch's lease row, written behind by the bookkeeper, in-process: a real datastore,
+bookkeeper and episodes; the
 worker's socket is a stand-in that answers when the test says so. Time is trio's (autojump):
 the write-behind delay passes only when every task is blocked."""
 
@@ -9,19 +10,19 @@ import pytest
 import trio
 import trio.testing
 
+from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.read_scope import ReadScope
 from swamp.errors import StoreError
 from swamp.models.builtin import ECHO
-from swamp.orchestrator.credentials import Credentials
-from swamp.orchestrator.episode import (
+from swamp.orchestrator.bookkeeper import (
     JOURNAL_BATCH,
     JOURNAL_DELAY,
     LEASE_WRITE_DELAY,
-    Episodes,
-    Step,
-    Work,
+    Bookkeeper,
 )
+from swamp.orchestrator.credentials import Credentials
+from swamp.orchestrator.episode import Episodes, Step, Work
 from swamp.orchestrator.pool import Member
 from swamp.protocol.messages import DispatchResult
 from swamp.store.datastore import Datastore
@@ -72,9 +73,10 @@ async def ignore(event):
 @pytest.fixture
 async def episodes(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
-    service = Episodes(store, Credentials())
+    bookkeeper = Bookkeeper(LeaseBook(store))
+    service = Episodes(bookkeeper, Credentials())
     async with trio.open_nursery() as nursery:
-        await nursery.start(service.write_leases)
+        await nursery.start(bookkeeper.run)
         yield service
         nursery.cancel_scope.cancel()
     store.close()
@@ -85,7 +87,7 @@ def rows(episodes) -> list:
     leases = parse_predicate('modelType == "swamp/step-lease"')
     return [
         (r.version, r.attributes["state"], r.attributes["hasWrites"])
-        for r in episodes.store.query(leases, all_versions=True)
+        for r in episodes.bookkeeper.leases.store.query(leases, all_versions=True)
     ]
 
 
@@ -114,8 +116,8 @@ async def test_a_longer_dispatch_is_in_the_store_while_it_runs_then_ended_in_pla
 async def test_leases_due_together_are_written_in_one_transaction(episodes, autojump_clock):
     worker = Worker()
     commits = []
-    original = episodes.leases.insert_many
-    episodes.leases.insert_many = lambda many, **kw: (
+    original = episodes.bookkeeper.leases.insert_many
+    episodes.bookkeeper.leases.insert_many = lambda many, **kw: (
         commits.append(len(many)) or original(many, **kw)
     )
     async with trio.open_nursery() as nursery:
@@ -161,7 +163,7 @@ async def test_rows_not_yet_written_go_in_at_shutdown_as_active(episodes):
         nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
         await worker.received.wait()
         assert rows(episodes) == []
-        episodes.write_unwritten_leases()
+        episodes.bookkeeper.flush()
         assert rows(episodes) == [(1, "active", False)]
         worker.answer.set()
     assert rows(episodes) == [(2, "completed", False)]  # ended in place if it still ends
@@ -172,7 +174,7 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
 ):
     worker = Worker()
     attempts = []
-    original = episodes.leases.insert_many
+    original = episodes.bookkeeper.leases.insert_many
 
     def refuse(many, **kw):
         attempts.append(trio.current_time())
@@ -180,7 +182,7 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
             raise StoreError("the database file was deleted")
         return original(many, **kw)
 
-    episodes.leases.insert_many = refuse
+    episodes.bookkeeper.leases.insert_many = refuse
     async with trio.open_nursery() as nursery:
         nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
         await worker.received.wait()
@@ -197,9 +199,10 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
 async def journaled(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     journal = Journal(tmp_path / "swamp.journal")
-    service = Episodes(store, Credentials(), journal=journal)
+    bookkeeper = Bookkeeper(LeaseBook(store), journal)
+    service = Episodes(bookkeeper, Credentials())
     async with trio.open_nursery() as nursery:
-        await nursery.start(service.write_leases)
+        await nursery.start(bookkeeper.run)
         yield service
         nursery.cancel_scope.cancel()
     store.close()
@@ -210,11 +213,11 @@ async def test_a_short_dispatch_ends_in_the_journal_and_its_row_follows(journale
     worker.answer.set()
     await journaled.run(member(worker), "d1", WORK, Step("s"), ignore)
     # durable before run() returned: in the journal, already ended
-    assert [e.attributes["state"] for e in journaled.journal.entries()] == ["completed"]
+    assert [e.attributes["state"] for e in journaled.bookkeeper.journal.entries()] == ["completed"]
     assert rows(journaled) == []
     await trio.sleep(JOURNAL_DELAY * 2)
     assert rows(journaled) == [(1, "completed", False)]
-    assert journaled.journal.entries() == []
+    assert journaled.bookkeeper.journal.entries() == []
 
 
 async def test_a_batch_of_journaled_rows_goes_in_without_waiting_for_the_delay(journaled):
@@ -224,14 +227,14 @@ async def test_a_batch_of_journaled_rows_goes_in_without_waiting_for_the_delay(j
         await journaled.run(member(worker), f"d{n}", WORK, Step(f"s{n}"), ignore)
     await trio.testing.wait_all_tasks_blocked()  # real clock: the delay has not passed
     assert sorted(rows(journaled)) == [(1, "completed", False)] * JOURNAL_BATCH
-    assert journaled.journal.entries() == []
+    assert journaled.bookkeeper.journal.entries() == []
 
 
 async def test_a_journal_that_fails_sends_rows_straight_to_the_store_and_says_so_once(
     journaled, caplog
 ):
-    os.close(journaled.journal._fd)  # the file can no longer be written
-    journaled.journal._fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(journaled.bookkeeper.journal._fd)  # the file can no longer be written
+    journaled.bookkeeper.journal._fd = os.open(os.devnull, os.O_RDONLY)
     worker = Worker()
     worker.answer.set()
     for n in range(2):
@@ -246,6 +249,6 @@ async def test_journaled_rows_go_in_at_shutdown(journaled):
     worker.answer.set()
     await journaled.run(member(worker), "d1", WORK, Step("s"), ignore)
     assert rows(journaled) == []
-    journaled.write_unwritten_leases()
+    journaled.bookkeeper.flush()
     assert rows(journaled) == [(1, "completed", False)]
-    assert journaled.journal.entries() == []
+    assert journaled.bookkeeper.journal.entries() == []

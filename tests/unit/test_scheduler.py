@@ -9,7 +9,17 @@ from hypothesis import strategies as st
 
 from swamp.domain.placement import Placement, WorkerView, choose_worker
 from swamp.domain.queue import WaitingQueue, WaitingStep
-from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign, requirements_of
+from swamp.domain.scheduler import (
+    Dispatch,
+    PoolIndex,
+    Refuse,
+    Requirement,
+    Slots,
+    Wait,
+    admit,
+    assign,
+    requirements_of,
+)
 from tests.profiles import examples
 
 
@@ -252,3 +262,54 @@ def test_every_label_must_match_not_only_the_rarest():
     index.take("a")
     assert index.choose(both) is None
     assert index.choose(Requirement.of(Placement(labels={"pool": "x"}))).name == "b"
+
+
+# -- admission: one decision for a step that asks for a worker --------------------------------
+
+
+def test_admission_dispatches_at_once_to_the_least_loaded_free_worker():
+    index = index_of(slots("a", capacity=2, active=1), slots("b", capacity=2))
+    queue = WaitingQueue()
+    decision = admit(Requirement.of(Placement()), queue, index, max_waiting=10)
+    assert decision == Dispatch("b") and index.get("b").active == 1 and len(queue) == 0
+
+
+def test_admission_waits_when_no_free_worker_matches_and_the_step_is_queued():
+    index = index_of(slots("a", labels={"gpu": "no"}))
+    queue = WaitingQueue()
+    decision = admit(Requirement.of(Placement(labels={"gpu": "yes"})), queue, index, max_waiting=9)
+    assert isinstance(decision, Wait) and decision.handed == ()
+    assert queue.head(decision.step.requirement) is decision.step and len(queue) == 1
+
+
+def test_admission_refuses_when_the_queue_is_full_and_changes_nothing():
+    index = index_of(slots("a"))
+    queue = WaitingQueue()
+    queue.add(step(Placement(labels={"gpu": "yes"})))
+    decision = admit(Requirement.of(Placement()), queue, index, max_waiting=1)
+    assert isinstance(decision, Refuse) and "1 steps are already waiting" in decision.reason
+    assert len(queue) == 1 and index.get("a").active == 0
+
+
+def test_admission_behind_older_steps_hands_the_free_slot_to_the_oldest_first():
+    index = index_of(slots("a", capacity=2, active=2))
+    queue = WaitingQueue()
+    older = step(Placement())
+    queue.add(older)
+    index.update("a", active=1)  # a slot freed, the queue not yet told
+    decision = admit(Requirement.of(Placement()), queue, index, max_waiting=10)
+    assert isinstance(decision, Wait)
+    assert [(a.step, a.worker) for a in decision.handed] == [(older, "a")]
+    assert len(queue) == 1 and queue.head(decision.step.requirement) is decision.step
+
+
+def test_admission_gives_the_step_a_worker_after_the_older_ones_when_there_are_enough():
+    index = index_of(slots("a", capacity=2, active=2))
+    queue = WaitingQueue()
+    older = step(Placement())
+    queue.add(older)
+    index.update("a", active=0)
+    decision = admit(Requirement.of(Placement()), queue, index, max_waiting=10)
+    assert isinstance(decision, Dispatch) and decision.worker == "a"
+    assert [a.step for a in decision.handed] == [older] and len(queue) == 0
+    assert index.get("a").free == 0

@@ -22,10 +22,12 @@ from pathlib import Path
 import trio
 
 from swamp import __version__
+from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.request_policy import RequestPolicy
+from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.compose import Orchestrator, Settings, compose
 from swamp.orchestrator.connection import Connection
 from swamp.orchestrator.credentials import Credentials
@@ -93,7 +95,8 @@ async def gateway(
     store = Datastore(path / "swamp.db", orchestrator=True)
     pool = Pool()
     credentials = Credentials()
-    records = WorkerRecords(WorkerBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(store))  # no journal: nothing is dispatched here
+    records = WorkerRecords(WorkerBook(store), bookkeeper)
     membership = Membership(
         pool,
         credentials,
@@ -113,7 +116,7 @@ async def gateway(
     )
     try:
         async with open_unwrapping_nursery() as nursery:
-            await nursery.start(records.run)
+            await nursery.start(bookkeeper.run)
             await nursery.start(functools.partial(membership.run, prober))
             await nursery.start(live_tokens.run)
             yield harness
