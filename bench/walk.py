@@ -27,7 +27,11 @@ Definitions (what the numbers count):
   Y above X, whatever made it: mostly a return to an upper module that then calls on (a
   module that does its work as many small calls down has many; a return is not a callback).
 
-    python3 build.py walk [--json] [--calls]
+It follows one task, the dispatch's own: what other tasks do meanwhile (the worker's reader
+relaying events, the bookkeeper writing rows) is not in the walk. "The worker's transport" is
+the orchestrator's end of the memory pair the stand-in worker listens on.
+
+    python3 build.py walk [--json] [--moves]
 """
 
 from __future__ import annotations

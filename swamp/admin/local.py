@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -76,7 +76,7 @@ from swamp.protocol.messages import (
     WorkflowShowReply,
     WorkflowValidateReply,
 )
-from swamp.protocol.rpc import no_events
+from swamp.protocol.rpc import EventSink, no_events
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.reader import ADMIN_BUDGET
@@ -84,8 +84,6 @@ from swamp.store.retry import retry_busy
 from swamp.tls import authority
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
-
-EventSink = Callable[[dict], Awaitable[None]]
 
 
 class RepoAdmin:

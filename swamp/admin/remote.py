@@ -8,7 +8,7 @@ message and exit status as straight on the repo.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -40,9 +40,8 @@ from swamp.protocol.messages import (
     WorkflowShowReply,
     WorkflowValidateReply,
 )
-from swamp.protocol.rpc import RpcChannel
+from swamp.protocol.rpc import EventSink, RpcChannel
 
-EventSink = Callable[[dict], Awaitable[None]]
 M = TypeVar("M", bound=Message)
 DEFAULT_TIMEOUT = 60
 VERIFY_TIMEOUT = 180

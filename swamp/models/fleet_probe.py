@@ -102,8 +102,10 @@ async def run_seam(seam: Seam, ctx, args: dict) -> dict:
 
 async def _verify(ctx, args: dict) -> dict:
     seams = {}
-    # the plugins' seams come through the context: this module does not know the plugins
-    for seam in ordered([*BUILTIN_SEAMS, *ctx.probe_seams()]):
+    # the plugins' seams come through the context: this module does not know the plugins.
+    # Theirs first: a plugin's seam named as a built-in one replaces it (a name counts once);
+    # the built-ins stand in for a context that brings none
+    for seam in ordered([*ctx.probe_seams(), *BUILTIN_SEAMS]):
         seams[seam.name] = await run_seam(seam, ctx, args)
     system, arch = local_platform()
     failures = [f"{name}: {r['detail']}" for name, r in seams.items() if not r["ok"]]

@@ -31,11 +31,13 @@ durable":
 (``swamp/pending-dispatch``): :meth:`put` queues the write (it never waits); the task writes
 them one at a time in the order they happened, each its own transaction, retried while another
 process holds the database. Durable some milliseconds later; :meth:`settled` waits for every
-write queued so far (the gateway before a reconnecting worker's new record, the shutdown for
-the last ``disconnected`` versions, within 5 s). Nothing is coalesced: every change is a
-version. The queue is bounded (:data:`MAX_BEHIND`): past it the oldest queued write is dropped
-with a warning — these records are history; the live state is in memory and the next boot
-reconciles what the disk says. A crash loses what was still queued, and the boot's
+write queued so far, of one :class:`Stream` (enrollment, before a reconnecting worker's new
+record, waits for the status versions only) or of all (the shutdown, for the last
+``disconnected`` versions, within 5 s). Nothing is coalesced: every change is a version. Each
+stream is bounded on its own (:data:`LIMITS`): past it, the oldest queued write *of that
+stream* is dropped with a warning — a flood of queue episodes never pushes out a worker's
+status — these records are history; the live state is in memory and the next boot reconciles
+what the disk says. A crash loses what was still queued, and the boot's
 reconciliation (workers disconnected, waiting episodes orphaned) settles it.
 
 The storage is behind two small seams: :class:`LeaseRows` (today ``LeaseBook`` over SQLite)
@@ -45,6 +47,7 @@ implements the same ones.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections import deque
@@ -55,6 +58,7 @@ from typing import Any, Protocol
 import trio
 
 from swamp.domain.leases import LeaseState
+from swamp.domain.queue import MAX_WAITING
 from swamp.errors import SwampError
 from swamp.store.datastore import Record
 from swamp.store.journal import Entry, Journal
@@ -66,9 +70,31 @@ LEASE_RETRY_CAP = 5.0  # the longest wait between attempts while the store refus
 JOURNAL_BATCH = 4  # journaled rows taken into the store together, right after a reply
 JOURNAL_DELAY = 0.05  # fewer than that are taken in by then
 MAX_JOURNALED = 1024  # rows journaled and not in the store yet; beyond, a row is inserted at once
-# writes queued behind (status versions, queue episodes); beyond, the oldest is dropped. The
-# two queues this replaces held 250,000 (worker records) and 4 × MAX_WAITING (queue episodes).
-MAX_BEHIND = 650_000
+
+
+class Stream(enum.Enum):
+    """The ordered writes, each bounded and settled on its own."""
+
+    WORKERS = "worker records"  # status versions
+    QUEUE = "queue episodes"
+
+
+# writes of one stream queued behind; beyond, the oldest of that stream is dropped
+LIMITS = {Stream.WORKERS: 250_000, Stream.QUEUE: 4 * MAX_WAITING}
+
+
+@dataclass(frozen=True)
+class _Write:
+    order: int
+    what: str
+    write: Callable[[], Any]
+    then: Callable[[Any], None] | None
+
+
+def _settled() -> trio.Event:
+    event = trio.Event()
+    event.set()
+    return event
 
 
 class LeaseRows(Protocol):
@@ -129,15 +155,19 @@ class BookkeeperStatistics:
 
 class Bookkeeper:
     def __init__(
-        self, leases: LeaseRows, journal: Journal | None = None, *, limit: int = MAX_BEHIND
+        self,
+        leases: LeaseRows,
+        journal: Journal | None = None,
+        *,
+        limits: dict[Stream, int] | None = None,
     ) -> None:
         self.leases = leases
         self.journal = journal
-        self.limit = limit
-        # ordered writes: (what, write, then), oldest first
-        self._queue: deque[tuple[str, Callable[[], Any], Callable[[Any], None] | None]] = deque()
-        self._idle = trio.Event()
-        self._idle.set()
+        self.limits = dict(LIMITS if limits is None else limits)
+        # ordered writes of each stream: (order, what, write, then), oldest first
+        self._queues: dict[Stream, deque[_Write]] = {s: deque() for s in Stream}
+        self._order = 0  # across streams: the task writes the oldest head first
+        self._idle = {s: _settled() for s in Stream}
         # leases whose row is not written yet, oldest first
         self._unwritten: dict[str, Lease] = {}
         # ended rows in the journal and not in the store yet, with when each was journaled
@@ -158,14 +188,14 @@ class Bookkeeper:
 
     def __repr__(self) -> str:
         return (
-            f"<Bookkeeper pending={len(self._queue)} unwritten={len(self._unwritten)} "
+            f"<Bookkeeper pending={self._pending()} unwritten={len(self._unwritten)} "
             f"journaled={len(self._journaled)} written={self.written}>"
         )
 
     def statistics(self) -> BookkeeperStatistics:
         """What waits and what was written (as trio's objects describe themselves)."""
         return BookkeeperStatistics(
-            pending=len(self._queue),
+            pending=self._pending(),
             written=self.written,
             failed=self.failed,
             dropped=self.dropped,
@@ -179,34 +209,55 @@ class Bookkeeper:
     # -- ordered writes: worker status versions, queue episodes --------------------------------
 
     def put(
-        self, what: str, write: Callable[[], Any], then: Callable[[Any], None] | None = None
+        self,
+        stream: Stream,
+        what: str,
+        write: Callable[[], Any],
+        then: Callable[[Any], None] | None = None,
     ) -> None:
         """Queue ``write`` (a synchronous store call; never waits here); ``then`` gets its
         result once written."""
-        if len(self._queue) >= self.limit:
-            dropped, _, _ = self._queue.popleft()
+        queue = self._queues[stream]
+        if len(queue) >= self.limits[stream]:
+            dropped = queue.popleft()
             self.dropped += 1
-            log.warning("too many writes behind; dropped %s", dropped)
-        self._queue.append((what, write, then))
-        if self._idle.is_set():
-            self._idle = trio.Event()
+            log.warning("%s: too many writes behind; dropped %s", stream.value, dropped.what)
+        self._order += 1
+        queue.append(_Write(self._order, what, write, then))
+        if self._idle[stream].is_set():
+            self._idle[stream] = trio.Event()
         self._wake()
 
-    async def settled(self) -> None:
-        """Wait until every write queued so far is written (or given up on)."""
-        await self._idle.wait()
+    async def settled(self, stream: Stream | None = None) -> None:
+        """Wait until every write of ``stream`` (``None``: of every stream) queued so far is
+        written (or given up on)."""
+        for s in Stream if stream is None else (stream,):
+            await self._idle[s].wait()
 
-    async def _write_next(self) -> None:
-        what, write, then = self._queue.popleft()
+    def _pending(self) -> int:
+        return sum(len(queue) for queue in self._queues.values())
+
+    def _oldest(self) -> Stream | None:
+        """The stream whose next write was queued first (the order things happened in)."""
+        heads = [(queue[0].order, s) for s, queue in self._queues.items() if queue]
+        return min(heads, key=lambda head: head[0])[1] if heads else None
+
+    async def _write_next(self, stream: Stream) -> None:
+        queue = self._queues[stream]
+        entry = queue.popleft()
         try:
-            result = await retry_busy(write)
+            result = await retry_busy(entry.write)
         except SwampError as exc:
             self.failed += 1
-            log.warning("could not record %s: %s", what, exc)
+            log.warning("could not record %s: %s", entry.what, exc)
             return
-        self.written += 1
-        if then is not None:
-            then(result)
+        else:
+            self.written += 1
+            if entry.then is not None:
+                entry.then(result)
+        finally:
+            if not queue:  # written, and nothing of this stream queued meanwhile
+                self._idle[stream].set()
 
     # -- lease rows ----------------------------------------------------------------------------
 
@@ -405,10 +456,10 @@ class Bookkeeper:
             if due is not None and trio.current_time() >= due:
                 await self._write_leases()
                 continue
-            if self._queue:
-                await self._write_next()
+            stream = self._oldest()
+            if stream is not None:
+                await self._write_next(stream)
                 continue
-            self._idle.set()
             self._wakes = wakes = trio.Event()
             self._until = math.inf if due is None else due
             with trio.move_on_at(self._until):

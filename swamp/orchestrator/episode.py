@@ -115,7 +115,7 @@ class Episodes:
         on_unacknowledged: Callable[[Member, str], None] = lambda member, reason: None,
     ) -> None:
         self.bookkeeper = bookkeeper  # writes the lease rows (and says when they are durable)
-        self.on_unacknowledged = on_unacknowledged  # marks the worker (the gateway's to say)
+        self.on_unacknowledged = on_unacknowledged  # marks the worker (membership's to say)
         self.credentials = credentials
         self.active: dict[str, ActiveDispatch] = {}
         self.completed = 0

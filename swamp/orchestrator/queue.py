@@ -49,7 +49,7 @@ from swamp.domain.scheduler import (
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
 from swamp.ids import new_id, ordered_id
-from swamp.orchestrator.bookkeeper import Bookkeeper
+from swamp.orchestrator.bookkeeper import Bookkeeper, Stream
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
@@ -193,7 +193,9 @@ class DispatchQueue:
         ):
             if value:
                 attrs[field_name] = value
-        self.bookkeeper.put(f"queue episode {queue_id}", lambda: self.pending.enqueue(attrs))
+        self.bookkeeper.put(
+            Stream.QUEUE, f"queue episode {queue_id}", lambda: self.pending.enqueue(attrs)
+        )
         return queue_id
 
     def _stop_waiting(self, step: WaitingStep, ticket: Ticket, state: PendingState) -> None:
@@ -208,6 +210,7 @@ class DispatchQueue:
         queue_id = ticket.queue_id
         if queue_id is not None:
             self.bookkeeper.put(
+                Stream.QUEUE,
                 f"queue episode {queue_id} as {state.value}",
                 lambda: self.pending.end(queue_id, state, **details),
             )
@@ -231,7 +234,7 @@ class DispatchQueue:
                 )
             if not member.connected:
                 self._fail_unreachable(member)
-        except Exception:  # a bug here must not break the gateway or a dispatch's cleanup
+        except Exception:  # a bug here must not break membership or a dispatch's cleanup
             log.exception("the queue failed to handle a change of worker %s", member.name)
 
     def _hand_out(self, assignments: Iterable[Assignment]) -> None:

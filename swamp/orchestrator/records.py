@@ -11,7 +11,7 @@ happened. Nothing is coalesced: every change is a version.
 from __future__ import annotations
 
 from swamp.bookkeeping.workers import WorkerBook
-from swamp.orchestrator.bookkeeper import Bookkeeper
+from swamp.orchestrator.bookkeeper import Bookkeeper, Stream
 from swamp.orchestrator.pool import Member
 
 
@@ -44,8 +44,8 @@ class WorkerRecords:
                 member.record = record
                 member.last_seen_at = record.attributes["lastSeenAt"]
 
-        self.bookkeeper.put(f"worker {member.name} as {status}", write, then)
+        self.bookkeeper.put(Stream.WORKERS, f"{member.name} as {status}", write, then)
 
     async def settled(self) -> None:
-        """Every status version queued so far is written (so are the other writes behind)."""
-        await self.bookkeeper.settled()
+        """Every status version queued so far is written (not waiting for other streams)."""
+        await self.bookkeeper.settled(Stream.WORKERS)

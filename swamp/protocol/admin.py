@@ -9,7 +9,6 @@ implementation they were given. The scope each verb needs is ``swamp.domain.scop
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from swamp.protocol.messages import (
@@ -37,8 +36,7 @@ from swamp.protocol.messages import (
     WorkflowShowReply,
     WorkflowValidateReply,
 )
-
-EventSink = Callable[[dict], Awaitable[None]]
+from swamp.protocol.rpc import EventSink  # what a streamed event is handed to
 
 
 class AdminApi(Protocol):

@@ -95,3 +95,24 @@ def test_builtin_seams_come_first_then_plugins_by_name():
 
     mixed = [Seam("zeta", ok), *reversed(BUILTIN_SEAMS), Seam("alpha", ok), Seam("env", ok)]
     assert [s.name for s in ordered(mixed)] == ["env", "capability", "data-plane", "alpha", "zeta"]
+
+
+async def test_a_plugin_seam_named_as_a_built_in_one_replaces_it():
+    from types import SimpleNamespace
+
+    from swamp.models import fleet_probe
+    from swamp.models.fleet_probe import BUILTIN_SEAMS, Seam
+
+    async def plugins_own(ctx, args):
+        return "the plugin's check"
+
+    contributed = [Seam(s.name, plugins_own) for s in BUILTIN_SEAMS]  # a plugin replacing each
+
+    async def write_resource(spec, name, value):
+        pass
+
+    ctx = SimpleNamespace(probe_seams=lambda: contributed, write_resource=write_resource)
+    summary = await fleet_probe._verify(ctx, {})
+    details = {name: seam["detail"] for name, seam in summary["seams"].items()}
+    assert list(details) == [s.name for s in BUILTIN_SEAMS]  # in the built-ins' order
+    assert set(details.values()) == {"the plugin's check"}, details
