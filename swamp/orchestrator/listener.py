@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 
@@ -284,12 +285,24 @@ async def serve(
         with trio.move_on_after(HEAD_TIMEOUT):  # the handshake is answered at once, or never
             try:
                 request = Handshake(
-                    prefaced, head, max_message_size=max_message_size, idle=prefaced.idle
+                    prefaced,
+                    head,
+                    max_message_size=max_message_size,
+                    idle=prefaced.idle,
+                    stop_at=stop_at,
                 )
                 return await websocket(Upgrade(request, headers, peer, prefaced.idle))
-            except (HandshakeError, TransportClosed):
+            except HandshakeError as exc:
+                if exc.answer is not None:  # the peer learns why (400, or 426 and the version)
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await prefaced.send_all(exc.answer)
+            except TransportClosed:
                 pass
         return None
+
+    def stop_at() -> float:
+        """When open connections stop being waited for: a closing websocket's drain ends then."""
+        return connections.cancel_scope.deadline
 
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:

@@ -15,6 +15,7 @@ first frame on. A :class:`WebSocket` is a :class:`swamp.protocol.transport.Trans
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -50,7 +51,19 @@ _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class HandshakeError(Exception):
-    """The websocket handshake did not complete."""
+    """The websocket handshake did not complete. On a server, ``answer`` is the HTTP answer the
+    request deserves (a 400, or a 426 naming the version spoken), or ``None``."""
+
+    def __init__(self, message: str, *, answer: bytes | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
+
+
+def _http_answer(status_code: int, headers: list[tuple[bytes, bytes]] | None = None) -> bytes:
+    """A refusal with no body, and the connection closed after it."""
+    lines = [b"HTTP/1.1 %d \r\n" % status_code]
+    lines += [name + b": " + value + b"\r\n" for name, value in headers or ()]
+    return b"".join([*lines, b"content-length: 0\r\nconnection: close\r\n\r\n"])
 
 
 class Rejected(HandshakeError):
@@ -116,6 +129,8 @@ class WebSocket:
         "_rest",
         "_plain",
         "_plain_known",
+        "_unread",
+        "stop_at",
     )
 
     def __init__(
@@ -125,9 +140,12 @@ class WebSocket:
         *,
         max_message_size: int,
         idle: Callable[[], float] | None = None,
+        stop_at: Callable[[], float] | None = None,
         buffered: bytes = b"",
     ) -> None:
         self.stream = stream
+        # when the server stops waiting for its connections (trio time): a drain ends by then
+        self.stop_at = stop_at
         self.client = connection.client
         self.frames = FastFrames(connection)
         self.max_message_size = max_message_size
@@ -144,6 +162,9 @@ class WebSocket:
         self._rest = b""  # what the socket did not take of a write_now
         self._plain: trio.SocketStream | None = None  # found at the first write_now
         self._plain_known = False
+        # bytes that came with the handshake: parsed before the first read of the stream (it
+        # may bring nothing more: a close, or a message, right behind the 101, then EOF)
+        self._unread = bool(buffered)
         if buffered:
             self.frames.receive_data(buffered)
 
@@ -242,6 +263,9 @@ class WebSocket:
 
     async def _read(self) -> bool:
         """Read once from the stream into the frame reader; ``False`` when the stream ended."""
+        if self._unread:  # what came with the handshake is in the reader already
+            self._unread = False
+            return True
         if self._reading:
             raise trio.BusyResourceError("another task is receiving from this websocket")
         self._reading = True
@@ -381,8 +405,13 @@ class WebSocket:
         assert self.idle is not None
         # the idle clock moves with every byte read; no event says "quiet", so it is looked at
         # again when the quiet it last saw would have run out
-        while (quiet := min(self.idle(), trio.current_time() - since)) < DRAIN_QUIET:  # noqa: ASYNC110
-            await trio.sleep(DRAIN_QUIET - quiet)
+        # (and a server that stops waits for its connections only so long: ``stop_at``)
+        stop_at = self.stop_at or (lambda: math.inf)
+        while (quiet := min(self.idle(), trio.current_time() - since)) < DRAIN_QUIET:
+            left = stop_at() - trio.current_time()
+            if left <= 0:
+                break
+            await trio.sleep(min(DRAIN_QUIET - quiet, left))
         scope.cancel()
 
     async def _close_stream(self) -> None:
@@ -444,7 +473,7 @@ async def connect(
     try:
         connection.receive_data(bytes(buffered[:end]))
         events = list(connection.events())
-    except RemoteProtocolError as exc:
+    except (RemoteProtocolError, UnicodeError) as exc:
         raise HandshakeError(f"the answer to the upgrade is not valid: {exc}") from None
     for event in events:
         if isinstance(event, AcceptConnection):
@@ -466,9 +495,13 @@ async def _rejection_body(
     stream: trio.abc.Stream, connection: WSConnection, data: bytes | bytearray
 ) -> bytes:
     body = bytearray()
+    ended = False  # the stream said EOF: the body is what came
     while True:
         try:
-            connection.receive_data(bytes(data) or None)
+            # wsproto takes empty data as the end of the stream: only a read that returned
+            # nothing is (none of the body may have come with the head)
+            if ended or data:
+                connection.receive_data(None if ended else bytes(data))
             for event in connection.events():
                 if isinstance(event, RejectData):
                     body += event.data
@@ -476,19 +509,20 @@ async def _rejection_body(
                         return bytes(body)
         except RemoteProtocolError:
             return bytes(body)
-        if not data or len(body) >= BODY_LIMIT:
+        if ended or len(body) >= BODY_LIMIT:
             return bytes(body)
         try:
             data = await stream.receive_some(RECEIVE_BYTES)
         except _STREAM_ERRORS:
             data = b""
+        ended = not data
 
 
 class Handshake:
     """A server's side of an upgrade whose request head was read: :meth:`accept` or
     :meth:`reject` it. ``head`` is exactly the request head; bytes after it are the stream's."""
 
-    __slots__ = ("stream", "connection", "request", "max_message_size", "idle")
+    __slots__ = ("stream", "connection", "request", "max_message_size", "idle", "stop_at")
 
     def __init__(
         self,
@@ -497,16 +531,28 @@ class Handshake:
         *,
         max_message_size: int,
         idle: Callable[[], float] | None = None,
+        stop_at: Callable[[], float] | None = None,
     ) -> None:
         self.stream = stream
         self.connection = WSConnection(ConnectionType.SERVER)
         self.max_message_size = max_message_size
         self.idle = idle
+        self.stop_at = stop_at
         try:
             self.connection.receive_data(head)
             requests = [e for e in self.connection.events() if isinstance(e, Request)]
         except RemoteProtocolError as exc:
-            raise HandshakeError(f"not a websocket upgrade: {exc}") from None
+            hint = exc.event_hint
+            answer = (
+                _http_answer(hint.status_code, list(hint.headers))
+                if isinstance(hint, RejectConnection)
+                else _http_answer(400)
+            )
+            raise HandshakeError(f"not a websocket upgrade: {exc}", answer=answer) from None
+        except UnicodeError as exc:  # a header wsproto cannot decode (IDNA, non-ASCII)
+            raise HandshakeError(
+                f"not a websocket upgrade: {exc}", answer=_http_answer(400)
+            ) from None
         if not requests:
             raise HandshakeError("not a websocket upgrade")
         self.request = requests[0]
@@ -517,7 +563,11 @@ class Handshake:
         except _STREAM_ERRORS as exc:
             raise _transport_closed(f"connection lost: {exc}") from None
         return WebSocket(
-            self.stream, self.connection, max_message_size=self.max_message_size, idle=self.idle
+            self.stream,
+            self.connection,
+            max_message_size=self.max_message_size,
+            idle=self.idle,
+            stop_at=self.stop_at,
         )
 
     async def reject(
