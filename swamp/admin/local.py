@@ -29,6 +29,7 @@ from swamp.domain.durations import parse_duration
 from swamp.domain.environment import check_names
 from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
+from swamp.domain.priority import check_priority
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
 from swamp.domain.run_record import RunRecord, Status
@@ -333,17 +334,25 @@ class RepoAdmin:
         return WorkflowValidateReply(workflows=out, passed=passed)
 
     async def workflow_run(
-        self, request: WorkflowRunRequest, on_event: EventSink | None = None
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
     ) -> WorkflowRunReply:
         workflow = self.workflows.checked(check_workflow_name(request.name))
         inputs = check_inputs(workflow, request.inputs)
         timeout = parse_duration(request.timeout, what="--timeout") if request.timeout else None
+        priority = None if request.priority is None else check_priority(request.priority)
         if workflow.placed_steps() and self.dispatch is None:
             raise NeedsOrchestrator(
                 f"workflow {request.name!r} has placed steps: run it through a running "
                 "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
-        record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
+        record = await self.engine.run(
+            workflow,
+            inputs,
+            on_event or no_events,
+            timeout=timeout,
+            priority=priority,
+            submitter=submitter,
+        )
         return WorkflowRunReply(record.to_json())
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
@@ -397,9 +406,10 @@ class RepoAdmin:
         return QueryReply([RecordItem.decode(r.to_json()) for r in records])
 
     async def method_run(
-        self, request: MethodRunRequest, on_event: EventSink | None = None
+        self, request: MethodRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
     ) -> RunResult:
         emit = on_event or no_events
+        priority = check_priority(request.priority)  # checked on both routes, used by a queue
         spec = request.placement
         placement = Placement(
             target=spec.target,
@@ -417,6 +427,8 @@ class RepoAdmin:
             queue_timeout=request.queue_timeout,
             timeout=request.timeout,
             started_at=iso(self.clock()),
+            priority=priority,
+            submitter=submitter,
         )
         if self.dispatch is not None:
             return await self.dispatch.run(run, emit)
@@ -459,6 +471,8 @@ def _queue_item(attrs: dict, now: float) -> QueueItem:
         step_name=attrs.get("stepName"),
         queued_at=attrs["queuedAt"],
         age_ms=max(0, round((now - queued) * 1000)) if queued is not None else 0,
+        priority=attrs["priority"] if isinstance(attrs.get("priority"), int) else 0,
+        submitter=attrs["submitter"] if isinstance(attrs.get("submitter"), str) else None,
     )
 
 

@@ -120,8 +120,8 @@ class RemoteAdmin:
         return await self._call("workflow.validate", request, WorkflowValidateReply)
 
     async def workflow_run(
-        self, request: WorkflowRunRequest, on_event: EventSink | None = None
-    ) -> WorkflowRunReply:
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
+    ) -> WorkflowRunReply:  # the server knows who submits: by the credential this presents
         return await self._call(
             "workflow.run", request, WorkflowRunReply, timeout=None, on_event=on_event
         )
@@ -136,8 +136,8 @@ class RemoteAdmin:
         return await self._call("workflow.cancel", request, WorkflowRunReply)
 
     async def method_run(
-        self, request: MethodRunRequest, on_event: EventSink | None = None
-    ) -> RunResult:
+        self, request: MethodRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
+    ) -> RunResult:  # the server knows who submits: by the credential this presents
         return await self._call(
             "model.method.run", request, RunResult, timeout=None, on_event=on_event
         )

@@ -216,6 +216,14 @@ def run(
         "named here, by the model (env = [...]) or by serve "
         "--ship-env.",
     ),
+    priority: str = typer.Option(
+        "0",
+        "--priority",
+        metavar="N",
+        help="With a placement, when it has to wait for a worker: -100 to 100, higher goes "
+        "first (among equals, submitters take turns; waiting raises it, see serve "
+        "--queue-aging). A run here, without a queue, ignores it.",
+    ),
     route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
@@ -232,6 +240,7 @@ def run(
     from swamp.domain.environment import check_names
     from swamp.domain.labels import parse_labels
     from swamp.domain.placement import Placement
+    from swamp.domain.priority import check_priority
     from swamp.domain.queue import parse_queue_timeout
     from swamp.protocol.messages import MethodRunRequest, PlacementSpec
 
@@ -248,6 +257,7 @@ def run(
         env=list(check_names(env or [], source="--env")),
         queue_timeout=queue_timeout,
         timeout=timeout,
+        priority=check_priority(priority),
     )
 
     out = LinePump()

@@ -163,6 +163,13 @@ def serve(
         help="How long a placed step waits for a free matching worker before it fails, "
         "e.g. 5m (default 10m); 0 waits forever. A run's own --queue-timeout wins.",
     ),
+    queue_aging: str = typer.Option(
+        "30s",
+        "--queue-aging",
+        envvar="SWAMP_QUEUE_AGING",
+        help="A waiting step gains one point of priority each time this passes, so no step "
+        "waits forever behind higher-priority ones, e.g. 30s, 2m, 500ms.",
+    ),
     pyz: Path = typer.Option(
         None,
         "--pyz",
@@ -228,6 +235,7 @@ def serve(
     import trio
 
     from swamp.domain.durations import parse_duration, parse_timeout
+    from swamp.domain.priority import parse_aging
     from swamp.domain.quota import WriteQuota, parse_size
     from swamp.errors import UserError
     from swamp.orchestrator.server import ServeOptions
@@ -262,6 +270,7 @@ def serve(
         trusted_hosts=tuple(o["trusted_host"] or ()),
         ship_env=tuple(n.strip() for n in (o["ship_env"] or "").split(",") if n.strip()),
         queue_timeout=o["queue_timeout"],
+        queue_aging=parse_aging(o["queue_aging"], what=what("queue_aging")),
         pyz=o["pyz"],
         private_downloads=o["private_downloads"],
         default_timeout=parse_timeout(o["default_timeout"], what=what("default_timeout")),

@@ -382,7 +382,8 @@ def queue(
     json_output: bool = JSON,
 ) -> None:
     """The steps waiting for a free matching worker, oldest first (with the workflow, job
-    and step each belongs to, for a workflow's step), then one line per
+    and step each belongs to, for a workflow's step; its priority — as given, and ↑ as raised
+    by waiting, live only — and its submitter: local, token:NAME), then one line per
     requirement: how many wait, the oldest wait, and the supply — matching workers connected
     and their free slots. A requirement with waiting steps and no matching worker needs a
     worker with those labels; one whose workers are all full needs more of them.
@@ -405,6 +406,8 @@ def queue(
     rows = [
         [
             item.requirement,
+            _priority(item.priority, item.effective_priority),
+            item.submitter or "-",
             item.workflow_name or "-",  # a workflow's step; "-" for a run of its own
             item.job_name or "-",
             item.step_name or "-",
@@ -415,7 +418,18 @@ def queue(
         ]
         for item in reply.items
     ]
-    headers = ["REQUIREMENT", "WORKFLOW", "JOB", "STEP", "MODEL", "METHOD", "QUEUED AT", "AGE"]
+    headers = [
+        "REQUIREMENT",
+        "PRIORITY",
+        "SUBMITTER",
+        "WORKFLOW",
+        "JOB",
+        "STEP",
+        "MODEL",
+        "METHOD",
+        "QUEUED AT",
+        "AGE",
+    ]
     print(table(headers, rows))
     print()
     for line in reply.summary:
@@ -427,6 +441,11 @@ def queue(
                 f"{line.free_slots} free slot{'s' if line.free_slots != 1 else ''}"
             )
         )
+
+
+def _priority(given: int, now: int | None) -> str:
+    """``5``, or ``5↑8`` once waiting has raised it to 8."""
+    return f"{given}↑{now}" if now is not None and now != given else str(given)
 
 
 @app.command("verify", short_help="Probe workers end to end, seam by seam.")

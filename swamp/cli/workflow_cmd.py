@@ -445,6 +445,16 @@ def run(
     timeout: str = typer.Option(
         None, "--timeout", help="Cancel the run after this long, e.g. 30m."
     ),
+    priority: str = typer.Option(
+        None,
+        "--priority",
+        metavar="N",
+        show_default=False,
+        help="The run's priority, -100 to 100: its placed steps go before waiting steps of "
+        "lower priority. As if the workflow said priority = N: a job's or step's own priority "
+        "in the file still wins. Default: the file's, else 0. A run here, without a queue, "
+        "ignores it.",
+    ),
     route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
@@ -461,13 +471,19 @@ def run(
     from swamp.cli.output import LinePump
     from swamp.concurrency import open_unwrapping_nursery
     from swamp.domain.durations import parse_duration
+    from swamp.domain.priority import check_priority
     from swamp.domain.workflow import check_workflow_name
     from swamp.protocol.messages import WorkflowRunRequest
 
     check_workflow_name(name)  # refused here, the same on either route
     if timeout is not None:
         parse_duration(timeout, what="--timeout")
-    request = WorkflowRunRequest(name=name, inputs=parse_args(input or []), timeout=timeout)
+    request = WorkflowRunRequest(
+        name=name,
+        inputs=parse_args(input or []),
+        timeout=timeout,
+        priority=None if priority is None else check_priority(priority),
+    )
     out = LinePump()
     view = RunView(live=not json_output and sys.stderr.isatty(), json_output=json_output, out=out)
 

@@ -6,12 +6,15 @@ dispatch* episode: ``waiting`` → ``dispatched`` | ``timed_out`` | ``cancelled`
 The terminal states are sticky: a later transition is a silent no-op, so racing endings (a
 timeout and a dispatch in the same instant) settle on whichever came first.
 
-:class:`WaitingQueue` keeps waiting steps in arrival order, grouped by requirement, so that the
-assignment (``swamp.domain.scheduler.assign``) looks at each requirement's oldest step only.
+:class:`WaitingQueue` keeps waiting steps grouped by requirement, each group ordered by priority
+(raised by aging, :mod:`swamp.domain.priority`), then fair share between submitters, then age, so
+that the assignment (``swamp.domain.scheduler.assign``) looks at each requirement's best step
+only: at 10,000 waiting steps a pick costs a few dictionary reads per submitter at the top level.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -119,65 +122,203 @@ def format_age(seconds: float) -> str:
 _SEQ = itertools.count(1)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class WaitingStep:
     """One step in the queue. ``seq`` is arrival order; ``ticket`` is the shell's handle (what
-    it wakes when the step is assigned), opaque here."""
+    it wakes when the step is assigned), opaque here. ``level`` is its priority less the aging
+    epoch it started waiting in (:mod:`swamp.domain.priority`): the queue's order, fixed."""
 
     requirement: Requirement
     seq: int = field(default_factory=lambda: next(_SEQ))
     ticket: Any = None
     live: bool = True  # False once it left the queue (assigned, timed out, cancelled)
+    priority: int = 0
+    submitter: str = ""
+    level: int = 0
+
+
+class _Line:
+    """One submitter's steps at one level of one requirement, oldest first. Steps that left
+    from the middle stay until they reach the front (``live`` counts the others)."""
+
+    __slots__ = ("steps", "live")
+
+    def __init__(self) -> None:
+        self.steps: deque[WaitingStep] = deque()
+        self.live = 0
+
+    def head(self) -> WaitingStep:
+        steps = self.steps
+        while not steps[0].live:
+            steps.popleft()
+        return steps[0]
+
+
+class Group:
+    """The steps waiting for one requirement: by level (a lazy max-heap of the levels present),
+    then by submitter, each submitter's oldest first."""
+
+    __slots__ = ("levels", "heap", "count")
+
+    def __init__(self) -> None:
+        self.levels: dict[int, dict[str, _Line]] = {}
+        self.heap: list[int] = []  # −level; a level that emptied stays until it surfaces
+        self.count = 0
+
+    def __len__(self) -> int:
+        """Steps held, counting those that left and are not yet dropped (bounded)."""
+        return sum(len(line.steps) for lines in self.levels.values() for line in lines.values())
+
+    def top(self) -> dict[str, _Line]:
+        heap, levels = self.heap, self.levels
+        while -heap[0] not in levels:
+            heapq.heappop(heap)
+        return levels[-heap[0]]
 
 
 class WaitingQueue:
+    """Waiting steps grouped by requirement, each group in the order of :meth:`best`:
+
+    1. the highest level (priority, raised by aging) first;
+    2. among equals, fair share between submitters: the one with the fewest steps running
+       goes first, then the one served longest ago (so two submitters with the same number
+       running take turns), then the oldest step;
+    3. a submitter's own steps oldest first.
+
+    It also counts each submitter's running steps (:meth:`started`, :meth:`finished`), which
+    the shell reports as slots are given and given back.
+    """
+
     def __init__(self) -> None:
-        self.groups: dict[Requirement, deque[WaitingStep]] = {}
+        self.groups: dict[Requirement, Group] = {}
+        self.running: dict[str, int] = {}  # submitter → steps holding a slot
+        self.served: dict[str, int] = {}  # submitter → when it last got a slot (a counter)
+        self.by_priority: dict[int, int] = {}  # base priority → steps waiting (for /metrics)
+        self._turn = 0
         self._count = 0
 
     def __repr__(self) -> str:
-        return f"<WaitingQueue waiting={self._count} requirements={len(self.groups)}>"
+        return (
+            f"<WaitingQueue waiting={self._count} requirements={len(self.groups)} "
+            f"submitters running={len(self.running)}>"
+        )
 
     def __len__(self) -> int:
         return self._count
 
+    # -- submitters --------------------------------------------------------------------------
+
+    def started(self, submitter: str) -> None:
+        """A step of ``submitter`` got a slot (from the queue or at once)."""
+        self.running[submitter] = self.running.get(submitter, 0) + 1
+        self._turn += 1
+        self.served[submitter] = self._turn
+        if len(self.served) > 4096:  # bounded: forget who is idle (they rejoin as new)
+            self.served = {s: t for s, t in self.served.items() if s in self.running}
+
+    def finished(self, submitter: str) -> None:
+        """A step of ``submitter`` gave its slot back."""
+        left = self.running.get(submitter, 0) - 1
+        if left > 0:
+            self.running[submitter] = left
+        else:
+            self.running.pop(submitter, None)
+
+    # -- steps -------------------------------------------------------------------------------
+
     def add(self, step: WaitingStep) -> None:
-        self.groups.setdefault(step.requirement, deque()).append(step)
+        group = self.groups.get(step.requirement)
+        if group is None:
+            group = self.groups[step.requirement] = Group()
+        lines = group.levels.get(step.level)
+        if lines is None:
+            lines = group.levels[step.level] = {}
+            heapq.heappush(group.heap, -step.level)
+            if len(group.heap) > 16 + 2 * len(group.levels):  # bounded: rebuild
+                group.heap = [-level for level in group.levels]
+                heapq.heapify(group.heap)
+        line = lines.get(step.submitter)
+        if line is None:
+            line = lines[step.submitter] = _Line()
+        line.steps.append(step)
+        line.live += 1
+        group.count += 1
         self._count += 1
+        self.by_priority[step.priority] = self.by_priority.get(step.priority, 0) + 1
 
     def discard(self, step: WaitingStep) -> bool:
         """Take a step out wherever it is (timed out, cancelled); lazily, in O(1)."""
         if not step.live:
             return False
-        step.live = False
-        self._count -= 1
-        self._trim(step.requirement)
-        group = self.groups.get(step.requirement)
-        if group is not None and len(group) > 64 + 2 * self._count:  # bounded: compact
-            self.groups[step.requirement] = deque(s for s in group if s.live)
+        self._leave(step)
         return True
 
-    def head(self, requirement: Requirement) -> WaitingStep | None:
-        group = self.groups.get(requirement)
-        return group[0] if group else None
+    def best(self, requirement: Requirement) -> tuple[tuple[int, int, int, int], WaitingStep]:
+        """The step of ``requirement`` that goes next, with its rank (lower goes first): the
+        rank of a step only worsens as steps start, until one finishes."""
+        lines = self.groups[requirement].top()
+        running, served = self.running, self.served
+        chosen = None
+        for submitter, line in lines.items():
+            head = line.head()
+            key = (running.get(submitter, 0), served.get(submitter, 0), head.seq)
+            if chosen is None or key < chosen[0]:
+                chosen = (key, head)
+        assert chosen is not None  # a level is dropped with its last line
+        key, head = chosen
+        return (-head.level, *key), head
 
-    def pop(self, requirement: Requirement) -> WaitingStep:
-        step = self.groups[requirement].popleft()
+    def head(self, requirement: Requirement) -> WaitingStep | None:
+        """The step of ``requirement`` that goes next, or ``None`` if none waits for it."""
+        return self.best(requirement)[1] if requirement in self.groups else None
+
+    def take(self, step: WaitingStep) -> None:
+        """``step`` (the :meth:`best` of its requirement) leaves the queue with a slot."""
+        self._leave(step)
+        self.started(step.submitter)
+
+    def steps_of(self, requirement: Requirement) -> list[WaitingStep]:
+        """Every waiting step of ``requirement`` (in no particular order)."""
+        group = self.groups.get(requirement)
+        if group is None:
+            return []
+        return [
+            s
+            for lines in group.levels.values()
+            for line in lines.values()
+            for s in line.steps
+            if s.live
+        ]
+
+    def _leave(self, step: WaitingStep) -> None:
         step.live = False
         self._count -= 1
-        self._trim(requirement)
-        return step
-
-    def _trim(self, requirement: Requirement) -> None:
-        """Drop steps that left from the front; forget a requirement nobody waits for."""
-        group = self.groups.get(requirement)
-        while group and not group[0].live:
-            group.popleft()
-        if not group:
-            self.groups.pop(requirement, None)
+        left = self.by_priority[step.priority] - 1
+        if left:
+            self.by_priority[step.priority] = left
+        else:
+            del self.by_priority[step.priority]
+        group = self.groups[step.requirement]
+        group.count -= 1
+        if not group.count:
+            del self.groups[step.requirement]
+            return
+        lines = group.levels[step.level]
+        line = lines[step.submitter]
+        line.live -= 1
+        if not line.live:
+            del lines[step.submitter]
+            if not lines:
+                del group.levels[step.level]
+            return
+        steps = line.steps
+        while not steps[0].live:  # what left from the front goes at once
+            steps.popleft()
+        if len(steps) > 64 + 2 * line.live:  # bounded: compact what left from the middle
+            line.steps = deque(s for s in steps if s.live)
 
     def waiting(self) -> list[WaitingStep]:
         """Every waiting step, oldest first."""
-        steps = [s for group in self.groups.values() for s in group if s.live]
+        steps = [s for requirement in self.groups for s in self.steps_of(requirement)]
         steps.sort(key=lambda s: s.seq)
         return steps

@@ -9,7 +9,8 @@ when they outnumber the live ones. A decision at 10,000 workers costs a heap pee
 
 :func:`admit` is the one decision for a step that asks for a worker: dispatch it to a worker
 now, let it wait, or refuse it (with the reason). :func:`assign` is the one decision when the
-pool changes: given the waiting steps and the index, which step goes to which worker. Both take
+pool changes: given the waiting steps and the index, which step goes to which worker, in the
+queue's order (priority raised by aging, then fair share between submitters, then age). Both take
 each slot they give in the index before they return, so decisions that follow (in the same
 call or the next) never overbook. The shell performs the dispatches after.
 :func:`swamp.domain.placement.choose_worker` — a plain scan — is the specification the index is
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from swamp.domain.placement import Placement
+from swamp.domain.priority import level
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.workers import INSTANCE_ID
 
@@ -264,29 +266,38 @@ def assign(
     index: PoolIndex,
     requirements: Iterable[Requirement] | None = None,
 ) -> list[Assignment]:
-    """Give waiting steps to free workers: oldest step first among the requirements considered
-    (``requirements``: those an event can have unblocked; ``None``: all), least-loaded worker
-    for each. Every assigned slot is taken in ``index`` and every assigned step leaves
-    ``queue`` before this returns."""
-    groups = queue.groups if requirements is None else requirements
-    heads = []
-    for requirement in groups:
-        head = queue.head(requirement)
-        if head is not None:
-            heads.append((head.seq, requirement))
+    """Give waiting steps to free workers, the best step first among the requirements
+    considered (``requirements``: those an event can have unblocked; ``None``: all) — highest
+    priority, then fair share between submitters, then the oldest (``WaitingQueue.best``) —
+    and the least-loaded worker for each. Every assigned slot is taken in ``index`` and every
+    assigned step leaves ``queue`` before this returns."""
+    groups = queue.groups
+    considered = groups if requirements is None else [r for r in requirements if r in groups]
+    heads: list[tuple[tuple[int, int, int, int], int, Requirement]] = []
+    for n, requirement in enumerate(considered):
+        heads.append((queue.best(requirement)[0], n, requirement))
     heapq.heapify(heads)
     out: list[Assignment] = []
     while heads:
-        _, requirement = heapq.heappop(heads)
+        rank, n, requirement = heads[0]
+        if requirement not in groups:
+            heapq.heappop(heads)
+            continue
+        now, step = queue.best(requirement)
+        if now != rank:  # its submitter started a step meanwhile: its rank only worsened
+            heapq.heapreplace(heads, (now, n, requirement))
+            continue
         slots = index.choose(requirement)
         if slots is None:
-            continue  # this requirement stays blocked until its next event
-        step = queue.pop(requirement)
+            heapq.heappop(heads)  # this requirement stays blocked until its next event
+            continue
+        queue.take(step)
         index.take(slots.name)
         out.append(Assignment(step, slots.name))
-        head = queue.head(requirement)
-        if head is not None:
-            heapq.heappush(heads, (head.seq, requirement))
+        if requirement in groups:
+            heapq.heapreplace(heads, (queue.best(requirement)[0], n, requirement))
+        else:
+            heapq.heappop(heads)
     return out
 
 
@@ -326,12 +337,16 @@ def admit(
     *,
     max_waiting: int,
     ticket: Any = None,
+    priority: int = 0,
+    submitter: str = "",
+    epoch: int = 0,
 ) -> Admission:
-    """What becomes of a step that asks for a worker matching ``requirement``: oldest first, so
-    it goes at once only when no step is ahead of it (nobody waits: the least-loaded free
-    worker, a heap peek; otherwise it joins the queue and :func:`assign` runs for its
-    requirement, which may give it a worker too, after the steps ahead of it). Whatever this
-    decides is already done in ``queue`` and ``index``; ``ticket`` is the shell's handle."""
+    """What becomes of a step that asks for a worker matching ``requirement``: it goes at
+    once only when no step is waiting at all (the least-loaded free worker, a heap peek);
+    otherwise it joins the queue — at its ``priority`` as of the aging ``epoch`` it starts
+    waiting in, for its ``submitter`` — and :func:`assign` runs for its requirement, which may
+    give it a worker too, in the queue's order. Whatever this decides is already done in
+    ``queue`` and ``index``; ``ticket`` is the shell's handle."""
     if len(queue) >= max_waiting:
         return Refuse(
             f"{len(queue)} steps are already waiting for workers (the most this "
@@ -341,8 +356,15 @@ def admit(
         slots = index.choose(requirement)
         if slots is not None:
             index.take(slots.name)
+            queue.started(submitter)
             return Dispatch(slots.name)
-    step = WaitingStep(requirement, ticket=ticket)
+    step = WaitingStep(
+        requirement,
+        ticket=ticket,
+        priority=priority,
+        submitter=submitter,
+        level=level(priority, epoch),
+    )
     queue.add(step)
     handed = assign(queue, index, [requirement])
     for n, assignment in enumerate(handed):

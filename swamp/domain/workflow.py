@@ -4,9 +4,9 @@ A workflow has jobs; a job has steps; a step runs a *task* — a model method (`
 or ``modelType`` with ``modelName``, plus ``methodName`` and ``inputs``) or another workflow
 (``workflowIdOrName``). Jobs depend on jobs and steps on steps of their job (``dependsOn``, with a
 condition tree); placement (``target``, ``labels``, ``platform``, ``queueTimeout``, the
-execution ``timeout``, and ``affinity`` on the workflow and its jobs) is inherited workflow →
-job → step, the child winning (an explicit empty ``labels`` clears). ``forEach`` runs a step
-once per item of a list.
+execution ``timeout``, ``priority``, and ``affinity`` on the workflow and its jobs) is
+inherited workflow → job → step, the child winning (an explicit empty ``labels`` clears).
+``forEach`` runs a step once per item of a list.
 
 :func:`parse` turns the TOML tree into these values and reports every problem with its place in
 the file (``jobs[1].steps[0].task.methodName``), never stopping at the first; an unknown key is
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from swamp.domain.durations import parse_duration, parse_timeout
 from swamp.domain.expressions import ExpressionError, check_templates, has_template, render
 from swamp.domain.labels import check_labels
+from swamp.domain.priority import MAX_PRIORITY, MIN_PRIORITY
+from swamp.domain.priority import RANGE as PRIORITY_RANGE
 from swamp.errors import UnknownMethod, UserError
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -95,6 +97,7 @@ class Placement:
     queue_timeout: str | None = None  # seconds (a number) or a duration; "0" waits forever
     affinity: bool | None = None
     timeout: str | None = None  # how long a step may run once dispatched (a duration)
+    priority: int | None = None  # among waiting steps, higher goes first (domain.priority)
 
     def under(self, parent: Placement) -> Placement:
         """This level's fields over its parent's: the child wins wherever it sets a field."""
@@ -107,6 +110,7 @@ class Placement:
             ),
             affinity=self.affinity if self.affinity is not None else parent.affinity,
             timeout=self.timeout if self.timeout is not None else parent.timeout,
+            priority=self.priority if self.priority is not None else parent.priority,
         )
 
     def is_remote(self) -> bool:
@@ -194,6 +198,7 @@ _WORKFLOW_KEYS = [
     "queueTimeout",
     "timeout",
     "affinity",
+    "priority",
     "id",
     "tags",
 ]
@@ -210,6 +215,7 @@ _JOB_KEYS = [
     "queueTimeout",
     "timeout",
     "affinity",
+    "priority",
 ]
 _STEP_KEYS = [
     "name",
@@ -226,6 +232,7 @@ _STEP_KEYS = [
     "platform",
     "queueTimeout",
     "timeout",
+    "priority",
 ]
 _TASK_KEYS = {
     "model_method": ("type", "modelIdOrName", "modelType", "modelName", "methodName", "inputs"),
@@ -315,7 +322,19 @@ class _Reader:
             queue_timeout=timeout,
             affinity=self.flag(raw, "affinity", place) if affinity else None,
             timeout=self.run_timeout(raw.get("timeout"), _at(place, "timeout")),
+            priority=self.priority(raw.get("priority"), _at(place, "priority")),
         )
+
+    def priority(self, value, place: str) -> int | None:
+        """``priority``: a whole number in the allowed range (no expression: it is known
+        before the run starts, like the file's structure)."""
+        if value is None:
+            return None
+        number = isinstance(value, int) and not isinstance(value, bool)
+        if number and MIN_PRIORITY <= value <= MAX_PRIORITY:
+            return value
+        self.problem(place, f"expected {PRIORITY_RANGE}, got {value!r}")
+        return None
 
     def run_timeout(self, value, place: str) -> str | None:
         """``timeout``: seconds (a positive number) or a duration such as 30m; 0 for none."""

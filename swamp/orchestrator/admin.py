@@ -11,6 +11,7 @@ presented an accepted admin credential reach these, and only for the verbs its s
 from __future__ import annotations
 
 from swamp.domain.scopes import VERBS
+from swamp.orchestrator.admin_auth import Principal
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.pool import Pool
 from swamp.protocol.admin import OPERATIONS, AdminApi
@@ -36,17 +37,19 @@ class Admin:
     def _frame(self, name: str, request_type: type[Message]):
         operation = getattr(self.api, name)
 
-        async def handle(call: IncomingCall) -> dict:
+        async def handle(call: IncomingCall, caller: Principal) -> dict:
             request = request_type.decode(call.params)
             if name in ("method_run", "workflow_run"):  # they stream events as they go
                 emit = None if call.quiet else call.emit  # a quiet caller gets none built
-                return (await operation(request, emit)).to_json()
+                # its steps wait in the queue as the caller's (fair share between submitters)
+                reply = await operation(request, emit, submitter=caller.submitter())
+                return reply.to_json()
             return (await operation(request)).to_json()
 
         handle.__name__ = name
         return handle
 
-    async def server_info(self, call: IncomingCall) -> dict:
+    async def server_info(self, call: IncomingCall, caller: Principal) -> dict:
         Empty.decode(call.params)
         return {
             "repo": str(self.repo.root),

@@ -42,6 +42,11 @@ class Principal:
     def describe(self) -> str:
         return f"server token {self.name!r}" if self.kind == "server-token" else self.kind
 
+    def submitter(self) -> str:
+        """Who the queue shares slots between: ``local``, ``token:NAME`` or ``anyone`` (a
+        token's name, never its secret)."""
+        return f"token:{self.name}" if self.kind == "server-token" else self.kind
+
 
 def authorize(principal: Principal, verb: str) -> None:
     """Raise ``ScopeTooNarrow`` (naming both scopes) unless ``principal`` may call ``verb``."""

@@ -33,6 +33,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
 from swamp.orchestrator.admin import Admin
@@ -88,6 +89,7 @@ class Settings:
     verify_on_enroll: bool = False
     ship_env: tuple[str, ...] = ()
     queue_timeout: float | None = 600
+    queue_aging: float = DEFAULT_AGING  # seconds per point of priority a waiting step gains
     default_timeout: float | None = 24 * 3600
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
@@ -197,7 +199,9 @@ def compose(
 
     # -- dispatch ----------------------------------------------------------------------------
     episodes = Episodes(bookkeeper, credentials, on_unacknowledged=membership.unresponsive)
-    queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)  # subscribes
+    queue = DispatchQueue(  # subscribes to the pool
+        pool, store, bookkeeper, aging=settings.queue_aging, observe=metrics.on_queue
+    )
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
     dispatch = DispatchService(

@@ -177,7 +177,7 @@ class Connection:
                 # dropped for silence. It is gone when its socket closes.
                 self.channel.drop_silent, self.channel.drop_events = False, True
                 self.channel.name = f"admin {self.peer} ({self.identity.describe()})"
-            return await handler(call)
+            return await handler(call, self.identity)
         if method in WORKER_VERBS:
             raise Forbidden(
                 f"enroll first: before enrollment a socket may only call "

@@ -25,6 +25,7 @@ from swamp.domain import environment
 from swamp.domain.durations import parse_timeout
 from swamp.domain.episodes import Move, next_move
 from swamp.domain.placement import Placement
+from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
@@ -62,6 +63,8 @@ class RunRequest:
     job: str | None = None
     step: str | None = None
     started_at: str | None = None  # when the run was asked for (its result says so)
+    priority: int = 0  # among waiting steps, higher goes first (swamp.domain.priority)
+    submitter: str = ""  # who asked (local, token:NAME): the queue shares slots between them
 
     def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
         """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
@@ -173,6 +176,8 @@ class DispatchService:
             else None
         )
         timeout = request.execution_timeout(self.default_timeout)
+        if request.priority:
+            check_priority(request.priority)
         return Plan(model_type, args, queue_timeout, timeout)
 
     async def run(self, request: RunRequest, emit: Emit) -> RunResult:
@@ -224,6 +229,8 @@ class DispatchService:
             request.workflow,
             request.job,
             request.step,
+            request.priority,
+            request.submitter,
         )
         step_id = new_id()
         attempt = busy = 0

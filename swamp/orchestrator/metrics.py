@@ -103,6 +103,15 @@ class _Live:
             oldest.add_metric([requirement], round(seconds, 3))
         yield waiting
         yield oldest
+        by_priority = GaugeMetricFamily(
+            "swamp_queue_waiting_by_priority",
+            "Steps waiting for a worker, by the priority they were given (one series per "
+            "priority present: at most 201, -100 to 100)",
+            labels=["priority"],
+        )
+        for priority, count in sorted(self.queue.waiting.by_priority.items()):
+            by_priority.add_metric([str(priority)], count)
+        yield by_priority
 
 
 class Metrics:

@@ -13,7 +13,10 @@ the caller is told ``queued``, and the step sleeps on its own event until one of
 - its deadline passes (it fails: ``queue_timeout``), or whoever waits for it goes away
   (``cancelled``).
 
-No timer is involved in waking a step: the assignment runs on the event itself.
+No timer is involved in waking a step: the assignment runs on the event itself. Which waiting
+step a freed slot goes to is the queue's order (``swamp.domain.queue``): priority raised by
+aging, then fair share between submitters (each server token, the local credential), then age.
+The queue counts each submitter's running steps as it gives slots and gets them back.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import trio
 from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.placement import Placement
+from swamp.domain.priority import DEFAULT_AGING, effective, epoch
 from swamp.domain.queue import (
     MAX_WAITING,
     PendingState,
@@ -68,6 +72,8 @@ class StepInfo:
     workflow: str | None = None
     job: str | None = None
     step: str | None = None
+    priority: int = 0  # higher goes first (swamp.domain.priority)
+    submitter: str = ""  # who asked: fair share is between submitters
 
 
 class Grant(NamedTuple):
@@ -102,6 +108,7 @@ class DispatchQueue:
         *,
         clock=time.time,
         max_waiting: int = MAX_WAITING,
+        aging: float = DEFAULT_AGING,
         observe: Callable[[str, float], None] = lambda what, value: None,
     ) -> None:
         self.pool = pool
@@ -111,6 +118,8 @@ class DispatchQueue:
         self.bookkeeper = bookkeeper  # writes the queue episodes behind
         self.clock = clock
         self.max_waiting = max_waiting
+        self.aging = aging  # seconds a waiting step takes to gain a point of priority
+        self.holders: dict[str, str] = {}  # dispatch id → its submitter, while it holds a slot
         self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
         pool.subscribe(self.member_changed)
 
@@ -132,6 +141,9 @@ class DispatchQueue:
             self.pool.index,
             max_waiting=self.max_waiting,
             ticket=ticket,
+            priority=info.priority,
+            submitter=info.submitter,
+            epoch=epoch(trio.current_time(), self.aging),
         )
         if isinstance(decision, Refuse):
             raise QueueFull(decision.reason)
@@ -185,11 +197,13 @@ class DispatchQueue:
             "modelName": info.model_name,
             "methodName": info.method,
             "queuedAt": iso(ticket.queued_at),
+            "priority": info.priority,
         }
         for field_name, value in (
             ("workflowName", info.workflow),
             ("jobName", info.job),
             ("stepName", info.step),
+            ("submitter", info.submitter),
         ):
             if value:
                 attrs[field_name] = value
@@ -216,7 +230,10 @@ class DispatchQueue:
             )
 
     def release(self, member: Member, dispatch_id: str) -> None:
-        """The dispatch is over: its slot goes back, and to the oldest step it can take."""
+        """The dispatch is over: its slot goes back, and to the waiting step that goes next."""
+        submitter = self.holders.pop(dispatch_id, None)
+        if submitter is not None:
+            self.waiting.finished(submitter)
         if self.pool.release(member, dispatch_id):
             self.member_changed(member)
 
@@ -248,6 +265,7 @@ class DispatchQueue:
         """The member's slot, already taken in the index, is the ticket's."""
         member = self.pool.members[name]
         ticket.dispatch_id = dispatch_id = ordered_id()
+        self.holders[dispatch_id] = ticket.info.submitter
         ticket.member = member
         self.pool.reserve(member, dispatch_id, indexed=True)
         return Grant(member, dispatch_id)
@@ -260,8 +278,8 @@ class DispatchQueue:
             gone = self.never_returns(Placement(target=requirement.target))
             if gone is None:
                 continue
-            while (step := self.waiting.head(requirement)) is not None:
-                self.waiting.pop(requirement)
+            for step in self.waiting.steps_of(requirement):
+                self.waiting.discard(step)
                 step.ticket.failure = NoMatchingWorker(gone)
                 step.ticket.woken.set()
 
@@ -301,7 +319,8 @@ class DispatchQueue:
     # -- the demand view ---------------------------------------------------------------------
 
     def items(self) -> list[QueueItem]:
-        now = self.clock()
+        """Every waiting step, oldest first, with its priority as given and as aged."""
+        now, now_epoch = self.clock(), epoch(trio.current_time(), self.aging)
         out = []
         for step in self.waiting.waiting():
             ticket: Ticket = step.ticket
@@ -321,6 +340,9 @@ class DispatchQueue:
                     step_name=info.step,
                     queued_at=iso(ticket.queued_at),
                     age_ms=max(0, round((now - ticket.queued_at) * 1000)),
+                    priority=step.priority,
+                    effective_priority=effective(step.level, now_epoch),
+                    submitter=step.submitter or None,
                 )
             )
         return out

@@ -28,6 +28,7 @@ from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
+from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
@@ -75,6 +76,7 @@ class ServeOptions:
     trusted_hosts: tuple[str, ...] = ()
     ship_env: tuple[str, ...] = ()
     queue_timeout: str | None = None  # --queue-timeout / SWAMP_QUEUE_TIMEOUT; None: 10m
+    queue_aging: float = DEFAULT_AGING  # --queue-aging: seconds per point a waiting step gains
     pyz: Path | None = None  # the build GET /swamp.pyz serves (default: the one running)
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
@@ -258,6 +260,7 @@ def _announce(
         "reconciled": swept,
         "verifyOnEnroll": options.verify_on_enroll,
         "queueTimeoutSeconds": queue_timeout,
+        "queueAgingSeconds": options.queue_aging,
         **(
             {"download": f"{data_plane}/swamp.pyz", "downloadSha256": download.sha256}
             if download
@@ -391,6 +394,7 @@ async def _serve(
             verify_on_enroll=options.verify_on_enroll,
             ship_env=options.ship_env,
             queue_timeout=queue_timeout,
+            queue_aging=options.queue_aging,
             default_timeout=options.default_timeout,
             private_downloads=options.private_downloads,
             write_quota=options.write_quota,

@@ -58,8 +58,10 @@ class AdminApi(Protocol):
     async def data_query(self, request: DataQueryRequest) -> QueryReply: ...
 
     async def method_run(
-        self, request: MethodRunRequest, on_event: EventSink | None = None
-    ) -> RunResult: ...
+        self, request: MethodRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
+    ) -> RunResult:
+        """``submitter``: who asked, as the server knows it from the caller's credential (the
+        queue shares slots between submitters); a client sends none."""
 
     async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply: ...
 
@@ -68,8 +70,9 @@ class AdminApi(Protocol):
     async def workflow_validate(self, request: WorkflowRequest) -> WorkflowValidateReply: ...
 
     async def workflow_run(
-        self, request: WorkflowRunRequest, on_event: EventSink | None = None
-    ) -> WorkflowRunReply: ...
+        self, request: WorkflowRunRequest, on_event: EventSink | None = None, *, submitter: str = ""
+    ) -> WorkflowRunReply:
+        """``submitter``: as for :meth:`method_run`, for every step of the run."""
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply: ...
 

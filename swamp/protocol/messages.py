@@ -332,6 +332,7 @@ class MethodRunRequest(Message):
     env: list[str] = field(default_factory=list)
     queue_timeout: str | None = None  # e.g. "5m"; "0" waits forever; absent: the server's
     timeout: str | None = None  # how long it may run on a worker, e.g. "30m"; absent: the model's
+    priority: int = 0  # higher goes first among waiting steps (swamp.domain.priority)
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,7 @@ class WorkflowRunRequest(Message):
     name: str
     inputs: dict = field(default_factory=dict)
     timeout: str | None = None  # the whole run, e.g. 30m
+    priority: int | None = None  # as the workflow's own priority = N (its jobs' and steps' win)
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,9 @@ class QueueItem(Message):
     workflow_name: str | None = None
     job_name: str | None = None
     step_name: str | None = None
+    priority: int = 0  # as given (swamp.domain.priority)
+    effective_priority: int | None = None  # raised by waiting (live only: serve's aging)
+    submitter: str | None = None  # who asked: local, token:NAME, anyone
 
 
 @dataclass(frozen=True)

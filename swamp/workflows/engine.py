@@ -134,8 +134,11 @@ class Engine:
         # the workflow's declared limit: its end is a run recorded as timed out, not a
         # cancellation of whoever started it
         timeout: float | None = None,  # noqa: ASYNC109
+        priority: int | None = None,  # the run's --priority: as the workflow's own priority
+        submitter: str = "",  # who asked: its steps wait in the queue as theirs
     ) -> RunRecord:
         run = _Run(self, workflow, inputs, emit, chain)
+        run.priority, run.submitter = priority, submitter
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
@@ -187,6 +190,8 @@ class _Run:
         self.affinity: dict[str, _Affinity] = {}
         # the instance of this run's latest ad-hoc step of each type: data.latest(type, …)
         self.adhoc: dict[str, str] = {}
+        self.priority: int | None = None  # the run's own (--priority, a parent step's)
+        self.submitter = ""
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -575,6 +580,8 @@ class _Run:
             workflow=self.workflow.name,
             job=job.name,
             step=name,
+            priority=self.priority_of(job, step) or 0,
+            submitter=self.submitter,
         )
         record.model, record.model_type, record.method = instance.name, instance.type, method
         if placement.is_remote():
@@ -592,6 +599,14 @@ class _Run:
         if result.dispatch_id:
             record.dispatch_id = result.dispatch_id
         return Status(result.status), result.error
+
+    def priority_of(self, job: Job, step: Step) -> int | None:
+        """The nearest priority: the step's, its job's, then the run's (``--priority``, or
+        the parent step's for a nested run), then the workflow's; ``None`` if none says."""
+        for own in (step.placement.priority, job.placement.priority, self.priority):
+            if own is not None:
+                return own
+        return self.workflow.placement.priority
 
     async def pinned(
         self, group: _Affinity, placement: StepPlacement, name: str
@@ -677,7 +692,14 @@ class _Run:
         if not isinstance(inputs, dict):
             return Status.FAILED, "inputs for a nested workflow must give a table"
         inputs = check_inputs(child, inputs)
-        result = await self.engine.run(child, inputs, self.emit_raw, chain=self.chain)
+        result = await self.engine.run(
+            child,
+            inputs,
+            self.emit_raw,
+            chain=self.chain,
+            priority=self.priority_of(job, step),
+            submitter=self.submitter,
+        )
         record.child_run_id = result.run_id
         return Status(result.status), result.error
 
