@@ -4,6 +4,10 @@
 - **decision**: one step placed by the pure assignment (``assign`` over the pool index, slot
   taken, then released) in pools of 100, 1,000 and 10,000 workers (4 slots each, labels
   ``fleet``, ``zone`` and, on 1 %, ``gpu``), for a fleet-wide and a rare requirement;
+- **decision at scale**: 10,000 workers, all busy, and 10,000 waiting steps of 20 submitters,
+  priorities -2 to 10 started in 100 aging ticks, for six requirements: the pick when a worker
+  frees a slot (the requirements it matches, then ``assign``: priority, fair share, age) and
+  the admission of one more step that has to wait; the queue kept at its size;
 - **wake on enroll**: a step waits for a label nobody has; a worker with that label enrolls;
   the time from the enrollment reply reaching the worker to the dispatch frame reaching it
   (a real ``swamp serve``; the worker is spoken by this process, so both ends are timed on one
@@ -14,6 +18,7 @@
 Prints one JSON object.
 
     python3 build.py bench-queue [--rounds 50] [--backlog 10000] [--workers 8] [--concurrency 4]
+        [--decisions-only]
 """
 
 from __future__ import annotations
@@ -32,8 +37,17 @@ from benchkit import enroll_params, percentile, rss_kib, scratch
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
 from swamp.domain.placement import Placement
+from swamp.domain.priority import level
 from swamp.domain.queue import WaitingQueue, WaitingStep
-from swamp.domain.scheduler import PoolIndex, Requirement, Slots, assign
+from swamp.domain.scheduler import (
+    PoolIndex,
+    Requirement,
+    Slots,
+    Wait,
+    admit,
+    assign,
+    requirements_of,
+)
 from swamp.processes import start_serve, start_worker, stop_all
 from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.messages import DispatchResult
@@ -77,6 +91,83 @@ def decisions(sizes=(100, 1_000, 10_000), rounds: int = 20_000) -> dict:
                 "p99_us": round(percentile(timings, 99), 2),
             }
     return out
+
+
+def decisions_at_scale(workers: int = 10_000, waiting: int = 10_000, rounds: int = 20_000) -> dict:
+    """The pick and the admission with a full pool and a deep, mixed queue (see the top)."""
+    rng = random.Random(2)
+    index = PoolIndex()
+    names = []
+    for i in range(workers):
+        labels = {"fleet": "pool", "zone": f"z{i % 4}"}
+        if i % 100 == 0:
+            labels["gpu"] = "true"
+        names.append(f"w{i:05d}")
+        index.put(Slots(names[-1], str(uuid.uuid4()), labels, "linux", "x86_64", 4, 4))
+    requirements = [
+        Requirement.of(p)
+        for p in (
+            Placement(labels={"fleet": "pool"}),
+            Placement(labels={"zone": "z0"}),
+            Placement(labels={"zone": "z1"}),
+            Placement(labels={"gpu": "true"}),
+            Placement(labels={"gpu": "true", "zone": "z0"}),
+            Placement(labels={"fleet": "pool"}, platform="linux"),
+        )
+    ]
+    submitters = [f"token:team-{i}" for i in range(20)]
+    queue = WaitingQueue()
+    for submitter in submitters:  # each has some running already
+        for _ in range(rng.randint(0, 50)):
+            queue.started(submitter)
+
+    def one_step(requirement: Requirement | None = None) -> WaitingStep:
+        priority = rng.choice((0, 0, 0, 0, 1, 2, 5, 10, -2))
+        return WaitingStep(
+            requirement or rng.choice(requirements),
+            priority=priority,
+            submitter=rng.choice(submitters),
+            level=level(priority, rng.randint(0, 100)),
+        )
+
+    for _ in range(waiting):
+        queue.add(one_step())
+    picks, admissions = [], []
+    for _ in range(rounds):
+        name = rng.choice(names)
+        started = time.perf_counter()
+        index.release(name)
+        slots = index.get(name)
+        [assignment] = assign(queue, index, requirements_of(slots, queue))
+        picks.append((time.perf_counter() - started) * 1e6)
+        queue.finished(assignment.step.submitter)  # (another of its steps ends, later)
+        step = one_step(assignment.step.requirement)  # the mix stays as it was
+        started = time.perf_counter()
+        decision = admit(
+            step.requirement,
+            queue,
+            index,
+            max_waiting=100_000,
+            priority=step.priority,
+            submitter=step.submitter,
+            epoch=rng.randint(0, 100),
+        )
+        admissions.append((time.perf_counter() - started) * 1e6)
+        assert isinstance(decision, Wait) and len(queue) == waiting
+    return {
+        "workers": workers,
+        "waiting": waiting,
+        "submitters": len(submitters),
+        "requirements": len(requirements),
+        "pick_on_freed_slot": {
+            "p50_us": round(percentile(picks, 50), 2),
+            "p99_us": round(percentile(picks, 99), 2),
+        },
+        "admit_to_wait": {
+            "p50_us": round(percentile(admissions, 50), 2),
+            "p99_us": round(percentile(admissions, 99), 2),
+        },
+    }
 
 
 # -- wake on enroll -------------------------------------------------------------------------------
@@ -200,7 +291,9 @@ async def backlog(url, admin, token, serve_pid, args, env, procs, root) -> dict:
 
 
 async def main(args) -> dict:
-    result: dict = {"decision": decisions()}
+    result: dict = {"decision": decisions(), "decision_at_scale": decisions_at_scale()}
+    if args.decisions_only:
+        return result
     with scratch("swamp-bench-queue-") as root:
         async with await trio.Path(root / "serve.log").open("wb") as log:
             return await _measure(root, result, args, log.wrapped)
@@ -239,4 +332,5 @@ if __name__ == "__main__":
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--decisions-only", action="store_true", help="no processes: the decisions")
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))

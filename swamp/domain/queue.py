@@ -258,15 +258,20 @@ class WaitingQueue:
         rank of a step only worsens as steps start, until one finishes."""
         lines = self.groups[requirement].top()
         running, served = self.running, self.served
-        chosen = None
+        chosen: WaitingStep | None = None
+        key = (0, 0, 0)
         for submitter, line in lines.items():
-            head = line.head()
-            key = (running.get(submitter, 0), served.get(submitter, 0), head.seq)
-            if chosen is None or key < chosen[0]:
-                chosen = (key, head)
+            ahead = running.get(submitter, 0)
+            if chosen is not None and ahead > key[0]:
+                continue  # more running than the best so far: it cannot be first
+            head = line.steps[0]
+            if not head.live:
+                head = line.head()
+            mine = (ahead, served.get(submitter, 0), head.seq)
+            if chosen is None or mine < key:
+                chosen, key = head, mine
         assert chosen is not None  # a level is dropped with its last line
-        key, head = chosen
-        return (-head.level, *key), head
+        return (-chosen.level, *key), chosen
 
     def head(self, requirement: Requirement) -> WaitingStep | None:
         """The step of ``requirement`` that goes next, or ``None`` if none waits for it."""

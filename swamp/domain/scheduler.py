@@ -273,31 +273,46 @@ def assign(
     assigned step leaves ``queue`` before this returns."""
     groups = queue.groups
     considered = groups if requirements is None else [r for r in requirements if r in groups]
-    heads: list[tuple[tuple[int, int, int, int], int, Requirement]] = []
-    for n, requirement in enumerate(considered):
-        heads.append((queue.best(requirement)[0], n, requirement))
-    heapq.heapify(heads)
     out: list[Assignment] = []
+    if len(considered) == 1:  # one requirement (a step joined the queue): its own order
+        [requirement] = considered
+        while requirement in groups:
+            slots = index.choose(requirement)
+            if slots is None:
+                break
+            step = queue.best(requirement)[1]
+            queue.take(step)
+            index.take(slots.name)
+            out.append(Assignment(step, slots.name))
+        return out
+    # Several: the best head first. A head's rank only worsens as steps start (its submitter
+    # runs one more, or its step left), so an entry older than the last take is checked again
+    # when it surfaces — and only if a worker is free for it.
+    heads = []
+    for n, requirement in enumerate(considered):
+        rank, step = queue.best(requirement)
+        heads.append((rank, n, requirement, step, 0))
+    heapq.heapify(heads)
+    taken = 0
     while heads:
-        rank, n, requirement = heads[0]
+        rank, n, requirement, step, seen = heads[0]
         if requirement not in groups:
             heapq.heappop(heads)
-            continue
-        now, step = queue.best(requirement)
-        if now != rank:  # its submitter started a step meanwhile: its rank only worsened
-            heapq.heapreplace(heads, (now, n, requirement))
             continue
         slots = index.choose(requirement)
         if slots is None:
             heapq.heappop(heads)  # this requirement stays blocked until its next event
             continue
+        if seen != taken:
+            now, step = queue.best(requirement)
+            if now != rank:
+                heapq.heapreplace(heads, (now, n, requirement, step, taken))
+                continue
         queue.take(step)
         index.take(slots.name)
         out.append(Assignment(step, slots.name))
-        if requirement in groups:
-            heapq.heapreplace(heads, (queue.best(requirement)[0], n, requirement))
-        else:
-            heapq.heappop(heads)
+        taken += 1
+        heapq.heapreplace(heads, (rank, n, requirement, step, -1))  # checked if it surfaces
     return out
 
 
