@@ -186,3 +186,56 @@ def test_ended_episodes_are_collected_and_waiting_ones_orphaned_at_boot(tmp_path
     }
     assert states == {"new": "timed_out", "still": "orphaned"}
     store.close()
+
+
+async def test_a_freed_slot_goes_to_the_highest_priority_then_submitters_take_turns(queue):
+    w = member("w", capacity=1)
+    queue.pool.put(w)
+    first = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
+    order = []
+
+    async def wait(name: str, priority: int, submitter: str) -> None:
+        info = StepInfo("swamp/echo", "e", "echo", priority=priority, submitter=submitter)
+        ticket = await queue.acquire(Placement(target="w"), info, deadline=None, emit=ignore)
+        order.append(name)
+        queue.release(w, ticket.dispatch_id)
+
+    async with trio.open_nursery() as nursery:
+        for name, priority, submitter in (
+            ("a1", 0, "local"),
+            ("a2", 0, "local"),
+            ("b1", 0, "token:b"),
+            ("b2", 0, "token:b"),
+            ("urgent", 10, "local"),
+        ):
+            nursery.start_soon(wait, name, priority, submitter)
+            await trio.testing.wait_all_tasks_blocked()
+        [*items] = queue.items()
+        assert [(i.priority, i.submitter) for i in items][-1] == (10, "local")
+        assert queue.waiting.by_priority == {0: 4, 10: 1}
+        queue.release(w, first.dispatch_id)
+    # the urgent one first; then b (local just ran one), then turns
+    assert order == ["urgent", "b1", "a1", "b2", "a2"]
+    assert queue.waiting.running == {} and queue.holders == {}
+
+
+async def test_a_waiting_step_records_its_priority_and_submitter(queue):
+    info = StepInfo("swamp/echo", "e", "echo", priority=-3, submitter="token:ci")
+    with pytest.raises(QueueTimeout):
+        await queue.acquire(
+            Placement(labels={"zone": "mars"}),
+            info,
+            deadline=trio.current_time() + 0.05,
+            emit=ignore,
+        )
+    [episode] = (await episodes(queue)).values()
+    assert episode["priority"] == -3 and episode["submitter"] == "token:ci"
+    assert queue.waiting.by_priority == {}
+
+
+def test_a_submitter_is_named_by_its_credential_never_its_secret():
+    from swamp.orchestrator.admin_auth import Principal
+
+    assert Principal("local", "local").submitter() == "local"
+    assert Principal("server-token", "ci", minted="f00d").submitter() == "token:ci"
+    assert Principal("anyone", "anyone").submitter() == "anyone"
