@@ -1,0 +1,180 @@
+"""Priority and fair share on real processes: an urgent step passes a backlog, two submitters
+(two server tokens) take turns on one slot, and aging lets a low step pass a stream of higher
+ones. Orders are read from the dispatch ids, which the orchestrator makes in the order it gives
+slots (they sort by creation time); nothing here waits on time."""
+
+import pytest
+import trio
+
+from swamp.client import connect
+from swamp.repo import Repo
+from tests.integration.conftest import Proc, wait_until
+
+pytestmark = pytest.mark.integration
+
+PER_SOCKET = 50  # under an admin socket's 64 calls in flight
+
+
+def _echo(lane: str, **more) -> dict:
+    return {
+        "model": "swamp/echo",
+        "method": "echo",
+        "placement": {"labels": {"lane": lane}},
+        **more,
+    }
+
+
+async def _backlog(url: str, credential: str, params: dict, count: int, nursery, done: list):
+    """``count`` steps with ``params`` from ``credential``'s submitter, each queued before this
+    returns (their results go to ``done``)."""
+    queued = trio.Semaphore(0)
+
+    async def on_event(event: dict) -> None:
+        if event.get("kind") == "queued":
+            queued.release()
+
+    async def socket(n: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with connect(url, server_token=credential) as channel:
+            await channel.call("server.info", {})  # an admin socket now: 64 calls in flight
+            task_status.started()
+            async with trio.open_nursery() as calls:
+                for _ in range(n):
+
+                    async def one() -> None:
+                        done.append(
+                            await channel.call(
+                                "model.method.run", params, timeout=None, on_event=on_event
+                            )
+                        )
+
+                    calls.start_soon(one)
+
+    left = count
+    while left:
+        await nursery.start(socket, min(PER_SOCKET, left))
+        left -= min(PER_SOCKET, left)
+    for _ in range(count):
+        await queued.acquire()
+
+
+def _result(proc: Proc) -> dict:
+    return proc.wait_for(lambda e: "result" in e)["result"]
+
+
+async def test_an_urgent_step_submitted_last_passes_a_backlog_of_two_hundred(cluster):
+    cluster.serve()
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    backlog: list[dict] = []
+    async with trio.open_nursery() as nursery:
+        await _backlog(cluster.url, credential, _echo("one"), 200, nursery, backlog)
+        urgent = cluster.spawn(
+            "model", "method", "run", "swamp/echo", "echo", "--label", "lane=one",
+            "--priority", "10", "--server", cluster.url, "--json",
+        )  # fmt: skip
+        urgent.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")
+        listed = await trio.to_thread.run_sync(
+            lambda: cluster.cli_json("worker", "queue", "--server", cluster.url)
+        )
+        items = listed["items"]
+        assert len(items) == 201 and {i["submitter"] for i in items} == {"local"}
+        assert sorted(i["priority"] for i in items) == [0] * 200 + [10]
+        assert items[-1]["priority"] == 10  # oldest first: it came last
+
+        # the repo's records say the same (written behind: read once they are all there)
+        def on_repo() -> list[dict] | None:
+            got = cluster.cli_json("worker", "queue", "--repo-dir", str(cluster.repo))["items"]
+            return got if len(got) == 201 else None
+
+        recorded = await trio.to_thread.run_sync(lambda: wait_until(on_repo, what="records"))
+        assert {(i["priority"], i["submitter"]) for i in recorded} == {(0, "local"), (10, "local")}
+        cluster.worker(cluster.mint("two-slots"), "--label", "lane=one", "--concurrency", "2")
+        first = await trio.to_thread.run_sync(lambda: _result(urgent))
+    assert first["status"] == "succeeded" and len(backlog) == 200
+    assert all(r["status"] == "succeeded" for r in backlog)
+    # it went first: before any of the 200 steps that waited longer
+    assert first["dispatchId"] < min(r["dispatchId"] for r in backlog)
+
+
+async def test_two_submitters_with_a_hundred_steps_each_take_turns_on_one_slot(cluster):
+    tokens = {
+        name: cluster.cli_json("server", "token", "create", name, "--repo-dir", str(cluster.repo))[
+            "token"
+        ]
+        for name in ("alpha", "beta")
+    }
+    cluster.serve()
+    done: dict[str, list[dict]] = {"alpha": [], "beta": []}
+    async with trio.open_nursery() as nursery:
+        for name in ("alpha", "beta"):  # alpha's hundred all wait before beta's first
+            await _backlog(cluster.url, tokens[name], _echo("two"), 100, nursery, done[name])
+        listed = await trio.to_thread.run_sync(
+            lambda: cluster.cli_json("worker", "queue", "--server", cluster.url)
+        )
+        submitters = [i["submitter"] for i in listed["items"]]
+        assert submitters == ["token:alpha"] * 100 + ["token:beta"] * 100
+        cluster.worker(cluster.mint("one-slot"), "--label", "lane=two", "--concurrency", "1")
+    order = sorted(
+        (r["dispatchId"], name) for name, results in done.items() for r in results
+    )  # every step has ended here: the nursery waited for all 200 results
+    assert [name for _, name in order] == ["alpha", "beta"] * 100
+
+
+async def test_a_low_step_behind_a_stream_of_higher_ones_still_runs(cluster):
+    """Aging, with a short tick (--queue-aging 100ms): the stream keeps a priority-10 step
+    waiting at every freed slot, so without aging the priority-0 step would never run."""
+    cluster.serve("--queue-aging", "100ms")
+    cluster.worker(cluster.mint("one-slot"), "--label", "lane=three", "--concurrency", "1")
+    credential = Repo(cluster.repo).admin_credential_for(cluster.url)
+    files = cluster.tmp / "holds"
+    files.mkdir()
+    dispatched: list[str] = []  # the names of the steps, as they got the slot
+    changed = trio.Condition()
+    passed: list[str] = []  # stream steps still waiting when the low one got the slot
+
+    async with connect(cluster.url, server_token=credential) as channel:
+        await channel.call("server.info", {})
+
+        async def step(name: str, priority: int, hold: bool, asked: trio.Event) -> None:
+            params = _echo("three", priority=priority)
+            if hold:
+                params = dict(params, model="test/steps", method="hold")
+                params["args"] = {"until": str(files / name)}
+
+            async def on_event(event: dict) -> None:
+                if event.get("kind") in ("queued", "dispatched"):
+                    asked.set()  # it waits, or has the slot
+                if event.get("kind") == "dispatched":
+                    dispatched.append(name)
+                    async with changed:
+                        changed.notify_all()
+
+            result = await channel.call("model.method.run", params, timeout=None, on_event=on_event)
+            assert result["status"] == "succeeded", result
+
+        async with trio.open_nursery() as nursery:
+
+            async def ask(name: str, priority: int, hold: bool) -> None:
+                asked = trio.Event()
+                nursery.start_soon(step, name, priority, hold, asked)
+                await asked.wait()
+
+            await ask("p10-0", 10, True)  # takes the slot
+            await ask("low", 0, False)  # waits behind it
+            running = "p10-0"
+            for k in range(1, 5000):
+                await ask(f"p10-{k}", 10, True)  # waits: the stream goes on
+                seen = len(dispatched)
+                (files / running).touch()  # the running step ends: its slot is free
+                async with changed:
+                    while len(dispatched) == seen:
+                        await changed.wait()
+                running = dispatched[-1]
+                if running == "low":
+                    passed = [f"p10-{k}"]  # queued before the slot freed, still waiting
+                    break
+            assert running == "low", "the priority-0 step never got the slot"
+            for k in range(5000):  # let every held step end
+                (files / f"p10-{k}").touch()
+                if f"p10-{k}" in passed:
+                    break
+    assert passed and dispatched.index("low") < dispatched.index(passed[0]), dispatched
