@@ -406,8 +406,6 @@ def queue(
     rows = [
         [
             item.requirement,
-            _priority(item.priority, item.effective_priority),
-            item.submitter or "-",
             item.workflow_name or "-",  # a workflow's step; "-" for a run of its own
             item.job_name or "-",
             item.step_name or "-",
@@ -415,13 +413,13 @@ def queue(
             item.method_name,
             item.queued_at,
             format_age(item.age_ms / 1000),
+            _priority(item.priority, item.effective_priority),
+            item.submitter or "-",
         ]
         for item in reply.items
     ]
     headers = [
         "REQUIREMENT",
-        "PRIORITY",
-        "SUBMITTER",
         "WORKFLOW",
         "JOB",
         "STEP",
@@ -429,6 +427,8 @@ def queue(
         "METHOD",
         "QUEUED AT",
         "AGE",
+        "PRIORITY",  # last: the columns scripts read before stay where they were
+        "SUBMITTER",
     ]
     print(table(headers, rows))
     print()

@@ -131,11 +131,13 @@ def test_a_step_waits_for_its_label_then_times_out_or_waits_forever(cluster):
         [item] = listed["items"]
         assert item["queueId"] == queued["queueId"] and item["requirement"] == "gpu=true"
         assert item["modelType"] == "command/shell" and item["methodName"] == "run"
+        assert item["priority"] == 0 and item["submitter"] == "local"
         assert listed["summary"][0]["connected"] == 0
     text = cluster.cli("worker", "queue").stdout
     assert "REQUIREMENT" in text and "gpu=true: 1 waiting" in text
     row = text.splitlines()[1].split()  # a run of its own: no workflow, job or step
     assert row[:4] == ["gpu=true", "-", "-", "-"] and row[5] == "run"
+    assert row[-2:] == ["0", "local"]  # its priority, and who asked
     assert _pending(cluster)[queued["queueId"]]["state"] == "waiting"
 
     cluster.worker(cluster.mint("gpu"), "--label", "gpu=true")
