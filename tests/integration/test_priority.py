@@ -3,8 +3,10 @@
 ones. Orders are read from the dispatch ids, which the orchestrator makes in the order it gives
 slots (they sort by creation time); nothing here waits on time."""
 
+import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from swamp.client import connect
 from swamp.repo import Repo
@@ -87,6 +89,18 @@ async def test_an_urgent_step_submitted_last_passes_a_backlog_of_two_hundred(clu
 
         recorded = await trio.to_thread.run_sync(lambda: wait_until(on_repo, what="records"))
         assert {(i["priority"], i["submitter"]) for i in recorded} == {(0, "local"), (10, "local")}
+        async with httpx.AsyncClient() as http:
+            metrics = await http.get(
+                cluster.url.replace("ws://", "http://") + "/metrics",
+                headers={"Authorization": f"Bearer {credential}"},
+            )
+        by_priority = {
+            s.labels["priority"]: s.value
+            for family in text_string_to_metric_families(metrics.text)
+            for s in family.samples
+            if s.name == "swamp_queue_waiting_by_priority"
+        }
+        assert by_priority == {"0": 200, "10": 1}
         cluster.worker(cluster.mint("two-slots"), "--label", "lane=one", "--concurrency", "2")
         first = await trio.to_thread.run_sync(lambda: _result(urgent))
     assert first["status"] == "succeeded" and len(backlog) == 200
@@ -178,3 +192,43 @@ async def test_a_low_step_behind_a_stream_of_higher_ones_still_runs(cluster):
                 if f"p10-{k}" in passed:
                     break
     assert passed and dispatched.index("low") < dispatched.index(passed[0]), dispatched
+
+
+WORKFLOW = """\
+name = "urgent"
+priority = 2
+labels = { lane = "four" }
+[[jobs]]
+name = "j"
+[[jobs.steps]]
+name = "s"
+task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_a_workflow_runs_at_the_priority_it_was_given_on_either_route(cluster):
+    (cluster.repo / "workflows" / "urgent.toml").write_text(WORKFLOW)
+    (cluster.repo / "workflows" / "here.toml").write_text(
+        WORKFLOW.replace("urgent", "here").replace('labels = { lane = "four" }\n', "")
+    )
+    # straight on the repo there is no queue: the priority is checked, then has nothing to do
+    code = cluster.cli("workflow", "run", "here", "--priority", "5", "--json").returncode
+    assert code == 0
+    for bad in ("101", "high"):
+        for args in (
+            ("workflow", "run", "here", "--priority", bad),
+            ("model", "method", "run", "swamp/echo", "echo", "--priority", bad),
+        ):
+            refused = cluster.cli(*args)
+            assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+                f"error: invalid --priority {bad!r}: expected a whole number from -100 to 100 "
+                "(higher goes first; default 0)"
+            ], refused.stderr
+    cluster.serve()
+    run = cluster.spawn("workflow", "run", "urgent", "--priority", "7", "--server", cluster.url,
+                        "--json")  # fmt: skip
+    run.wait_for(lambda e: e.get("event", {}).get("what") == "queued")
+    [item] = cluster.cli_json("worker", "queue", "--server", cluster.url)["items"]
+    assert (item["priority"], item["submitter"], item["workflowName"]) == (7, "local", "urgent")
+    cluster.worker(cluster.mint("four"), "--label", "lane=four")
+    assert run.wait_exit() == 0
