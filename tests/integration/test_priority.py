@@ -141,57 +141,65 @@ async def test_a_low_step_behind_a_stream_of_higher_ones_still_runs(cluster):
     credential = Repo(cluster.repo).admin_credential_for(cluster.url)
     files = cluster.tmp / "holds"
     files.mkdir()
-    dispatched: list[str] = []  # the names of the steps, as they got the slot
+    state: dict[str, str] = {}  # step → queued | dispatched | done, as its client last heard
     changed = trio.Condition()
-    passed: list[str] = []  # stream steps still waiting when the low one got the slot
+    passed: list[str] = []  # stream steps waiting when the low one got the slot
+
+    async def now(name: str, what: str) -> None:
+        if what == "dispatched" and name == "low":
+            passed.extend(n for n, s in state.items() if s == "queued" and n != "low")
+        state[name] = what
+        async with changed:
+            changed.notify_all()
+
+    async def until(check) -> None:
+        async with changed:
+            while not check():
+                await changed.wait()
 
     async with connect(cluster.url, server_token=credential) as channel:
         await channel.call("server.info", {})
 
-        async def step(name: str, priority: int, hold: bool, asked: trio.Event) -> None:
+        async def step(name: str, priority: int, hold: bool) -> None:
             params = _echo("three", priority=priority)
             if hold:
                 params = dict(params, model="test/steps", method="hold")
                 params["args"] = {"until": str(files / name)}
 
             async def on_event(event: dict) -> None:
-                if event.get("kind") in ("queued", "dispatched"):
-                    asked.set()  # it waits, or has the slot
-                if event.get("kind") == "dispatched":
-                    dispatched.append(name)
-                    async with changed:
-                        changed.notify_all()
+                if event.get("kind") in ("queued", "dispatched"):  # (again, if it was bounced)
+                    await now(name, event["kind"])
 
             result = await channel.call("model.method.run", params, timeout=None, on_event=on_event)
             assert result["status"] == "succeeded", result
+            await now(name, "done")
+
+        def running() -> list[str]:
+            return [n for n, s in state.items() if s == "dispatched"]
 
         async with trio.open_nursery() as nursery:
 
             async def ask(name: str, priority: int, hold: bool) -> None:
-                asked = trio.Event()
-                nursery.start_soon(step, name, priority, hold, asked)
-                await asked.wait()
+                nursery.start_soon(step, name, priority, hold)
+                await until(lambda: name in state)  # it waits, or has the slot
 
             await ask("p10-0", 10, True)  # takes the slot
             await ask("low", 0, False)  # waits behind it
-            running = "p10-0"
-            for k in range(1, 5000):
-                await ask(f"p10-{k}", 10, True)  # waits: the stream goes on
-                seen = len(dispatched)
-                (files / running).touch()  # the running step ends: its slot is free
-                async with changed:
-                    while len(dispatched) == seen:
-                        await changed.wait()
-                running = dispatched[-1]
-                if running == "low":
-                    passed = [f"p10-{k}"]  # queued before the slot freed, still waiting
+            asked = 1
+            while asked < 5000:
+                await until(lambda: len(running()) == 1 or state["low"] != "queued")
+                if state["low"] != "queued":
                     break
-            assert running == "low", "the priority-0 step never got the slot"
-            for k in range(5000):  # let every held step end
+                [holding] = running()
+                await ask(f"p10-{asked}", 10, True)  # waits: the stream goes on
+                asked += 1
+                (files / holding).touch()  # the running step ends: its slot is free
+                await until(lambda h=holding: state[h] == "done")
+            await until(lambda: state["low"] == "done")
+            for k in range(asked):  # let every held step end
                 (files / f"p10-{k}").touch()
-                if f"p10-{k}" in passed:
-                    break
-    assert passed and dispatched.index("low") < dispatched.index(passed[0]), dispatched
+    # when it got the slot, priority-10 steps queued before it was free were still waiting
+    assert state["low"] == "done" and passed, state
 
 
 WORKFLOW = """\
