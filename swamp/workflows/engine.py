@@ -137,8 +137,7 @@ class Engine:
         priority: int | None = None,  # the run's --priority: as the workflow's own priority
         submitter: str = "",  # who asked: its steps wait in the queue as theirs
     ) -> RunRecord:
-        run = _Run(self, workflow, inputs, emit, chain)
-        run.priority, run.submitter = priority, submitter
+        run = _Run(self, workflow, inputs, emit, chain, priority=priority, submitter=submitter)
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
@@ -167,6 +166,9 @@ class _Run:
         inputs: dict,
         emit: Emit,
         chain: tuple[str, ...],
+        *,
+        priority: int | None = None,
+        submitter: str = "",
     ) -> None:
         self.engine = engine
         self.workflow = workflow
@@ -190,8 +192,8 @@ class _Run:
         self.affinity: dict[str, _Affinity] = {}
         # the instance of this run's latest ad-hoc step of each type: data.latest(type, …)
         self.adhoc: dict[str, str] = {}
-        self.priority: int | None = None  # the run's own (--priority, a parent step's)
-        self.submitter = ""
+        self.priority = priority  # the run's own (--priority, a parent step's), or None
+        self.submitter = submitter  # who asked: the queue shares slots between submitters
 
     # -- bookkeeping -------------------------------------------------------------------------
 
