@@ -300,7 +300,8 @@ def _announce(
             print(f"  workers download this build from {data_plane}/swamp.pyz", flush=True)
         waits = f"up to {format_age(queue_timeout)}" if queue_timeout else "without limit"
         print(
-            f"  queue: a placed step waits {waits} for a matching worker (--queue-timeout)",
+            f"  queue: a placed step waits {waits} for a matching worker (--queue-timeout), "
+            f"gaining a point of priority every {options.queue_aging:g}s (--queue-aging)",
             flush=True,
         )
         print(
