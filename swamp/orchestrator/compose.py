@@ -35,6 +35,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
@@ -52,6 +53,7 @@ from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry
 from swamp.protocol.rpc import SilenceSweeper
@@ -59,6 +61,7 @@ from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 from swamp.store.reader import Reader
+from swamp.store.step_logs import SqliteLogStore
 from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
@@ -92,6 +95,7 @@ class Settings:
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
     local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
+    step_log_cap: int = DEFAULT_CAP_BYTES  # the most of one step's output kept (oldest goes)
 
 
 @dataclass
@@ -104,6 +108,7 @@ class Orchestrator:
     credentials: Credentials
     sweeper: SilenceSweeper
     bookkeeper: Bookkeeper
+    logs: StepLogs
     records: WorkerRecords
     membership: Membership
     live_tokens: LiveTokens
@@ -126,6 +131,7 @@ class Orchestrator:
         async with open_unwrapping_nursery() as nursery:
             # -- write-behind: what goes to disk after the event (see compose) ---------------
             await nursery.start(self.bookkeeper.run)
+            await nursery.start(self.logs.run)
             # -- the gateway: members, live tokens, silent sockets ---------------------------
             prober = self.verifier.probe if self.verify_on_enroll else None
             await nursery.start(functools.partial(self.membership.run, prober))
@@ -143,6 +149,7 @@ class Orchestrator:
     def close(self) -> None:
         """After the services stopped: what is still in memory goes to the journal."""
         self.bookkeeper.flush()  # leases still running go in active: the next boot expires them
+        self.logs.flush()  # the last lines printed
         self.reader.close()
 
 
@@ -174,6 +181,8 @@ def compose(
     # replay), worker status versions and queue episodes (when each is durable: its docstring).
     bookkeeper = Bookkeeper(LeaseBook(store), journal)
     records = WorkerRecords(WorkerBook(store), bookkeeper)
+    # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
+    logs = StepLogs(SqliteLogStore(store), cap=settings.step_log_cap)
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
     membership = Membership(
@@ -196,7 +205,9 @@ def compose(
     )
 
     # -- dispatch ----------------------------------------------------------------------------
-    episodes = Episodes(bookkeeper, credentials, on_unacknowledged=membership.unresponsive)
+    episodes = Episodes(
+        bookkeeper, credentials, on_unacknowledged=membership.unresponsive, logs=logs
+    )
     queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)  # subscribes
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
@@ -212,6 +223,7 @@ def compose(
         observe=metrics.on_dispatch,
         reader=reader,
         default_timeout=settings.default_timeout,
+        logs=logs,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
     if unset:
@@ -229,6 +241,7 @@ def compose(
         dispatch=dispatch,
         verifier=verifier,
         ca_pin=own_tls.pin if own_tls else None,
+        logs=logs,
     )
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
     dataplane = DataPlane(
@@ -260,6 +273,7 @@ def compose(
         credentials=credentials,
         sweeper=sweeper,
         bookkeeper=bookkeeper,
+        logs=logs,
         records=records,
         membership=membership,
         live_tokens=live_tokens,

@@ -573,6 +573,7 @@ class _Run:
             queue_timeout=fields.queue_timeout,
             timeout=fields.timeout,
             workflow=self.workflow.name,
+            run_id=self.id,
             job=job.name,
             step=name,
         )
