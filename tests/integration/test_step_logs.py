@@ -1,0 +1,171 @@
+"""Step logs on real processes: a step printing a million lines, every one of them readable
+afterwards and followed live from a second process, while the run record stays small; an
+ad-hoc run's output by its dispatch id; what a worker socket may not read."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import trio
+
+from tests.integration.conftest import TIMEOUT
+from tests.integration.hostile import RawSocket, enroll_params
+
+pytestmark = pytest.mark.integration
+LINES = 1_000_000
+SLOW = 900  # seconds: a million lines through the whole path on a shared 2-core machine
+
+
+class Lines:
+    """A child's stdout read in a thread: the lines counted, the first and last few kept (a
+    million of them are not held), and an event at the first."""
+
+    def __init__(self, stream) -> None:
+        self.count = 0
+        self.head: list[str] = []
+        self.tail: list[str] = []
+        self.first = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            line = raw.rstrip("\n")
+            self.count += 1
+            if len(self.head) < 5:
+                self.head.append(line)
+            self.tail = [*self.tail[-4:], line]
+            self.first.set()
+        self.first.set()
+
+
+def _popen(cluster, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "swamp", *args],
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=open(cluster.tmp / f"{args[0]}-{len(args)}.err", "w"),
+        text=True,
+        cwd=cluster.tmp,
+    )
+
+
+def test_a_million_lines_are_all_kept_followed_live_and_the_run_record_stays_small(cluster):
+    cluster.serve()
+    cluster.worker(cluster.mint("printer"), "--label", "role=printer")
+    gate = cluster.tmp / "gate"
+    os.mkfifo(gate)
+    (cluster.repo / "workflows" / "big.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            name = "big"
+            [[jobs]]
+            name = "main"
+            [[jobs.steps]]
+            name = "print"
+            labels = {{ role = "printer" }}
+            [jobs.steps.task]
+            type = "model_method"
+            modelType = "command/shell"
+            modelName = "printer"
+            methodName = "run"
+            inputs = {{ command = "seq {LINES}; read go < {gate}; echo done" }}
+            """
+        )
+    )
+    started = time.monotonic()
+    runner = _popen(cluster, "workflow", "run", "big", "--json")
+    run_id = None
+    for raw in runner.stdout:  # the run's first event names it
+        event = json.loads(raw).get("event", {})
+        if event.get("runId"):
+            run_id = event["runId"]
+            break
+    assert run_id, "the run never started"
+    drained = Lines(runner.stdout)  # the rest of its events, read so it never blocks
+
+    # a second process follows the step while it prints; the step ends only after that
+    follower = _popen(cluster, "logs", f"{run_id[:8]}/print", "--follow")
+    followed = Lines(follower.stdout)
+    assert followed.first.wait(SLOW) and followed.head[:1] == ["1"], followed.head
+    opened = threading.Thread(target=lambda: gate.write_text("go\n"), daemon=True)
+    opened.start()  # the step reads its gate once it has printed everything
+    opened.join(SLOW)
+    assert not opened.is_alive(), "the step never reached its gate"
+    assert follower.wait(SLOW) == 0
+    followed.thread.join(TIMEOUT)
+    assert runner.wait(SLOW) == 0
+    drained.thread.join(TIMEOUT)
+    took = time.monotonic() - started
+    assert followed.count == LINES + 1, followed.count
+    assert followed.tail[-2:] == [str(LINES), "done"]
+
+    # afterwards, straight on the repo: all of it, in order
+    began = time.monotonic()
+    reader = _popen(cluster, "logs", run_id[:8])
+    read = Lines(reader.stdout)
+    assert reader.wait(SLOW) == 0
+    read.thread.join(TIMEOUT)
+    read_took = time.monotonic() - began
+    assert read.count == LINES + 1
+    assert read.head[:3] == ["1", "2", "3"] and read.tail[-2:] == [str(LINES), "done"]
+
+    # the run record holds no output but its short tail: it stays small
+    [record] = cluster.query('modelType == "swamp/workflow-run"')
+    size = len(json.dumps(record["attributes"]))
+    assert size < 8 * 1024, size
+    db = sqlite3.connect(f"file:{cluster.repo / '.swamp' / 'swamp.db'}?mode=ro", uri=True)
+    chunks, stored = db.execute(
+        "SELECT COUNT(*), SUM(LENGTH(body) + LENGTH(streams)) FROM step_log_chunk"
+    ).fetchone()
+    db.close()
+    assert chunks < LINES / 1000, "many lines to a row"
+    print(
+        f"\n{LINES} lines: run {took:.1f}s (followed live), read back {read_took:.1f}s, "
+        f"{chunks} chunks, {stored / 1e6:.1f} MB stored, run record {size} bytes"
+    )
+
+
+def test_an_ad_hoc_run_is_read_by_its_dispatch_id_on_both_routes(cluster):
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    code, lines = cluster.run(
+        "command/shell", "run", "--target", "w1", "--arg", "command=printf 'a\\033[2Jb\\nsecond\\n'"
+    )
+    assert code == 0
+    dispatch = next(line["result"]["logId"] for line in lines if "result" in line)
+    for route in ((), ("--server", cluster.url)):
+        shown = cluster.cli("logs", dispatch[:20], *route)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.splitlines() == ["a\\x1b[2Jb", "second"]  # escaped, never obeyed
+        as_json = cluster.cli("logs", dispatch, "--json", *route)
+        objects = [json.loads(line) for line in as_json.stdout.splitlines()]
+        assert [o["line"] for o in objects] == ["a\x1b[2Jb", "second"]
+        assert {o["stream"] for o in objects} == {"stdout"} and objects[0]["step"] is None
+    missing = cluster.cli("logs", "abcdef12")
+    assert missing.returncode != 0 and "no workflow run or dispatch" in missing.stderr
+    bad = cluster.cli("logs", "not-an-id")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_a_worker_socket_cannot_read_logs(cluster):
+    cluster.serve()
+    token = cluster.mint("raw")
+
+    async def main() -> dict:
+        worker = await RawSocket.open(cluster.url)
+        try:
+            enrolled = await worker.request("worker.enroll", enroll_params(token))
+            assert enrolled["type"] == "response", enrolled
+            return await worker.request("logs.read", {"ref": "abcd"})
+        finally:
+            await worker.aclose()
+
+    reply = trio.run(main)
+    assert reply["type"] == "error" and reply["error"]["code"] == "forbidden", reply
