@@ -165,6 +165,7 @@ async def show(api, ref: str, *, follow: bool, json_output: bool) -> dict:
         "stillLive": last.live,
         "lines": printer.lines,
         "logs": len(last.logs),
+        "unfinished": last.status == "running" or any(i.ended_at is None for i in last.logs),
     }
 
 
@@ -174,8 +175,8 @@ def say_how_it_ended(shown: dict, *, follow: bool) -> None:
 
     what = f"run {shown['id'][:12]}" if shown["kind"] == "run" else f"dispatch {shown['id']}"
     if not shown["logs"]:
-        print(printable(f"{what}: no output stored yet"), file=sys.stderr)
-    if follow and not shown["live"] and shown["status"] in ("running", None):
+        print(printable(f"{what}: no output stored (nothing printed so far)"), file=sys.stderr)
+    if follow and not shown["live"] and shown["unfinished"]:
         print(
             printable(
                 f"{what} is not live: no running orchestrator is running it here (this is "

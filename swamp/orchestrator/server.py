@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
 from swamp.orchestrator.compose import Settings, compose
 from swamp.orchestrator.downloads import Download, served_build
 from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
@@ -212,16 +214,18 @@ def forget_adhoc_runs(
     return removed
 
 
-def collect_step_logs(store: Datastore, logs: LogStore) -> int:
+def collect_step_logs(
+    store: Datastore, logs: LogStore, *, live: Callable[[str], bool] = lambda run_id: False
+) -> int:
     """Step output goes with what it belongs to: the logs of workflow runs that are no
-    longer recorded (collected, or deleted), and of other dispatches (ad-hoc runs, named
-    instances) as ad-hoc runs go — after the retention, or past the newest of their type
-    (``swamp.domain.adhoc_runs``); an ad-hoc run whose data was forgotten has its logs
-    forgotten with it (:func:`forget_adhoc_runs`)."""
+    longer recorded (collected, or deleted) — unless ``live`` says the run is still printing
+    — and of other dispatches (ad-hoc runs, named instances) as ad-hoc runs go: after the
+    retention, or past the newest of their type (``swamp.domain.adhoc_runs``); an ad-hoc run
+    whose data was forgotten has its logs forgotten with it (:func:`forget_adhoc_runs`)."""
     gone = [
         run_id
         for run_id, workflow in logs.runs()
-        if store.latest(run_key(workflow, run_id)) is None
+        if store.latest(run_key(workflow, run_id)) is None and not live(run_id)
     ]
     removed = logs.forget_runs(gone)
     others = [(model_type, log_id, last) for model_type, _, log_id, last in logs.others()]
@@ -231,16 +235,16 @@ def collect_step_logs(store: Datastore, logs: LogStore) -> int:
 
 
 async def _collect_garbage(
-    store: Datastore, pool: Pool, worker_retention: float, logs: LogStore
+    store: Datastore, pool: Pool, worker_retention: float, logs: StepLogs
 ) -> None:
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
         try:
             runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
-            removed = forget_adhoc_runs(store, runs, logs=logs)
+            removed = forget_adhoc_runs(store, runs, logs=logs.store)
             removed += collect_bookkeeping(store, pool, worker_retention=worker_retention)
-            removed += collect_step_logs(store, logs)
+            removed += collect_step_logs(store, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
@@ -390,8 +394,8 @@ async def _serve(
         "queued": await retry_busy(PendingBook(store).reconcile),
         "runs": await retry_busy(RunBook(store).reconcile),
     }
-    log_store = SqliteLogStore(store)
-    await retry_busy(lambda: log_store.end_open(store.clock()))  # they ended with the last one
+    ended = SqliteLogStore(store).end_open
+    await retry_busy(lambda: ended(store.clock()))  # the logs it left open ended with it
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):
@@ -481,7 +485,7 @@ async def _serve(
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(
-                    _collect_garbage, store, parts.pool, options.worker_retention, log_store
+                    _collect_garbage, store, parts.pool, options.worker_retention, parts.logs
                 )
                 server.start_soon(stop_on_signal)
                 task_status.started(url)

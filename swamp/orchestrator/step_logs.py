@@ -1,7 +1,8 @@
 """Step logs, live: every line a dispatch prints goes in, batches go to the store.
 
 The dispatch path hands each line to :meth:`StepLogs.append`, which never waits: the line
-joins its log's open chunk in memory (``swamp.domain.step_logs`` says when a chunk is sealed)
+joins its log's open chunk in memory (a log gets its row with its first line: a dispatch that
+prints nothing costs nothing) (``swamp.domain.step_logs`` says when a chunk is sealed)
 and the writer is woken. The writer (:meth:`StepLogs.run`, one task) lets lines gather for
 :data:`LINGER` seconds, then writes every log's chunks in one transaction — many lines to a
 row, many rows to a commit, never a write per line — and wakes the followers. So a worker
@@ -54,6 +55,7 @@ class _Log:
     number of the next line and byte."""
 
     id: str
+    start: LogStart | None  # until its first line: a dispatch that prints nothing costs no row
     lines: list[str] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)
     size: int = 0  # of the unsealed lines
@@ -113,12 +115,10 @@ class StepLogs:
     def open(self, log_id: str, owner: LogOwner, *, worker: str | None, attempt: int = 1) -> None:
         if log_id in self._open:
             return
-        self._open[log_id] = _Log(log_id)
+        self._open[log_id] = _Log(log_id, LogStart(log_id, owner, worker, attempt, self.clock()))
         self._unsettled[log_id] = owner.run_id
         if owner.run_id is not None:
             self._unsettled_runs[owner.run_id] = self._unsettled_runs.get(owner.run_id, 0) + 1
-        self._started.append(LogStart(log_id, owner, worker, attempt, self.clock()))
-        self._poke()
 
     def live(self, log_id: str) -> bool:
         """More of this log may still reach the store (it is open, or not all written)."""
@@ -142,6 +142,9 @@ class StepLogs:
         entry = self._open.get(log_id)
         if entry is None:
             return
+        if entry.start is not None:  # its first line: now it has a row to write
+            self._started.append(entry.start)
+            entry.start = None
         if len(line) > LINE_CHARS:
             line = line[:LINE_CHARS] + f" … (cut at {LINE_CHARS} characters)"
         size = line_bytes(line)
@@ -160,6 +163,9 @@ class StepLogs:
     def close(self, log_id: str) -> None:
         entry = self._open.pop(log_id, None)
         if entry is None:
+            return
+        if entry.start is not None:  # it printed nothing: nothing to keep
+            self._settle([LogEnd(log_id, 0.0, 0, 0)])
             return
         self._seal(entry)
         self._dirty[entry.id] = entry

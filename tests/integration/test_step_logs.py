@@ -169,3 +169,39 @@ def test_a_worker_socket_cannot_read_logs(cluster):
 
     reply = trio.run(main)
     assert reply["type"] == "error" and reply["error"]["code"] == "forbidden", reply
+
+
+def test_follow_without_a_live_orchestrator_prints_what_is_stored_and_says_so(cluster):
+    serve = cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    gate = cluster.tmp / "gate"
+    os.mkfifo(gate)
+    (cluster.repo / "workflows" / "stuck.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            name = "stuck"
+            [[jobs]]
+            name = "main"
+            [[jobs.steps]]
+            name = "wait"
+            target = "w1"
+            [jobs.steps.task]
+            type = "model_method"
+            modelType = "command/shell"
+            modelName = "waiter"
+            methodName = "run"
+            inputs = {{ command = "echo first; read go < {gate}" }}
+            """
+        )
+    )
+    runner = cluster.spawn("workflow", "run", "stuck", "--json")
+    run_id = runner.wait_for(lambda e: e.get("event", {}).get("line") == "first")["event"]["runId"]
+    follower = _popen(cluster, "logs", run_id, "--follow")
+    followed = Lines(follower.stdout)
+    assert followed.first.wait(TIMEOUT) and followed.head == ["wait │ first"]  # stored
+    serve.signal(9)  # the orchestrator dies with the run in it
+    assert follower.wait(TIMEOUT) != 0  # its connection is gone
+    shown = cluster.cli("logs", run_id, "--follow")  # no orchestrator: straight on the repo
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["wait │ first"]  # a run's: after its step's name
+    assert "is not live" in shown.stderr

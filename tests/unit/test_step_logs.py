@@ -199,3 +199,47 @@ def test_logs_are_forgotten_with_their_run_or_instance(store):
     assert logs.logs_with_prefix("aa1") == []
     count = store.db.execute("SELECT COUNT(*) FROM step_log_chunk").fetchone()[0]
     assert count == 0  # their chunks went with them
+
+
+def test_a_dispatch_that_prints_nothing_costs_no_row(store):
+    logs = CountingStore(store)
+    sink = StepLogs(logs)
+    owner = LogOwner("swamp/echo", "e", "echo", run_id="cd" * 16, workflow="wf", step="s")
+    sink.open("ab20", owner, worker="w1")
+    assert sink.live("ab20") and sink.live_run("cd" * 16)
+    sink.close("ab20")
+    assert not sink.live("ab20") and not sink.live_run("cd" * 16)
+    assert logs.writes == 0 and logs.logs_with_prefix("ab20") == []
+
+
+def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
+    from swamp.bookkeeping.workflow_runs import RunBook
+    from swamp.domain.run_record import RunRecord, Status
+    from swamp.orchestrator.server import RUN_RETENTION, collect_step_logs
+
+    logs = SqliteLogStore(store)
+    sink = StepLogs(logs)
+    old, kept = "a1" * 16, "b2" * 16
+    for run_id in (old, kept):
+        RunBook(store).save(
+            RunRecord(
+                run_id,
+                "wf",
+                "2020-01-01T00:00:00.000Z",
+                status=Status.SUCCEEDED,
+                ended_at="2020-01-01T00:00:01.000Z" if run_id == old else "2999-01-01T00:00:00Z",
+            )
+        )
+        owner = LogOwner("swamp/echo", "e", "echo", run_id=run_id, workflow="wf", step="s")
+        sink.open(f"{run_id[:2]}30", owner, worker=None)
+        sink.append(f"{run_id[:2]}30", "hello", "log")
+        sink.close(f"{run_id[:2]}30")
+    sink.open("ac40", OWNER, worker=None)  # an ad-hoc run's, long ago
+    sink.append("ac40", "hi", "stdout")
+    sink.close("ac40")
+    store.db.execute("UPDATE step_log SET ended_epoch = 0 WHERE log_id = 'ac40'")
+    assert collect_step_logs(store, logs) == 1  # the ad-hoc one: both runs are recorded
+    assert RunBook(store).collect(older_than_seconds=RUN_RETENTION) == 1  # the old run goes
+    assert collect_step_logs(store, logs) == 1  # and its logs with it
+    assert [i.log_id for i in logs.logs_with_prefix("b2")] == ["b230"]
+    assert logs.logs_with_prefix("a1") == [] and logs.logs_with_prefix("ac") == []
