@@ -113,7 +113,11 @@ class _Output:
 
 def _write(text: str) -> bool:
     try:
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+        except UnicodeEncodeError:  # a lone surrogate a peer sent, or a narrow terminal
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text.encode(sys.stdout.encoding or "utf-8", "backslashreplace"))
         sys.stdout.flush()
         return True
     except BrokenPipeError:
