@@ -45,6 +45,16 @@ class Lines:
         self.first.set()
 
 
+class _OneLine:
+    """A stream's first line only: what is behind it stays in the pipe."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __iter__(self):
+        yield self.stream.readline().decode()
+
+
 def _popen(cluster, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "swamp", *args],
@@ -205,3 +215,52 @@ def test_follow_without_a_live_orchestrator_prints_what_is_stored_and_says_so(cl
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines() == ["wait │ first"]  # a run's: after its step's name
     assert "is not live" in shown.stderr
+
+
+def test_a_reader_that_stops_reading_never_slows_the_step(cluster):
+    """A follower whose output nobody reads (a paused pager) stops asking for pages; the step
+    prints on and ends, and everything is stored."""
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    gate = cluster.tmp / "gate"
+    os.mkfifo(gate)
+    lines = 200_000  # far more than a pipe holds
+    (cluster.repo / "workflows" / "chatty.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            name = "chatty"
+            [[jobs]]
+            name = "main"
+            [[jobs.steps]]
+            name = "talk"
+            target = "w1"
+            [jobs.steps.task]
+            type = "model_method"
+            modelType = "command/shell"
+            modelName = "talker"
+            methodName = "run"
+            inputs = {{ command = "echo ready; read go < {gate}; seq {lines}" }}
+            """
+        )
+    )
+    runner = cluster.spawn("workflow", "run", "chatty", "--json")
+    run_id = runner.wait_for(lambda e: e.get("event", {}).get("what") == "started")["event"]
+    run_id = run_id["runId"]
+    stalled = subprocess.Popen(  # its stdout is a pipe nobody reads
+        [sys.executable, "-m", "swamp", "logs", run_id, "--follow"],
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=cluster.tmp,
+    )
+    try:
+        first = Lines(_OneLine(stalled.stdout))  # its first line, then it is read no more
+        assert first.first.wait(TIMEOUT) and first.head == ["talk │ ready"]
+        gate.write_text("go\n")  # now the step prints, the follower following
+        assert runner.wait_exit(SLOW) == 0
+        assert stalled.poll() is None  # still waiting to write what it was given
+        shown = cluster.cli("logs", f"{run_id}/talk", timeout=SLOW)
+        assert shown.stdout.splitlines() == ["ready", *(str(n) for n in range(1, lines + 1))]
+    finally:
+        stalled.kill()
+        stalled.wait()
