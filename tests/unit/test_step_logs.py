@@ -243,3 +243,38 @@ def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     assert collect_step_logs(store, logs) == 1  # and its logs with it
     assert [i.log_id for i in logs.logs_with_prefix("b2")] == ["b230"]
     assert logs.logs_with_prefix("a1") == [] and logs.logs_with_prefix("ac") == []
+
+
+def test_the_cli_says_where_lines_are_missing_and_escapes_what_it_prints():
+    from swamp.cli.logs_cmd import LogPrinter
+    from swamp.protocol.messages import LogChunkItem, LogItem, LogsPage
+
+    def item(log_id, step):
+        return LogItem(log_id, "command/shell", "m", "run", 1, "t", 9, 90, 7, 70, False,
+                       run_id="r", job="j", step=step)  # fmt: skip
+
+    page = LogsPage(
+        kind="run", id="r", cursor=2, more=False, live=False, cap_bytes=1024,
+        logs=[item("a1", "build"), item("b2", "test")],
+        chunks=[
+            LogChunkItem(1, "a1", first=7, first_byte=70, size=20, streams="oe",
+                         lines=["x\x1b[2J", "y"]),
+            LogChunkItem(2, "b2", first=0, first_byte=0, size=2, streams="l", lines=["z"]),
+        ],
+    )  # fmt: skip
+    printer = LogPrinter(json_output=False, prefixed=False)
+    printer.learn(page)
+    out = printer.render(page).splitlines()
+    assert out[0].startswith("build │ … 7 line(s) (70 bytes) dropped here")
+    assert out[1:] == ["build │ x\\x1b[2J", "build │ y", "test │ z"]
+    as_json = LogPrinter(json_output=True, prefixed=False)
+    as_json.learn(page)
+    import json
+
+    objects = [json.loads(line) for line in as_json.render(page).splitlines()]
+    assert objects[0]["dropped"] == {"lines": 7, "bytes": 70}
+    assert [(o["step"], o["stream"], o["line"]) for o in objects[1:]] == [
+        ("build", "stdout", "x\x1b[2J"),
+        ("build", "stderr", "y"),
+        ("test", "log", "z"),
+    ]
