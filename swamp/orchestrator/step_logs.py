@@ -45,6 +45,7 @@ from swamp.store.step_logs import Chunk, LogEnd, LogStart, LogStore
 
 log = logging.getLogger("swamp.logs")
 LINGER = 0.2  # seconds lines gather before a batch is written (how far --follow lags)
+SETTLE_WAIT = 5.0  # the most a dispatch's result waits for its last lines to be stored
 BATCH_BYTES = 4 * 1024 * 1024  # one transaction holds at most about this much text
 Emit = Callable[[dict], Awaitable[None]]
 
@@ -86,6 +87,7 @@ class StepLogs:
         self._unsettled: dict[str, str | None] = {}  # log id → its run's id
         self._unsettled_runs: dict[str, int] = {}
         self._wake = trio.Event()
+        self._hurry = trio.Event()  # a dispatch is ending: write without lingering
         self._written = trio.Event()
         self.writing = False  # a writer task runs (serve); else the caller writes (the CLI)
         self.pending_bytes = 0  # sealed, not yet written
@@ -232,8 +234,9 @@ class StepLogs:
         try:
             while True:
                 await self._wake.wait()
-                await trio.sleep(self.linger)  # what comes meanwhile joins this batch
-                self._wake = trio.Event()
+                with trio.move_on_after(self.linger):  # what comes meanwhile joins this batch
+                    await self._hurry.wait()
+                self._wake, self._hurry = trio.Event(), trio.Event()
                 while self._started or self._ended or self._dirty:
                     await self._write_one(self._take())
                     await trio.lowlevel.checkpoint()  # a big backlog goes a batch at a time
@@ -290,6 +293,17 @@ class StepLogs:
                 return
             self.batches += 1
             self._settle(ended)
+
+    async def settled(self, log_id: str) -> None:
+        """Return once every line of ``log_id`` (closed) is stored, or after
+        :data:`SETTLE_WAIT` seconds: a dispatch's result goes on after its output is readable
+        (``swamp logs`` right after the run shows all of it), and never waits long for a
+        database that is locked."""
+        with trio.move_on_after(SETTLE_WAIT):
+            while self.writing and log_id in self._unsettled and log_id not in self._open:
+                self._hurry.set()
+                self._poke()
+                await self._written.wait()
 
     # -- followers ---------------------------------------------------------------------------
 

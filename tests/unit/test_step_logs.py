@@ -278,3 +278,18 @@ def test_the_cli_says_where_lines_are_missing_and_escapes_what_it_prints():
         ("build", "stderr", "y"),
         ("test", "log", "z"),
     ]
+
+
+async def test_a_dispatch_that_ends_has_its_lines_stored_before_its_result_goes_on(store):
+    logs = SqliteLogStore(store)
+    sink = StepLogs(logs, linger=60)  # a writer that would otherwise wait a minute
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sink.run)
+        sink.open("ad50", OWNER, worker="w1")
+        sink.append("ad50", "last words", "stdout")
+        sink.close("ad50")
+        with trio.fail_after(5):
+            await sink.settled("ad50")  # the writer is hurried, not waited out
+        nursery.cancel_scope.cancel()
+    lines, _ = _all_lines(logs, "ad50")
+    assert lines == ["last words"]
