@@ -264,3 +264,19 @@ def test_a_reader_that_stops_reading_never_slows_the_step(cluster):
     finally:
         stalled.kill()
         stalled.wait()
+
+
+def test_past_the_serve_cap_the_oldest_part_goes_and_a_line_says_so(cluster):
+    cluster.serve("--step-log-cap", "512KiB")
+    cluster.worker(cluster.mint("w1"))
+    code, lines = cluster.run(
+        "command/shell", "run", "--target", "w1", "--arg", "command=seq 300000"
+    )
+    assert code == 0  # about 2 MB printed: four times the cap
+    dispatch = next(line["result"]["logId"] for line in lines if "result" in line)
+    shown = cluster.cli("logs", dispatch, "--server", cluster.url).stdout.splitlines()
+    marker, *kept = shown
+    assert marker.startswith("… ") and "dropped here" in marker and "512.0 KiB" in marker
+    dropped = int(marker.split()[1].replace(",", ""))
+    assert kept == [str(n) for n in range(dropped + 1, 300001)]  # the newest, whole
+    assert 300000 - dropped < 512 * 1024 / 7  # within the cap
