@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS step_log (
     dropped_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS step_log_run ON step_log (run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS step_log_owner ON step_log (model_type, model_name)
+    WHERE run_id IS NULL;
 CREATE TABLE IF NOT EXISTS step_log_chunk (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     log_id      TEXT    NOT NULL,
