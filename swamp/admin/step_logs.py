@@ -101,12 +101,15 @@ def _resolve(
     ref: LogRef, store: Datastore, logs: LogStore
 ) -> tuple[RunRecord | None, list[LogInfo]]:
     """The run ``ref`` names and its logs, or (None, the one dispatch's log)."""
-    if len(ref.id) == 32:  # a whole id: the run is found by its key, not by a scan
+    if len(ref.id) == 32:  # a whole id: found by its key, not by a scan of the runs
         infos = logs.logs_of_run(ref.id)
         if infos and infos[0].owner.workflow:
             record = store.latest(key(infos[0].owner.workflow, ref.id))
             if record is not None:
                 return RunRecord.from_json(record.attributes), infos
+        exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
+        if exact and ref.step is None:
+            return None, exact
     try:
         run = RunBook(store).get(ref.id)
     except NotFound:

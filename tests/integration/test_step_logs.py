@@ -158,10 +158,23 @@ def test_an_ad_hoc_run_is_read_by_its_dispatch_id_on_both_routes(cluster):
         objects = [json.loads(line) for line in as_json.stdout.splitlines()]
         assert [o["line"] for o in objects] == ["a\x1b[2Jb", "second"]
         assert {o["stream"] for o in objects} == {"stdout"} and objects[0]["step"] is None
+    # a run in the orchestrator's own process (no placement) has no dispatch id: its log id
+    code, lines = cluster.run("swamp/echo", "echo", "--arg", "message=in the orchestrator")
+    here = next(line["result"]["logId"] for line in lines if "result" in line)
+    assert cluster.cli("logs", here).stdout == "in the orchestrator\n"
     missing = cluster.cli("logs", "abcdef12")
     assert missing.returncode != 0 and "no workflow run or dispatch" in missing.stderr
     bad = cluster.cli("logs", "not-an-id")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_a_run_straight_on_the_repo_keeps_its_lines_too(cluster):
+    ran = cluster.cli(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=hi", "--json"
+    )
+    assert ran.returncode == 0, ran.stderr
+    log_id = json.loads(ran.stdout.splitlines()[-1])["result"]["logId"]
+    assert cluster.cli("logs", log_id).stdout == "hi\n"
 
 
 def test_a_worker_socket_cannot_read_logs(cluster):
