@@ -39,14 +39,18 @@ from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
+from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
 from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry, default_registry
 from swamp.protocol.messages import (
     DataQueryRequest,
     Empty,
+    LogsPage,
+    LogsRequest,
     MethodRunRequest,
     NameRequest,
     PlacementSpec,
@@ -82,6 +86,7 @@ from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.reader import ADMIN_BUDGET
 from swamp.store.retry import retry_busy
+from swamp.store.step_logs import SqliteLogStore
 from swamp.tls import authority
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
@@ -100,8 +105,11 @@ class RepoAdmin:
         registry: ModelRegistry | None = None,
         clock=time.time,
         ca_pin: str | None = None,
+        logs: StepLogs | None = None,
     ) -> None:
         self.repo = repo
+        self.live_logs = logs  # the running orchestrator's step logs (None on the repo)
+        self._step_logs = logs
         # the orchestrator's own CA, which a token's machines pin: the live server's (None
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
         self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
@@ -117,6 +125,14 @@ class RepoAdmin:
 
     def __repr__(self) -> str:
         return f"<RepoAdmin {self.repo.root} {'live' if self.dispatch else 'on the repo'}>"
+
+    @property
+    def step_logs(self) -> StepLogs:
+        """Where the lines of what runs here are kept: the orchestrator's, or (on the repo)
+        one that writes them in this process as they come."""
+        if self._step_logs is None:
+            self._step_logs = StepLogs(SqliteLogStore(self.store))
+        return self._step_logs
 
     @property
     def registry(self) -> ModelRegistry:
@@ -286,7 +302,11 @@ class RepoAdmin:
     async def _run_here(self, run: RunRequest, emit: EventSink) -> RunResult:
         model_type = self.registry.runnable(run.model.type)
         args = model_type.method(run.method).validate({**run.model.args, **run.args})
-        outcome = await run_here(self.store, model_type, run, args, emit, env=dict(os.environ))
+        logs, log_id = self.step_logs, ordered_id()
+        with logs.opened(log_id, run.owner(model_type.type), worker=None):
+            outcome = await run_here(
+                self.store, model_type, run, args, logs.capture(log_id, emit), env=dict(os.environ)
+            )
         return RunResult(
             status=outcome.status,
             model=run.model.name,
@@ -297,6 +317,7 @@ class RepoAdmin:
             error=outcome.error,
             result=outcome.result,
             started_at=run.started_at,
+            log_id=log_id,
         )
 
     async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply:
@@ -385,6 +406,20 @@ class RepoAdmin:
                 break
             await trio.sleep(0.05)
         return WorkflowRunReply(run.to_json())
+
+    # -- step logs -------------------------------------------------------------------------------
+
+    async def logs_read(self, request: LogsRequest) -> LogsPage:
+        from swamp.admin import step_logs
+
+        running = set(self.engine.live) if self.dispatch is not None else set()
+        return await step_logs.read(
+            request,
+            store=self.store,
+            logs=self.step_logs.store,
+            live=self.live_logs,
+            running=running,
+        )
 
     # -- data and runs -------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ from swamp.errors import MalformedFrame, MalformedReply
 from swamp.protocol.messages import (
     DataQueryRequest,
     Empty,
+    LogsPage,
+    LogsRequest,
     Message,
     MethodRunRequest,
     QueryReply,
@@ -45,6 +47,7 @@ from swamp.protocol.rpc import EventSink, RpcChannel
 M = TypeVar("M", bound=Message)
 DEFAULT_TIMEOUT = 60
 VERIFY_TIMEOUT = 180
+LOGS_WAIT_MAX = 60  # the longest a logs.read waits for lines (the server's bound as well)
 
 
 class RemoteAdmin:
@@ -141,3 +144,7 @@ class RemoteAdmin:
         return await self._call(
             "model.method.run", request, RunResult, timeout=None, on_event=on_event
         )
+
+    async def logs_read(self, request: LogsRequest) -> LogsPage:
+        timeout = DEFAULT_TIMEOUT + min(max(request.wait, 0), LOGS_WAIT_MAX)
+        return await self._call("logs.read", request, LogsPage, timeout=timeout)

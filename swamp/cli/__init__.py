@@ -8,6 +8,7 @@ import typer
 from swamp.cli import (
     data_cmd,
     demo_cmd,
+    logs_cmd,
     model_cmd,
     repo_cmd,
     serve_cmd,
@@ -66,6 +67,9 @@ app.add_typer(server_cmd.app, name="server")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(model_cmd.app, name="model")
 app.add_typer(workflow_cmd.app, name="workflow")
+app.command("logs", short_help="What a run's steps or a dispatch printed; --follow for live.")(
+    logs_cmd.logs
+)
 
 
 @app.command("version", short_help="Print the version and protocol version.")

@@ -160,7 +160,7 @@ def _render_event(
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         out.line(f"[{where}] {printable(event.line, keep_tab=True)}", stream)
     elif isinstance(event, Dispatched):
-        out.line(f"→ dispatched to {where} ({printable(event.dispatch_id[:8])})", sys.stderr)
+        out.line(f"→ dispatched to {where} (dispatch {printable(event.dispatch_id)})", sys.stderr)
     elif isinstance(event, Redispatched):
         out.line(
             f"↻ worker {where} was lost ({printable(event.reason)}); queueing the step again",

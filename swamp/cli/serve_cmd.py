@@ -210,6 +210,13 @@ def serve(
         envvar="SWAMP_WRITE_QUOTA_RECORDS",
         help="The most data versions one dispatch may write.",
     ),
+    step_log_cap: str = typer.Option(
+        "32MiB",
+        "--step-log-cap",
+        envvar="SWAMP_STEP_LOG_CAP",
+        help="The most of one dispatch's output kept for 'swamp logs' (32MiB, 1GiB); past "
+        "it the oldest part goes, and a line says how much where it was.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -278,6 +285,7 @@ def serve(
             parse_size(o["write_quota_bytes"], what=what("write_quota_bytes")),
             o["write_quota_records"],
         ),
+        step_log_cap=parse_size(o["step_log_cap"], what=what("step_log_cap")),
         json=json_output,
     )
     handler = logging.StreamHandler()

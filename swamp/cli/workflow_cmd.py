@@ -547,15 +547,17 @@ def history(
     run_id: str = typer.Argument(
         None, metavar="[RUN]", show_default=False, help="With get: a run id or unique prefix."
     ),
-    logs: bool = typer.Option(False, "--logs", help="With get: the last lines each step printed."),
+    logs: bool = typer.Option(
+        False, "--logs", help="With get: then everything each step printed (see 'swamp logs')."
+    ),
     route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """'swamp workflow history [NAME]': runs, newest first — id, workflow, status, steps that
     succeeded, start, error. 'swamp workflow history get RUN [--logs]': one run as recorded,
-    job by job and step by step, with each step's worker, queue wait, error and times (and
-    with --logs the last lines each step printed)."""
-    from swamp.domain.text import printable
+    job by job and step by step, with each step's worker, queue wait, error and times; with
+    --logs then every line its steps printed, step by step, each line after its step's name
+    (as 'swamp logs RUN'; with --json: the run as one line, then one object per line)."""
     from swamp.domain.workflow import check_workflow_name
     from swamp.errors import UserError
     from swamp.protocol.messages import RunRef, WorkflowRequest
@@ -563,16 +565,14 @@ def history(
     if name == "get":
         if not run_id:
             raise UserError("history get needs a run id: see 'swamp workflow history'")
+        if logs:
+            _history_get_with_logs(run_id, route, json_output)
+            return
         reply = with_admin(lambda api: api.workflow_history_get(RunRef(run=run_id)), route)
         if json_output:
             emit_json(reply.to_json())
             return
         _print_summary(reply.run)
-        if logs:
-            for job in reply.run.get("jobs", []):
-                for step in job.get("steps", []):
-                    for line in step.get("logTail", []):
-                        print(printable(f"{job['name']}.{step['name']} │ {line}", keep_tab=True))
         return
     if run_id:
         raise UserError(f"unexpected {run_id!r}: 'history NAME' or 'history get RUN'")
@@ -597,6 +597,23 @@ def history(
         for r in reply.runs
     ]
     print(table(["RUN", "WORKFLOW", "STATUS", "STEPS OK", "STARTED", "ERROR"], rows))
+
+
+def _history_get_with_logs(run_id: str, route: Route, json_output: bool) -> None:
+    """The run's tree, then all its steps' output (one route for both)."""
+    from swamp.cli.logs_cmd import say_how_it_ended, show
+    from swamp.protocol.messages import RunRef
+
+    async def go(api) -> dict:
+        reply = await api.workflow_history_get(RunRef(run=run_id))
+        if json_output:
+            print(json.dumps({"run": reply.run}), flush=True)
+        else:
+            _print_summary(reply.run)
+            sys.stdout.flush()
+        return await show(api, reply.run["runId"], follow=False, json_output=json_output)
+
+    say_how_it_ended(with_admin(go, route), follow=False)
 
 
 @app.command("cancel", short_help="Cancel a running workflow run.")

@@ -4,8 +4,8 @@ A server token carries one of three scopes, each covering the ones before it:
 
 - ``metrics`` — ``GET /metrics`` and nothing else: what a Prometheus scraper needs.
 - ``read`` — also everything that only looks: the lists (workers, the queue, worker tokens,
-  workflows and their runs), ``data query``, workflow ``show`` and ``validate``, ``/health``'s
-  details and the build when downloads are private.
+  workflows and their runs), ``data query``, ``swamp logs``, workflow ``show`` and
+  ``validate``, ``/health``'s details and the build when downloads are private.
 - ``admin`` — also everything that changes something or runs something: minting and revoking
   worker tokens, running a method or a workflow, cancelling a run, and ``worker verify``, which
   dispatches a probe to every worker it selects.
@@ -57,6 +57,7 @@ VERBS: dict[str, Scope] = {
     "workflow.history": Scope.READ,
     "workflow.history.get": Scope.READ,
     "data.query": Scope.READ,
+    "logs.read": Scope.READ,  # what steps printed: as data.query reads what they wrote
     # admin frames that change or run something
     "worker.token.create": Scope.ADMIN,
     "worker.token.revoke": Scope.ADMIN,

@@ -36,6 +36,7 @@ from swamp.domain import environment
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
@@ -53,6 +54,7 @@ from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry
 from swamp.protocol.rpc import SilenceSweeper
@@ -60,6 +62,7 @@ from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 from swamp.store.reader import Reader
+from swamp.store.step_logs import SqliteLogStore
 from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
@@ -94,6 +97,7 @@ class Settings:
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
     local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
+    step_log_cap: int = DEFAULT_CAP_BYTES  # the most of one step's output kept (oldest goes)
 
 
 @dataclass
@@ -106,6 +110,7 @@ class Orchestrator:
     credentials: Credentials
     sweeper: SilenceSweeper
     bookkeeper: Bookkeeper
+    logs: StepLogs
     records: WorkerRecords
     membership: Membership
     live_tokens: LiveTokens
@@ -128,6 +133,7 @@ class Orchestrator:
         async with open_unwrapping_nursery() as nursery:
             # -- write-behind: what goes to disk after the event (see compose) ---------------
             await nursery.start(self.bookkeeper.run)
+            await nursery.start(self.logs.run)
             # -- the gateway: members, live tokens, silent sockets ---------------------------
             prober = self.verifier.probe if self.verify_on_enroll else None
             await nursery.start(functools.partial(self.membership.run, prober))
@@ -145,6 +151,7 @@ class Orchestrator:
     def close(self) -> None:
         """After the services stopped: what is still in memory goes to the journal."""
         self.bookkeeper.flush()  # leases still running go in active: the next boot expires them
+        self.logs.flush()  # the last lines printed
         self.reader.close()
 
 
@@ -176,6 +183,8 @@ def compose(
     # replay), worker status versions and queue episodes (when each is durable: its docstring).
     bookkeeper = Bookkeeper(LeaseBook(store), journal)
     records = WorkerRecords(WorkerBook(store), bookkeeper)
+    # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
+    logs = StepLogs(SqliteLogStore(store), cap=settings.step_log_cap)
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
     membership = Membership(
@@ -198,7 +207,9 @@ def compose(
     )
 
     # -- dispatch ----------------------------------------------------------------------------
-    episodes = Episodes(bookkeeper, credentials, on_unacknowledged=membership.unresponsive)
+    episodes = Episodes(
+        bookkeeper, credentials, on_unacknowledged=membership.unresponsive, logs=logs
+    )
     queue = DispatchQueue(  # subscribes to the pool
         pool, store, bookkeeper, aging=settings.queue_aging, observe=metrics.on_queue
     )
@@ -216,6 +227,7 @@ def compose(
         observe=metrics.on_dispatch,
         reader=reader,
         default_timeout=settings.default_timeout,
+        logs=logs,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
     if unset:
@@ -233,6 +245,7 @@ def compose(
         dispatch=dispatch,
         verifier=verifier,
         ca_pin=own_tls.pin if own_tls else None,
+        logs=logs,
     )
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
     dataplane = DataPlane(
@@ -264,6 +277,7 @@ def compose(
         credentials=credentials,
         sweeper=sweeper,
         bookkeeper=bookkeeper,
+        logs=logs,
         records=records,
         membership=membership,
         live_tokens=live_tokens,

@@ -29,15 +29,17 @@ from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
+from swamp.domain.step_logs import LogOwner
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, StoreBroken
-from swamp.ids import new_id
+from swamp.ids import new_id, ordered_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
 from swamp.orchestrator.episode import Emit, Episodes, Step, Work, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.plugins import ModelRegistry, default_seams
 from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
 from swamp.repo import ModelInstance
@@ -60,6 +62,7 @@ class RunRequest:
     queue_timeout: str | None = None  # the run's --queue-timeout (beats serve's)
     timeout: str | None = None  # the run's --timeout (beats the model's)
     workflow: str | None = None  # which run/step this is, when a workflow placed it
+    run_id: str | None = None  # (its output is kept under the run's id)
     job: str | None = None
     step: str | None = None
     started_at: str | None = None  # when the run was asked for (its result says so)
@@ -72,6 +75,18 @@ class RunRequest:
 
     def scope(self) -> ReadScope:
         return self.read_scope or ReadScope.of(self.model.type, self.model.name)
+
+    def owner(self, model_type: str) -> LogOwner:
+        """Whose output its lines are (``swamp logs``): the run's step, or the instance."""
+        return LogOwner(
+            model_type,
+            self.model.name,
+            self.method,
+            run_id=self.run_id,
+            workflow=self.workflow,
+            job=self.job,
+            step=self.step,
+        )
 
     def execution_timeout(self, default: float | None = None) -> float | None:
         """Seconds the method may run once dispatched (each attempt): the run's ``--timeout``,
@@ -108,9 +123,11 @@ class DispatchService:
         observe: Callable[[str, str], None] = lambda what, value: None,
         reader: Reader | None = None,
         default_timeout: float | None = None,
+        logs: StepLogs | None = None,
         clock=time.time,
     ) -> None:
         self.store = store
+        self.logs = logs  # where the lines of a method run here are kept (a worker's: episodes)
         self.reader = reader  # queries off the event loop; None: on it (tests, the CLI)
         # serve --default-timeout: how long a dispatch may run when neither its run nor its
         # model says (a worker that acknowledges and never answers holds a step no longer)
@@ -183,9 +200,23 @@ class DispatchService:
     async def run(self, request: RunRequest, emit: Emit) -> RunResult:
         plan = self.prepare(request)
         model_type, args = plan.model_type, plan.args
-        worker = dispatch_id = None
+        worker = dispatch_id = log_id = None
         if not request.placement.is_remote():
-            result = await run_here(self.store, model_type, request, args, emit, env=self.environ)
+            if self.logs is not None:
+                log_id = ordered_id()
+                with self.logs.opened(log_id, request.owner(model_type.type), worker=None):
+                    result = await run_here(
+                        self.store,
+                        model_type,
+                        request,
+                        args,
+                        self.logs.capture(log_id, emit),
+                        env=self.environ,
+                    )
+            else:
+                result = await run_here(
+                    self.store, model_type, request, args, emit, env=self.environ
+                )
         else:
             try:
                 result, worker, dispatch_id = await self._run_remote(request, plan, emit)
@@ -193,6 +224,10 @@ class DispatchService:
                 self.observe("outcome", exc.code)
                 raise
             self.observe("outcome", result.status)
+            log_id = dispatch_id if self.episodes.logs is not None else None
+        logs = self.logs or self.episodes.logs
+        if logs is not None and log_id is not None:  # its slot is free; its lines go in
+            await logs.settled(log_id)
         return RunResult(
             status=result.status,
             model=request.model.name,
@@ -205,6 +240,7 @@ class DispatchService:
             error=result.error,
             result=result.result,
             started_at=request.started_at,
+            log_id=log_id,
         )
 
     async def _run_remote(
@@ -221,6 +257,7 @@ class DispatchService:
             environment=environment.ship(self.environ, request.shipped_names(self.ship_env)),
             read_scope=request.scope(),
             timeout=plan.timeout,
+            owner=request.owner(model_type.type),
         )
         info = StepInfo(
             model_type.type,

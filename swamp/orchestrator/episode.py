@@ -22,6 +22,7 @@ import trio
 
 from swamp.domain.episodes import Ending, EpisodeEnd, lease_ending
 from swamp.domain.read_scope import ReadScope
+from swamp.domain.step_logs import LogOwner
 from swamp.errors import (
     ChannelClosed,
     MalformedFrame,
@@ -34,6 +35,7 @@ from swamp.models.framework import ModelType
 from swamp.orchestrator.bookkeeper import Bookkeeper, Lease
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.pool import Member
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import (
     Accepted,
     Dispatched,
@@ -74,6 +76,7 @@ class Work:
     read_scope: ReadScope
     takes_slot: bool = True  # False for the fleet probe: it runs beside the worker's dispatches
     timeout: float | None = None  # seconds it may run on the worker; None: as long as it takes
+    owner: LogOwner | None = None  # whose output it prints (None: not kept, e.g. a probe)
 
 
 @dataclass
@@ -113,7 +116,9 @@ class Episodes:
         credentials: Credentials,
         *,
         on_unacknowledged: Callable[[Member, str], None] = lambda member, reason: None,
+        logs: StepLogs | None = None,
     ) -> None:
+        self.logs = logs  # every line a dispatch prints is kept there (None: not kept)
         self.bookkeeper = bookkeeper  # writes the lease rows (and says when they are durable)
         self.on_unacknowledged = on_unacknowledged  # marks the worker (membership's to say)
         self.credentials = credentials
@@ -144,6 +149,8 @@ class Episodes:
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             active.credential = credential
             self.active[dispatch_id] = active
+            if self.logs is not None and work.owner is not None:
+                self.logs.open(dispatch_id, work.owner, worker=member.name, attempt=step.attempt)
             params = DispatchRequest(
                 dispatch_id=dispatch_id,
                 model_type=work.model_type.type,
@@ -174,6 +181,8 @@ class Episodes:
         finally:
             if credential is not None:
                 self.credentials.revoke(credential)
+            if self.logs is not None:
+                self.logs.close(dispatch_id)
             self.active.pop(dispatch_id, None)
             self._awaiting_ack.pop(dispatch_id, None)
 
@@ -310,6 +319,8 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch, episodes: Ep
         log.warning("dropped a malformed event from worker %s: %s", worker, exc.message)
         return
     active.acknowledged = True
+    if episodes.logs is not None:
+        episodes.logs.append(active.id, decoded.line, decoded.stream)
     await safe_emit(emit, replace(decoded, worker=worker).to_json())
 
 

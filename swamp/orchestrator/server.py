@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.bookkeeping.workflow_runs import RunBook
+from swamp.bookkeeping.workflow_runs import key as run_key
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
@@ -32,6 +34,7 @@ from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.errors import CannotListen, SwampError, UserError
@@ -42,6 +45,7 @@ from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
 from swamp.orchestrator.compose import Settings, compose
 from swamp.orchestrator.downloads import Download, served_build
 from swamp.orchestrator.pool import Pool
+from swamp.orchestrator.step_logs import StepLogs
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
@@ -49,6 +53,7 @@ from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
 from swamp.store.retry import retry_busy
+from swamp.store.step_logs import LogStore, SqliteLogStore
 from swamp.tls import authority
 from swamp.tls.authority import ServerTls
 
@@ -81,6 +86,7 @@ class ServeOptions:
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
     default_timeout: float | None = 24 * 3600  # --default-timeout; None: none
+    step_log_cap: int = DEFAULT_CAP_BYTES  # --step-log-cap
     json: bool = False
 
 
@@ -191,27 +197,56 @@ def scan_adhoc_runs(path: Path) -> list[tuple[str, str, float]]:
 
 
 def forget_adhoc_runs(
-    store: Datastore, runs: list[tuple[str, str, float]], *, batch: int = 100
+    store: Datastore,
+    runs: list[tuple[str, str, float]],
+    *,
+    batch: int = 100,
+    logs: LogStore | None = None,
 ) -> int:
     """The data of ad-hoc runs past their retention (``swamp.domain.adhoc_runs``), a few
-    instances to a transaction."""
+    instances to a transaction, and what they printed."""
     forget = runs_to_forget(runs, now=store.clock())
     removed = 0
     for at in range(0, len(forget), batch):
         with store.transaction():
             for model_type, name in forget[at : at + batch]:
                 removed += store.delete_instance(model_type, name)
+    if logs is not None:
+        removed += logs.forget_instances(forget)
     return removed
 
 
-async def _collect_garbage(store: Datastore, pool: Pool, worker_retention: float) -> None:
+def collect_step_logs(
+    store: Datastore, logs: LogStore, *, live: Callable[[str], bool] = lambda run_id: False
+) -> int:
+    """Step output goes with what it belongs to: the logs of workflow runs that are no
+    longer recorded (collected, or deleted) — unless ``live`` says the run is still printing
+    — and of other dispatches (ad-hoc runs, named instances) as ad-hoc runs go: after the
+    retention, or past the newest of their type (``swamp.domain.adhoc_runs``); an ad-hoc run
+    whose data was forgotten has its logs forgotten with it (:func:`forget_adhoc_runs`)."""
+    gone = [
+        run_id
+        for run_id, workflow in logs.runs()
+        if store.latest(run_key(workflow, run_id)) is None and not live(run_id)
+    ]
+    removed = logs.forget_runs(gone)
+    others = [(model_type, log_id, last) for model_type, _, log_id, last in logs.others()]
+    forget = runs_to_forget(others, now=store.clock())
+    removed += logs.forget_logs(log_id for _, log_id in forget)
+    return removed
+
+
+async def _collect_garbage(
+    store: Datastore, pool: Pool, worker_retention: float, logs: StepLogs
+) -> None:
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
         try:
             runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
-            removed = forget_adhoc_runs(store, runs)
+            removed = forget_adhoc_runs(store, runs, logs=logs.store)
             removed += collect_bookkeeping(store, pool, worker_retention=worker_retention)
+            removed += collect_step_logs(store, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
@@ -363,6 +398,8 @@ async def _serve(
         "queued": await retry_busy(PendingBook(store).reconcile),
         "runs": await retry_busy(RunBook(store).reconcile),
     }
+    ended = SqliteLogStore(store).end_open
+    await retry_busy(lambda: ended(store.clock()))  # the logs it left open ended with it
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):
@@ -400,6 +437,7 @@ async def _serve(
             private_downloads=options.private_downloads,
             write_quota=options.write_quota,
             local_credential=local_credential,
+            step_log_cap=options.step_log_cap,
         ),
         policy=policy,
         download=download,
@@ -451,7 +489,9 @@ async def _serve(
                 )
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
-                nursery.start_soon(_collect_garbage, store, parts.pool, options.worker_retention)
+                nursery.start_soon(
+                    _collect_garbage, store, parts.pool, options.worker_retention, parts.logs
+                )
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
             # The listener has returned: every connection is closed or past its graceful timeout.

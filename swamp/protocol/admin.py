@@ -14,6 +14,8 @@ from typing import Protocol
 from swamp.protocol.messages import (
     DataQueryRequest,
     Empty,
+    LogsPage,
+    LogsRequest,
     Message,
     MethodRunRequest,
     QueryReply,
@@ -80,6 +82,8 @@ class AdminApi(Protocol):
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply: ...
 
+    async def logs_read(self, request: LogsRequest) -> LogsPage: ...
+
 
 #: wire method → (API method, request message). The server's admin frames are exactly these.
 OPERATIONS: dict[str, tuple[str, type[Message]]] = {
@@ -98,4 +102,5 @@ OPERATIONS: dict[str, tuple[str, type[Message]]] = {
     "workflow.cancel": ("workflow_cancel", RunRef),
     "data.query": ("data_query", DataQueryRequest),
     "model.method.run": ("method_run", MethodRunRequest),
+    "logs.read": ("logs_read", LogsRequest),
 }

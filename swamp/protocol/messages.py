@@ -125,6 +125,7 @@ class RunResult(Message):
     error: str | None = None
     result: JSON = None
     started_at: str | None = None
+    log_id: str | None = None  # its output: 'swamp logs LOG_ID' (a worker's: the dispatch id)
 
 
 # -- streamed events of a run --------------------------------------------------------------------
@@ -435,6 +436,76 @@ class QueueReply(Message):
     summary: list[QueueSummary] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LogsRequest(Message):
+    """``logs.read``: a page of stored output. ``ref`` is RUN, RUN/STEP or DISPATCH (an id or
+    a prefix of one); ``log`` narrows it to one of its logs; ``after`` is the cursor (the
+    last chunk id read); ``wait``: seconds to wait for more when there is none yet and the
+    run or dispatch is live (``--follow``; at most a minute)."""
+
+    ref: str
+    log: str | None = None
+    after: int = 0
+    wait: float = 0
+    chunks: bool = True  # False: the logs only, no lines
+
+
+@dataclass(frozen=True)
+class LogItem(Message):
+    """One log: a dispatch's output (a step dispatched again has one per attempt)."""
+
+    id: str
+    model_type: str
+    model_name: str
+    method: str
+    attempt: int
+    started_at: str
+    lines: int  # every line it printed
+    bytes: int
+    dropped_lines: int  # the oldest, past the cap
+    dropped_bytes: int
+    live: bool
+    run_id: str | None = None
+    workflow: str | None = None
+    job: str | None = None
+    step: str | None = None
+    worker: str | None = None
+    ended_at: str | None = None
+
+
+@dataclass(frozen=True)
+class LogChunkItem(Message):
+    """Lines of one log, in order; ``first`` and ``first_byte`` place them in its whole
+    output (a gap before them is lines dropped); ``streams``: a character per line, o
+    (stdout), e (stderr) or l (a method's log)."""
+
+    id: int
+    log: str
+    first: int
+    first_byte: int
+    size: int  # bytes of its lines, newlines included
+    streams: str
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LogsPage(Message):
+    """A page of ``logs.read``: the ref's logs, chunks after the cursor, the next cursor;
+    ``more``: stored chunks remain past this page; ``live``: more may come (the run or the
+    dispatch is running in the orchestrator that answered)."""
+
+    kind: Literal["run", "dispatch"]
+    id: str
+    cursor: int
+    more: bool
+    live: bool
+    cap_bytes: int
+    logs: list[LogItem] = field(default_factory=list)
+    chunks: list[LogChunkItem] = field(default_factory=list)
+    status: str | None = None  # the run's (kind run)
+    workflow: str | None = None
+
+
 #: The payload of each request method (what ``IncomingCall.params`` must decode as).
 REQUESTS: dict[str, type[Message]] = {
     "worker.enroll": EnrollRequest,
@@ -457,6 +528,7 @@ REQUESTS: dict[str, type[Message]] = {
     "workflow.history": WorkflowRequest,
     "workflow.history.get": RunRef,
     "workflow.cancel": RunRef,
+    "logs.read": LogsRequest,
 }
 
 

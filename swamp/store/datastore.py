@@ -445,6 +445,11 @@ class Datastore:
                 self.broken = error.message
             raise error from None
 
+    def sql(self, what: str, *, writing: bool = False):
+        """SQL of a table of its own on this connection (the step logs), with the store's
+        errors: translated, a broken store refusing writes."""
+        return self._sql(what, writing=writing)
+
     def check_file(self) -> str | None:
         """Is the file we write still the repo's database, and may it still be written? A file
         deleted or replaced under a running server takes its writes into nowhere; one made

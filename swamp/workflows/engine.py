@@ -580,6 +580,7 @@ class _Run:
             queue_timeout=fields.queue_timeout,
             timeout=fields.timeout,
             workflow=self.workflow.name,
+            run_id=self.id,
             job=job.name,
             step=name,
             priority=self.priority_of(job, step) or 0,

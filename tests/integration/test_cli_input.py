@@ -115,6 +115,9 @@ CASES = [
     (["workflow", "run", "nope", "--timeout", "soon"], "invalid --timeout"),
     (["workflow", "create", "Bad Name"], "invalid workflow name"),
     (["workflow", "history", "get"], "needs a run id"),
+    (["logs", "not-hex"], "invalid run or dispatch id"),
+    (["logs", "abcd/"], "name a step after the '/'"),
+    (["logs", "abcdef01"], "no workflow run or dispatch 'abcdef01'"),
 ]
 
 

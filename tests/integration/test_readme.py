@@ -300,6 +300,7 @@ RUN: dict[str, list[Expect]] = {
         ),
         Expect("workflow history", says=(r"RUN +WORKFLOW +STATUS", r"fleet-uptime +succeeded")),
         Expect("history get", says=(r"workflow fleet-uptime succeeded", r"load average")),
+        Expect("swamp logs", says=(r"uptime-pool-[0-9a-f]{8} │ .*load average",)),
         Expect("workflow cancel", exit=1, says=(r"has already ended: succeeded",)),
         Expect("workflow validate"),
     ],

@@ -103,6 +103,7 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
         "workflow.history": ({"name": "hello"}, None),
         "workflow.history.get": ({"run": finished["runId"]}, None),
         "data.query": ({"predicate": 'modelType == "command/shell"'}, None),
+        "logs.read": ({"ref": finished["runId"]}, None),
         "worker.token.create": (
             {"name": "minted", "duration": "1h"},
             lambda: token_state("minted"),
