@@ -31,12 +31,13 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
-from swamp.domain.run_record import RunRecord, Status
+from swamp.domain.run_record import Status
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
+from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
@@ -99,8 +100,10 @@ class RepoAdmin:
         registry: ModelRegistry | None = None,
         clock=time.time,
         ca_pin: str | None = None,
+        max_fan_out: int = MAX_EXPANSIONS,
     ) -> None:
         self.repo = repo
+        self.max_fan_out = max_fan_out
         # the orchestrator's own CA, which a token's machines pin: the live server's (None
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
         self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
@@ -256,7 +259,12 @@ class RepoAdmin:
                 host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
             else:
                 host = Host(run_step=self._run_here, placed=False)
-            self._engine = Engine(Workflows(self.repo, self.registry), self.store, host)
+            self._engine = Engine(
+                Workflows(self.repo, self.registry),
+                self.store,
+                host,
+                max_fan_out=self.max_fan_out,
+            )
         return self._engine
 
     def _connected(self, selector: dict) -> list[dict]:
@@ -349,8 +357,7 @@ class RepoAdmin:
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
             check_workflow_name(request.name)
-        runs = RunBook(self.store).all(request.name)
-        return WorkflowHistoryReply([_run_summary(r) for r in runs])
+        return WorkflowHistoryReply(RunBook(self.store).summaries(request.name))
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
         return WorkflowRunReply(RunBook(self.store).get(request.run).to_json())
@@ -370,12 +377,12 @@ class RepoAdmin:
                 f"workflow run {run.run_id[:12]} is not running in this orchestrator "
                 "(it ended with the one that ran it; its restart marks it failed)"
             )
+        book = RunBook(self.store)
         for _ in range(100):  # the run saves itself cancelled as its scope unwinds
-            run = RunBook(self.store).get(run.run_id)
-            if run.status != Status.RUNNING:
+            if book.status(run.run_id) != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return WorkflowRunReply(run.to_json())
+        return WorkflowRunReply(book.get(run.run_id).to_json())
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -517,17 +524,3 @@ def _needs_name(request: WorkflowRequest) -> str:
 
 def _problem(problem) -> dict:
     return {"place": problem.place, "message": problem.message, "warning": problem.warning}
-
-
-def _run_summary(run: RunRecord) -> dict:
-    steps = [s for j in run.jobs for s in j.steps]
-    return {
-        "runId": run.run_id,
-        "workflow": run.workflow,
-        "status": str(run.status),
-        "startedAt": run.started_at,
-        "endedAt": run.ended_at,
-        "error": run.error,
-        "steps": len(steps),
-        "succeeded": sum(1 for s in steps if s.status == Status.SUCCEEDED),
-    }

@@ -203,6 +203,13 @@ def serve(
         envvar="SWAMP_WRITE_QUOTA_RECORDS",
         help="The most data versions one dispatch may write.",
     ),
+    max_fan_out: int = typer.Option(
+        10_000,
+        "--max-fan-out",
+        envvar="SWAMP_MAX_FAN_OUT",
+        help="The most items a workflow step's forEach may run it for; a list longer than "
+        "this fails the step's job, naming this setting.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -242,6 +249,8 @@ def serve(
         key = name.replace("_", "-")
         return f"{CONFIG} [serve] {key}" if name in in_file else f"--{key}"
 
+    if o["max_fan_out"] < 1:
+        raise UserError(f"invalid {what('max_fan_out')} {o['max_fan_out']}: expected 1 or more")
     if o["write_quota_records"] < 1:
         raise UserError(
             f"invalid {what('write_quota_records')} {o['write_quota_records']}: expected 1 or more"
@@ -269,6 +278,7 @@ def serve(
             parse_size(o["write_quota_bytes"], what=what("write_quota_bytes")),
             o["write_quota_records"],
         ),
+        max_fan_out=o["max_fan_out"],
         json=json_output,
     )
     handler = logging.StreamHandler()

@@ -35,6 +35,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
@@ -91,6 +92,7 @@ class Settings:
     default_timeout: float | None = 24 * 3600
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
+    max_fan_out: int = MAX_EXPANSIONS  # the most items a forEach may run its step for
     local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
 
 
@@ -229,6 +231,7 @@ def compose(
         dispatch=dispatch,
         verifier=verifier,
         ca_pin=own_tls.pin if own_tls else None,
+        max_fan_out=settings.max_fan_out,
     )
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
     dataplane = DataPlane(

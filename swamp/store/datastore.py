@@ -735,6 +735,28 @@ class Datastore:
                 ).rowcount
         return count
 
+    def delete_with_prefix(
+        self, model_type: str, model_name: str, prefix: str, *, batch: int = 1000
+    ) -> int:
+        """Remove every item of one instance whose name starts with ``prefix`` (a range of the
+        primary key), ``batch`` rows a transaction: a run's steps go with their run without
+        one long write."""
+        if not prefix:
+            raise ValueError("an empty prefix would delete the whole instance")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        removed = 0
+        while True:
+            with self._sql("deleting from the datastore", writing=True):
+                cur = self.db.execute(
+                    "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                    "SELECT model_type, model_name, name, version FROM data WHERE "
+                    "model_type = ? AND model_name = ? AND name >= ? AND name < ? LIMIT ?)",
+                    (model_type, model_name, prefix, upper, batch),
+                )
+            removed += cur.rowcount
+            if cur.rowcount < batch:
+                return removed
+
     def delete_instance(self, model_type: str, model_name: str) -> int:
         """Remove every item of one model instance; call it inside a :meth:`transaction`."""
         with self._sql("deleting from the datastore", writing=True):
