@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Workflow fan-outs over a fleet, beside the raw dispatch rate on the same workers.
+
+A real ``swamp serve`` and real ``swamp worker connect`` processes (4 × 32 slots by default).
+After a warm-up, the same workers take ``--raw`` direct dispatches of ``swamp/echo`` (every slot
+kept busy, as ``bench/dispatch.py`` measures throughput), then one workflow run per size — a
+``forEach`` of ``swamp/echo`` over 2,500 and 10,000 items — through ``workflow.run``, reading
+its events as the CLI does. Meanwhile one more connection asks ``server.info`` every 50 ms (the
+longest answer is the orchestrator's longest stall, give or take a call) and serve's resident
+memory is sampled. Prints one JSON object: steps/s per size, the ratio to the raw rate, the
+largest size's time over the smallest's (linear: at most 4.5 for 10,000/2,500), the growth of
+the database and its WAL over all the runs, the longest stall, and serve's peak memory growth
+per expansion of the largest run (an upper bound of what a waiting expansion costs).
+
+    python3 build.py bench-workflows [--sizes 2500,10000] [--workers 4] [--slots 32]
+        [--raw 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import trio
+from benchkit import cpu_seconds, rss_kib, scratch
+
+from swamp.bookkeeping.tokens import TokenBook
+from swamp.client import connect
+from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled_text
+from swamp.repo import Repo
+
+FAN = """\
+    name = "fan"
+    [inputs.properties.items]
+    type = "array"
+    [[jobs]]
+    name = "fan"
+    [[jobs.steps]]
+    name = "echo"
+    forEach = { item = "i", in = "${{ inputs.items }}" }
+    labels = { role = "bench" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+ECHO = {
+    "model": "swamp/echo",
+    "method": "echo",
+    "args": {},
+    "placement": {"labels": {"role": "bench"}},
+}
+TARGETS = {"steps_per_second": 500, "time_ratio": 4.5, "store_growth_mb": 100}
+
+
+def store_bytes(db: Path) -> int:
+    return sum(p.stat().st_size for p in (db, Path(f"{db}-wal")) if p.exists())
+
+
+class Watch:
+    """Serve's longest stall (a ``server.info`` answer's time), its peak resident memory and
+    the store's peak size (the database and its WAL)."""
+
+    def __init__(self, url: str, admin: str | None, pid: int, db: Path) -> None:
+        self.url, self.admin, self.pid, self.db = url, admin, pid, db
+        self.longest = 0.0
+        self.peak_kib = 0
+        self.peak_store = 0
+
+    def reset(self) -> None:
+        self.longest, self.peak_kib = 0.0, rss_kib(self.pid)
+
+    async def run(self) -> None:
+        async with connect(self.url, server_token=self.admin) as channel:
+            while True:
+                started = time.perf_counter()
+                await channel.call("server.info", {}, timeout=None)
+                self.longest = max(self.longest, time.perf_counter() - started)
+                self.peak_kib = max(self.peak_kib, rss_kib(self.pid))
+                self.peak_store = max(self.peak_store, store_bytes(self.db))
+                await trio.sleep(0.05)
+
+
+async def raw_rate(url: str, admin: str | None, total: int, in_flight: int) -> float:
+    """Direct dispatches per second, ``in_flight`` clients (one connection each) at once."""
+    done = 0
+
+    async def one_client(calls: int) -> None:
+        nonlocal done
+        async with connect(url, server_token=admin) as channel:
+            for _ in range(calls):
+                result = await channel.call("model.method.run", ECHO, timeout=None)
+                assert result["status"] == "succeeded", result
+                done += 1
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(in_flight):
+            nursery.start_soon(one_client, total // in_flight)
+    return done / (time.perf_counter() - started)
+
+
+async def fan_out(url: str, admin: str | None, size: int) -> dict:
+    """One workflow run of ``size`` expansions; its time, and what it said."""
+    events = 0
+
+    async def on_event(event: dict) -> None:
+        nonlocal events
+        events += 1
+
+    async with connect(url, server_token=admin) as channel:
+        started = time.perf_counter()
+        reply = await channel.call(
+            "workflow.run",
+            {"name": "fan", "inputs": {"items": list(range(size))}},
+            timeout=None,
+            on_event=on_event,
+        )
+        elapsed = time.perf_counter() - started
+    run = reply["run"]
+    steps = [s for j in run["jobs"] for s in j["steps"]]
+    ok = sum(1 for s in steps if s["status"] == "succeeded")
+    assert run["status"] == "succeeded" and ok == size, (run["status"], ok, run.get("error"))
+    return {
+        "seconds": round(elapsed, 2),
+        "steps_per_second": round(size / elapsed, 1),
+        "events": events,
+    }
+
+
+async def main(args) -> dict:
+    sizes = [int(n) for n in args.sizes.split(",")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+    with scratch("swamp-bench-workflows-") as root:
+        repo, _ = Repo.init(root / "repo")
+        (repo.root / "workflows" / "fan.toml").write_text(textwrap.dedent(FAN))
+        procs: list = []
+        logs = contextlib.ExitStack()  # every process's stderr, kept in the temp dir
+
+        def log_file(name: str):
+            return logs.enter_context(open(root / name, "wb"))
+
+        try:
+            serve, serve_lines, url = await start_serve(
+                repo.root, env=env, stderr=log_file("serve.log")
+            )
+            procs.append(serve)
+            readers = [serve_lines]
+            store = repo.open_store()
+            for i in range(args.workers):
+                _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
+                worker, reader = await start_worker(
+                    url,
+                    credential,
+                    *("--label", "role=bench", "--concurrency", str(args.slots)),
+                    env=env,
+                    stderr=log_file(f"worker-{i}.log"),
+                    json=False,
+                )
+                procs.append(worker)
+                readers.append(reader)
+            store.close()
+            await wait_enrolled_text(readers[1:])
+            admin = repo.admin_credential_for(url)
+            slots = args.workers * args.slots
+            watch = Watch(url, admin, serve.pid, repo.db_path)
+            pids = [p.pid for p in procs]
+
+            def cpu() -> list[float]:
+                return [cpu_seconds(pid) for pid in pids]
+
+            def per_step(spent: list[float], count: int) -> dict:
+                return {
+                    "serve_cpu_us": round(spent[0] / count * 1e6, 1),
+                    "workers_cpu_us": round(sum(spent[1:]) / count * 1e6, 1),
+                }
+
+            result: dict = {"workers": args.workers, "slots": args.slots, "sizes": sizes}
+            async with trio.open_nursery() as nursery:
+                for reader in readers:
+                    nursery.start_soon(reader.drain)
+                await raw_rate(url, admin, slots * 8, slots)  # warm up every slot
+                spent = cpu()
+                raw = await raw_rate(url, admin, args.raw, slots)
+                spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
+                result["raw_dispatches_per_second"] = round(raw, 1)
+                result["raw_per_dispatch"] = per_step(spent, args.raw)
+                print(f"raw: {raw:.0f}/s", file=sys.stderr, flush=True)
+                nursery.start_soon(watch.run)
+                before = watch.peak_store = store_bytes(repo.db_path)
+                runs = {}
+                for size in sizes:
+                    watch.reset()
+                    base_kib = watch.peak_kib
+                    spent = cpu()
+                    figures = await fan_out(url, admin, size)
+                    spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
+                    figures.update(per_step(spent, size))
+                    figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
+                    figures["longest_stall_ms"] = round(watch.longest * 1000, 1)
+                    grown = max(0, watch.peak_kib - base_kib) * 1024
+                    figures["serve_peak_growth_mib"] = round(grown / 2**20, 1)
+                    figures["bytes_per_expansion"] = round(grown / size)
+                    runs[str(size)] = figures
+                    print(f"{size}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+                grown_mb = (store_bytes(repo.db_path) - before) / 1e6
+                peak_mb = (watch.peak_store - before) / 1e6
+                nursery.cancel_scope.cancel()
+            result["runs"] = runs
+            small, large = runs[str(min(sizes))], runs[str(max(sizes))]
+            result["time_ratio"] = round(large["seconds"] / small["seconds"], 2)
+            result["size_ratio"] = round(max(sizes) / min(sizes), 2)
+            result["store_growth_mb"] = round(grown_mb, 1)  # at the end: checkpoints shrink it
+            result["store_peak_growth_mb"] = round(peak_mb, 1)  # the most it grew meanwhile
+            slowest = min(r["steps_per_second"] for r in runs.values())
+            result["targets"] = {
+                "steps_per_second": [slowest, slowest >= TARGETS["steps_per_second"]],
+                "time_ratio": [result["time_ratio"], result["time_ratio"] <= TARGETS["time_ratio"]],
+                "store_growth_mb": [
+                    result["store_peak_growth_mb"],
+                    result["store_peak_growth_mb"] <= TARGETS["store_growth_mb"],
+                ],
+            }
+            return result
+        finally:
+            await stop_all(procs)
+            logs.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2500,10000", help="forEach sizes, comma-separated")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--raw", type=int, default=10_000, help="direct dispatches measured")
+    print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
