@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -32,7 +33,14 @@ from benchkit import cpu_seconds, rss_kib, scratch
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
-from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled_text
+from swamp.domain.run_record import merge_page
+from swamp.processes import (
+    LineReader,
+    start_serve,
+    start_worker,
+    stop_all,
+    wait_enrolled_text,
+)
 from swamp.repo import Repo
 
 FAN = """\
@@ -60,28 +68,50 @@ def store_bytes(db: Path) -> int:
     return sum(p.stat().st_size for p in (db, Path(f"{db}-wal")) if p.exists())
 
 
-class Watch:
-    """Serve's longest stall (a ``server.info`` answer's time), its peak resident memory and
-    the store's peak size (the database and its WAL)."""
+async def ping(url: str) -> None:
+    """``--ping URL``: ask ``server.info`` every 50 ms; print each second's longest answer (a
+    process of its own: the benchmark's own loop, busy with a run's events, would count its
+    own stalls as serve's)."""
+    async with connect(url, server_token=os.environ.get("SWAMP_BENCH_ADMIN")) as channel:
+        while True:
+            second, longest = int(time.time()), 0.0
+            while int(time.time()) == second:
+                started = time.perf_counter()
+                await channel.call("server.info", {}, timeout=None)
+                longest = max(longest, time.perf_counter() - started)
+                await trio.sleep(0.05)
+            print(json.dumps({"t": second, "ms": round(longest * 1000, 1)}), flush=True)
 
-    def __init__(self, url: str, admin: str | None, pid: int, db: Path) -> None:
-        self.url, self.admin, self.pid, self.db = url, admin, pid, db
-        self.longest = 0.0
+
+class Watch:
+    """Serve's longest stall (from the pinging process), its peak resident memory and the
+    store's peak size (the database and its WAL)."""
+
+    def __init__(self, pid: int, db: Path, pings: LineReader) -> None:
+        self.pid, self.db, self.pings = pid, db, pings
+        self.stalls: list[tuple[int, float]] = []
         self.peak_kib = 0
         self.peak_store = 0
 
     def reset(self) -> None:
-        self.longest, self.peak_kib = 0.0, rss_kib(self.pid)
+        self.peak_kib = rss_kib(self.pid)
+
+    def longest(self, start: float, end: float) -> float:
+        return max((ms for t, ms in self.stalls if start - 1 <= t <= end), default=0.0)
 
     async def run(self) -> None:
-        async with connect(self.url, server_token=self.admin) as channel:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.read_pings)
             while True:
-                started = time.perf_counter()
-                await channel.call("server.info", {}, timeout=None)
-                self.longest = max(self.longest, time.perf_counter() - started)
                 self.peak_kib = max(self.peak_kib, rss_kib(self.pid))
                 self.peak_store = max(self.peak_store, store_bytes(self.db))
                 await trio.sleep(0.05)
+
+    async def read_pings(self) -> None:
+        while (line := await self.pings.readline()) is not None:
+            with contextlib.suppress(ValueError, KeyError):
+                entry = json.loads(line)
+                self.stalls.append((entry["t"], entry["ms"]))
 
 
 async def raw_rate(url: str, admin: str | None, total: int, in_flight: int) -> float:
@@ -120,7 +150,14 @@ async def fan_out(url: str, admin: str | None, size: int) -> dict:
             on_event=on_event,
         )
         elapsed = time.perf_counter() - started
-    run = reply["run"]
+        run, offset = reply["run"], reply.get("nextOffset")
+        pages = 1
+        while offset is not None:  # a run larger than one frame holds comes in pages
+            more = await channel.call(
+                "workflow.history.get", {"run": run["runId"], "offset": offset}, timeout=None
+            )
+            merge_page(run, more["run"])
+            offset, pages = more.get("nextOffset"), pages + 1
     steps = [s for j in run["jobs"] for s in j["steps"]]
     ok = sum(1 for s in steps if s["status"] == "succeeded")
     assert run["status"] == "succeeded" and ok == size, (run["status"], ok, run.get("error"))
@@ -128,6 +165,7 @@ async def fan_out(url: str, admin: str | None, size: int) -> dict:
         "seconds": round(elapsed, 2),
         "steps_per_second": round(size / elapsed, 1),
         "events": events,
+        "reply_pages": pages,
     }
 
 
@@ -166,8 +204,14 @@ async def main(args) -> dict:
             await wait_enrolled_text(readers[1:])
             admin = repo.admin_credential_for(url)
             slots = args.workers * args.slots
-            watch = Watch(url, admin, serve.pid, repo.db_path)
             pids = [p.pid for p in procs]
+            pinger = await trio.lowlevel.open_process(
+                [sys.executable, __file__, "--ping", url],
+                stdout=subprocess.PIPE,
+                env=dict(env, SWAMP_BENCH_ADMIN=admin or ""),
+            )
+            procs.append(pinger)
+            watch = Watch(serve.pid, repo.db_path, LineReader(pinger.stdout))
 
             def cpu() -> list[float]:
                 return [cpu_seconds(pid) for pid in pids]
@@ -196,11 +240,12 @@ async def main(args) -> dict:
                     watch.reset()
                     base_kib = watch.peak_kib
                     spent = cpu()
+                    began = time.time()
                     figures = await fan_out(url, admin, size)
                     spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
                     figures.update(per_step(spent, size))
                     figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
-                    figures["longest_stall_ms"] = round(watch.longest * 1000, 1)
+                    figures["longest_stall_ms"] = watch.longest(began, time.time())
                     grown = max(0, watch.peak_kib - base_kib) * 1024
                     figures["serve_peak_growth_mib"] = round(grown / 2**20, 1)
                     figures["bytes_per_expansion"] = round(grown / size)
@@ -236,4 +281,10 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--raw", type=int, default=10_000, help="direct dispatches measured")
-    print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
+    parser.add_argument("--ping", metavar="URL", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.ping:
+        with contextlib.suppress(KeyboardInterrupt):
+            trio.run(ping, arguments.ping)
+    else:
+        print(json.dumps(trio.run(main, arguments), indent=2))

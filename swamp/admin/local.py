@@ -31,7 +31,7 @@ from swamp.domain.labels import check_labels
 from swamp.domain.placement import Placement
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
-from swamp.domain.run_record import Status
+from swamp.domain.run_record import Status, page
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
@@ -256,7 +256,11 @@ class RepoAdmin:
         """One per orchestrator (its live runs can be cancelled), or per CLI process."""
         if self._engine is None:
             if self.dispatch is not None:
-                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
+                host = Host(
+                    run_step=self.dispatch.run,
+                    workers_connected=self._connected,
+                    queue_timeout=self.dispatch.queue_timeout,
+                )
             else:
                 host = Host(run_step=self._run_here, placed=False)
             self._engine = Engine(
@@ -352,7 +356,7 @@ class RepoAdmin:
                 "orchestrator (swamp serve; --server URL or SWAMP_SERVE_URL)"
             )
         record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
-        return WorkflowRunReply(record.to_json())
+        return _paged(record.to_json(), 0)
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
@@ -360,7 +364,7 @@ class RepoAdmin:
         return WorkflowHistoryReply(RunBook(self.store).summaries(request.name))
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
-        return WorkflowRunReply(RunBook(self.store).get(request.run).to_json())
+        return _paged(RunBook(self.store).get(request.run).to_json(), request.offset or 0)
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
         run = RunBook(self.store).get(request.run)
@@ -382,7 +386,7 @@ class RepoAdmin:
             if book.status(run.run_id) != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return WorkflowRunReply(book.get(run.run_id).to_json())
+        return _paged(book.get(run.run_id).to_json(), 0)
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -520,6 +524,14 @@ def _needs_name(request: WorkflowRequest) -> str:
     if not request.name:
         raise UserError("name a workflow: see 'swamp workflow list'")
     return check_workflow_name(request.name)
+
+
+def _paged(run: dict, offset: int) -> WorkflowRunReply:
+    """A run's reply: its steps from ``offset`` on, as many as one frame holds well."""
+    if offset < 0:
+        raise UserError(f"invalid offset {offset}: expected 0 or more")
+    shown, more = page(run, offset)
+    return WorkflowRunReply(shown, next_offset=more)
 
 
 def _problem(problem) -> dict:

@@ -222,8 +222,10 @@ class RunBook:
 
     def reconcile(self) -> int:
         """Boot: a run the previous orchestrator left running ended with it — the run, its
-        running jobs and its running steps are failed (``interrupted``); steps that had not
-        started stay as they were."""
+        running jobs and every step of it that had not ended are failed (``interrupted``): a
+        step stored ``pending`` may have started in the last batch window, which the crash
+        lost. (A run stored whole by an earlier version was written at every transition: its
+        pending steps stay as they were.)"""
         now = iso(self.clock())
         count = 0
         for header in self.headers():
@@ -265,14 +267,16 @@ class RunBook:
                 writer.versions[seq] = versions.get(seq, 0)
                 writer.stored[seq] = str(step.status)
                 writer.counts.setdefault(job.name, Counter())[str(step.status)] += 1
-                if step.status == Status.RUNNING:
+                # pending: it may have started in the batch window the crash lost
+                if step.status in (Status.RUNNING, Status.PENDING):
                     step.status, step.error, step.ended_at = Status.FAILED, INTERRUPTED, now
                     writer.changed(step)
             if job.status == Status.RUNNING:
                 job.status, job.ended_at = Status.FAILED, now
         run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
         writer.header_version = self._header_version(run)
-        writer.flush()
+        while writer.pending:  # a transaction per thousand steps, not one for them all
+            writer.flush(limit=1000)
 
     def _header_version(self, run: RunRecord) -> int:
         record = self.store.latest(key(run.workflow, run.run_id))

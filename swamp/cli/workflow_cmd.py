@@ -316,6 +316,20 @@ _ICONS = {
 }
 
 
+async def whole_run(api, reply) -> dict:
+    """The run a reply began, every step: a run larger than one reply holds comes in pages,
+    asked for one after the other (the same on both routes)."""
+    from swamp.domain.run_record import merge_page
+    from swamp.protocol.messages import RunRef
+
+    run, offset = reply.run, reply.next_offset
+    while offset is not None:
+        more = await api.workflow_history_get(RunRef(run=run["runId"], offset=offset))
+        merge_page(run, more.run)
+        offset = more.next_offset
+    return run
+
+
 class RunView:
     """What a terminal shows of a running workflow: a tree of jobs and steps (rich), redrawn as
     events arrive and every second; elsewhere, one line per event."""
@@ -481,19 +495,18 @@ def run(
                 nursery.start_soon(view.tick)
                 reply = await api.workflow_run(request, on_event)
                 nursery.cancel_scope.cancel()
-                return reply
+                return await whole_run(api, reply)
         finally:
             view.stop()
 
     try:
-        reply = with_admin(
+        record = with_admin(
             go,
             route,
             prefer_server=True,
         )
     finally:
         out.close()
-    record = reply.run
     if json_output:
         print(json.dumps({"run": record}), flush=True)
     else:
@@ -547,13 +560,17 @@ def history(
     if name == "get":
         if not run_id:
             raise UserError("history get needs a run id: see 'swamp workflow history'")
-        reply = with_admin(lambda api: api.workflow_history_get(RunRef(run=run_id)), route)
+
+        async def get(api) -> dict:
+            return await whole_run(api, await api.workflow_history_get(RunRef(run=run_id)))
+
+        whole = with_admin(get, route)
         if json_output:
-            emit_json(reply.to_json())
+            emit_json({"run": whole})
             return
-        _print_summary(reply.run)
+        _print_summary(whole)
         if logs:
-            for job in reply.run.get("jobs", []):
+            for job in whole.get("jobs", []):
                 for step in job.get("steps", []):
                     for line in step.get("logTail", []):
                         print(printable(f"{job['name']}.{step['name']} │ {line}", keep_tab=True))
@@ -595,12 +612,11 @@ def cancel(
     workers, its queued steps leave the queue, the run is recorded cancelled."""
     from swamp.protocol.messages import RunRef
 
-    reply = with_admin(
-        lambda api: api.workflow_cancel(RunRef(run=run_id, reason=reason)),
-        route,
-        prefer_server=True,
-    )
+    async def cancel_run(api) -> dict:
+        return await whole_run(api, await api.workflow_cancel(RunRef(run=run_id, reason=reason)))
+
+    run = with_admin(cancel_run, route, prefer_server=True)
     if json_output:
-        emit_json(reply.to_json())
+        emit_json({"run": run})
     else:
-        print(f"run {reply.run['runId'][:12]}: {reply.run['status']}")
+        print(f"run {run['runId'][:12]}: {run['status']}")

@@ -15,6 +15,7 @@ versions stored the whole tree in the header at every transition; :func:`assembl
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from typing import Any
 
 #: The header's ``layout`` when its steps are records of their own (absent: the whole tree)
 STEPS_APART = 2
+#: About how many bytes of steps one reply carries (a frame holds 4 MiB; a 10,000-way
+#: fan-out's steps take more than that)
+PAGE_BYTES = 2 * 1024 * 1024
 
 
 class Status(str, Enum):
@@ -268,3 +272,36 @@ def step_counts(header: Mapping[str, Any]) -> Counter[str]:
             if isinstance(step, dict):
                 total[str(step.get("status", "pending"))] += 1
     return total
+
+
+# -- in pages ------------------------------------------------------------------------------------
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def page(run: Mapping[str, Any], offset: int, budget: int = PAGE_BYTES) -> tuple[dict, int | None]:
+    """The run (as :meth:`RunRecord.to_json` gives it) with its steps from the ``offset``-th
+    on (counted job by job), as many as fit in ``budget`` bytes of JSON (one at least), and
+    the offset of the next page (``None``: this is the last)."""
+    jobs, position, used, more = [], 0, 0, None
+    for job in run.get("jobs") or []:
+        taken = []
+        for step in job.get("steps") or []:
+            if more is None and position >= offset:
+                size = len(_COMPACT.encode(step)) + 1
+                if used and used + size > budget:
+                    more = position
+                else:
+                    taken.append(step)
+                    used += size
+            position += 1
+        jobs.append({**job, "steps": taken})
+    return {**run, "jobs": jobs}, more
+
+
+def merge_page(run: dict, more: Mapping[str, Any]) -> None:
+    """Add the steps of a later page of ``run`` to it, job by job."""
+    by_name = {j["name"]: j for j in run.get("jobs") or []}
+    for job in more.get("jobs") or []:
+        if job.get("name") in by_name:
+            by_name[job["name"]].setdefault("steps", []).extend(job.get("steps") or [])

@@ -35,6 +35,7 @@ from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.names import check_instance_name, is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
+from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ALL_DATA
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.domain.workflow import Job, Step, Workflow
@@ -83,6 +84,7 @@ class Host:
     run_step: StepRunner
     workers_connected: Callable[[dict], list[dict]] = lambda selector: []
     placed: bool = True  # False on the repo: placed steps need a running orchestrator
+    queue_timeout: float | None = None  # serve's --queue-timeout (None: the default)
 
 
 @dataclass
@@ -232,6 +234,9 @@ class _Run:
         self.affinity: dict[str, _Affinity] = {}
         # the instance of this run's latest ad-hoc step of each type: data.latest(type, …)
         self.adhoc: dict[str, str] = {}
+        # when each forEach step began feeding its expansions (trio time): an item's
+        # queueTimeout counts from then, its turn's wait included
+        self.fed_since: dict[str, float] = {}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -527,6 +532,7 @@ class _Run:
                 await self.step(job, step, step.name, None, steps, placement, affinity)
                 return
             window = trio.Semaphore(self.feed_window(job, step))
+            self.fed_since[step.name] = trio.current_time()
             async with open_unwrapping_nursery() as nursery:
                 for index, name in enumerate(group.names):
                     await window.acquire()
@@ -695,7 +701,7 @@ class _Run:
             {k: v for k, v in args.items()},
             placement,
             read_scope=self.engine.workflows.repo.read_scope(instance),
-            queue_timeout=fields.queue_timeout,
+            queue_timeout=self.queue_timeout_left(step, fields, placement),
             timeout=fields.timeout,
             workflow=self.workflow.name,
             job=job.name,
@@ -717,6 +723,29 @@ class _Run:
         if result.dispatch_id:
             record.dispatch_id = result.dispatch_id
         return Status(result.status), result.error
+
+    def queue_timeout_left(
+        self, step: Step, fields: Fields, placement: StepPlacement
+    ) -> str | None:
+        """A ``forEach`` expansion's ``queueTimeout`` counts from when its step began feeding
+        its expansions: one that waited its turn here waits the rest in the queue (a second
+        at least). A fan-out over workers that never come then fails about when it would have
+        had every item waited in the queue at once, not a window after a window."""
+        since = self.fed_since.get(step.name)
+        if since is None or not placement.is_remote():
+            return fields.queue_timeout
+        waited = trio.current_time() - since
+        if waited < 1:
+            return fields.queue_timeout
+        own = (
+            parse_queue_timeout(fields.queue_timeout, what="queueTimeout")
+            if fields.queue_timeout is not None
+            else None
+        )
+        total = effective_timeout(own, self.engine.host.queue_timeout)
+        if total <= 0:  # waits forever
+            return fields.queue_timeout
+        return f"{max(1, math.ceil(total - waited))}s"
 
     async def pinned(
         self, group: _Affinity, placement: StepPlacement, name: str

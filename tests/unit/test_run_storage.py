@@ -121,7 +121,9 @@ def test_a_transition_costs_the_same_at_the_ten_thousandth_step(tmp_path):
         store.close()
 
 
-def test_a_restart_fails_a_running_run_and_its_running_steps_and_keeps_the_rest(tmp_path):
+def test_a_restart_fails_a_running_run_and_every_step_that_had_not_ended(tmp_path):
+    """A crash loses the last batch window at most: a step stored pending may have started
+    in it, so every step that had not ended is failed, interrupted; ended ones stay."""
     store = Datastore(tmp_path / "data.db")
     try:
         run = _run(3)
@@ -140,11 +142,12 @@ def test_a_restart_fails_a_running_run_and_its_running_steps_and_keeps_the_rest(
         assert [(s.status, s.error) for s in build.steps] == [
             (Status.SUCCEEDED, None),
             (Status.FAILED, INTERRUPTED),
-            (Status.PENDING, None),
+            (Status.FAILED, INTERRUPTED),
         ]
-        assert ship.status == Status.PENDING and ship.steps[0].status == Status.PENDING
+        assert ship.status == Status.PENDING  # a job that had not started: as it was
+        assert (ship.steps[0].status, ship.steps[0].error) == (Status.FAILED, INTERRUPTED)
         header = store.latest(key("deploy", run.run_id)).attributes
-        assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "failed": 1, "pending": 1}
+        assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "failed": 2}
         assert book.summaries()[0]["status"] == "failed"
         assert book.reconcile() == 0
     finally:
@@ -251,3 +254,59 @@ async def test_more_items_than_the_orchestrator_allows_fail_the_job_naming_the_s
         assert "gave 4 items; a step runs at most 3 times" in job["error"]
         assert "--max-fan-out (max-fan-out in swamp.toml [serve])" in job["error"]
         assert rig.fleet.dispatches and len(rig.fleet.dispatches) == 4  # the first run's only
+
+
+def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it():
+    from swamp.domain.run_record import merge_page, page
+
+    run = _run(1000)
+    run.jobs[1].steps[0].log_tail = ["x" * 400]
+    whole = run.to_json()
+    first, offset = page(whole, 0, budget=8000)
+    assert offset is not None and 0 < len(first["jobs"][0]["steps"]) < 1000
+    assert first["jobs"][1]["steps"] == [] and first["runId"] == run.run_id
+    pages = 1
+    while offset is not None:
+        more, offset = page(whole, offset, budget=8000)
+        assert len(json.dumps(more, separators=(",", ":"))) < 8000 + 1000
+        merge_page(first, more)
+        pages += 1
+    assert first == whole and pages > 2
+    assert page(whole, 0)[1] is None  # the default budget: all of it in one
+    huge, offset = page(whole, 1000, budget=10)  # one step at least, however large
+    assert len(huge["jobs"][1]["steps"]) == 1 and offset is None
+
+
+async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
+    tmp_path, autojump_clock
+):
+    """An item's queueTimeout counts from when its fan-out began feeding: the 65th item of a
+    window of 64, fed 30 s in, is given the 30 s it has left (the first ones, all 60)."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=1)) as rig:
+        rig.workflow(
+            "wide",
+            WIDE.replace(
+                'labels = { fleet = "edge" }\n',
+                'labels = { fleet = "edge" }\n    queueTimeout = "60s"\n',
+                1,
+            ),
+        )
+        given: dict[str, str | None] = {}
+
+        async def run_step(request, emit):
+            given[request.step] = request.queue_timeout
+            return await rig.fleet.run_step(request, emit)
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected, queue_timeout=600)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
+            await rig.fleet.started(f"each-{FEED_FLOOR - 1}")
+            await trio.sleep(30)
+            assert f"each-{FEED_FLOOR}" not in given  # still waiting its turn
+            for gate in window:
+                gate.set()
+        assert given["each-0"] == given["each-1"] == "60s"
+        assert given[f"each-{FEED_FLOOR}"] == "30s"
+        assert given["after"] is None  # not an expansion: its own (the orchestrator's)
