@@ -133,13 +133,18 @@ async def raw_rate(url: str, admin: str | None, total: int, in_flight: int) -> f
     return done / (time.perf_counter() - started)
 
 
-async def fan_out(url: str, admin: str | None, size: int) -> dict:
-    """One workflow run of ``size`` expansions; its time, and what it said."""
-    events = 0
+async def fan_out(url: str, admin: str | None, size: int, serve_pid: int) -> dict:
+    """One workflow run of ``size`` expansions; its time, what it said, and serve's resident
+    memory when half of them had ended (the other half made and waiting their turn)."""
+    events = ended = half_kib = 0
 
     async def on_event(event: dict) -> None:
-        nonlocal events
+        nonlocal events, ended, half_kib
         events += 1
+        if event.get("kind") == "step" and event.get("what") == "succeeded":
+            ended += 1
+            if ended == size // 2:
+                half_kib = rss_kib(serve_pid)
 
     async with connect(url, server_token=admin) as channel:
         started = time.perf_counter()
@@ -166,6 +171,7 @@ async def fan_out(url: str, admin: str | None, size: int) -> dict:
         "steps_per_second": round(size / elapsed, 1),
         "events": events,
         "reply_pages": pages,
+        "half_kib": half_kib,
     }
 
 
@@ -241,14 +247,18 @@ async def main(args) -> dict:
                     base_kib = watch.peak_kib
                     spent = cpu()
                     began = time.time()
-                    figures = await fan_out(url, admin, size)
+                    figures = await fan_out(url, admin, size, serve.pid)
                     spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
                     figures.update(per_step(spent, size))
                     figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
                     figures["longest_stall_ms"] = watch.longest(began, time.time())
                     grown = max(0, watch.peak_kib - base_kib) * 1024
+                    # the peak comes at the end, with the run's reply built (the tree as
+                    # JSON, twice); half-way, half the items are made and waiting their turn
                     figures["serve_peak_growth_mib"] = round(grown / 2**20, 1)
-                    figures["bytes_per_expansion"] = round(grown / size)
+                    halfway = max(0, figures.pop("half_kib") - base_kib) * 1024
+                    figures["serve_halfway_growth_mib"] = round(halfway / 2**20, 1)
+                    figures["bytes_per_expansion_halfway"] = round(halfway / size)
                     runs[str(size)] = figures
                     print(f"{size}: {json.dumps(figures)}", file=sys.stderr, flush=True)
                 grown_mb = (store_bytes(repo.db_path) - before) / 1e6

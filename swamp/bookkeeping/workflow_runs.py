@@ -193,6 +193,10 @@ class RunBook:
     def get(self, ref: str) -> RunRecord:
         """A run by its id or an unambiguous prefix of it (at least 4 characters), every job
         and step."""
+        return self._whole(self.header(ref))
+
+    def header(self, ref: str) -> dict:
+        """A run's header (its steps not read) by its id or an unambiguous prefix of it."""
         if len(ref) < 4:
             raise UserError(f"a run id prefix needs at least 4 characters, got {ref!r}")
         found = [h for h in self.headers() if h["runId"].startswith(ref)]
@@ -201,7 +205,7 @@ class RunBook:
         if len(found) > 1:
             ids = ", ".join(h["runId"][:12] for h in found[:5])
             raise UserError(f"run id {ref!r} is ambiguous ({ids}…): give more of it")
-        return self._whole(found[0])
+        return found[0]
 
     def status(self, run_id: str) -> str | None:
         """A run's status as its header says (``None``: no such run)."""

@@ -24,9 +24,9 @@ from typing import Any
 
 #: The header's ``layout`` when its steps are records of their own (absent: the whole tree)
 STEPS_APART = 2
-#: About how many bytes of steps one reply carries (a frame holds 4 MiB; a 10,000-way
-#: fan-out's steps take more than that)
-PAGE_BYTES = 2 * 1024 * 1024
+#: About how many bytes of steps one reply carries (a frame holds 4 MiB, and a 10,000-way
+#: fan-out's steps take about 3 MB; a smaller page is a shorter stall where it is encoded)
+PAGE_BYTES = 1024 * 1024
 
 
 class Status(str, Enum):
