@@ -305,6 +305,7 @@ def _more(node: dict) -> str:
 
 # -- running ------------------------------------------------------------------------------------
 
+TREE_STEPS = 20  # a job with more steps is drawn as counts, and its running or failed ones
 _ICONS = {
     "pending": "○",
     "running": "◐",
@@ -342,6 +343,7 @@ class RunView:
         self.jobs: dict[str, dict] = {}
         self.steps: dict[tuple[str, str], dict] = {}
         self._live: Live | None = None
+        self._drawn = 0.0  # when the tree was last drawn (monotonic)
 
     def start(self) -> None:
         if self.live:
@@ -408,7 +410,10 @@ class RunView:
         else:
             return
         if self._live is not None:
-            self._live.update(self.render())
+            # drawn four times a second at most, not at each event (30,000 in a fan-out)
+            if (now := time.monotonic()) - self._drawn >= 0.25:
+                self._live.update(self.render())
+                self._drawn = now
         elif not self.live:
             self.out.line(printable(line, keep_tab=True), sys.stderr)
 
@@ -420,11 +425,20 @@ class RunView:
 
         root = Tree(Text(f"workflow {self.name or '…'}", style="bold"))
         now = time.monotonic()
+        by_job: dict[str, list[tuple[str, dict]]] = {}
+        for (j, step), s in self.steps.items():
+            by_job.setdefault(j, []).append((step, s))
         for job, state in self.jobs.items():
             branch = root.add(f"{_ICONS.get(state['status'], '?')} {printable(job)}")
-            for (j, step), s in self.steps.items():
-                if j != job:
-                    continue
+            steps = by_job.get(job, [])
+            if len(steps) > TREE_STEPS:  # a fan-out: how many in each status, and a few
+                counts: dict[str, int] = {}
+                for _, s in steps:
+                    counts[s["status"]] = counts.get(s["status"], 0) + 1
+                branch.add(", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())))
+                busy = [(n, s) for n, s in steps if s["status"] in ("running", "queued", "failed")]
+                steps = busy[:TREE_STEPS]
+            for step, s in steps:
                 since = s.get("since")
                 elapsed = f" {int((s.get('ended') or now) - since)}s" if since else ""
                 worker = f" on {s['worker']}" if s.get("worker") else ""
