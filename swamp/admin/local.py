@@ -358,7 +358,7 @@ class RepoAdmin:
         record = await self.engine.run(workflow, inputs, on_event or no_events, timeout=timeout)
         # the run has ended: nothing changes its record now, and a fan-out's tree as JSON is
         # a tenth of a second at 10,000 steps, which the loop need not wait through
-        return await trio.to_thread.run_sync(lambda: _paged(record.to_json(), 0))
+        return await trio.to_thread.run_sync(lambda: _paged(*page(record, 0)))
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
@@ -366,7 +366,10 @@ class RepoAdmin:
         return WorkflowHistoryReply(RunBook(self.store).summaries(request.name))
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
-        return _paged(RunBook(self.store).get(request.run).to_json(), request.offset or 0)
+        offset = request.offset or 0
+        if offset < 0:
+            raise UserError(f"invalid offset {offset}: expected 0 or more")
+        return _paged(*RunBook(self.store).page(request.run, offset))
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
         header = RunBook(self.store).header(request.run)
@@ -389,7 +392,7 @@ class RepoAdmin:
             if book.status(run_id) != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return _paged(book.get(run_id).to_json(), 0)
+        return _paged(*page(book.get(run_id), 0))
 
     # -- data and runs -------------------------------------------------------------------------
 
@@ -529,11 +532,8 @@ def _needs_name(request: WorkflowRequest) -> str:
     return check_workflow_name(request.name)
 
 
-def _paged(run: dict, offset: int) -> WorkflowRunReply:
-    """A run's reply: its steps from ``offset`` on, as many as one frame holds well."""
-    if offset < 0:
-        raise UserError(f"invalid offset {offset}: expected 0 or more")
-    shown, more = page(run, offset)
+def _paged(shown: dict, more: int | None) -> WorkflowRunReply:
+    """A run's reply: a page of it, and where the next starts (see ``run_record.page``)."""
     return WorkflowRunReply(shown, next_offset=more)
 
 

@@ -27,6 +27,7 @@ from swamp.domain.run_record import (
     StepRecord,
     assemble,
     header_json,
+    page,
     step_counts,
     step_json,
 )
@@ -39,6 +40,8 @@ POLICY = WORKFLOW_RUN.resources[0].policy
 STEP_TYPE = WORKFLOW_STEP.type
 STEP_POLICY = WORKFLOW_STEP.resources[0].policy
 INTERRUPTED = "interrupted: orchestrator restart"
+STEP_SEPARATOR = "/"  # a step's item is <run id>/<place>
+PAGE_ROWS = 2000  # steps read for one page of a run at most
 _RUN_FIELDS = has_fields("runId", "workflow", "status", "startedAt")
 
 
@@ -47,7 +50,7 @@ def key(workflow: str, run_id: str) -> Key:
 
 
 def step_prefix(run_id: str) -> str:
-    return f"{run_id}/"
+    return f"{run_id}{STEP_SEPARATOR}"
 
 
 def step_key(workflow: str, run_id: str, seq: int) -> Key:
@@ -206,6 +209,27 @@ class RunBook:
             ids = ", ".join(h["runId"][:12] for h in found[:5])
             raise UserError(f"run id {ref!r} is ambiguous ({ids}…): give more of it")
         return found[0]
+
+    def page(self, ref: str, offset: int) -> tuple[dict, int | None]:
+        """A page of a run (see :func:`~swamp.domain.run_record.page`): its steps from place
+        ``offset`` on, read from the store as a range of at most :data:`PAGE_ROWS` steps — a
+        page costs the page, not the run."""
+        header = self.header(ref)
+        if header.get("layout") != STEPS_APART:
+            return page(self._whole(header), offset)
+        run_id = header["runId"]
+        rows = self.store.latest_in_range(
+            STEP_TYPE,
+            header["workflow"],
+            step_key(header["workflow"], run_id, max(offset, 0)).name,
+            f"{run_id}{chr(ord(STEP_SEPARATOR) + 1)}",
+            limit=PAGE_ROWS,
+        )
+        shown, more = page(assemble(header, [r.attributes for r in rows]), offset)
+        if more is None and len(rows) == PAGE_ROWS:  # the page ended with the rows read
+            places = [r.attributes.get("seq") for r in rows]
+            more = max(p for p in places if isinstance(p, int)) + 1
+        return shown, more
 
     def status(self, run_id: str) -> str | None:
         """A run's status as its header says (``None``: no such run)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from swamp.cli.common import (
 
 if TYPE_CHECKING:
     from rich.live import Live
+    from rich.tree import Tree
 
 app = typer.Typer(
     help="Workflows: jobs and steps in workflows/NAME.toml, run by the orchestrator.",
@@ -417,7 +419,7 @@ class RunView:
         elif not self.live:
             self.out.line(printable(line, keep_tab=True), sys.stderr)
 
-    def render(self):
+    def render(self) -> Tree:
         from rich.text import Text
         from rich.tree import Tree
 
@@ -432,9 +434,7 @@ class RunView:
             branch = root.add(f"{_ICONS.get(state['status'], '?')} {printable(job)}")
             steps = by_job.get(job, [])
             if len(steps) > TREE_STEPS:  # a fan-out: how many in each status, and a few
-                counts: dict[str, int] = {}
-                for _, s in steps:
-                    counts[s["status"]] = counts.get(s["status"], 0) + 1
+                counts = Counter(s["status"] for _, s in steps)
                 branch.add(", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())))
                 busy = [(n, s) for n, s in steps if s["status"] in ("running", "queued", "failed")]
                 steps = busy[:TREE_STEPS]

@@ -279,24 +279,34 @@ def step_counts(header: Mapping[str, Any]) -> Counter[str]:
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
-def page(run: Mapping[str, Any], offset: int, budget: int = PAGE_BYTES) -> tuple[dict, int | None]:
-    """The run (as :meth:`RunRecord.to_json` gives it) with its steps from the ``offset``-th
-    on (counted job by job), as many as fit in ``budget`` bytes of JSON (one at least), and
-    the offset of the next page (``None``: this is the last)."""
-    jobs, position, used, more = [], 0, 0, None
-    for job in run.get("jobs") or []:
-        taken = []
-        for step in job.get("steps") or []:
-            if more is None and position >= offset:
-                size = len(_COMPACT.encode(step)) + 1
-                if used and used + size > budget:
-                    more = position
-                else:
-                    taken.append(step)
-                    used += size
-            position += 1
-        jobs.append({**job, "steps": taken})
-    return {**run, "jobs": jobs}, more
+def page(run: RunRecord, offset: int, budget: int = PAGE_BYTES) -> tuple[dict, int | None]:
+    """The run as JSON with its steps from place ``offset`` on, in the order they were made,
+    as many as fit in ``budget`` bytes of JSON (one at least), each under its job; and the
+    place the next page starts at (``None``: this is the last). A step's place is its
+    ``seq``; a run stored whole by an earlier version has none, and its steps are placed as
+    they are listed, job by job."""
+    placed = [
+        (step.seq if step.seq >= 0 else index, job.name, step)
+        for index, (job, step) in enumerate((j, s) for j in run.jobs for s in j.steps)
+    ]
+    placed.sort(key=lambda entry: entry[0])
+    shown: dict[str, list[dict]] = {}
+    used, more = 0, None
+    for place, job_name, step in placed:
+        if place < offset:
+            continue
+        data = step.to_json()
+        size = len(_COMPACT.encode(data)) + 1
+        if used and used + size > budget:
+            more = place
+            break
+        shown.setdefault(job_name, []).append(data)
+        used += size
+    out = _out(run, _RUN_HEADER, run.extra)
+    out["jobs"] = [
+        {**_out(job, _JOB_HEADER, job.extra), "steps": shown.get(job.name, [])} for job in run.jobs
+    ]
+    return out, more
 
 
 def merge_page(run: dict, more: Mapping[str, Any]) -> None:

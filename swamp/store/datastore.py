@@ -522,6 +522,20 @@ class Datastore:
             [model_type, model_name, prefix, upper],
         )
 
+    def latest_in_range(
+        self, model_type: str, model_name: str, low: str, high: str, *, limit: int
+    ) -> list[Record]:
+        """The latest version of the first ``limit`` items of one instance whose names are at
+        least ``low`` and below ``high`` (a range of the primary key: a page of a run's steps
+        costs the page, not the run)."""
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM data d WHERE model_type = ? AND model_name = ? "
+                f"AND name >= ? AND name < ? AND {_IS_LATEST} ORDER BY name LIMIT ?",
+                (model_type, model_name, low, high, limit),
+            ).fetchall()
+        return [_row(r) for r in rows]
+
     def _latest(self, where: str, params: list) -> list[Record]:
         with self._sql("reading the datastore"):
             rows = self.db.execute(

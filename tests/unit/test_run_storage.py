@@ -256,25 +256,60 @@ async def test_more_items_than_the_orchestrator_allows_fail_the_job_naming_the_s
         assert rig.fleet.dispatches and len(rig.fleet.dispatches) == 4  # the first run's only
 
 
-def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it():
+def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it(tmp_path):
     from swamp.domain.run_record import merge_page, page
 
     run = _run(1000)
     run.jobs[1].steps[0].log_tail = ["x" * 400]
-    whole = run.to_json()
-    first, offset = page(whole, 0, budget=8000)
-    assert offset is not None and 0 < len(first["jobs"][0]["steps"]) < 1000
-    assert first["jobs"][1]["steps"] == [] and first["runId"] == run.run_id
-    pages = 1
-    while offset is not None:
-        more, offset = page(whole, offset, budget=8000)
-        assert len(json.dumps(more, separators=(",", ":"))) < 8000 + 1000
-        merge_page(first, more)
-        pages += 1
-    assert first == whole and pages > 2
-    assert page(whole, 0)[1] is None  # the default budget: all of it in one
-    huge, offset = page(whole, 1000, budget=10)  # one step at least, however large
-    assert len(huge["jobs"][1]["steps"]) == 1 and offset is None
+    store = Datastore(tmp_path / "data.db")
+    try:
+        _writer(store, run)  # every step has its place
+        whole = run.to_json()
+        for read in (
+            lambda offset: page(run, offset, budget=8000),  # the live run's
+            lambda offset: RunBook(store).page(run.run_id, offset),
+        ):  # the stored
+            first, offset = read(0)
+            pages = 1
+            while offset is not None:
+                more, offset = read(offset)
+                merge_page(first, more)
+                pages += 1
+            assert first == whole
+        # a page from the store is a range of at most PAGE_ROWS steps
+        shown, offset = RunBook(store).page(run.run_id[:6], 0)
+        assert offset is None and shown == whole
+        first, offset = page(run, 0, budget=8000)
+        assert offset is not None and 0 < len(first["jobs"][0]["steps"]) < 1000
+        assert first["jobs"][1]["steps"] == [] and first["runId"] == run.run_id
+        assert len(json.dumps(first, separators=(",", ":"))) < 8000 + 1000
+        assert page(run, 0)[1] is None  # the default budget: all of it in one
+        huge, offset = page(run, 1000, budget=10)  # one step at least, however large
+        assert len(huge["jobs"][1]["steps"]) == 1 and offset is None
+    finally:
+        store.close()
+
+
+def test_pages_of_a_stored_run_are_read_a_range_at_a_time(tmp_path, monkeypatch):
+    from swamp.bookkeeping import workflow_runs
+    from swamp.domain.run_record import merge_page
+
+    monkeypatch.setattr(workflow_runs, "PAGE_ROWS", 7)
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(30)
+        _writer(store, run)
+        book = RunBook(store)
+        first, offset = book.page(run.run_id, 0)
+        assert offset == 7 and len(first["jobs"][0]["steps"]) == 7
+        reads = 1
+        while offset is not None:
+            more, offset = book.page(run.run_id, offset)
+            merge_page(first, more)
+            reads += 1
+        assert first == run.to_json() and reads == 5  # 31 steps, 7 a read
+    finally:
+        store.close()
 
 
 async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
