@@ -419,6 +419,10 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
         assert result.returncode == 2 and needle in result.stderr, result.stderr
     assert cluster.query('modelType == "swamp/workflow-run"') == []
     # the orchestrator's cap (10,000 by default) is a serve setting: here 1,000
+    for bad in ("0", "-5"):  # a cap below one: refused, one line, nothing started
+        refused = cluster.cli("serve", "--repo-dir", str(cluster.repo), "--max-fan-out", bad)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == f"error: invalid --max-fan-out {bad}: expected 1 or more\n"
     config = cluster.repo / "swamp.toml"
     settings = tomllib.loads(config.read_text())
     settings["serve"]["max-fan-out"] = 1000
