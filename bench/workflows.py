@@ -2,18 +2,20 @@
 """Workflow fan-outs over a fleet, beside the raw dispatch rate on the same workers.
 
 A real ``swamp serve`` and real ``swamp worker connect`` processes (4 × 32 slots by default).
-After a warm-up, the same workers take ``--raw`` direct dispatches of ``swamp/echo`` (every slot
-kept busy, as ``bench/dispatch.py`` measures throughput), then one workflow run per size — a
-``forEach`` of ``swamp/echo`` over 2,500 and 10,000 items — through ``workflow.run``, reading
-its events as the CLI does. Meanwhile one more connection asks ``server.info`` every 50 ms (the
-longest answer is the orchestrator's longest stall, give or take a call) and serve's resident
-memory is sampled. Prints one JSON object: steps/s per size, the ratio to the raw rate, the
-largest size's time over the smallest's (linear: at most 4.5 for 10,000/2,500), the growth of
-the database and its WAL over all the runs, the longest stall, and serve's peak memory growth
-per expansion of the largest run (an upper bound of what a waiting expansion costs).
+After a warm-up, each round the same workers take ``--raw`` direct dispatches of
+``swamp/echo`` (every slot kept busy, as ``bench/dispatch.py`` measures throughput), then one
+workflow run per size — a ``forEach`` of ``swamp/echo`` over 2,500 and 10,000 items — through
+``workflow.run``, reading its events as the CLI does; the next round takes the sizes in the
+other order. Meanwhile a process of its own asks ``server.info`` every 50 ms (its longest
+answer during a run is the orchestrator's longest stall, give or take a round of its loop),
+and serve's memory and the store's size are sampled. Prints one JSON object: per size the
+medians — steps/s, the ratio to the raw rate, serve's and the workers' CPU a step, serve's
+memory half-way through (half the items made and waiting their turn) — the largest size's
+time over the smallest's (linear: at most 4.5 for 10,000/2,500), and the growth of the
+database and its WAL over a round.
 
     python3 build.py bench-workflows [--sizes 2500,10000] [--workers 4] [--slots 32]
-        [--raw 10000]
+        [--raw 10000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -228,49 +231,74 @@ async def main(args) -> dict:
                     "workers_cpu_us": round(sum(spent[1:]) / count * 1e6, 1),
                 }
 
-            result: dict = {"workers": args.workers, "slots": args.slots, "sizes": sizes}
+            result: dict = {
+                "workers": args.workers,
+                "slots": args.slots,
+                "sizes": sizes,
+                "rounds": args.rounds,
+            }
+            raws: list[float] = []
+            runs: dict[str, list[dict]] = {str(size): [] for size in sizes}
+            growth: list[tuple[float, float]] = []  # per round: at its end, at its peak
             async with trio.open_nursery() as nursery:
                 for reader in readers:
                     nursery.start_soon(reader.drain)
                 await raw_rate(url, admin, slots * 8, slots)  # warm up every slot
-                spent = cpu()
-                raw = await raw_rate(url, admin, args.raw, slots)
-                spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
-                result["raw_dispatches_per_second"] = round(raw, 1)
-                result["raw_per_dispatch"] = per_step(spent, args.raw)
-                print(f"raw: {raw:.0f}/s", file=sys.stderr, flush=True)
                 nursery.start_soon(watch.run)
-                before = watch.peak_store = store_bytes(repo.db_path)
-                runs = {}
-                for size in sizes:
-                    watch.reset()
-                    base_kib = watch.peak_kib
+                for round_no in range(args.rounds):
                     spent = cpu()
-                    began = time.time()
-                    figures = await fan_out(url, admin, size, serve.pid)
+                    raw = await raw_rate(url, admin, args.raw, slots)
                     spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
-                    figures.update(per_step(spent, size))
-                    figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
-                    figures["longest_stall_ms"] = watch.longest(began, time.time())
-                    grown = max(0, watch.peak_kib - base_kib) * 1024
-                    # the peak comes at the end, with the run's reply built (the tree as
-                    # JSON, twice); half-way, half the items are made and waiting their turn
-                    figures["serve_peak_growth_mib"] = round(grown / 2**20, 1)
-                    halfway = max(0, figures.pop("half_kib") - base_kib) * 1024
-                    figures["serve_halfway_growth_mib"] = round(halfway / 2**20, 1)
-                    figures["bytes_per_expansion_halfway"] = round(halfway / size)
-                    runs[str(size)] = figures
-                    print(f"{size}: {json.dumps(figures)}", file=sys.stderr, flush=True)
-                grown_mb = (store_bytes(repo.db_path) - before) / 1e6
-                peak_mb = (watch.peak_store - before) / 1e6
+                    raws.append(raw)
+                    result.setdefault("raw_per_dispatch", []).append(per_step(spent, args.raw))
+                    print(f"round {round_no + 1} raw: {raw:.0f}/s", file=sys.stderr, flush=True)
+                    before = watch.peak_store = store_bytes(repo.db_path)
+                    # the sizes one way, then the other: a machine that slows down or speeds
+                    # up meanwhile favours neither
+                    for size in sizes if round_no % 2 == 0 else sizes[::-1]:
+                        watch.reset()
+                        base_kib = watch.peak_kib
+                        spent = cpu()
+                        began = time.time()
+                        figures = await fan_out(url, admin, size, serve.pid)
+                        spent = [b - a for a, b in zip(spent, cpu(), strict=True)]
+                        figures.update(per_step(spent, size))
+                        figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
+                        figures["longest_stall_ms"] = watch.longest(began, time.time())
+                        grown = max(0, watch.peak_kib - base_kib) * 1024
+                        # the peak comes at the end, with the run's reply built (the tree as
+                        # JSON); half-way, half the items are made and waiting their turn
+                        figures["serve_peak_growth_mib"] = round(grown / 2**20, 1)
+                        halfway = max(0, figures.pop("half_kib") - base_kib) * 1024
+                        figures["serve_halfway_growth_mib"] = round(halfway / 2**20, 1)
+                        figures["bytes_per_expansion_halfway"] = round(halfway / size)
+                        runs[str(size)].append(figures)
+                        print(f"  {size}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+                    growth.append(
+                        (
+                            (store_bytes(repo.db_path) - before) / 1e6,
+                            (watch.peak_store - before) / 1e6,
+                        )
+                    )
                 nursery.cancel_scope.cancel()
+            raw = statistics.median(raws)
+            result["raw_dispatches_per_second"] = round(raw, 1)
+            medians = {
+                size: {k: statistics.median(r[k] for r in found) for k in found[0]}
+                for size, found in runs.items()
+            }
+            for figures in medians.values():
+                figures["ratio_to_raw"] = round(figures["steps_per_second"] / raw, 2)
+            result["median"] = medians
             result["runs"] = runs
-            small, large = runs[str(min(sizes))], runs[str(max(sizes))]
+            small, large = medians[str(min(sizes))], medians[str(max(sizes))]
             result["time_ratio"] = round(large["seconds"] / small["seconds"], 2)
             result["size_ratio"] = round(max(sizes) / min(sizes), 2)
-            result["store_growth_mb"] = round(grown_mb, 1)  # at the end: checkpoints shrink it
-            result["store_peak_growth_mb"] = round(peak_mb, 1)  # the most it grew meanwhile
-            slowest = min(r["steps_per_second"] for r in runs.values())
+            # the database and its WAL over one round (both sizes): at its end (checkpoints
+            # shrink the WAL) and the most it grew meanwhile; the largest round's
+            result["store_growth_mb"] = round(max(g[0] for g in growth), 1)
+            result["store_peak_growth_mb"] = round(max(g[1] for g in growth), 1)
+            slowest = min(m["steps_per_second"] for m in medians.values())
             result["targets"] = {
                 "steps_per_second": [slowest, slowest >= TARGETS["steps_per_second"]],
                 "time_ratio": [result["time_ratio"], result["time_ratio"] <= TARGETS["time_ratio"]],
@@ -291,6 +319,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--raw", type=int, default=10_000, help="direct dispatches measured")
+    parser.add_argument("--rounds", type=int, default=2, help="each size once a round")
     parser.add_argument("--ping", metavar="URL", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.ping:
