@@ -140,12 +140,14 @@ async def fan_out(url: str, admin: str | None, size: int, serve_pid: int) -> dic
     """One workflow run of ``size`` expansions; its time, what it said, and serve's resident
     memory when half of them had ended (the other half made and waiting their turn)."""
     events = ended = half_kib = 0
+    ends: list[float] = []  # when each step ended (as its event arrived)
 
     async def on_event(event: dict) -> None:
         nonlocal events, ended, half_kib
         events += 1
         if event.get("kind") == "step" and event.get("what") == "succeeded":
             ended += 1
+            ends.append(time.perf_counter())
             if ended == size // 2:
                 half_kib = rss_kib(serve_pid)
 
@@ -175,6 +177,13 @@ async def fan_out(url: str, admin: str | None, size: int, serve_pid: int) -> dic
         "events": events,
         "reply_pages": pages,
         "half_kib": half_kib,
+        # steps/s over each tenth of the run: flat when a step costs the same throughout
+        "tenths_per_second": [
+            round(len(part) / max(part[-1] - part[0], 1e-6))
+            for part in (ends[i : i + size // 10] for i in range(0, size, size // 10))
+            if len(part) > 1
+        ],
+        "first_step_s": round(ends[0] - started, 2) if ends else None,
     }
 
 
@@ -284,7 +293,11 @@ async def main(args) -> dict:
             raw = statistics.median(raws)
             result["raw_dispatches_per_second"] = round(raw, 1)
             medians = {
-                size: {k: statistics.median(r[k] for r in found) for k in found[0]}
+                size: {
+                    k: statistics.median(r[k] for r in found)
+                    for k, v in found[0].items()
+                    if isinstance(v, (int, float))
+                }
                 for size, found in runs.items()
             }
             for figures in medians.values():
