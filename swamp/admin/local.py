@@ -532,10 +532,10 @@ def _needs_name(request: WorkflowRequest) -> str:
     return check_workflow_name(request.name)
 
 
+def _problem(problem) -> dict:
+    return {"place": problem.place, "message": problem.message, "warning": problem.warning}
+
+
 def _paged(shown: dict, more: int | None) -> WorkflowRunReply:
     """A run's reply: a page of it, and where the next starts (see ``run_record.page``)."""
     return WorkflowRunReply(shown, next_offset=more)
-
-
-def _problem(problem) -> dict:
-    return {"place": problem.place, "message": problem.message, "warning": problem.warning}

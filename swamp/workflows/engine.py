@@ -236,7 +236,7 @@ class _Run:
         self.adhoc: dict[str, str] = {}
         # when each forEach step began feeding its expansions (trio time): an item's
         # queueTimeout counts from then, its turn's wait included
-        self.fed_since: dict[str, float] = {}
+        self.fed_since: dict[tuple[str, str], float] = {}  # (job, step) → when
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -532,7 +532,7 @@ class _Run:
                 await self.step(job, step, step.name, None, steps, placement, affinity)
                 return
             window = trio.Semaphore(self.feed_window(job, step))
-            self.fed_since[step.name] = trio.current_time()
+            self.fed_since[job.name, step.name] = trio.current_time()
             async with open_unwrapping_nursery() as nursery:
                 for index, name in enumerate(group.names):
                     await window.acquire()
@@ -701,7 +701,7 @@ class _Run:
             {k: v for k, v in args.items()},
             placement,
             read_scope=self.engine.workflows.repo.read_scope(instance),
-            queue_timeout=self.queue_timeout_left(step, fields, placement),
+            queue_timeout=self.queue_timeout_left(job, step, fields, placement),
             timeout=fields.timeout,
             workflow=self.workflow.name,
             job=job.name,
@@ -725,13 +725,13 @@ class _Run:
         return Status(result.status), result.error
 
     def queue_timeout_left(
-        self, step: Step, fields: Fields, placement: StepPlacement
+        self, job: Job, step: Step, fields: Fields, placement: StepPlacement
     ) -> str | None:
         """A ``forEach`` expansion's ``queueTimeout`` counts from when its step began feeding
         its expansions: one that waited its turn here waits the rest in the queue (a second
         at least). A fan-out over workers that never come then fails about when it would have
         had every item waited in the queue at once, not a window after a window."""
-        since = self.fed_since.get(step.name)
+        since = self.fed_since.get((job.name, step.name))
         if since is None or not placement.is_remote():
             return fields.queue_timeout
         waited = trio.current_time() - since
