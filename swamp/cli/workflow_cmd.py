@@ -509,9 +509,9 @@ def run(
                 nursery.start_soon(view.tick)
                 reply = await api.workflow_run(request, on_event)
                 nursery.cancel_scope.cancel()
-                return await whole_run(api, reply)
         finally:
             view.stop()
+        return await whole_run(api, reply)  # outside the cancelled scope: its pages, if any
 
     try:
         record = with_admin(

@@ -614,3 +614,34 @@ def test_an_affinity_group_follows_its_first_step_to_where_it_really_ran(cluster
     gpu = steps["together.gpu"]
     assert gpu["status"] == "failed" and "gpu=true" in gpu["error"], gpu
     assert "affinity group" in gpu["error"]
+
+
+WIDE_ECHO = """\
+    name = "wide-echo"
+    [inputs.properties.items]
+    type = "array"
+    [[jobs]]
+    name = "fan"
+    [[jobs.steps]]
+    name = "each"
+    forEach = { item = "i", in = "${{ inputs.items }}" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_a_run_larger_than_one_reply_is_printed_whole_on_both_routes(cluster):
+    """6,000 steps are more than one reply carries (pages of about 1 MiB): `workflow run` and
+    `history get` ask for the rest and print the whole tree, in order, on either route."""
+    _write(cluster, "wide-echo", WIDE_ECHO)
+    items = json.dumps(list(range(6000)))
+    for route in ((), ("--server",)):
+        if route:
+            cluster.serve()
+            route = ("--server", cluster.url)
+        code, run, events = _run(cluster, "wide-echo", "--input", f"items={items}", *route)
+        assert code == 0 and run["status"] == "succeeded"
+        names = [s["name"] for s in run["jobs"][0]["steps"]]
+        assert names == [f"each-{i}" for i in range(6000)]
+        assert sum(1 for e in events if e.get("what") == "succeeded") == 6000
+        got = cluster.cli_json("workflow", "history", "get", run["runId"], *route)["run"]
+        assert got == run
