@@ -10,6 +10,8 @@
     python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
+    python3 build.py bench-workflows  # forEach of 2,500 and 10,000 over 4 workers x 32 slots,
+                                      # beside the raw dispatch rate; the store's growth
     python3 build.py walk      # the dispatch walk: stays, rooms and climbs of one dispatch
     python3 build.py bench-startup  # the pyz: --version, and a worker started to enrolled
     python3 build.py bench-hostile  # memory under a flood before trust; admin calls under a
@@ -363,6 +365,8 @@ def main(argv: list[str]) -> int:
         return run(str(ROOT / "bench" / "startup.py"), *rest)
     if task == "bench-queue":
         return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
+    if task == "bench-workflows":
+        return run(str(ROOT / "bench" / "workflows.py"), *rest)
     if task == "walk":
         return run(str(ROOT / "bench" / "walk.py"), *rest)
     if task == "bench-hostile":

@@ -32,12 +32,13 @@ from swamp.domain.placement import Placement
 from swamp.domain.priority import check_priority
 from swamp.domain.query import parse as parse_predicate
 from swamp.domain.queue import parse_queue_timeout, requirement_text
-from swamp.domain.run_record import RunRecord, Status
+from swamp.domain.run_record import Status, page
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
+from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
@@ -106,10 +107,12 @@ class RepoAdmin:
         clock=time.time,
         ca_pin: str | None = None,
         logs: StepLogs | None = None,
+        max_fan_out: int = MAX_EXPANSIONS,
     ) -> None:
         self.repo = repo
         self.live_logs = logs  # the running orchestrator's step logs (None on the repo)
         self._step_logs = logs
+        self.max_fan_out = max_fan_out
         # the orchestrator's own CA, which a token's machines pin: the live server's (None
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
         self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
@@ -270,10 +273,19 @@ class RepoAdmin:
         """One per orchestrator (its live runs can be cancelled), or per CLI process."""
         if self._engine is None:
             if self.dispatch is not None:
-                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
+                host = Host(
+                    run_step=self.dispatch.run,
+                    workers_connected=self._connected,
+                    queue_timeout=self.dispatch.queue_timeout,
+                )
             else:
                 host = Host(run_step=self._run_here, placed=False)
-            self._engine = Engine(Workflows(self.repo, self.registry), self.store, host)
+            self._engine = Engine(
+                Workflows(self.repo, self.registry),
+                self.store,
+                host,
+                max_fan_out=self.max_fan_out,
+            )
         return self._engine
 
     def _connected(self, selector: dict) -> list[dict]:
@@ -374,38 +386,43 @@ class RepoAdmin:
             priority=priority,
             submitter=submitter,
         )
-        return WorkflowRunReply(record.to_json())
+        # the run has ended: nothing changes its record now, and a fan-out's tree as JSON is
+        # a tenth of a second at 10,000 steps, which the loop need not wait through
+        return await trio.to_thread.run_sync(lambda: _paged(*page(record, 0)))
 
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
             check_workflow_name(request.name)
-        runs = RunBook(self.store).all(request.name)
-        return WorkflowHistoryReply([_run_summary(r) for r in runs])
+        return WorkflowHistoryReply(RunBook(self.store).summaries(request.name))
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
-        return WorkflowRunReply(RunBook(self.store).get(request.run).to_json())
+        offset = request.offset or 0
+        if offset < 0:
+            raise UserError(f"invalid offset {offset}: expected 0 or more")
+        return _paged(*RunBook(self.store).page(request.run, offset))
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
-        run = RunBook(self.store).get(request.run)
-        if run.status != Status.RUNNING:
-            raise Conflict(f"workflow run {run.run_id[:12]} has already ended: {run.status}")
+        header = RunBook(self.store).header(request.run)
+        run_id = header["runId"]
+        if header["status"] != Status.RUNNING:
+            raise Conflict(f"workflow run {run_id[:12]} has already ended: {header['status']}")
         if self.dispatch is None:
             raise NeedsOrchestrator(
                 "a running workflow is cancelled by the orchestrator that runs it: pass "
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
-        if not self.engine.cancel(run.run_id, reason):
+        if not self.engine.cancel(run_id, reason):
             raise Conflict(
-                f"workflow run {run.run_id[:12]} is not running in this orchestrator "
+                f"workflow run {run_id[:12]} is not running in this orchestrator "
                 "(it ended with the one that ran it; its restart marks it failed)"
             )
+        book = RunBook(self.store)
         for _ in range(100):  # the run saves itself cancelled as its scope unwinds
-            run = RunBook(self.store).get(run.run_id)
-            if run.status != Status.RUNNING:
+            if book.status(run_id) != Status.RUNNING:
                 break
             await trio.sleep(0.05)
-        return WorkflowRunReply(run.to_json())
+        return _paged(*page(book.get(run_id), 0))
 
     # -- step logs -------------------------------------------------------------------------------
 
@@ -568,15 +585,6 @@ def _problem(problem) -> dict:
     return {"place": problem.place, "message": problem.message, "warning": problem.warning}
 
 
-def _run_summary(run: RunRecord) -> dict:
-    steps = [s for j in run.jobs for s in j.steps]
-    return {
-        "runId": run.run_id,
-        "workflow": run.workflow,
-        "status": str(run.status),
-        "startedAt": run.started_at,
-        "endedAt": run.ended_at,
-        "error": run.error,
-        "steps": len(steps),
-        "succeeded": sum(1 for s in steps if s.status == Status.SUCCEEDED),
-    }
+def _paged(shown: dict, more: int | None) -> WorkflowRunReply:
+    """A run's reply: a page of it, and where the next starts (see ``run_record.page``)."""
+    return WorkflowRunReply(shown, next_offset=more)

@@ -1,23 +1,47 @@
-"""Workflow runs (``swamp/workflow-run``): one item per run, a version at every transition.
+"""Workflow runs, stored step by step: a small header per run, a record per step.
 
-The model name is the workflow's name, the item ``run-<id>``; the attributes are the whole run —
-inputs, status, each job and step with its status, worker, queue wait, error and times — so a
-crash loses no step that had finished, and ``swamp data query`` reads runs like any data.
+The header (``swamp/workflow-run``, model name the workflow's, item ``run-<id>``) holds the run —
+inputs, status, times, error — and its jobs with how many steps each has in each status; every
+step is an item of its own (``swamp/workflow-step``, the same model name, item
+``<run id>/<place>``) with its status, worker, queue wait, error and times, replaced in place.
+A :class:`RunWriter` collects what changed and writes it as one transaction per batch (the
+engine's batch window), each changed step once with its latest state, so a transition costs
+the same at the 10,000th step as at the first and nothing grows with the run. What a crash
+loses is the last batch window at most; the next start's :meth:`RunBook.reconcile` marks the run
+and its running steps failed.
+
+Runs written whole by earlier versions (the tree in the header) are read, listed, reconciled and
+collected as before. ``swamp data query`` reads headers and steps like any data.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
-from swamp.bookkeeping.records import collect_ended, decoded, has_fields
-from swamp.domain.run_record import RunRecord, Status
-from swamp.errors import NotFound, UserError
-from swamp.models.builtin import WORKFLOW_RUN
+from swamp.bookkeeping.records import decoded, has_fields
+from swamp.domain.run_record import (
+    STEPS_APART,
+    RunRecord,
+    Status,
+    StepRecord,
+    assemble,
+    header_json,
+    page,
+    step_counts,
+    step_json,
+)
+from swamp.errors import Conflict, NotFound, UserError
+from swamp.models.builtin import WORKFLOW_RUN, WORKFLOW_STEP
 from swamp.store.datastore import Datastore, Key, Record, iso
 
 TYPE = WORKFLOW_RUN.type
 POLICY = WORKFLOW_RUN.resources[0].policy
+STEP_TYPE = WORKFLOW_STEP.type
+STEP_POLICY = WORKFLOW_STEP.resources[0].policy
 INTERRUPTED = "interrupted: orchestrator restart"
+STEP_SEPARATOR = "/"  # a step's item is <run id>/<place>
+PAGE_ROWS = 2000  # steps read for one page of a run at most
 _RUN_FIELDS = has_fields("runId", "workflow", "status", "startedAt")
 
 
@@ -25,58 +49,279 @@ def key(workflow: str, run_id: str) -> Key:
     return Key(TYPE, workflow, f"run-{run_id}")
 
 
+def step_prefix(run_id: str) -> str:
+    return f"{run_id}{STEP_SEPARATOR}"
+
+
+def step_key(workflow: str, run_id: str, seq: int) -> Key:
+    return Key(STEP_TYPE, workflow, f"{step_prefix(run_id)}{seq:07d}")
+
+
+class RunWriter:
+    """One run's records as its engine changes them. :meth:`add` gives a step its place,
+    :meth:`changed` and :meth:`header_changed` say what to write, :meth:`flush` writes it —
+    every changed step once, with its state now, and the header with its counts — in one
+    transaction. Only the run's own engine writes its records (one orchestrator per repo)."""
+
+    def __init__(self, store: Datastore, run: RunRecord) -> None:
+        self.store = store
+        self.run = run
+        self.steps: list[StepRecord] = []  # by place
+        self.jobs: list[str] = []  # the job of each place
+        self.versions: list[int] = []  # the stored version of each place (0: not yet)
+        self.stored: list[str | None] = []  # the status stored at each place (counted)
+        self.dirty: dict[int, None] = {}  # places to write, oldest change first
+        self.dropped: list[int] = []  # places to delete
+        self.counts: dict[str, Counter[str]] = {}  # job → status → stored steps
+        self.header_version = 0
+        self.header_dirty = True
+        self.writes = 0  # transactions so far
+
+    def __repr__(self) -> str:
+        return (
+            f"<RunWriter {self.run.run_id[:12]} steps={len(self.steps)} "
+            f"dirty={len(self.dirty)} writes={self.writes}>"
+        )
+
+    @property
+    def pending(self) -> bool:
+        return self.header_dirty or bool(self.dirty) or bool(self.dropped)
+
+    def add(self, job: str, step: StepRecord) -> None:
+        step.seq = len(self.steps)
+        self.steps.append(step)
+        self.jobs.append(job)
+        self.versions.append(0)
+        self.stored.append(None)
+        self.dirty[step.seq] = None
+
+    def changed(self, step: StepRecord) -> None:
+        self.dirty[step.seq] = None
+
+    def header_changed(self) -> None:
+        self.header_dirty = True
+
+    def drop(self, step: StepRecord) -> None:
+        """The step is no longer part of the run (a ``forEach`` step replaced by its
+        expansions): its record goes."""
+        self.dirty.pop(step.seq, None)
+        if self.versions[step.seq]:
+            self.dropped.append(step.seq)
+
+    def flush(self, *, limit: int | None = None) -> int:
+        """Write what changed (at most ``limit`` steps, oldest change first) and the header, in
+        one transaction; the places written. Nothing is marked written unless it committed."""
+        places = list(self.dirty)[:limit] if limit else list(self.dirty)
+        dropped = list(self.dropped)
+        versions: dict[int, int] = {}
+        counts = {job: Counter(c) for job, c in self.counts.items()}
+        run_id, workflow = self.run.run_id, self.run.workflow
+        for seq in dropped:
+            if self.stored[seq] is not None:
+                counts[self.jobs[seq]][self.stored[seq] or ""] -= 1
+        for seq in places:
+            job, status = self.jobs[seq], str(self.steps[seq].status)
+            job_counts = counts.setdefault(job, Counter())
+            if self.stored[seq] is not None:
+                job_counts[self.stored[seq] or ""] -= 1
+            job_counts[status] += 1
+        with self.store.transaction():
+            for seq in places:
+                step, version = self.steps[seq], self.versions[seq]
+                record = self.store.write(
+                    step_key(workflow, run_id, seq),
+                    step_json(run_id, self.jobs[seq], step),
+                    policy=STEP_POLICY,
+                    expected_version=version,
+                    fresh=version == 0,
+                )
+                versions[seq] = record.version
+            if dropped:
+                self.store.delete_items(step_key(workflow, run_id, seq) for seq in dropped)
+            header = header_json(
+                self.run, {job: {s: n for s, n in c.items() if n > 0} for job, c in counts.items()}
+            )
+            written = self.store.write(
+                key(workflow, run_id), header, policy=POLICY, expected_version=self.header_version
+            )
+        self.header_version = written.version
+        self.header_dirty = False
+        self.counts = counts
+        for seq, version in versions.items():
+            self.versions[seq] = version
+            self.stored[seq] = str(self.steps[seq].status)
+            self.dirty.pop(seq, None)
+        for seq in dropped:
+            self.stored[seq] = None
+        del self.dropped[: len(dropped)]
+        self.writes += 1
+        return len(places)
+
+
 class RunBook:
     def __init__(self, store: Datastore, *, clock=time.time) -> None:
         self.store = store
         self.clock = clock
 
-    def save(self, run: RunRecord) -> Record:
+    def save_whole(self, run: RunRecord) -> Record:
+        """A run as earlier versions stored it, the tree in one record (what reconciling such a
+        record writes back)."""
         return self.store.write(key(run.workflow, run.run_id), run.to_json(), policy=POLICY)
 
-    def all(self, workflow: str | None = None) -> list[RunRecord]:
-        """Runs, newest first."""
-        runs = list(
-            decoded(
-                self.store.latest_of_type(TYPE, model_name=workflow),
-                lambda record: RunRecord.from_json(_RUN_FIELDS(record)),
+    def headers(self, workflow: str | None = None) -> list[dict]:
+        """Every run's header (attributes), newest first."""
+        found = list(decoded(self.store.latest_of_type(TYPE, model_name=workflow), _RUN_FIELDS))
+        found.sort(key=lambda h: h["startedAt"], reverse=True)
+        return found
+
+    def summaries(self, workflow: str | None = None) -> list[dict]:
+        """What ``workflow history`` lists of each run, newest first, from the headers alone."""
+        out = []
+        for header in self.headers(workflow):
+            counts = step_counts(header)
+            out.append(
+                {
+                    "runId": header["runId"],
+                    "workflow": header["workflow"],
+                    "status": str(header["status"]),
+                    "startedAt": header["startedAt"],
+                    "endedAt": header.get("endedAt"),
+                    "error": header.get("error"),
+                    "steps": sum(counts.values()),
+                    "succeeded": counts.get(Status.SUCCEEDED.value, 0),
+                }
             )
-        )
-        runs.sort(key=lambda r: r.started_at, reverse=True)
-        return runs
+        return out
 
     def get(self, ref: str) -> RunRecord:
-        """A run by its id or an unambiguous prefix of it (at least 4 characters)."""
+        """A run by its id or an unambiguous prefix of it (at least 4 characters), every job
+        and step."""
+        return self._whole(self.header(ref))
+
+    def header(self, ref: str) -> dict:
+        """A run's header (its steps not read) by its id or an unambiguous prefix of it."""
         if len(ref) < 4:
             raise UserError(f"a run id prefix needs at least 4 characters, got {ref!r}")
-        found = [r for r in self.all() if r.run_id.startswith(ref)]
+        found = [h for h in self.headers() if h["runId"].startswith(ref)]
         if not found:
             raise NotFound(f"no workflow run {ref!r}: see 'swamp workflow history'")
         if len(found) > 1:
-            ids = ", ".join(r.run_id[:12] for r in found[:5])
+            ids = ", ".join(h["runId"][:12] for h in found[:5])
             raise UserError(f"run id {ref!r} is ambiguous ({ids}…): give more of it")
         return found[0]
 
+    def page(self, ref: str, offset: int) -> tuple[dict, int | None]:
+        """A page of a run (see :func:`~swamp.domain.run_record.page`): its steps from place
+        ``offset`` on, read from the store as a range of at most :data:`PAGE_ROWS` steps — a
+        page costs the page, not the run."""
+        header = self.header(ref)
+        if header.get("layout") != STEPS_APART:
+            return page(self._whole(header), offset)
+        run_id = header["runId"]
+        rows = self.store.latest_in_range(
+            STEP_TYPE,
+            header["workflow"],
+            step_key(header["workflow"], run_id, max(offset, 0)).name,
+            f"{run_id}{chr(ord(STEP_SEPARATOR) + 1)}",
+            limit=PAGE_ROWS,
+        )
+        shown, more = page(assemble(header, [r.attributes for r in rows]), offset)
+        if more is None and len(rows) == PAGE_ROWS:  # the page ended with the rows read
+            places = [r.attributes.get("seq") for r in rows]
+            more = max(p for p in places if isinstance(p, int)) + 1
+        return shown, more
+
+    def status(self, run_id: str) -> str | None:
+        """A run's status as its header says (``None``: no such run)."""
+        for header in self.headers():
+            if header["runId"] == run_id:
+                return str(header["status"])
+        return None
+
+    def _steps(self, header: dict) -> list[Record]:
+        if header.get("layout") != STEPS_APART:
+            return []
+        return self.store.latest_with_prefix(
+            STEP_TYPE, header["workflow"], step_prefix(header["runId"])
+        )
+
+    def _whole(self, header: dict) -> RunRecord:
+        return assemble(header, [r.attributes for r in self._steps(header)])
+
     def reconcile(self) -> int:
-        """Boot: a run the previous orchestrator left running ended with it."""
+        """Boot: a run the previous orchestrator left running ended with it — the run, its
+        running jobs and every step of it that had not ended are failed (``interrupted``): a
+        step stored ``pending`` may have started in the last batch window, which the crash
+        lost. (A run stored whole by an earlier version was written at every transition: its
+        pending steps stay as they were.)"""
         now = iso(self.clock())
         count = 0
-        for run in self.all():
-            if run.status != Status.RUNNING:
+        for header in self.headers():
+            if header["status"] != Status.RUNNING:
                 continue
-            for job in run.jobs:
-                for step in job.steps:
-                    if step.status == Status.RUNNING:
-                        step.status, step.error, step.ended_at = Status.FAILED, INTERRUPTED, now
-                if job.status == Status.RUNNING:
-                    job.status, job.ended_at = Status.FAILED, now
-            run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
-            self.save(run)
+            if header.get("layout") == STEPS_APART:
+                self._interrupt(header, now)
+            else:
+                run = RunRecord.from_json(header)
+                for job in run.jobs:
+                    for step in job.steps:
+                        if step.status == Status.RUNNING:
+                            step.status, step.error, step.ended_at = (
+                                Status.FAILED,
+                                INTERRUPTED,
+                                now,
+                            )
+                    if job.status == Status.RUNNING:
+                        job.status, job.ended_at = Status.FAILED, now
+                run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
+                self.save_whole(run)
             count += 1
         return count
 
+    def _interrupt(self, header: dict, now: str) -> None:
+        stored = self._steps(header)
+        run = assemble(header, [r.attributes for r in stored])
+        versions = {r.attributes.get("seq"): r.version for r in stored}
+        writer = RunWriter(self.store, run)
+        for job in run.jobs:
+            for step in job.steps:
+                seq = step.seq
+                while len(writer.steps) <= seq:  # places of steps no longer stored stay empty
+                    writer.steps.append(StepRecord(""))
+                    writer.jobs.append("")
+                    writer.versions.append(0)
+                    writer.stored.append(None)
+                writer.steps[seq], writer.jobs[seq] = step, job.name
+                writer.versions[seq] = versions.get(seq, 0)
+                writer.stored[seq] = str(step.status)
+                writer.counts.setdefault(job.name, Counter())[str(step.status)] += 1
+                # pending: it may have started in the batch window the crash lost
+                if step.status in (Status.RUNNING, Status.PENDING):
+                    step.status, step.error, step.ended_at = Status.FAILED, INTERRUPTED, now
+                    writer.changed(step)
+            if job.status == Status.RUNNING:
+                job.status, job.ended_at = Status.FAILED, now
+        run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
+        writer.header_version = self._header_version(run)
+        while writer.pending:  # a transaction per thousand steps, not one for them all
+            writer.flush(limit=1000)
+
+    def _header_version(self, run: RunRecord) -> int:
+        record = self.store.latest(key(run.workflow, run.run_id))
+        if record is None:
+            raise Conflict(f"workflow run {run.run_id} was removed while reconciling")
+        return record.version
+
     def collect(self, *, older_than_seconds: float) -> int:
+        """Forget runs that ended before the retention, their steps with them; a running
+        run is never touched."""
         cutoff = iso(self.clock() - older_than_seconds)
-        total = 0
-        for workflow in {r.workflow for r in self.all()}:
-            total += collect_ended(self.store, TYPE, workflow, open_state="running", cutoff=cutoff)
-        return total
+        removed = 0
+        for header in self.headers():
+            ended = header.get("endedAt")
+            if header["status"] == Status.RUNNING or not isinstance(ended, str) or ended >= cutoff:
+                continue
+            workflow, run_id = header["workflow"], header["runId"]
+            removed += self.store.delete_with_prefix(STEP_TYPE, workflow, step_prefix(run_id))
+            removed += self.store.delete_items([key(workflow, run_id)])
+        return removed

@@ -217,6 +217,13 @@ def serve(
         help="The most of one dispatch's output kept for 'swamp logs' (32MiB, 1GiB); past "
         "it the oldest part goes, and a line says how much where it was.",
     ),
+    max_fan_out: int = typer.Option(
+        10_000,
+        "--max-fan-out",
+        envvar="SWAMP_MAX_FAN_OUT",
+        help="The most items a workflow step's forEach may run it for; a list longer than "
+        "this fails the step's job, naming this setting.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -257,6 +264,8 @@ def serve(
         key = name.replace("_", "-")
         return f"{CONFIG} [serve] {key}" if name in in_file else f"--{key}"
 
+    if o["max_fan_out"] < 1:
+        raise UserError(f"invalid {what('max_fan_out')} {o['max_fan_out']}: expected 1 or more")
     if o["write_quota_records"] < 1:
         raise UserError(
             f"invalid {what('write_quota_records')} {o['write_quota_records']}: expected 1 or more"
@@ -286,6 +295,7 @@ def serve(
             o["write_quota_records"],
         ),
         step_log_cap=parse_size(o["step_log_cap"], what=what("step_log_cap")),
+        max_fan_out=o["max_fan_out"],
         json=json_output,
     )
     handler = logging.StreamHandler()

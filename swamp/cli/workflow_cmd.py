@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from swamp.cli.common import (
 
 if TYPE_CHECKING:
     from rich.live import Live
+    from rich.tree import Tree
 
 app = typer.Typer(
     help="Workflows: jobs and steps in workflows/NAME.toml, run by the orchestrator.",
@@ -305,6 +307,7 @@ def _more(node: dict) -> str:
 
 # -- running ------------------------------------------------------------------------------------
 
+TREE_STEPS = 20  # a job with more steps is drawn as counts, and its running or failed ones
 _ICONS = {
     "pending": "○",
     "running": "◐",
@@ -314,6 +317,20 @@ _ICONS = {
     "skipped": "⊘",
     "cancelled": "✖",
 }
+
+
+async def whole_run(api, reply) -> dict:
+    """The run a reply began, every step: a run larger than one reply holds comes in pages,
+    asked for one after the other (the same on both routes)."""
+    from swamp.domain.run_record import merge_page
+    from swamp.protocol.messages import RunRef
+
+    run, offset = reply.run, reply.next_offset
+    while offset is not None:
+        more = await api.workflow_history_get(RunRef(run=run["runId"], offset=offset))
+        merge_page(run, more.run)
+        offset = more.next_offset
+    return run
 
 
 class RunView:
@@ -328,6 +345,7 @@ class RunView:
         self.jobs: dict[str, dict] = {}
         self.steps: dict[tuple[str, str], dict] = {}
         self._live: Live | None = None
+        self._drawn = 0.0  # when the tree was last drawn (monotonic)
 
     def start(self) -> None:
         if self.live:
@@ -394,11 +412,14 @@ class RunView:
         else:
             return
         if self._live is not None:
-            self._live.update(self.render())
+            # drawn four times a second at most, not at each event (30,000 in a fan-out)
+            if (now := time.monotonic()) - self._drawn >= 0.25:
+                self._live.update(self.render())
+                self._drawn = now
         elif not self.live:
             self.out.line(printable(line, keep_tab=True), sys.stderr)
 
-    def render(self):
+    def render(self) -> Tree:
         from rich.text import Text
         from rich.tree import Tree
 
@@ -406,11 +427,18 @@ class RunView:
 
         root = Tree(Text(f"workflow {self.name or '…'}", style="bold"))
         now = time.monotonic()
+        by_job: dict[str, list[tuple[str, dict]]] = {}
+        for (j, step), s in self.steps.items():
+            by_job.setdefault(j, []).append((step, s))
         for job, state in self.jobs.items():
             branch = root.add(f"{_ICONS.get(state['status'], '?')} {printable(job)}")
-            for (j, step), s in self.steps.items():
-                if j != job:
-                    continue
+            steps = by_job.get(job, [])
+            if len(steps) > TREE_STEPS:  # a fan-out: how many in each status, and a few
+                counts = Counter(s["status"] for _, s in steps)
+                branch.add(", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())))
+                busy = [(n, s) for n, s in steps if s["status"] in ("running", "queued", "failed")]
+                steps = busy[:TREE_STEPS]
+            for step, s in steps:
                 since = s.get("since")
                 elapsed = f" {int((s.get('ended') or now) - since)}s" if since else ""
                 worker = f" on {s['worker']}" if s.get("worker") else ""
@@ -497,19 +525,18 @@ def run(
                 nursery.start_soon(view.tick)
                 reply = await api.workflow_run(request, on_event)
                 nursery.cancel_scope.cancel()
-                return reply
         finally:
             view.stop()
+        return await whole_run(api, reply)  # outside the cancelled scope: its pages, if any
 
     try:
-        reply = with_admin(
+        record = with_admin(
             go,
             route,
             prefer_server=True,
         )
     finally:
         out.close()
-    record = reply.run
     if json_output:
         print(json.dumps({"run": record}), flush=True)
     else:
@@ -568,11 +595,15 @@ def history(
         if logs:
             _history_get_with_logs(run_id, route, json_output)
             return
-        reply = with_admin(lambda api: api.workflow_history_get(RunRef(run=run_id)), route)
+
+        async def get(api) -> dict:
+            return await whole_run(api, await api.workflow_history_get(RunRef(run=run_id)))
+
+        whole = with_admin(get, route)
         if json_output:
-            emit_json(reply.to_json())
+            emit_json({"run": whole})
             return
-        _print_summary(reply.run)
+        _print_summary(whole)
         return
     if run_id:
         raise UserError(f"unexpected {run_id!r}: 'history NAME' or 'history get RUN'")
@@ -605,13 +636,13 @@ def _history_get_with_logs(run_id: str, route: Route, json_output: bool) -> None
     from swamp.protocol.messages import RunRef
 
     async def go(api) -> dict:
-        reply = await api.workflow_history_get(RunRef(run=run_id))
+        run = await whole_run(api, await api.workflow_history_get(RunRef(run=run_id)))
         if json_output:
-            print(json.dumps({"run": reply.run}), flush=True)
+            print(json.dumps({"run": run}), flush=True)
         else:
-            _print_summary(reply.run)
+            _print_summary(run)
             sys.stdout.flush()
-        return await show(api, reply.run["runId"], follow=False, json_output=json_output)
+        return await show(api, run["runId"], follow=False, json_output=json_output)
 
     say_how_it_ended(with_admin(go, route), follow=False)
 
@@ -628,12 +659,11 @@ def cancel(
     workers, its queued steps leave the queue, the run is recorded cancelled."""
     from swamp.protocol.messages import RunRef
 
-    reply = with_admin(
-        lambda api: api.workflow_cancel(RunRef(run=run_id, reason=reason)),
-        route,
-        prefer_server=True,
-    )
+    async def cancel_run(api) -> dict:
+        return await whole_run(api, await api.workflow_cancel(RunRef(run=run_id, reason=reason)))
+
+    run = with_admin(cancel_run, route, prefer_server=True)
     if json_output:
-        emit_json(reply.to_json())
+        emit_json({"run": run})
     else:
-        print(f"run {reply.run['runId'][:12]}: {reply.run['status']}")
+        print(f"run {run['runId'][:12]}: {run['status']}")

@@ -18,7 +18,8 @@ from swamp.errors import UserError
 
 # a tuple, not a set: ``in`` compares by value, so a status read back as text matches too
 DONE = (Status.SUCCEEDED, Status.FAILED, Status.SKIPPED)
-MAX_EXPANSIONS = 1000  # a forEach runs a step at most this many times
+MAX_EXPANSIONS = 10_000  # a forEach runs a step at most this many times (serve --max-fan-out)
+FAN_OUT_SETTING = "--max-fan-out (max-fan-out in swamp.toml [serve])"
 MAX_INPUT_DEPTH = 32  # how deep an array or object input given as JSON may nest
 _TOO_DEEP = object()  # JSON too deep for the parser itself
 
@@ -70,18 +71,19 @@ def run_status(jobs: Iterable[Status | str]) -> Status:
     return Status.FAILED if any(s == Status.FAILED for s in jobs) else Status.SUCCEEDED
 
 
-def expansion_items(value: object, *, step: str) -> list:
+def expansion_items(value: object, *, step: str, cap: int = MAX_EXPANSIONS) -> list:
     """What a ``forEach.in`` gave, as the items to run the step for: a list as it is, a table as
-    ``{key, value}`` entries; anything else, or more than :data:`MAX_EXPANSIONS`, is an error."""
+    ``{key, value}`` entries; anything else, or more than ``cap`` items (the orchestrator's
+    ``--max-fan-out``), is an error."""
     if isinstance(value, dict):
         value = [{"key": k, "value": v} for k, v in value.items()]
     if not isinstance(value, list):
         kind = "null" if value is None else type(value).__name__
         raise UserError(f"step {step!r}: forEach.in gave {kind}, not a list")
-    if len(value) > MAX_EXPANSIONS:
+    if len(value) > cap:
         raise UserError(
-            f"step {step!r}: forEach.in gave {len(value)} items; a step runs at most "
-            f"{MAX_EXPANSIONS} times (split the list, or fan out in a nested workflow)"
+            f"step {step!r}: forEach.in gave {len(value)} items; a step runs at most {cap} "
+            f"times (the orchestrator's {FAN_OUT_SETTING}; or split the list)"
         )
     return value
 

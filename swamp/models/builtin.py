@@ -125,6 +125,13 @@ WORKFLOW_RUN = ModelType(
     internal=True,
     resources=(ResourceSpec("run", garbage_collection=5),),
 )
+# one item per step of a run (its header is the workflow-run): replaced in place, a batch at once
+WORKFLOW_STEP = ModelType(
+    "swamp/workflow-step",
+    methods=(),
+    internal=True,
+    resources=(ResourceSpec("step", garbage_collection=1),),
+)
 
 BUILTIN_TYPES = (
     SHELL,
@@ -137,6 +144,7 @@ BUILTIN_TYPES = (
     STEP_LEASE,
     PENDING_DISPATCH,
     WORKFLOW_RUN,
+    WORKFLOW_STEP,
 )
 
 # the orchestrator's bookkeeping: their instance names are tokens', workers' and workflows'

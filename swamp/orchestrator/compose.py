@@ -37,6 +37,7 @@ from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.step_logs import DEFAULT_CAP_BYTES
+from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
@@ -96,6 +97,7 @@ class Settings:
     default_timeout: float | None = 24 * 3600
     private_downloads: bool = False
     write_quota: WriteQuota = WriteQuota()
+    max_fan_out: int = MAX_EXPANSIONS  # the most items a forEach may run its step for
     local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
     step_log_cap: int = DEFAULT_CAP_BYTES  # the most of one step's output kept (oldest goes)
 
@@ -246,6 +248,7 @@ def compose(
         verifier=verifier,
         ca_pin=own_tls.pin if own_tls else None,
         logs=logs,
+        max_fan_out=settings.max_fan_out,
     )
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
     dataplane = DataPlane(

@@ -37,6 +37,7 @@ from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
+from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.errors import CannotListen, SwampError, UserError
 from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
@@ -87,6 +88,7 @@ class ServeOptions:
     write_quota: WriteQuota = WriteQuota()
     default_timeout: float | None = 24 * 3600  # --default-timeout; None: none
     step_log_cap: int = DEFAULT_CAP_BYTES  # --step-log-cap
+    max_fan_out: int = MAX_EXPANSIONS  # --max-fan-out: a forEach's most items
     json: bool = False
 
 
@@ -436,6 +438,7 @@ async def _serve(
             default_timeout=options.default_timeout,
             private_downloads=options.private_downloads,
             write_quota=options.write_quota,
+            max_fan_out=options.max_fan_out,
             local_credential=local_credential,
             step_log_cap=options.step_log_cap,
         ),

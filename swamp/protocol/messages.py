@@ -364,17 +364,22 @@ class WorkflowRunRequest(Message):
 
 @dataclass(frozen=True)
 class RunRef(Message):
-    """A workflow run by its id (or a unique prefix of it)."""
+    """A workflow run by its id (or a unique prefix of it); with ``offset``, its steps from
+    that one on (the next page of a run larger than one frame holds)."""
 
     run: str
     reason: str | None = None
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
 class WorkflowRunReply(Message):
-    """A run as recorded (``swamp/workflow-run``): status, inputs, each job and step."""
+    """A run as recorded (``swamp/workflow-run``): status, inputs, each job and step — as many
+    steps as fit in about :data:`~swamp.domain.run_record.PAGE_BYTES`; ``next_offset`` says
+    where the rest start (ask ``workflow.history.get`` with it)."""
 
     run: dict
+    next_offset: int | None = None
 
 
 @dataclass(frozen=True)

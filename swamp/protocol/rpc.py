@@ -115,9 +115,11 @@ class IncomingCall:
             return
         if channel.closed:
             raise ChannelClosed(f"{channel.name}: {channel.close_reason}")
-        if self.dropped and channel._offer(self._dropped_notice()):
+        # through the writer, not written at once: the events of a burst (a workflow's steps
+        # starting and ending by the hundred) go out a batch a write, not a system call each
+        if self.dropped and channel._offer(self._dropped_notice(), now=False):
             self.dropped = 0
-        if self.dropped or not channel._offer(frames.Stream(self.id, event)):
+        if self.dropped or not channel._offer(frames.Stream(self.id, event), now=False):
             self.dropped += 1
 
     def _dropped_notice(self) -> frames.Stream:
@@ -637,13 +639,13 @@ class RpcChannel:
         except trio.ClosedResourceError:
             raise ChannelClosed(f"{self.name}: {self.close_reason or 'closed'}") from None
 
-    def _offer(self, frame: frames.Frame) -> bool:
-        """Write or queue a frame if there is room now; never waits."""
+    def _offer(self, frame: frames.Frame, *, now: bool = True) -> bool:
+        """Write (``now``) or queue a frame if there is room now; never waits."""
         try:
             text = self._encode(frame)
         except (ChannelClosed, MalformedFrame):  # too large or too deep: not sent
             return False
-        return self._write_now(text) or self.outbox.offer(
+        return (now and self._write_now(text)) or self.outbox.offer(
             text, event=isinstance(frame, frames.Stream)
         )
 

@@ -527,6 +527,20 @@ class Datastore:
             [model_type, model_name, prefix, upper],
         )
 
+    def latest_in_range(
+        self, model_type: str, model_name: str, low: str, high: str, *, limit: int
+    ) -> list[Record]:
+        """The latest version of the first ``limit`` items of one instance whose names are at
+        least ``low`` and below ``high`` (a range of the primary key: a page of a run's steps
+        costs the page, not the run)."""
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM data d WHERE model_type = ? AND model_name = ? "
+                f"AND name >= ? AND name < ? AND {_IS_LATEST} ORDER BY name LIMIT ?",
+                (model_type, model_name, low, high, limit),
+            ).fetchall()
+        return [_row(r) for r in rows]
+
     def _latest(self, where: str, params: list) -> list[Record]:
         with self._sql("reading the datastore"):
             rows = self.db.execute(
@@ -739,6 +753,28 @@ class Datastore:
                     (key.model_type, key.model_name, key.name),
                 ).rowcount
         return count
+
+    def delete_with_prefix(
+        self, model_type: str, model_name: str, prefix: str, *, batch: int = 1000
+    ) -> int:
+        """Remove every item of one instance whose name starts with ``prefix`` (a range of the
+        primary key), ``batch`` rows a transaction: a run's steps go with their run without
+        one long write."""
+        if not prefix:
+            raise ValueError("an empty prefix would delete the whole instance")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        removed = 0
+        while True:
+            with self._sql("deleting from the datastore", writing=True):
+                cur = self.db.execute(
+                    "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                    "SELECT model_type, model_name, name, version FROM data WHERE "
+                    "model_type = ? AND model_name = ? AND name >= ? AND name < ? LIMIT ?)",
+                    (model_type, model_name, prefix, upper, batch),
+                )
+            removed += cur.rowcount
+            if cur.rowcount < batch:
+                return removed
 
     def delete_instance(self, model_type: str, model_name: str) -> int:
         """Remove every item of one model instance; call it inside a :meth:`transaction`."""

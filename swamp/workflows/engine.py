@@ -5,9 +5,16 @@ then :func:`~swamp.domain.workflow_run.decide` says run or skip. Concurrency cap
 limiters (the workflow's over its jobs, a job's over its steps, a step's over its ``forEach``
 expansions). A model-method step becomes a :class:`~swamp.orchestrator.dispatch.RunRequest` with
 its effective placement and ``queueTimeout`` and goes through the step runner — the dispatch
-service, hence the elastic queue — and its events come back tagged with the job and step. The
-run record is saved at every transition; a cancelled run (Ctrl-C, ``workflow cancel``) cancels
-its running steps on their workers and is saved ``cancelled``.
+service, hence the elastic queue — and its events come back tagged with the job and step.
+
+A ``forEach`` step is one task that waits for its dependencies once, then feeds its expansions
+to tasks of their own a window at a time (:meth:`_Run.feed_window`: the slots of the connected
+workers, at least :data:`FEED_FLOOR`, at most the step's or job's cap), so an item waiting its
+turn costs its step record and nothing more. The run is stored step by step
+(``swamp.bookkeeping.workflow_runs``): a transition marks what changed and one task writes the
+changes every :data:`BATCH_WINDOW`, each changed step once; the run's start and end are
+written at once. A cancelled run (Ctrl-C, ``workflow cancel``) cancels its running steps on
+their workers and is saved ``cancelled``.
 """
 
 from __future__ import annotations
@@ -22,17 +29,19 @@ from dataclasses import dataclass, field
 
 import trio
 
-from swamp.bookkeeping.workflow_runs import RunBook
+from swamp.bookkeeping.workflow_runs import RunBook, RunWriter
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.names import check_instance_name, is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
+from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ALL_DATA
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
 from swamp.domain.workflow_run import (
+    MAX_EXPANSIONS,
     combined,
     decide,
     expansion_items,
@@ -61,6 +70,9 @@ from swamp.workflows.loader import Workflows
 log = logging.getLogger("swamp.workflows")
 LOG_TAIL = 20  # the last lines of each step's output, kept in the run record
 EXPRESSION_BUDGET = 2.0  # seconds a data.query() or data.latest() may take (on the event loop)
+BATCH_WINDOW = 0.2  # seconds a run's changes gather before they are written together
+FLUSH_CHUNK = 500  # steps one write transaction takes at most (the loop runs between them)
+FEED_FLOOR = 64  # expansions of a forEach started at once, when fewer slots are connected
 Emit = Callable[[dict], Awaitable[None]]
 StepRunner = Callable[..., Awaitable[RunResult]]  # (RunRequest, emit) → result
 
@@ -72,6 +84,7 @@ class Host:
     run_step: StepRunner
     workers_connected: Callable[[dict], list[dict]] = lambda selector: []
     placed: bool = True  # False on the repo: placed steps need a running orchestrator
+    queue_timeout: float | None = None  # serve's --queue-timeout (None: the default)
 
 
 @dataclass
@@ -100,19 +113,48 @@ class _Affinity:
         self.changed = trio.Event()
 
 
+@dataclass
+class _Group:
+    """A step of the job file and what it became: itself, or its ``forEach`` expansions
+    (``names``, and the ``items`` they run for, by index). ``done`` is set when all have
+    ended: what depends on the step waits for that one event."""
+
+    step: Step
+    names: list[str]
+    items: list = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class _Steps:
+    """What every step task of one job shares: the groups, the step records by name, and the
+    caps (the job's limiter, the step's own)."""
+
+    groups: dict[str, _Group]
+    records: dict[str, StepRecord]
+    limiters: tuple[trio.CapacityLimiter, trio.CapacityLimiter | None]
+
+
 class RunCancelled(Exception):
     pass
 
 
 class Engine:
     def __init__(
-        self, workflows: Workflows, store: Datastore, host: Host, *, clock=time.time
+        self,
+        workflows: Workflows,
+        store: Datastore,
+        host: Host,
+        *,
+        clock=time.time,
+        max_fan_out: int = MAX_EXPANSIONS,
     ) -> None:
         self.workflows = workflows
         self.store = store
         self.runs = RunBook(store, clock=clock)
         self.host = host
         self.clock = clock
+        self.max_fan_out = max_fan_out  # serve's --max-fan-out
         self.live: dict[str, trio.CancelScope] = {}  # run id → its scope (for workflow cancel)
         self.cancel_reasons: dict[str, str] = {}
 
@@ -187,6 +229,11 @@ class _Run:
             ],
         )
         self.jobs = {j.name: j for j in self.record.jobs}
+        self.writer = RunWriter(engine.store, self.record)
+        for job_record in self.record.jobs:
+            for entry in job_record.steps:
+                self.writer.add(job_record.name, entry)
+        self.unwritten = trio.Event()  # set when something changed since the last write
         self.job_done = {job.name: trio.Event() for job in workflow.jobs}
         self.job_limiter = trio.CapacityLimiter(workflow.concurrency or math.inf)
         self.affinity: dict[str, _Affinity] = {}
@@ -194,14 +241,39 @@ class _Run:
         self.adhoc: dict[str, str] = {}
         self.priority = priority  # the run's own (--priority, a parent step's), or None
         self.submitter = submitter  # who asked: the queue shares slots between submitters
+        # when each forEach step began feeding its expansions (trio time): an item's
+        # queueTimeout counts from then, its turn's wait included
+        self.fed_since: dict[tuple[str, str], float] = {}  # (job, step) → when
 
     # -- bookkeeping -------------------------------------------------------------------------
 
+    def changed(self, step: StepRecord | None = None) -> None:
+        """``step`` (else the run or a job) changed: written with the next batch."""
+        if step is None:
+            self.writer.header_changed()
+        else:
+            self.writer.changed(step)
+        self.unwritten.set()
+
     async def save(self) -> None:
-        try:
-            await retry_busy(lambda: self.engine.runs.save(self.record))
-        except SwampError as exc:  # the run goes on; its record catches up at the next save
-            log.warning("could not save workflow run %s: %s", self.id, exc)
+        """Write every change now (the run's start and end, a cancellation)."""
+        while self.writer.pending:
+            try:
+                await retry_busy(lambda: self.writer.flush(limit=FLUSH_CHUNK))
+            except SwampError as exc:  # the run goes on; its records catch up at the next write
+                log.warning("could not save workflow run %s: %s", self.id, exc)
+                return
+            if self.writer.pending:
+                await trio.lowlevel.checkpoint()  # the loop runs between long batches
+
+    async def keep_saving(self) -> None:
+        """The run's writer: a change wakes it, it lets more gather for one batch window,
+        then writes them all (each changed step once)."""
+        while True:
+            await self.unwritten.wait()
+            await trio.sleep(BATCH_WINDOW)
+            self.unwritten = trio.Event()
+            await self.save()
 
     async def emit(self, message: Message) -> None:
         try:
@@ -226,14 +298,18 @@ class _Run:
                 ],
             )
         )
-        async with open_unwrapping_nursery() as nursery:
-            for job in self.workflow.jobs:
-                nursery.start_soon(self.job, job)
+        async with open_unwrapping_nursery() as saving:
+            saving.start_soon(self.keep_saving)
+            async with open_unwrapping_nursery() as nursery:
+                for job in self.workflow.jobs:
+                    nursery.start_soon(self.job, job)
+            saving.cancel_scope.cancel()
         status = run_status(j.status for j in self.record.jobs)
         self.record.status, self.record.ended_at = status, self.now()
         failed = self.first_failure()
         if failed:
             self.record.error = failed
+        self.changed()
         await self.save()
         await self.emit(
             RunEvent("finished", self.id, self.workflow.name, status=status.value, detail=failed)
@@ -254,12 +330,15 @@ class _Run:
             for step in job.steps:
                 if step.status == Status.RUNNING:
                     step.status, step.ended_at = Status.CANCELLED, now
+                    self.changed(step)
                 elif step.status == Status.PENDING:
                     step.status, step.reason = Status.SKIPPED, reason
+                    self.changed(step)
             if job.status in (Status.RUNNING, Status.PENDING):
                 job.status, job.ended_at = Status.CANCELLED, now
         self.record.status, self.record.ended_at = Status.CANCELLED, now
         self.record.error = reason
+        self.changed()
         await self.save()
         await self.emit(
             RunEvent("finished", self.id, self.workflow.name, status="cancelled", detail=reason)
@@ -277,7 +356,8 @@ class _Run:
                 state.status, state.reason = Status.SKIPPED, verdict
                 for entry in state.steps:
                     entry.status, entry.reason = Status.SKIPPED, f"job skipped: {verdict}"
-                await self.save()
+                    self.changed(entry)
+                self.changed()
                 for entry in state.steps:
                     await self.emit(
                         StepEvent("skipped", job.name, entry.name, self.id, detail=entry.reason)
@@ -300,16 +380,17 @@ class _Run:
 
     async def run_job(self, job: Job, state: JobRecord) -> None:
         state.status, state.started_at = Status.RUNNING, self.now()
-        await self.save()
+        self.changed()
         await self.emit(RunEvent("job_started", self.id, self.workflow.name, job=job.name))
         placement = job.placement.under(self.workflow.placement)
         try:
-            expanded = self.expand(job)
+            groups = self.expand(job)
         except UserError as exc:
             state.status, state.error, state.ended_at = Status.FAILED, exc.message, self.now()
             for entry in state.steps:
                 entry.status, entry.reason = Status.SKIPPED, "the job could not start"
-            await self.save()
+                self.changed(entry)
+            self.changed()
             await self.emit(
                 RunEvent(
                     "job_finished",
@@ -321,61 +402,57 @@ class _Run:
                 )
             )
             return
-        members: dict[str, list[str]] = {}
-        for step, name, _ in expanded:
-            members.setdefault(step.name, []).append(name)
+        # the job's steps are now what its steps became: each stored in this order
+        for entry in state.steps:
+            self.writer.drop(entry)
+        state.steps = []
         # a fan-out over zero items ran nothing: it says so, as a skipped step of its own,
         # and what depends on it sees it skipped (the combined status of no expansions)
-        nothing = {
-            s.name: no_items(s.for_each.items)
-            for s in job.steps
-            if s.for_each is not None and s.name not in members
-        }
-        state.steps = []
-        for step in job.steps:
-            if step.name in nothing:
-                state.steps.append(
-                    StepRecord(
-                        step.name, Status.SKIPPED, template=step.name, reason=nothing[step.name]
-                    )
-                )
-            for name in members.get(step.name, []):
-                state.steps.append(StepRecord(name, template=step.name if step.for_each else None))
+        nothing: list[str] = []
+        for group in groups.values():
+            step = group.step
+            if step.for_each is not None and not group.names:
+                reason = no_items(step.for_each.items)
+                entry = StepRecord(step.name, Status.SKIPPED, template=step.name, reason=reason)
+                group.names = [step.name]
+                group.done.set()
+                state.steps.append(entry)
+                self.writer.add(job.name, entry)
+                nothing.append(step.name)
+                log.info("workflow run %s: %s.%s: %s", self.id, job.name, step.name, reason)
+                continue
+            template = step.name if step.for_each else None
+            for name in group.names:
+                entry = StepRecord(name, template=template)
+                state.steps.append(entry)
+                self.writer.add(job.name, entry)
+        self.changed()
         records = {r.name: r for r in state.steps}
-        done = {name: trio.Event() for _, name, _ in expanded}
-        for name, reason in nothing.items():
-            members[name] = [name]
-            done[name] = trio.Event()
-            done[name].set()
-            log.info("workflow run %s: %s.%s: %s", self.id, job.name, name, reason)
-        if nothing:
-            await self.save()
-            for name, reason in nothing.items():
-                await self.emit(StepEvent("skipped", job.name, name, self.id, detail=reason))
+        for name in nothing:
+            await self.emit(
+                StepEvent("skipped", job.name, name, self.id, detail=records[name].reason)
+            )
         limit = job.concurrency or self.workflow.concurrency
         job_steps = trio.CapacityLimiter(limit or math.inf)
         per_template = {
             s.name: trio.CapacityLimiter(s.concurrency) for s in job.steps if s.concurrency
         }
-        group = self.affinity_group(job)
+        affinity = self.affinity_group(job)
         async with open_unwrapping_nursery() as nursery:
-            for step, name, binding in expanded:
+            for group in groups.values():
+                if group.done.is_set():
+                    continue
                 nursery.start_soon(
-                    self.step,
+                    self.template,
                     job,
-                    step,
-                    name,
-                    binding,
-                    records,
-                    done,
-                    members,
-                    (job_steps, per_template.get(step.name)),
-                    placement,
                     group,
+                    _Steps(groups, records, (job_steps, per_template.get(group.step.name))),
+                    placement,
+                    affinity,
                 )
         status = job_status((r.status, bool(r.allowed_failure)) for r in state.steps)
         state.status, state.ended_at = status, self.now()
-        await self.save()
+        self.changed()
         await self.emit(
             RunEvent("job_finished", self.id, self.workflow.name, job=job.name, status=status.value)
         )
@@ -400,23 +477,27 @@ class _Run:
             "workers": {"connected": self.workers_connected},
         }
 
-    def expand(self, job: Job) -> list[tuple[Step, str, dict | None]]:
-        """Every step, with its ``forEach`` expanded now (the job has started)."""
-        out: list[tuple[Step, str, dict | None]] = []
+    def expand(self, job: Job) -> dict[str, _Group]:
+        """Every step of the job, with its ``forEach`` expanded now (the job has started): the
+        names of its expansions and the items they run for (kept as the list gave them, not a
+        binding each)."""
+        out: dict[str, _Group] = {}
         for step in job.steps:
             if step.for_each is None:
-                out.append((step, step.name, None))
+                out[step.name] = _Group(step, [step.name])
                 continue
             try:
                 items = render(step.for_each.items, self.context())
             except ExpressionError as exc:
                 raise UserError(f"step {step.name!r}: forEach.in: {exc.message}") from None
-            items = expansion_items(items, step=step.name)
+            items = expansion_items(items, step=step.name, cap=self.engine.max_fan_out)
             seen: set[str] = set()
+            names: list[str] = []
+            templated = has_template(step.name)
             for index, item in enumerate(items):
-                binding = {step.for_each.item: item}
-                if has_template(step.name):
+                if templated:
                     try:
+                        binding = {step.for_each.item: item}
                         name = str(render(step.name, self.context(binding)))
                     except ExpressionError:
                         name = f"{step.name}-{index}"
@@ -425,10 +506,76 @@ class _Run:
                 if name in seen:
                     name = f"{name}-{index}"
                 seen.add(name)
-                out.append((step, name, binding))
+                names.append(name)
+            out[step.name] = _Group(step, names, items)
         return out
 
     # -- steps -------------------------------------------------------------------------------
+
+    async def template(
+        self,
+        job: Job,
+        group: _Group,
+        steps: _Steps,
+        placement: Fields,
+        affinity: _Affinity | None,
+    ) -> None:
+        """One step of the job file: wait for what it depends on (once, for all of its
+        expansions), then run it — or feed its expansions to tasks, a window at a time."""
+        step, records = group.step, steps.records
+        try:
+            for dep in step.depends_on:
+                await steps.groups[dep.name].done.wait()
+            statuses = {
+                dep.name: combined(records[m].status for m in steps.groups[dep.name].names)
+                for dep in step.depends_on
+            }
+            verdict = decide(step.depends_on, statuses)
+            if verdict != "run":
+                for name in group.names:
+                    await self.finish(job, name, records[name], Status.SKIPPED, reason=verdict)
+                return
+            if step.for_each is None:
+                await self.step(job, step, step.name, None, steps, placement, affinity)
+                return
+            window = trio.Semaphore(self.feed_window(job, step))
+            self.fed_since[job.name, step.name] = trio.current_time()
+            async with open_unwrapping_nursery() as nursery:
+                for index, name in enumerate(group.names):
+                    await window.acquire()
+                    binding = {step.for_each.item: group.items[index]}
+                    nursery.start_soon(
+                        self.fed, window, job, step, name, binding, steps, placement, affinity
+                    )
+        finally:
+            group.done.set()
+
+    def feed_window(self, job: Job, step: Step) -> int:
+        """How many expansions of ``step`` run (or wait in the queue) at once: as many as the
+        connected workers have slots, at least :data:`FEED_FLOOR`, at most the step's or
+        job's cap. The rest wait here, as their step record and item."""
+        slots = 0
+        for worker in self.engine.host.workers_connected({}):
+            capacity = worker.get("capacity")
+            slots += capacity if isinstance(capacity, int) else 1
+        caps = [c for c in (step.concurrency, job.concurrency or self.workflow.concurrency) if c]
+        return min([max(FEED_FLOOR, slots), *caps])
+
+    async def fed(
+        self,
+        window: trio.Semaphore,
+        job: Job,
+        step: Step,
+        name: str,
+        binding: dict,
+        steps: _Steps,
+        placement: Fields,
+        affinity: _Affinity | None,
+    ) -> None:
+        try:
+            await self.step(job, step, name, binding, steps, placement, affinity)
+        finally:
+            window.release()
 
     async def step(
         self,
@@ -436,35 +583,19 @@ class _Run:
         step: Step,
         name: str,
         binding: dict | None,
-        records: dict[str, StepRecord],
-        done: dict[str, trio.Event],
-        members: dict[str, list[str]],
-        limiters: tuple[trio.CapacityLimiter, trio.CapacityLimiter | None],
+        steps: _Steps,
         placement: Fields,
-        group: _Affinity | None,
+        affinity: _Affinity | None,
     ) -> None:
-        record = records[name]
-        try:
-            for dep in step.depends_on:
-                for member in members.get(dep.name, [dep.name]):
-                    await done[member].wait()
-            statuses = {
-                dep.name: combined(records[m].status for m in members.get(dep.name, []))
-                for dep in step.depends_on
-            }
-            verdict = decide(step.depends_on, statuses)
-            if verdict != "run":
-                await self.finish(job, name, record, Status.SKIPPED, reason=verdict)
-                return
-            job_limiter, template_limiter = limiters
-            async with job_limiter:
-                if template_limiter is None:
-                    await self.run_step(job, step, name, binding, record, placement, group)
-                else:
-                    async with template_limiter:
-                        await self.run_step(job, step, name, binding, record, placement, group)
-        finally:
-            done[name].set()
+        """One step (or expansion) whose dependencies let it run, under its caps."""
+        record = steps.records[name]
+        job_limiter, template_limiter = steps.limiters
+        async with job_limiter:
+            if template_limiter is None:
+                await self.run_step(job, step, name, binding, record, placement, affinity)
+            else:
+                async with template_limiter:
+                    await self.run_step(job, step, name, binding, record, placement, affinity)
 
     async def finish(
         self,
@@ -483,7 +614,7 @@ class _Run:
             record.reason = reason
         if error:
             record.error = error
-        await self.save()
+        self.changed(record)
         detail = reason or error
         await self.emit(
             StepEvent(status.value, job.name, name, self.id, worker=record.worker, detail=detail)
@@ -511,7 +642,7 @@ class _Run:
                 await self.finish(job, name, record, Status.SKIPPED, reason=f"guard {step.guard}")
                 return
         record.status, record.started_at = Status.RUNNING, self.now()
-        await self.save()
+        self.changed(record)
         await self.emit(StepEvent("started", job.name, name, self.id))
         try:
             if step.task.kind == "workflow":
@@ -577,7 +708,7 @@ class _Run:
             {k: v for k, v in args.items()},
             placement,
             read_scope=self.engine.workflows.repo.read_scope(instance),
-            queue_timeout=fields.queue_timeout,
+            queue_timeout=self.queue_timeout_left(job, step, fields, placement),
             timeout=fields.timeout,
             workflow=self.workflow.name,
             run_id=self.id,
@@ -610,6 +741,29 @@ class _Run:
             if own is not None:
                 return own
         return self.workflow.placement.priority
+
+    def queue_timeout_left(
+        self, job: Job, step: Step, fields: Fields, placement: StepPlacement
+    ) -> str | None:
+        """A ``forEach`` expansion's ``queueTimeout`` counts from when its step began feeding
+        its expansions: one that waited its turn here waits the rest in the queue (a second
+        at least). A fan-out over workers that never come then fails about when it would have
+        had every item waited in the queue at once, not a window after a window."""
+        since = self.fed_since.get((job.name, step.name))
+        if since is None or not placement.is_remote():
+            return fields.queue_timeout
+        waited = trio.current_time() - since
+        if waited < 1:
+            return fields.queue_timeout
+        own = (
+            parse_queue_timeout(fields.queue_timeout, what="queueTimeout")
+            if fields.queue_timeout is not None
+            else None
+        )
+        total = effective_timeout(own, self.engine.host.queue_timeout)
+        if total <= 0:  # waits forever
+            return fields.queue_timeout
+        return f"{max(1, math.ceil(total - waited))}s"
 
     async def pinned(
         self, group: _Affinity, placement: StepPlacement, name: str
@@ -661,7 +815,7 @@ class _Run:
                     record.queued_ms = _ms_between(record.queued_at, self.now())
                 if pin is not None:  # the choosing step's: the group goes where it runs
                     pin.follow(worker)
-                await self.save()
+                self.changed(record)
                 await self.emit(StepEvent("dispatched", job.name, name, self.id, worker=worker))
             case Redispatched(worker=worker, reason=reason):
                 await self.emit(

@@ -10,6 +10,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import tomli_w
+import tomllib
 
 from tests.integration.conftest import ROOT, wait_until
 
@@ -174,7 +176,12 @@ def test_ctrl_c_cancels_the_run_and_its_step_on_the_worker(cluster):
         ),
         what="the lease to end cancelled",
     )
-    run = cluster.query('modelType == "swamp/workflow-run"')[0]["attributes"]
+    # the run's header is one record, each step another: both say so, and the run read whole
+    [header] = [r["attributes"] for r in cluster.query('modelType == "swamp/workflow-run"')]
+    [step] = [r["attributes"] for r in cluster.query('modelType == "swamp/workflow-step"')]
+    assert (step["runId"], step["job"], step["name"]) == (header["runId"], "main", "wait")
+    assert step["status"] == "cancelled" and header["jobs"][0]["stepCounts"] == {"cancelled": 1}
+    run = cluster.cli_json("workflow", "history", "get", header["runId"])["run"]
     assert _steps(run)["main.wait"]["status"] == "cancelled"
 
 
@@ -198,6 +205,59 @@ def test_workflow_cancel_and_a_crash_mid_run(cluster):
     run = cluster.cli_json("workflow", "history", "get", started["runId"])["run"]
     assert run["status"] == "failed" and run["error"] == "interrupted: orchestrator restart"
     assert _steps(run)["main.wait"]["status"] == "failed"
+
+
+EMPTY_AND_SLOW = """\
+    name = "empty-and-slow"
+    [inputs.properties.items]
+    type = "array"
+    default = []
+    [[jobs]]
+    name = "main"
+    [[jobs.steps]]
+    name = "each"
+    forEach = { item = "x", in = "${{ inputs.items }}" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+    [[jobs.steps]]
+    name = "after"
+    dependsOn = [{ step = "each", condition = { type = "succeeded" } }]
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+    [[jobs.steps]]
+    name = "wait"
+    target = "w1"
+    [jobs.steps.task]
+    type = "model_method"
+    modelIdOrName = "test/steps"
+    methodName = "wait"
+    inputs = { seconds = 60 }
+"""
+
+
+def test_a_run_with_an_empty_fan_out_and_a_running_step_is_cancelled(cluster):
+    """The scale-to-zero case: a fan-out over nothing ends at once (its dependant skipped)
+    while another step of the run still runs; ``workflow cancel`` ends the run cancelled."""
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    _write(cluster, "empty-and-slow", EMPTY_AND_SLOW)
+    running = cluster.spawn("workflow", "run", "empty-and-slow", "--json", "--server", cluster.url)
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    running.wait_for(
+        lambda e: (
+            (e.get("event", {}).get("step"), e.get("event", {}).get("what")) == ("after", "skipped")
+        )
+    )
+    cancelled = cluster.cli_json("workflow", "cancel", started["runId"][:8])["run"]
+    assert cancelled["status"] == "cancelled"
+    assert running.wait_exit() == 1
+    run = cluster.cli_json("workflow", "history", "get", started["runId"])["run"]
+    assert run["status"] == "cancelled" and run["jobs"][0]["status"] == "cancelled"
+    steps = _steps(run)
+    assert steps["main.each"]["status"] == "skipped"
+    assert steps["main.each"]["reason"].startswith("forEach over zero items")
+    assert steps["main.after"]["status"] == "skipped"
+    assert steps["main.wait"]["status"] == "cancelled"
+    [summary] = cluster.cli_json("workflow", "history", "empty-and-slow")["runs"]
+    assert (summary["status"], summary["steps"], summary["succeeded"]) == ("cancelled", 3, 0)
 
 
 TASK = 'task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "true" } }'  # noqa: E501
@@ -358,6 +418,16 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
         result = cluster.cli("workflow", "run", "ci", *args)
         assert result.returncode == 2 and needle in result.stderr, result.stderr
     assert cluster.query('modelType == "swamp/workflow-run"') == []
+    # the orchestrator's cap (10,000 by default) is a serve setting: here 1,000
+    for bad in ("0", "-5"):  # a cap below one: refused, one line, nothing started
+        refused = cluster.cli("serve", "--repo-dir", str(cluster.repo), "--max-fan-out", bad)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == f"error: invalid --max-fan-out {bad}: expected 1 or more\n"
+    config = cluster.repo / "swamp.toml"
+    settings = tomllib.loads(config.read_text())
+    settings["serve"]["max-fan-out"] = 1000
+    config.write_text(tomli_w.dumps(settings))
+    cluster.serve()
     items = json.dumps(list(range(1001)))
     _write(
         cluster,
@@ -375,9 +445,12 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
         task = {{ type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }}
         """,
     )
-    code, run, _ = _run(cluster, "wide")
+    code, run, _ = _run(cluster, "wide", "--server", cluster.url)
     assert code == 1 and run["jobs"][0]["status"] == "failed"
-    assert "gave 1001 items; a step runs at most 1000 times" in run["jobs"][0]["error"]
+    assert run["jobs"][0]["error"] == (
+        "step 'each': forEach.in gave 1001 items; a step runs at most 1000 times (the "
+        "orchestrator's --max-fan-out (max-fan-out in swamp.toml [serve]); or split the list)"
+    )
 
 
 LISTS = """\
@@ -541,3 +614,34 @@ def test_an_affinity_group_follows_its_first_step_to_where_it_really_ran(cluster
     gpu = steps["together.gpu"]
     assert gpu["status"] == "failed" and "gpu=true" in gpu["error"], gpu
     assert "affinity group" in gpu["error"]
+
+
+WIDE_ECHO = """\
+    name = "wide-echo"
+    [inputs.properties.items]
+    type = "array"
+    [[jobs]]
+    name = "fan"
+    [[jobs.steps]]
+    name = "each"
+    forEach = { item = "i", in = "${{ inputs.items }}" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_a_run_larger_than_one_reply_is_printed_whole_on_both_routes(cluster):
+    """6,000 steps are more than one reply carries (pages of about 1 MiB): `workflow run` and
+    `history get` ask for the rest and print the whole tree, in order, on either route."""
+    _write(cluster, "wide-echo", WIDE_ECHO)
+    items = json.dumps(list(range(6000)))
+    for route in ((), ("--server",)):
+        if route:
+            cluster.serve()
+            route = ("--server", cluster.url)
+        code, run, events = _run(cluster, "wide-echo", "--input", f"items={items}", *route)
+        assert code == 0 and run["status"] == "succeeded"
+        names = [s["name"] for s in run["jobs"][0]["steps"]]
+        assert names == [f"each-{i}" for i in range(6000)]
+        assert sum(1 for e in events if e.get("what") == "succeeded") == 6000
+        got = cluster.cli_json("workflow", "history", "get", run["runId"], *route)["run"]
+        assert got == run

@@ -145,8 +145,12 @@ def test_what_a_for_each_may_give():
         with pytest.raises(UserError, match=needle):
             expansion_items(bad, step="s")
     assert len(expansion_items(list(range(MAX_EXPANSIONS)), step="s")) == MAX_EXPANSIONS
-    with pytest.raises(UserError, match="at most 1000 times"):
+    with pytest.raises(UserError, match=f"at most {MAX_EXPANSIONS} times .*--max-fan-out"):
         expansion_items(list(range(MAX_EXPANSIONS + 1)), step="s")
+    assert MAX_EXPANSIONS == 10_000  # the fleet's size the issue asks for
+    assert len(expansion_items([1, 2, 3], step="s", cap=3)) == 3
+    with pytest.raises(UserError, match="gave 4 items; a step runs at most 3 times"):
+        expansion_items([1, 2, 3, 4], step="s", cap=3)
 
 
 def test_a_rendered_value_has_a_size_cap():

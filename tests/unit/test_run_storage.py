@@ -1,0 +1,347 @@
+"""Runs stored step by step (real SQLite): a small header and a record per step, written a
+batch at a time, each changed step once; read back whole, listed from the headers alone,
+reconciled and collected with their steps."""
+
+import json
+
+import trio
+import trio.testing
+
+from swamp.bookkeeping.workflow_runs import (
+    INTERRUPTED,
+    STEP_TYPE,
+    TYPE,
+    RunBook,
+    RunWriter,
+    key,
+    step_key,
+)
+from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
+from swamp.models.builtin import WORKFLOW_RUN
+from swamp.store.datastore import Datastore
+from swamp.workflows.engine import FEED_FLOOR, Engine, Host
+from swamp.workflows.loader import Workflows
+from tests.unit.engine_harness import Worker, open_rig
+
+NOW = 1767323045.0
+
+
+def _run(steps: int, run_id: str = "ab12cd34ef56") -> RunRecord:
+    return RunRecord(
+        run_id=run_id,
+        workflow="deploy",
+        started_at="2026-01-02T03:04:05.000Z",
+        inputs={"n": steps},
+        jobs=[
+            JobRecord("build", Status.RUNNING, steps=[StepRecord(f"s-{i}") for i in range(steps)]),
+            JobRecord("ship", steps=[StepRecord("push")]),
+        ],
+    )
+
+
+def _writer(store: Datastore, run: RunRecord) -> RunWriter:
+    writer = RunWriter(store, run)
+    for job in run.jobs:
+        for step in job.steps:
+            writer.add(job.name, step)
+    writer.flush()
+    return writer
+
+
+def test_a_run_is_a_small_header_and_a_record_per_step_and_reads_back_whole(tmp_path):
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(3)
+        writer = _writer(store, run)
+        first, second = run.jobs[0].steps[:2]
+        first.status, first.worker = Status.SUCCEEDED, "w-1"
+        second.status = Status.RUNNING
+        writer.changed(first)
+        writer.changed(second)
+        writer.flush()
+        header = store.latest(key("deploy", run.run_id)).attributes
+        assert "steps" not in header["jobs"][0] and header["layout"] == 2
+        assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "running": 1, "pending": 1}
+        assert header["jobs"][1]["stepCounts"] == {"pending": 1}
+        stored = store.latest(step_key("deploy", run.run_id, 0)).attributes
+        assert stored == {
+            "name": "s-0",
+            "status": "succeeded",
+            "worker": "w-1",
+            "runId": run.run_id,
+            "job": "build",
+            "seq": 0,
+        }
+        book = RunBook(store)
+        assert book.get(run.run_id[:6]) == run  # the whole tree, in its order
+        assert book.get(run.run_id).to_json() == run.to_json()
+        [summary] = book.summaries()
+        assert (summary["steps"], summary["succeeded"], summary["status"]) == (4, 1, "running")
+        assert book.status(run.run_id) == "running"
+    finally:
+        store.close()
+
+
+def test_a_step_changed_many_times_in_a_window_is_written_once(tmp_path):
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(2)
+        writer = _writer(store, run)
+        step = run.jobs[0].steps[1]
+        for status in (Status.RUNNING, Status.RUNNING, Status.SUCCEEDED):
+            step.status = status
+            writer.changed(step)
+        before = store.writes
+        assert writer.flush() == 1
+        assert store.writes - before == 2  # that step once, and the header
+        assert store.versions(step_key("deploy", run.run_id, 1)) == [2]  # replaced in place
+        assert store.latest(step_key("deploy", run.run_id, 1)).attributes["status"] == "succeeded"
+        assert not writer.pending and writer.flush() == 0
+    finally:
+        store.close()
+
+
+def test_a_transition_costs_the_same_at_the_ten_thousandth_step(tmp_path):
+    store = Datastore(tmp_path / "data.db")
+    try:
+        small, large = _run(10, "a" * 12), _run(10_000, "b" * 12)
+        sizes = []
+        for run in (small, large):
+            writer = _writer(store, run)
+            step = run.jobs[0].steps[-1]
+            step.status = Status.SUCCEEDED
+            writer.changed(step)
+            before = store.writes
+            writer.flush()
+            assert store.writes - before == 2
+            header = store.latest(key("deploy", run.run_id)).attributes
+            sizes.append(len(json.dumps(header)))
+        assert abs(sizes[0] - sizes[1]) < 16  # the header says how many, not which
+    finally:
+        store.close()
+
+
+def test_a_restart_fails_a_running_run_and_every_step_that_had_not_ended(tmp_path):
+    """A crash loses the last batch window at most: a step stored pending may have started
+    in it, so every step that had not ended is failed, interrupted; ended ones stay."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(3)
+        writer = _writer(store, run)
+        done, running, _ = run.jobs[0].steps
+        done.status, running.status = Status.SUCCEEDED, Status.RUNNING
+        writer.changed(done)
+        writer.changed(running)
+        writer.flush()
+        book = RunBook(store, clock=lambda: NOW)
+        assert book.reconcile() == 1
+        again = book.get(run.run_id)
+        assert (again.status, again.error) == (Status.FAILED, INTERRUPTED)
+        build, ship = again.jobs
+        assert build.status == Status.FAILED
+        assert [(s.status, s.error) for s in build.steps] == [
+            (Status.SUCCEEDED, None),
+            (Status.FAILED, INTERRUPTED),
+            (Status.FAILED, INTERRUPTED),
+        ]
+        assert ship.status == Status.PENDING  # a job that had not started: as it was
+        assert (ship.steps[0].status, ship.steps[0].error) == (Status.FAILED, INTERRUPTED)
+        header = store.latest(key("deploy", run.run_id)).attributes
+        assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "failed": 2}
+        assert book.summaries()[0]["status"] == "failed"
+        assert book.reconcile() == 0
+    finally:
+        store.close()
+
+
+def test_collecting_a_run_takes_its_steps_and_never_a_running_run(tmp_path):
+    store = Datastore(tmp_path / "data.db")
+    try:
+        old, running = _run(1500, "0ld0ld0ld0ld"), _run(2, "11ve11ve11ve")
+        old.status, old.ended_at = Status.SUCCEEDED, "2026-01-01T00:00:00.000Z"
+        _writer(store, old)
+        _writer(store, running)  # running, no end: never collected, however old
+        policy = WORKFLOW_RUN.resources[0].policy
+        whole = _run(1, "wh01ewh01ewh").to_json()  # as earlier versions stored runs
+        whole.update(status="failed", endedAt="2026-01-01T00:00:00.000Z")
+        store.write(key("deploy", whole["runId"]), whole, policy=policy)
+        book = RunBook(store, clock=lambda: NOW + 30 * 86400)
+        assert book.collect(older_than_seconds=7 * 86400) == 1501 + 1 + 1  # steps, headers
+        assert [h["runId"] for h in book.headers()] == [running.run_id]
+        assert len(store.latest_of_type(STEP_TYPE)) == 3  # the running run's
+        assert len(store.latest_of_type(TYPE)) == 1
+    finally:
+        store.close()
+
+
+def test_a_whole_run_stored_by_an_earlier_version_is_listed_and_read(tmp_path):
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(2)
+        run.jobs[0].steps[0].status = Status.SUCCEEDED
+        policy = WORKFLOW_RUN.resources[0].policy
+        store.write(key("deploy", run.run_id), run.to_json(), policy=policy)
+        book = RunBook(store)
+        assert book.get(run.run_id) == run
+        [summary] = book.summaries("deploy")
+        assert (summary["steps"], summary["succeeded"]) == (3, 1)
+    finally:
+        store.close()
+
+
+ECHO = 'task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }'
+WIDE = f"""\
+    name = "wide"
+    [inputs.properties.items]
+    type = "array"
+    [[jobs]]
+    name = "fan"
+    [[jobs.steps]]
+    name = "each"
+    forEach = {{ item = "i", in = "${{{{ inputs.items }}}}" }}
+    labels = {{ fleet = "edge" }}
+    {ECHO}
+    [[jobs.steps]]
+    name = "after"
+    dependsOn = [{{ step = "each", condition = {{ type = "succeeded" }} }}]
+    labels = {{ fleet = "edge" }}
+    {ECHO}
+"""
+
+
+async def test_a_fan_out_is_fed_a_window_at_a_time_and_written_in_batches(tmp_path):
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
+        rig.workflow("wide", WIDE)
+        size = FEED_FLOOR * 3
+        gates = [rig.fleet.hold(f"each-{i}") for i in range(size)]
+        ran: list[dict] = []
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                ran.append(await rig.run("wide", {"items": list(range(size))}))
+
+            nursery.start_soon(run)
+            await rig.fleet.started("each-0")
+            await trio.testing.wait_all_tasks_blocked()
+            # one window started (8 slots connected: the floor), the rest wait their turn
+            assert len(rig.fleet.dispatches) == FEED_FLOOR
+            gates[0].set()
+            await rig.fleet.started(f"each-{FEED_FLOOR}")
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(rig.fleet.dispatches) == FEED_FLOOR + 1  # one ended, one more fed
+            for gate in gates:
+                gate.set()
+        [record] = ran
+        steps = rig.steps(record)
+        assert len(steps) == size + 1 and all(s["status"] == "succeeded" for s in steps.values())
+        assert [s for _, s in rig.said("dispatched")][-1] == "after"  # after all of them
+        # each step is written a few times at most (made, started, ended — fewer when they
+        # fall in one window), never the whole run at each transition
+        assert len(rig.store.latest_of_type(STEP_TYPE)) == size + 1
+        assert rig.store.writes < (size + 1) * 4
+
+
+async def test_more_items_than_the_orchestrator_allows_fail_the_job_naming_the_setting(tmp_path):
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
+        rig.workflow("wide", WIDE)
+        host = Host(run_step=rig.fleet.run_step, workers_connected=rig.fleet.connected)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host, max_fan_out=3)
+        record = await rig.run("wide", {"items": [1, 2, 3]})
+        assert record["status"] == "succeeded"
+        record = await rig.run("wide", {"items": [1, 2, 3, 4]})
+        job = record["jobs"][0]
+        assert job["status"] == "failed" and record["status"] == "failed"
+        assert "gave 4 items; a step runs at most 3 times" in job["error"]
+        assert "--max-fan-out (max-fan-out in swamp.toml [serve])" in job["error"]
+        assert rig.fleet.dispatches and len(rig.fleet.dispatches) == 4  # the first run's only
+
+
+def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it(tmp_path):
+    from swamp.domain.run_record import merge_page, page
+
+    run = _run(1000)
+    run.jobs[1].steps[0].log_tail = ["x" * 400]
+    store = Datastore(tmp_path / "data.db")
+    try:
+        _writer(store, run)  # every step has its place
+        whole = run.to_json()
+        for read in (
+            lambda offset: page(run, offset, budget=8000),  # the live run's
+            lambda offset: RunBook(store).page(run.run_id, offset),
+        ):  # the stored
+            first, offset = read(0)
+            pages = 1
+            while offset is not None:
+                more, offset = read(offset)
+                merge_page(first, more)
+                pages += 1
+            assert first == whole
+        # a page from the store is a range of at most PAGE_ROWS steps
+        shown, offset = RunBook(store).page(run.run_id[:6], 0)
+        assert offset is None and shown == whole
+        first, offset = page(run, 0, budget=8000)
+        assert offset is not None and 0 < len(first["jobs"][0]["steps"]) < 1000
+        assert first["jobs"][1]["steps"] == [] and first["runId"] == run.run_id
+        assert len(json.dumps(first, separators=(",", ":"))) < 8000 + 1000
+        assert page(run, 0)[1] is None  # the default budget: all of it in one
+        huge, offset = page(run, 1000, budget=10)  # one step at least, however large
+        assert len(huge["jobs"][1]["steps"]) == 1 and offset is None
+    finally:
+        store.close()
+
+
+def test_pages_of_a_stored_run_are_read_a_range_at_a_time(tmp_path, monkeypatch):
+    from swamp.bookkeeping import workflow_runs
+    from swamp.domain.run_record import merge_page
+
+    monkeypatch.setattr(workflow_runs, "PAGE_ROWS", 7)
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(30)
+        _writer(store, run)
+        book = RunBook(store)
+        first, offset = book.page(run.run_id, 0)
+        assert offset == 7 and len(first["jobs"][0]["steps"]) == 7
+        reads = 1
+        while offset is not None:
+            more, offset = book.page(run.run_id, offset)
+            merge_page(first, more)
+            reads += 1
+        assert first == run.to_json() and reads == 5  # 31 steps, 7 a read
+    finally:
+        store.close()
+
+
+async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
+    tmp_path, autojump_clock
+):
+    """An item's queueTimeout counts from when its fan-out began feeding: the 65th item of a
+    window of 64, fed 30 s in, is given the 30 s it has left (the first ones, all 60)."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=1)) as rig:
+        rig.workflow(
+            "wide",
+            WIDE.replace(
+                'labels = { fleet = "edge" }\n',
+                'labels = { fleet = "edge" }\n    queueTimeout = "60s"\n',
+                1,
+            ),
+        )
+        given: dict[str, str | None] = {}
+
+        async def run_step(request, emit):
+            given[request.step] = request.queue_timeout
+            return await rig.fleet.run_step(request, emit)
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected, queue_timeout=600)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
+            await rig.fleet.started(f"each-{FEED_FLOOR - 1}")
+            await trio.sleep(30)
+            assert f"each-{FEED_FLOOR}" not in given  # still waiting its turn
+            for gate in window:
+                gate.set()
+        assert given["each-0"] == given["each-1"] == "60s"
+        assert given[f"each-{FEED_FLOOR}"] == "30s"
+        assert given["after"] is None  # not an expansion: its own (the orchestrator's)
