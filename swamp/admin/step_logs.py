@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import trio
 
-from swamp.bookkeeping.workflow_runs import RunBook, key
+from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.domain.run_record import RunRecord
 from swamp.domain.step_logs import LogRef, parse_log_ref
 from swamp.errors import NotFound, UserError
@@ -104,9 +104,9 @@ def _resolve(
     if len(ref.id) == 32:  # a whole id: found by its key, not by a scan of the runs
         infos = logs.logs_of_run(ref.id)
         if infos and infos[0].owner.workflow:
-            record = store.latest(key(infos[0].owner.workflow, ref.id))
-            if record is not None:
-                return RunRecord.from_json(record.attributes), infos
+            whole = RunBook(store).exact(infos[0].owner.workflow, ref.id)
+            if whole is not None:
+                return whole, infos
         exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
         if exact and ref.step is None:
             return None, exact

@@ -198,6 +198,13 @@ class RunBook:
         and step."""
         return self._whole(self.header(ref))
 
+    def exact(self, workflow: str, run_id: str) -> RunRecord | None:
+        """A run by its workflow and whole id, read by its key (no scan of the runs)."""
+        found = self.store.latest(key(workflow, run_id))
+        if found is None:
+            return None
+        return self._whole(_RUN_FIELDS(found))
+
     def header(self, ref: str) -> dict:
         """A run's header (its steps not read) by its id or an unambiguous prefix of it."""
         if len(ref) < 4:

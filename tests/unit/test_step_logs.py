@@ -221,7 +221,7 @@ def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     sink = StepLogs(logs)
     old, kept = "a1" * 16, "b2" * 16
     for run_id in (old, kept):
-        RunBook(store).save(
+        RunBook(store).save_whole(
             RunRecord(
                 run_id,
                 "wf",
