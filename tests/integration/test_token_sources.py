@@ -154,8 +154,11 @@ def test_with_json_the_failure_is_coded_and_still_holds_no_secret(cluster, site)
 def test_a_token_that_expires_is_followed_by_the_one_the_source_has_now(cluster, site):
     cluster.serve()
     store = cluster.tmp / "store"
+    long = cluster.mint("long")  # minted first: what follows the enrollment is a file write
     # a short deadline, longer each time a busy machine let it pass before the worker had
-    # even enrolled: what is tested is an enrolled worker whose token expires
+    # even enrolled, or before the new token was in the file: what is tested is an enrolled
+    # worker whose token expires while the source has the next one
+    renewed: dict = {"event": None}
     for seconds in (3, 12, 48):
         store.write_text(cluster.mint("short", duration=f"{seconds}s"))
         worker = cluster.spawn("worker", "connect", cluster.url, "--json",
@@ -164,12 +167,20 @@ def test_a_token_that_expires_is_followed_by_the_one_the_source_has_now(cluster,
         first = worker.wait_for(
             lambda e: e.get("event") in ("enrolled", "stopped"), timeout=seconds + 30
         )
-        if first["event"] == "enrolled":
+        if first["event"] != "enrolled":
+            assert worker.wait_exit() == 1, first
+            continue
+        assert first["workerName"] == "short"
+        store.write_text(long)
+        renewed = worker.wait_for(
+            lambda e: e.get("event") in ("token_renewed", "stopped"), timeout=seconds + 30
+        )
+        if renewed["event"] == "token_renewed":
             break
-        assert worker.wait_exit() == 1, first
-    assert first["workerName"] == "short"
-    store.write_text(cluster.mint("long"))
-    renewed = worker.wait_for(lambda e: e.get("event") == "token_renewed")
+        # the deadline passed before the file changed: the source still gave the same token
+        assert "still gives the same token" in renewed["reason"], renewed
+        assert worker.wait_exit() == 1, renewed
+    assert renewed["event"] == "token_renewed", renewed
     assert renewed["after"] == "token_expired"
     assert worker.wait_for(lambda e: e.get("event") == "enrolled" and e["workerName"] == "long")
     # asked as the deadline passed, not after a refused attempt with the expired token
