@@ -19,7 +19,7 @@ from swamp.bookkeeping.workflow_runs import (
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.store.datastore import Datastore
-from swamp.workflows.engine import FEED_FLOOR, Engine, Host
+from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
 from swamp.workflows.loader import Workflows
 from tests.unit.engine_harness import Worker, open_rig
 
@@ -149,6 +149,82 @@ def test_a_restart_fails_a_running_run_and_every_step_that_had_not_ended(tmp_pat
         header = store.latest(key("deploy", run.run_id)).attributes
         assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "failed": 2}
         assert book.summaries()[0]["status"] == "failed"
+        assert book.reconcile() == 0
+    finally:
+        store.close()
+
+
+def test_a_crash_during_the_final_save_leaves_no_step_running_under_an_ended_run(tmp_path):
+    """The final save of a large run takes several transactions; the header's end goes in the
+    last. Cut short after the first, the stored run is still running: the next start fails it
+    and every step left unended."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = RunRecord(
+            run_id="ab12cd34ef56ab12cd34ef56ab12cd34",
+            workflow="wide",
+            started_at="2026-01-02T03:04:05.000Z",
+            status=Status.RUNNING,
+            jobs=[
+                JobRecord(
+                    "j",
+                    Status.RUNNING,
+                    steps=[StepRecord(f"s-{i}", Status.RUNNING) for i in range(1200)],
+                )
+            ],
+        )
+        writer = RunWriter(store, run)
+        for step in run.jobs[0].steps:
+            writer.add("j", step)
+        while writer.pending:
+            writer.flush(limit=FLUSH_CHUNK)
+        for step in run.jobs[0].steps:  # workflow cancel: then save() a chunk at a time
+            step.status = Status.CANCELLED
+            writer.changed(step)
+        run.status = run.jobs[0].status = Status.CANCELLED
+        writer.header_changed()
+        writer.flush(limit=FLUSH_CHUNK)  # the first of three transactions; then the crash
+        book = RunBook(store, clock=lambda: NOW)
+        assert book.header(run.run_id)["status"] == "running"
+        assert book.reconcile() == 1  # the next start
+        stored = book.get(run.run_id)
+        assert (stored.status, stored.error) == (Status.FAILED, INTERRUPTED)
+        statuses = [s.status for s in stored.jobs[0].steps]
+        assert statuses.count(Status.CANCELLED) == FLUSH_CHUNK
+        assert statuses.count(Status.FAILED) == 1200 - FLUSH_CHUNK
+    finally:
+        store.close()
+
+
+def test_a_restart_fails_steps_left_unended_under_a_run_that_ended(tmp_path):
+    """A run stored by a final save cut short before this version wrote the header last: its
+    header ended, some steps still running. The next start fails those steps and keeps the
+    run's status; a run that ended whole is not read again."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(3)
+        writer = _writer(store, run)
+        for step in run.jobs[0].steps:
+            step.status = Status.RUNNING
+            writer.changed(step)
+        writer.flush()
+        first = run.jobs[0].steps[0]
+        first.status = Status.CANCELLED
+        writer.changed(first)
+        run.status = run.jobs[0].status = run.jobs[1].status = Status.CANCELLED
+        run.error = "cancelled"
+        writer.header_changed()
+        writer.flush()  # an ended header over two running steps and a pending one
+        book = RunBook(store, clock=lambda: NOW)
+        assert book.reconcile() == 1
+        again = book.get(run.run_id)
+        assert (again.status, again.error) == (Status.CANCELLED, "cancelled")
+        assert [s.status for s in again.jobs[0].steps] == [
+            Status.CANCELLED,
+            Status.FAILED,
+            Status.FAILED,
+        ]
+        assert again.jobs[1].steps[0].status == Status.FAILED
         assert book.reconcile() == 0
     finally:
         store.close()
