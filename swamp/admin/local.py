@@ -273,11 +273,7 @@ class RepoAdmin:
         """One per orchestrator (its live runs can be cancelled), or per CLI process."""
         if self._engine is None:
             if self.dispatch is not None:
-                host = Host(
-                    run_step=self.dispatch.run,
-                    workers_connected=self._connected,
-                    queue_timeout=self.dispatch.queue_timeout,
-                )
+                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
             else:
                 host = Host(run_step=self._run_here, placed=False)
             self._engine = Engine(

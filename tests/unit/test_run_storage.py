@@ -17,6 +17,7 @@ from swamp.bookkeeping.workflow_runs import (
     step_key,
 )
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
+from swamp.errors import QueueTimeout
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.store.datastore import Datastore
 from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
@@ -388,12 +389,13 @@ def test_pages_of_a_stored_run_are_read_a_range_at_a_time(tmp_path, monkeypatch)
         store.close()
 
 
-async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
+async def test_an_item_fed_late_in_a_long_fan_out_gets_its_whole_queue_timeout(
     tmp_path, autojump_clock
 ):
-    """An item's queueTimeout counts from when its fan-out began feeding: the 65th item of a
-    window of 64, fed 30 s in, is given the 30 s it has left (the first ones, all 60)."""
-    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=1)) as rig:
+    """An item's queueTimeout counts from when it was fed, as any step's: the 65th item of a
+    window of 64, fed 601 s in (the first window ran ten minutes), is given its own 60 s,
+    not the second the fan-out's feeding had left of it."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
         rig.workflow(
             "wide",
             WIDE.replace(
@@ -408,16 +410,82 @@ async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
             given[request.step] = request.queue_timeout
             return await rig.fleet.run_step(request, emit)
 
-        host = Host(run_step=run_step, workers_connected=rig.fleet.connected, queue_timeout=600)
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
         rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
         window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
             await rig.fleet.started(f"each-{FEED_FLOOR - 1}")
-            await trio.sleep(30)
+            await trio.sleep(601)
             assert f"each-{FEED_FLOOR}" not in given  # still waiting its turn
             for gate in window:
                 gate.set()
-        assert given["each-0"] == given["each-1"] == "60s"
-        assert given[f"each-{FEED_FLOOR}"] == "30s"
+        assert given["each-0"] == given[f"each-{FEED_FLOOR}"] == "60s"
         assert given["after"] is None  # not an expansion: its own (the orchestrator's)
+
+
+async def test_a_fan_out_over_workers_that_never_come_ends_after_one_queue_timeout(
+    tmp_path, autojump_clock
+):
+    """No worker has the fan-out's labels: the first window waits its queue timeout, an item
+    times out with no matching worker connected, and the items not yet fed fail with that
+    reason at once — the run ends about one queue timeout after it began, not a window after
+    a window."""
+    async with open_rig(tmp_path, Worker("other-1", {"fleet": "other"}, capacity=8)) as rig:
+        rig.workflow(
+            "wide",
+            WIDE.replace(
+                'labels = { fleet = "edge" }\n',
+                'labels = { fleet = "edge" }\n    queueTimeout = "60s"\n',
+                1,
+            ),
+        )
+        fed: list[str] = []
+
+        async def run_step(request, emit):  # the queue: nobody matching ever takes it
+            fed.append(request.step)
+            assert request.queue_timeout == "60s"
+            await trio.sleep(60)
+            raise QueueTimeout(
+                f"timed out waiting for a worker matching {request.placement.describe()} "
+                "to become available"
+            )
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        began = trio.current_time()
+        record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 4))})
+        assert trio.current_time() - began < 61
+        assert len(fed) == FEED_FLOOR  # one window was fed, no more
+        steps = rig.steps(record)
+        assert record["status"] == "failed"
+        unfed = steps[f"each-{FEED_FLOOR * 4 - 1}"]
+        assert unfed["status"] == "failed"
+        assert unfed["error"].startswith("not started: each-")
+        assert "no worker matching" in unfed["error"]
+        assert steps["each-0"]["status"] == "failed"
+        assert steps["after"]["status"] == "skipped"
+
+
+async def test_a_fan_out_on_a_busy_fleet_keeps_feeding_after_an_item_times_out(
+    tmp_path, autojump_clock
+):
+    """An item that timed out in the queue while a matching worker is connected waited on a
+    busy fleet: it fails, the items after it are still fed."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
+        rig.workflow("wide", WIDE)
+        fed: list[str] = []
+
+        async def run_step(request, emit):
+            fed.append(request.step)
+            if request.step == "each-0":
+                raise QueueTimeout("timed out waiting for a worker matching fleet=edge")
+            return await rig.fleet.run_step(request, emit)
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 2))})
+        steps = rig.steps(record)
+        assert steps["each-0"]["status"] == "failed"
+        assert all(steps[f"each-{i}"]["status"] == "succeeded" for i in range(1, FEED_FLOOR * 2))
+        assert len([n for n in fed if n.startswith("each-")]) == FEED_FLOOR * 2
