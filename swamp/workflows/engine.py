@@ -155,6 +155,12 @@ class Engine:
         self.max_fan_out = max_fan_out  # serve's --max-fan-out
         self.live: dict[str, trio.CancelScope] = {}  # run id → its scope (for workflow cancel)
         self.cancel_reasons: dict[str, str] = {}
+        self.ended: dict[str, trio.Event] = {}  # run id → set once its end is saved
+
+    def ending(self, run_id: str) -> trio.Event | None:
+        """Set when the live run ``run_id`` has ended and saved its end (``None``: not live
+        here): what ``workflow cancel`` waits on, not a re-read of the runs."""
+        return self.ended.get(run_id)
 
     def cancel(self, run_id: str, reason: str) -> bool:
         scope = self.live.get(run_id)
@@ -181,6 +187,7 @@ class Engine:
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
+        self.ended[run.id] = trio.Event()
         try:
             with scope:
                 await run.execute()
@@ -195,6 +202,7 @@ class Engine:
             raise
         finally:
             self.live.pop(run.id, None)
+            self.ended.pop(run.id).set()
         return run.record
 
 

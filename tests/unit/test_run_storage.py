@@ -7,6 +7,7 @@ import json
 import trio
 import trio.testing
 
+from swamp.admin.local import RepoAdmin
 from swamp.bookkeeping.workflow_runs import (
     INTERRUPTED,
     STEP_TYPE,
@@ -18,6 +19,7 @@ from swamp.bookkeeping.workflow_runs import (
 )
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.errors import QueueTimeout
+from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.store.datastore import Datastore
 from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
@@ -489,3 +491,54 @@ async def test_a_fan_out_on_a_busy_fleet_keeps_feeding_after_an_item_times_out(
         assert steps["each-0"]["status"] == "failed"
         assert all(steps[f"each-{i}"]["status"] == "succeeded" for i in range(1, FEED_FLOOR * 2))
         assert len([n for n in fed if n.startswith("each-")]) == FEED_FLOOR * 2
+
+
+ONE = f"""\
+    name = "one"
+    [[jobs]]
+    name = "j"
+    [[jobs.steps]]
+    name = "s"
+    labels = {{ fleet = "edge" }}
+    {ECHO}
+"""
+
+
+class _Dispatch:
+    """What workflow cancel needs of the orchestrator's dispatch: a step runner."""
+
+    def __init__(self, run_step) -> None:
+        self.run = run_step
+
+
+async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(
+    tmp_path, monkeypatch
+):
+    """workflow cancel waits on the run's end (not a re-read of every run) and answers the
+    first page, read as the header and a range of steps — never the whole run."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
+        rig.workflow("one", ONE)
+        admin = RepoAdmin(
+            rig.repo, rig.store, dispatch=_Dispatch(rig.fleet.run_step), registry=rig.fleet.registry
+        )
+        rig.fleet.hold("s")
+        replies: list[dict] = []
+
+        async def run() -> None:
+            reply = await admin.workflow_run(WorkflowRunRequest(name="one", inputs={}))
+            replies.append(reply.run)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await rig.fleet.started("s")
+            run_id = RunBook(rig.store).headers()[0]["runId"]
+
+            def whole(*_args, **_kw):
+                raise AssertionError("read whole")
+
+            monkeypatch.setattr(RunBook, "get", whole)
+            monkeypatch.setattr(RunBook, "status", whole)
+            reply = await admin.workflow_cancel(RunRef(run=run_id[:8], reason="enough"))
+        assert reply.run["status"] == "cancelled" and reply.run["error"] == "enough"
+        assert reply.run["jobs"][0]["steps"][0]["status"] == "cancelled"
+        assert replies[0]["status"] == "cancelled"
