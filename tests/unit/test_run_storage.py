@@ -19,8 +19,8 @@ from swamp.bookkeeping.workflow_runs import (
 )
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.errors import QueueTimeout
-from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.models.builtin import WORKFLOW_RUN
+from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.store.datastore import Datastore
 from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
 from swamp.workflows.loader import Workflows
@@ -511,9 +511,7 @@ class _Dispatch:
         self.run = run_step
 
 
-async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(
-    tmp_path, monkeypatch
-):
+async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(tmp_path, monkeypatch):
     """workflow cancel waits on the run's end (not a re-read of every run) and answers the
     first page, read as the header and a range of steps — never the whole run."""
     async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
