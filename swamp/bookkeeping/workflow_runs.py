@@ -54,6 +54,7 @@ def step_prefix(run_id: str) -> str:
 
 
 def step_key(workflow: str, run_id: str, seq: int) -> Key:
+    # seven digits: places below RUN_PLACES (domain/workflow_run.py) sort as text in order
     return Key(STEP_TYPE, workflow, f"{step_prefix(run_id)}{seq:07d}")
 
 

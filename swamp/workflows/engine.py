@@ -41,6 +41,7 @@ from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
 from swamp.domain.workflow_run import (
     MAX_EXPANSIONS,
+    RUN_PLACES,
     combined,
     decide,
     expansion_items,
@@ -514,6 +515,12 @@ class _Run:
                 seen.add(name)
                 names.append(name)
             out[step.name] = _Group(step, names, items)
+        places = len(self.writer.steps) + sum(len(g.names) for g in out.values())
+        if places > RUN_PLACES:
+            raise UserError(
+                f"job {job.name!r} would number the run's steps to {places:,}; a run numbers "
+                f"at most {RUN_PLACES:,} (split the work between runs)"
+            )
         return out
 
     # -- steps -------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from swamp.errors import QueueTimeout
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.store.datastore import Datastore
+from swamp.workflows import engine as engine_module
 from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
 from swamp.workflows.loader import Workflows
 from tests.unit.engine_harness import Worker, open_rig
@@ -540,3 +541,18 @@ async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(tmp_p
         assert reply.run["status"] == "cancelled" and reply.run["error"] == "enough"
         assert reply.run["jobs"][0]["steps"][0]["status"] == "cancelled"
         assert replies[0]["status"] == "cancelled"
+
+
+async def test_a_run_of_more_steps_than_its_places_number_fails_the_job(tmp_path, monkeypatch):
+    """A run's steps are numbered in seven digits, read back in text order: a job that would
+    take the run past the places fails, saying so, instead of breaking the order."""
+    monkeypatch.setattr(engine_module, "RUN_PLACES", 10)
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
+        rig.workflow("wide", WIDE)
+        # the file's 2 steps, then the 9 expansions and 'after' again (places are not reused)
+        record = await rig.run("wide", {"items": list(range(9))})
+        (job,) = record["jobs"]
+        assert job["status"] == "failed"
+        said = "job 'fan' would number the run's steps to 12; a run numbers at most 10"
+        assert job["error"] == f"{said} (split the work between runs)"
+        assert rig.fleet.dispatches == []
