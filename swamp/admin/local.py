@@ -92,6 +92,8 @@ from swamp.tls import authority
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
+CANCEL_WAIT = 5.0  # seconds workflow cancel waits for the run to save its end
+
 
 class RepoAdmin:
     def __init__(
@@ -273,11 +275,7 @@ class RepoAdmin:
         """One per orchestrator (its live runs can be cancelled), or per CLI process."""
         if self._engine is None:
             if self.dispatch is not None:
-                host = Host(
-                    run_step=self.dispatch.run,
-                    workers_connected=self._connected,
-                    queue_timeout=self.dispatch.queue_timeout,
-                )
+                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
             else:
                 host = Host(run_step=self._run_here, placed=False)
             self._engine = Engine(
@@ -412,17 +410,15 @@ class RepoAdmin:
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
-        if not self.engine.cancel(run_id, reason):
+        ended = self.engine.ending(run_id)
+        if ended is None or not self.engine.cancel(run_id, reason):
             raise Conflict(
                 f"workflow run {run_id[:12]} is not running in this orchestrator "
                 "(it ended with the one that ran it; its restart marks it failed)"
             )
-        book = RunBook(self.store)
-        for _ in range(100):  # the run saves itself cancelled as its scope unwinds
-            if book.status(run_id) != Status.RUNNING:
-                break
-            await trio.sleep(0.05)
-        return _paged(*page(book.get(run_id), 0))
+        with trio.move_on_after(CANCEL_WAIT):  # it saves itself cancelled as it unwinds
+            await ended.wait()
+        return _paged(*RunBook(self.store).page(run_id, 0))  # a page: the header and a range
 
     # -- step logs -------------------------------------------------------------------------------
 

@@ -54,7 +54,14 @@ def step_prefix(run_id: str) -> str:
 
 
 def step_key(workflow: str, run_id: str, seq: int) -> Key:
+    # seven digits: places below RUN_PLACES (domain/workflow_run.py) sort as text in order
     return Key(STEP_TYPE, workflow, f"{step_prefix(run_id)}{seq:07d}")
+
+
+def _unended(header: dict) -> bool:
+    """An ended header that still counts steps running or pending (read from the header)."""
+    counts = step_counts(header)
+    return bool(counts.get(Status.RUNNING.value) or counts.get(Status.PENDING.value))
 
 
 class RunWriter:
@@ -110,8 +117,14 @@ class RunWriter:
 
     def flush(self, *, limit: int | None = None) -> int:
         """Write what changed (at most ``limit`` steps, oldest change first) and the header, in
-        one transaction; the places written. Nothing is marked written unless it committed."""
+        one transaction; the places written. Nothing is marked written unless it committed.
+
+        An ended run's header goes only in the transaction that writes its last changed steps
+        (steps first, header last): until then the stored header still says ``running``, so a
+        crash between the chunks of the final save leaves a run the next start reconciles,
+        not steps ``running`` under an ended header."""
         places = list(self.dirty)[:limit] if limit else list(self.dirty)
+        with_header = self.run.status == Status.RUNNING or len(places) == len(self.dirty)
         dropped = list(self.dropped)
         versions: dict[int, int] = {}
         counts = {job: Counter(c) for job, c in self.counts.items()}
@@ -138,14 +151,20 @@ class RunWriter:
                 versions[seq] = record.version
             if dropped:
                 self.store.delete_items(step_key(workflow, run_id, seq) for seq in dropped)
-            header = header_json(
-                self.run, {job: {s: n for s, n in c.items() if n > 0} for job, c in counts.items()}
-            )
-            written = self.store.write(
-                key(workflow, run_id), header, policy=POLICY, expected_version=self.header_version
-            )
-        self.header_version = written.version
-        self.header_dirty = False
+            if with_header:
+                header = header_json(
+                    self.run,
+                    {job: {s: n for s, n in c.items() if n > 0} for job, c in counts.items()},
+                )
+                written = self.store.write(
+                    key(workflow, run_id),
+                    header,
+                    policy=POLICY,
+                    expected_version=self.header_version,
+                )
+        if with_header:
+            self.header_version = written.version
+            self.header_dirty = False
         self.counts = counts
         for seq, version in versions.items():
             self.versions[seq] = version
@@ -260,11 +279,16 @@ class RunBook:
         running jobs and every step of it that had not ended are failed (``interrupted``): a
         step stored ``pending`` may have started in the last batch window, which the crash
         lost. (A run stored whole by an earlier version was written at every transition: its
-        pending steps stay as they were.)"""
+        pending steps stay as they were.) A run whose header ended while some of its steps are
+        still counted unended (its final save cut short before the header went last) keeps its
+        status; those steps are failed the same way. The count of runs changed."""
         now = iso(self.clock())
         count = 0
         for header in self.headers():
             if header["status"] != Status.RUNNING:
+                if header.get("layout") == STEPS_APART and _unended(header):
+                    self._interrupt(header, now, run_ended=True)
+                    count += 1
                 continue
             if header.get("layout") == STEPS_APART:
                 self._interrupt(header, now)
@@ -285,7 +309,7 @@ class RunBook:
             count += 1
         return count
 
-    def _interrupt(self, header: dict, now: str) -> None:
+    def _interrupt(self, header: dict, now: str, *, run_ended: bool = False) -> None:
         stored = self._steps(header)
         run = assemble(header, [r.attributes for r in stored])
         versions = {r.attributes.get("seq"): r.version for r in stored}
@@ -308,7 +332,8 @@ class RunBook:
                     writer.changed(step)
             if job.status == Status.RUNNING:
                 job.status, job.ended_at = Status.FAILED, now
-        run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
+        if not run_ended:
+            run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
         writer.header_version = self._header_version(run)
         while writer.pending:  # a transaction per thousand steps, not one for them all
             writer.flush(limit=1000)

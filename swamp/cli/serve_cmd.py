@@ -221,8 +221,8 @@ def serve(
         10_000,
         "--max-fan-out",
         envvar="SWAMP_MAX_FAN_OUT",
-        help="The most items a workflow step's forEach may run it for; a list longer than "
-        "this fails the step's job, naming this setting.",
+        help="The most items a workflow step's forEach may run it for (1 to 1000000); a "
+        "list longer than this fails the step's job, naming this setting.",
     ),
     json_output: bool = JSON,
 ) -> None:
@@ -251,6 +251,7 @@ def serve(
     from swamp.domain.durations import parse_duration, parse_timeout
     from swamp.domain.priority import parse_aging
     from swamp.domain.quota import WriteQuota, parse_size
+    from swamp.domain.workflow_run import MAX_FAN_OUT_LIMIT
     from swamp.errors import UserError
     from swamp.orchestrator.server import ServeOptions
     from swamp.orchestrator.server import serve as run
@@ -266,6 +267,11 @@ def serve(
 
     if o["max_fan_out"] < 1:
         raise UserError(f"invalid {what('max_fan_out')} {o['max_fan_out']}: expected 1 or more")
+    if o["max_fan_out"] > MAX_FAN_OUT_LIMIT:
+        raise UserError(
+            f"invalid {what('max_fan_out')} {o['max_fan_out']}: at most {MAX_FAN_OUT_LIMIT:,} "
+            "(split a longer list between steps or runs)"
+        )
     if o["write_quota_records"] < 1:
         raise UserError(
             f"invalid {what('write_quota_records')} {o['write_quota_records']}: expected 1 or more"

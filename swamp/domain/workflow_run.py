@@ -19,6 +19,8 @@ from swamp.errors import UserError
 # a tuple, not a set: ``in`` compares by value, so a status read back as text matches too
 DONE = (Status.SUCCEEDED, Status.FAILED, Status.SKIPPED)
 MAX_EXPANSIONS = 10_000  # a forEach runs a step at most this many times (serve --max-fan-out)
+MAX_FAN_OUT_LIMIT = 1_000_000  # the most --max-fan-out may be
+RUN_PLACES = 10_000_000  # a run's steps are numbered 0 … 9,999,999: seven digits, in text order
 FAN_OUT_SETTING = "--max-fan-out (max-fan-out in swamp.toml [serve])"
 MAX_INPUT_DEPTH = 32  # how deep an array or object input given as JSON may nest
 _TOO_DEEP = object()  # JSON too deep for the parser itself

@@ -35,13 +35,13 @@ from swamp.domain.expressions import ExpressionError, has_template, render
 from swamp.domain.names import check_instance_name, is_adhoc_instance
 from swamp.domain.placement import Placement as StepPlacement
 from swamp.domain.placement import unmet
-from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ALL_DATA
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.domain.workflow import Job, Step, Workflow
 from swamp.domain.workflow import Placement as Fields
 from swamp.domain.workflow_run import (
     MAX_EXPANSIONS,
+    RUN_PLACES,
     combined,
     decide,
     expansion_items,
@@ -51,7 +51,7 @@ from swamp.domain.workflow_run import (
     no_items,
     run_status,
 )
-from swamp.errors import NeedsOrchestrator, SwampError, UserError
+from swamp.errors import NeedsOrchestrator, QueueTimeout, SwampError, UserError
 from swamp.protocol.messages import (
     Dispatched,
     LogLine,
@@ -84,7 +84,6 @@ class Host:
     run_step: StepRunner
     workers_connected: Callable[[dict], list[dict]] = lambda selector: []
     placed: bool = True  # False on the repo: placed steps need a running orchestrator
-    queue_timeout: float | None = None  # serve's --queue-timeout (None: the default)
 
 
 @dataclass
@@ -157,6 +156,12 @@ class Engine:
         self.max_fan_out = max_fan_out  # serve's --max-fan-out
         self.live: dict[str, trio.CancelScope] = {}  # run id → its scope (for workflow cancel)
         self.cancel_reasons: dict[str, str] = {}
+        self.ended: dict[str, trio.Event] = {}  # run id → set once its end is saved
+
+    def ending(self, run_id: str) -> trio.Event | None:
+        """Set when the live run ``run_id`` has ended and saved its end (``None``: not live
+        here): what ``workflow cancel`` waits on, not a re-read of the runs."""
+        return self.ended.get(run_id)
 
     def cancel(self, run_id: str, reason: str) -> bool:
         scope = self.live.get(run_id)
@@ -183,6 +188,7 @@ class Engine:
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
+        self.ended[run.id] = trio.Event()
         try:
             with scope:
                 await run.execute()
@@ -197,6 +203,7 @@ class Engine:
             raise
         finally:
             self.live.pop(run.id, None)
+            self.ended.pop(run.id).set()
         return run.record
 
 
@@ -241,9 +248,9 @@ class _Run:
         self.adhoc: dict[str, str] = {}
         self.priority = priority  # the run's own (--priority, a parent step's), or None
         self.submitter = submitter  # who asked: the queue shares slots between submitters
-        # when each forEach step began feeding its expansions (trio time): an item's
-        # queueTimeout counts from then, its turn's wait included
-        self.fed_since: dict[tuple[str, str], float] = {}  # (job, step) → when
+        # a forEach step whose workers never came: an expansion waited its whole queue
+        # timeout with no matching worker connected; its unfed expansions fail with this
+        self.no_workers: dict[tuple[str, str], str] = {}  # (job, step) → why
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -508,6 +515,12 @@ class _Run:
                 seen.add(name)
                 names.append(name)
             out[step.name] = _Group(step, names, items)
+        places = len(self.writer.steps) + sum(len(g.names) for g in out.values())
+        if places > RUN_PLACES:
+            raise UserError(
+                f"job {job.name!r} would number the run's steps to {places:,}; a run numbers "
+                f"at most {RUN_PLACES:,} (split the work between runs)"
+            )
         return out
 
     # -- steps -------------------------------------------------------------------------------
@@ -539,10 +552,16 @@ class _Run:
                 await self.step(job, step, step.name, None, steps, placement, affinity)
                 return
             window = trio.Semaphore(self.feed_window(job, step))
-            self.fed_since[job.name, step.name] = trio.current_time()
             async with open_unwrapping_nursery() as nursery:
                 for index, name in enumerate(group.names):
                     await window.acquire()
+                    why = self.no_workers.get((job.name, step.name))
+                    if why is not None:  # its workers never came: the rest is not fed
+                        window.release()
+                        for rest in group.names[index:]:
+                            records[rest].allowed_failure = step.allow_failure or None
+                            await self.finish(job, rest, records[rest], Status.FAILED, error=why)
+                        break
                     binding = {step.for_each.item: group.items[index]}
                     nursery.start_soon(
                         self.fed, window, job, step, name, binding, steps, placement, affinity
@@ -708,7 +727,7 @@ class _Run:
             {k: v for k, v in args.items()},
             placement,
             read_scope=self.engine.workflows.repo.read_scope(instance),
-            queue_timeout=self.queue_timeout_left(job, step, fields, placement),
+            queue_timeout=fields.queue_timeout,  # each item's own, from when it was fed
             timeout=fields.timeout,
             workflow=self.workflow.name,
             run_id=self.id,
@@ -726,6 +745,14 @@ class _Run:
 
         try:
             result = await self.engine.host.run_step(request, relay)
+        except QueueTimeout as exc:
+            if step.for_each is not None and not self.any_worker_for(placement):
+                self.no_workers.setdefault(
+                    (job.name, step.name),
+                    f"not started: {name} waited its queue timeout and no worker matching "
+                    f"{placement.describe()} is connected ({exc.message})",
+                )
+            raise
         finally:
             if chooser is not None:
                 chooser.settle(record.worker)
@@ -742,28 +769,12 @@ class _Run:
                 return own
         return self.workflow.placement.priority
 
-    def queue_timeout_left(
-        self, job: Job, step: Step, fields: Fields, placement: StepPlacement
-    ) -> str | None:
-        """A ``forEach`` expansion's ``queueTimeout`` counts from when its step began feeding
-        its expansions: one that waited its turn here waits the rest in the queue (a second
-        at least). A fan-out over workers that never come then fails about when it would have
-        had every item waited in the queue at once, not a window after a window."""
-        since = self.fed_since.get((job.name, step.name))
-        if since is None or not placement.is_remote():
-            return fields.queue_timeout
-        waited = trio.current_time() - since
-        if waited < 1:
-            return fields.queue_timeout
-        own = (
-            parse_queue_timeout(fields.queue_timeout, what="queueTimeout")
-            if fields.queue_timeout is not None
-            else None
-        )
-        total = effective_timeout(own, self.engine.host.queue_timeout)
-        if total <= 0:  # waits forever
-            return fields.queue_timeout
-        return f"{max(1, math.ceil(total - waited))}s"
+    def any_worker_for(self, placement: StepPlacement) -> bool:
+        """Whether a connected, schedulable worker has the placement's labels (and name, if it
+        targets one): a step that timed out in the queue while one is there waited its turn on
+        a busy fleet; without one, its workers never came."""
+        found = self.engine.host.workers_connected(dict(placement.labels))
+        return any(placement.target in (None, w.get("name")) for w in found)
 
     async def pinned(
         self, group: _Affinity, placement: StepPlacement, name: str

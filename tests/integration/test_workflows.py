@@ -423,6 +423,13 @@ def test_bad_inputs_are_refused_before_a_run_exists_and_a_fan_out_is_bounded(clu
         refused = cluster.cli("serve", "--repo-dir", str(cluster.repo), "--max-fan-out", bad)
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr == f"error: invalid --max-fan-out {bad}: expected 1 or more\n"
+    # above a million: refused (a run's steps are numbered in seven digits)
+    refused = cluster.cli("serve", "--repo-dir", str(cluster.repo), "--max-fan-out", "1000001")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr == (
+        "error: invalid --max-fan-out 1000001: at most 1,000,000 "
+        "(split a longer list between steps or runs)\n"
+    )
     config = cluster.repo / "swamp.toml"
     settings = tomllib.loads(config.read_text())
     settings["serve"]["max-fan-out"] = 1000

@@ -7,6 +7,7 @@ import json
 import trio
 import trio.testing
 
+from swamp.admin.local import RepoAdmin
 from swamp.bookkeeping.workflow_runs import (
     INTERRUPTED,
     STEP_TYPE,
@@ -17,9 +18,12 @@ from swamp.bookkeeping.workflow_runs import (
     step_key,
 )
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
+from swamp.errors import QueueTimeout
 from swamp.models.builtin import WORKFLOW_RUN
+from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.store.datastore import Datastore
-from swamp.workflows.engine import FEED_FLOOR, Engine, Host
+from swamp.workflows import engine as engine_module
+from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
 from swamp.workflows.loader import Workflows
 from tests.unit.engine_harness import Worker, open_rig
 
@@ -149,6 +153,82 @@ def test_a_restart_fails_a_running_run_and_every_step_that_had_not_ended(tmp_pat
         header = store.latest(key("deploy", run.run_id)).attributes
         assert header["jobs"][0]["stepCounts"] == {"succeeded": 1, "failed": 2}
         assert book.summaries()[0]["status"] == "failed"
+        assert book.reconcile() == 0
+    finally:
+        store.close()
+
+
+def test_a_crash_during_the_final_save_leaves_no_step_running_under_an_ended_run(tmp_path):
+    """The final save of a large run takes several transactions; the header's end goes in the
+    last. Cut short after the first, the stored run is still running: the next start fails it
+    and every step left unended."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = RunRecord(
+            run_id="ab12cd34ef56ab12cd34ef56ab12cd34",
+            workflow="wide",
+            started_at="2026-01-02T03:04:05.000Z",
+            status=Status.RUNNING,
+            jobs=[
+                JobRecord(
+                    "j",
+                    Status.RUNNING,
+                    steps=[StepRecord(f"s-{i}", Status.RUNNING) for i in range(1200)],
+                )
+            ],
+        )
+        writer = RunWriter(store, run)
+        for step in run.jobs[0].steps:
+            writer.add("j", step)
+        while writer.pending:
+            writer.flush(limit=FLUSH_CHUNK)
+        for step in run.jobs[0].steps:  # workflow cancel: then save() a chunk at a time
+            step.status = Status.CANCELLED
+            writer.changed(step)
+        run.status = run.jobs[0].status = Status.CANCELLED
+        writer.header_changed()
+        writer.flush(limit=FLUSH_CHUNK)  # the first of three transactions; then the crash
+        book = RunBook(store, clock=lambda: NOW)
+        assert book.header(run.run_id)["status"] == "running"
+        assert book.reconcile() == 1  # the next start
+        stored = book.get(run.run_id)
+        assert (stored.status, stored.error) == (Status.FAILED, INTERRUPTED)
+        statuses = [s.status for s in stored.jobs[0].steps]
+        assert statuses.count(Status.CANCELLED) == FLUSH_CHUNK
+        assert statuses.count(Status.FAILED) == 1200 - FLUSH_CHUNK
+    finally:
+        store.close()
+
+
+def test_a_restart_fails_steps_left_unended_under_a_run_that_ended(tmp_path):
+    """A run stored by a final save cut short before this version wrote the header last: its
+    header ended, some steps still running. The next start fails those steps and keeps the
+    run's status; a run that ended whole is not read again."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        run = _run(3)
+        writer = _writer(store, run)
+        for step in run.jobs[0].steps:
+            step.status = Status.RUNNING
+            writer.changed(step)
+        writer.flush()
+        first = run.jobs[0].steps[0]
+        first.status = Status.CANCELLED
+        writer.changed(first)
+        run.status = run.jobs[0].status = run.jobs[1].status = Status.CANCELLED
+        run.error = "cancelled"
+        writer.header_changed()
+        writer.flush()  # an ended header over two running steps and a pending one
+        book = RunBook(store, clock=lambda: NOW)
+        assert book.reconcile() == 1
+        again = book.get(run.run_id)
+        assert (again.status, again.error) == (Status.CANCELLED, "cancelled")
+        assert [s.status for s in again.jobs[0].steps] == [
+            Status.CANCELLED,
+            Status.FAILED,
+            Status.FAILED,
+        ]
+        assert again.jobs[1].steps[0].status == Status.FAILED
         assert book.reconcile() == 0
     finally:
         store.close()
@@ -312,12 +392,13 @@ def test_pages_of_a_stored_run_are_read_a_range_at_a_time(tmp_path, monkeypatch)
         store.close()
 
 
-async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
+async def test_an_item_fed_late_in_a_long_fan_out_gets_its_whole_queue_timeout(
     tmp_path, autojump_clock
 ):
-    """An item's queueTimeout counts from when its fan-out began feeding: the 65th item of a
-    window of 64, fed 30 s in, is given the 30 s it has left (the first ones, all 60)."""
-    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=1)) as rig:
+    """An item's queueTimeout counts from when it was fed, as any step's: the 65th item of a
+    window of 64, fed 601 s in (the first window ran ten minutes), is given its own 60 s,
+    not the second the fan-out's feeding had left of it."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
         rig.workflow(
             "wide",
             WIDE.replace(
@@ -332,16 +413,146 @@ async def test_an_item_that_waited_its_turn_waits_the_rest_of_its_queue_timeout(
             given[request.step] = request.queue_timeout
             return await rig.fleet.run_step(request, emit)
 
-        host = Host(run_step=run_step, workers_connected=rig.fleet.connected, queue_timeout=600)
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
         rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
         window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
             await rig.fleet.started(f"each-{FEED_FLOOR - 1}")
-            await trio.sleep(30)
+            await trio.sleep(601)
             assert f"each-{FEED_FLOOR}" not in given  # still waiting its turn
             for gate in window:
                 gate.set()
-        assert given["each-0"] == given["each-1"] == "60s"
-        assert given[f"each-{FEED_FLOOR}"] == "30s"
+        assert given["each-0"] == given[f"each-{FEED_FLOOR}"] == "60s"
         assert given["after"] is None  # not an expansion: its own (the orchestrator's)
+
+
+async def test_a_fan_out_over_workers_that_never_come_ends_after_one_queue_timeout(
+    tmp_path, autojump_clock
+):
+    """No worker has the fan-out's labels: the first window waits its queue timeout, an item
+    times out with no matching worker connected, and the items not yet fed fail with that
+    reason at once — the run ends about one queue timeout after it began, not a window after
+    a window."""
+    async with open_rig(tmp_path, Worker("other-1", {"fleet": "other"}, capacity=8)) as rig:
+        rig.workflow(
+            "wide",
+            WIDE.replace(
+                'labels = { fleet = "edge" }\n',
+                'labels = { fleet = "edge" }\n    queueTimeout = "60s"\n',
+                1,
+            ),
+        )
+        fed: list[str] = []
+
+        async def run_step(request, emit):  # the queue: nobody matching ever takes it
+            fed.append(request.step)
+            assert request.queue_timeout == "60s"
+            await trio.sleep(60)
+            raise QueueTimeout(
+                f"timed out waiting for a worker matching {request.placement.describe()} "
+                "to become available"
+            )
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        began = trio.current_time()
+        record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 4))})
+        assert trio.current_time() - began < 61
+        assert len(fed) == FEED_FLOOR  # one window was fed, no more
+        steps = rig.steps(record)
+        assert record["status"] == "failed"
+        unfed = steps[f"each-{FEED_FLOOR * 4 - 1}"]
+        assert unfed["status"] == "failed"
+        assert unfed["error"].startswith("not started: each-")
+        assert "no worker matching" in unfed["error"]
+        assert steps["each-0"]["status"] == "failed"
+        assert steps["after"]["status"] == "skipped"
+
+
+async def test_a_fan_out_on_a_busy_fleet_keeps_feeding_after_an_item_times_out(
+    tmp_path, autojump_clock
+):
+    """An item that timed out in the queue while a matching worker is connected waited on a
+    busy fleet: it fails, the items after it are still fed."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
+        rig.workflow("wide", WIDE)
+        fed: list[str] = []
+
+        async def run_step(request, emit):
+            fed.append(request.step)
+            if request.step == "each-0":
+                raise QueueTimeout("timed out waiting for a worker matching fleet=edge")
+            return await rig.fleet.run_step(request, emit)
+
+        host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 2))})
+        steps = rig.steps(record)
+        assert steps["each-0"]["status"] == "failed"
+        assert all(steps[f"each-{i}"]["status"] == "succeeded" for i in range(1, FEED_FLOOR * 2))
+        assert len([n for n in fed if n.startswith("each-")]) == FEED_FLOOR * 2
+
+
+ONE = f"""\
+    name = "one"
+    [[jobs]]
+    name = "j"
+    [[jobs.steps]]
+    name = "s"
+    labels = {{ fleet = "edge" }}
+    {ECHO}
+"""
+
+
+class _Dispatch:
+    """What workflow cancel needs of the orchestrator's dispatch: a step runner."""
+
+    def __init__(self, run_step) -> None:
+        self.run = run_step
+
+
+async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(tmp_path, monkeypatch):
+    """workflow cancel waits on the run's end (not a re-read of every run) and answers the
+    first page, read as the header and a range of steps — never the whole run."""
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
+        rig.workflow("one", ONE)
+        admin = RepoAdmin(
+            rig.repo, rig.store, dispatch=_Dispatch(rig.fleet.run_step), registry=rig.fleet.registry
+        )
+        rig.fleet.hold("s")
+        replies: list[dict] = []
+
+        async def run() -> None:
+            reply = await admin.workflow_run(WorkflowRunRequest(name="one", inputs={}))
+            replies.append(reply.run)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await rig.fleet.started("s")
+            run_id = RunBook(rig.store).headers()[0]["runId"]
+
+            def whole(*_args, **_kw):
+                raise AssertionError("read whole")
+
+            monkeypatch.setattr(RunBook, "get", whole)
+            monkeypatch.setattr(RunBook, "status", whole)
+            reply = await admin.workflow_cancel(RunRef(run=run_id[:8], reason="enough"))
+        assert reply.run["status"] == "cancelled" and reply.run["error"] == "enough"
+        assert reply.run["jobs"][0]["steps"][0]["status"] == "cancelled"
+        assert replies[0]["status"] == "cancelled"
+
+
+async def test_a_run_of_more_steps_than_its_places_number_fails_the_job(tmp_path, monkeypatch):
+    """A run's steps are numbered in seven digits, read back in text order: a job that would
+    take the run past the places fails, saying so, instead of breaking the order."""
+    monkeypatch.setattr(engine_module, "RUN_PLACES", 10)
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"}, capacity=8)) as rig:
+        rig.workflow("wide", WIDE)
+        # the file's 2 steps, then the 9 expansions and 'after' again (places are not reused)
+        record = await rig.run("wide", {"items": list(range(9))})
+        (job,) = record["jobs"]
+        assert job["status"] == "failed"
+        said = "job 'fan' would number the run's steps to 12; a run numbers at most 10"
+        assert job["error"] == f"{said} (split the work between runs)"
+        assert rig.fleet.dispatches == []
