@@ -8,7 +8,7 @@ timeout and a dispatch in the same instant) settle on whichever came first.
 
 :class:`WaitingQueue` keeps waiting steps grouped by requirement, each group by submitter, then
 priority, each line oldest first, so that the assignment (``swamp.domain.scheduler.assign``)
-looks at each requirement's best step only: priority first (raised by aging only up to the
+finds the next step without a scan: priority first (raised by aging only up to the
 highest given, :mod:`swamp.domain.priority`), then fair share between submitters, then age. At
 10,000 waiting steps a pick costs a few dictionary reads per submitter and, for the few
 submitters that could be first, one per priority they have waiting.
@@ -181,7 +181,7 @@ class Group:
 
 
 class WaitingQueue:
-    """Waiting steps grouped by requirement. Which goes next (:meth:`best`), among the steps
+    """Waiting steps grouped by requirement. Which goes next (:meth:`pick`), among the steps
     of the requirements a free worker matches:
 
     1. the *top* is the highest priority any of them was given; the *contenders* are the steps
@@ -202,6 +202,7 @@ class WaitingQueue:
         self.running: dict[str, int] = {}  # submitter → steps holding a slot
         self.served: dict[str, int] = {}  # submitter → when it last got a slot (a counter)
         self.by_priority: dict[int, int] = {}  # base priority → steps waiting (for /metrics)
+        self.submitters: dict[str, int] = {}  # submitter → steps waiting
         self._turn = 0
         self._count = 0
 
@@ -257,6 +258,7 @@ class WaitingQueue:
         group.count += 1
         self._count += 1
         self.by_priority[priority] = self.by_priority.get(priority, 0) + 1
+        self.submitters[step.submitter] = self.submitters.get(step.submitter, 0) + 1
 
     def discard(self, step: WaitingStep) -> bool:
         """Take a step out wherever it is (timed out, cancelled); lazily, in O(1)."""
@@ -265,53 +267,43 @@ class WaitingQueue:
         self._leave(step)
         return True
 
-    def top(self, requirement: Requirement) -> int:
-        """The highest priority given to a step waiting for ``requirement`` (one waits)."""
-        return self.groups[requirement].top()
+    def pick(self, requirements: list[Requirement], epoch: int) -> WaitingStep | None:
+        """The step that goes next in aging tick ``epoch`` among those waiting for
+        ``requirements`` (each with at least one step waiting), or ``None`` if none does.
 
-    def best(
-        self, requirement: Requirement, epoch: int, top: int | None = None
-    ) -> tuple[tuple[int, int, int], WaitingStep] | None:
-        """The contender of ``requirement`` that goes next in aging tick ``epoch``, with its
-        rank (lower goes first; comparable across requirements for the same ``top``): the
-        contenders are its steps given ``top`` (default: its own) or raised to it by aging;
-        ``None`` if it has none. A rank only worsens as steps start, until one finishes."""
-        group = self.groups[requirement]
-        if top is None:
-            top = group.top()
+        Submitters are visited in fair-share order (fewest running, then served longest ago)
+        and the first with a contender wins: only its lines are looked at, one per priority
+        it has waiting (a line's oldest step is its most raised)."""
+        groups = [self.groups[requirement] for requirement in requirements]
+        top = max(group.top() for group in groups)
         running, served = self.running, self.served
+        order = [(running.get(s, 0), served.get(s, 0), s) for s in self.submitters]
+        heapq.heapify(order)
         chosen: WaitingStep | None = None
-        key = (0, 0, 0)
-        for submitter, lines in group.subs.items():
-            ahead = running.get(submitter, 0)
-            if chosen is not None and ahead > key[0]:
-                continue  # more running than the best so far: it cannot be first
-            turn = served.get(submitter, 0)
-            if chosen is not None and ahead == key[0] and turn > key[1]:
-                continue  # served since the best so far
-            mine: WaitingStep | None = None
-            for priority, line in lines.items():
-                head = line.steps[0]
-                if not head.live:
-                    head = line.head()
-                if priority < top and head.epoch > epoch - (top - priority):
-                    continue  # not raised to the top yet (its oldest is the most raised)
-                if mine is None or head.seq < mine.seq:
-                    mine = head
-            if mine is None:
-                continue
-            candidate = (ahead, turn, mine.seq)
-            if chosen is None or candidate < key:
-                chosen, key = mine, candidate
-        return None if chosen is None else (key, chosen)
+        first: tuple[int, int] = (0, 0)
+        while order:
+            ahead, turn, submitter = heapq.heappop(order)
+            if chosen is not None and (ahead, turn) != first:
+                break  # every later submitter has more running, or was served since
+            for group in groups:
+                lines = group.subs.get(submitter)
+                if lines is None:
+                    continue
+                for priority, line in lines.items():
+                    head = line.steps[0]
+                    if not head.live:
+                        head = line.head()
+                    if priority < top and head.epoch > epoch - (top - priority):
+                        continue  # not raised to the top yet
+                    if chosen is None or head.seq < chosen.seq:
+                        chosen, first = head, (ahead, turn)
+        return chosen
 
     def head(self, requirement: Requirement, epoch: int = 0) -> WaitingStep | None:
         """The step of ``requirement`` that goes next, or ``None`` if none waits for it."""
         if requirement not in self.groups:
             return None
-        found = self.best(requirement, epoch)
-        assert found is not None  # a step given the top always contends
-        return found[1]
+        return self.pick([requirement], epoch)
 
     def take(self, step: WaitingStep) -> None:
         """``step`` (the :meth:`best` of its requirement) leaves the queue with a slot."""
@@ -340,6 +332,11 @@ class WaitingQueue:
             self.by_priority[priority] = left
         else:
             del self.by_priority[priority]
+        left = self.submitters[step.submitter] - 1
+        if left:
+            self.submitters[step.submitter] = left
+        else:
+            del self.submitters[step.submitter]
         group = self.groups[step.requirement]
         group.count -= 1
         if not group.count:

@@ -272,7 +272,7 @@ def assign(
     considered (``requirements``: those an event can have unblocked; ``None``: all) in aging
     tick ``epoch``: the highest priority given to any of those with a free worker is the top;
     of the steps given it or raised to it by aging, fair share between submitters, then the
-    oldest (``WaitingQueue.best``); the least-loaded worker for each. Every assigned slot is
+    oldest (``WaitingQueue.pick``); the least-loaded worker for each. Every assigned slot is
     taken in ``index`` and every assigned step leaves ``queue`` before this returns."""
     groups = queue.groups
     considered = list(groups) if requirements is None else [r for r in requirements if r in groups]
@@ -288,18 +288,9 @@ def assign(
         considered = [requirement for requirement, _ in open_]
         if not open_:
             break
-        if len(open_) == 1:
-            requirement, slots = open_[0]
-            found = queue.best(requirement, epoch)
-        else:
-            top = max(groups[requirement].top() for requirement, _ in open_)
-            found, slots = None, open_[0][1]
-            for requirement, worker in open_:
-                mine = queue.best(requirement, epoch, top)
-                if mine is not None and (found is None or mine[0] < found[0]):
-                    found, slots = mine, worker
-        assert found is not None  # a step given the top always contends
-        step = found[1]
+        step = queue.pick(considered, epoch)
+        assert step is not None  # a step given the top always contends
+        slots = dict(open_)[step.requirement]
         queue.take(step)
         index.take(slots.name)
         out.append(Assignment(step, slots.name))
