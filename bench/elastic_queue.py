@@ -37,7 +37,6 @@ from benchkit import enroll_params, percentile, rss_kib, scratch
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.client import connect
 from swamp.domain.placement import Placement
-from swamp.domain.priority import level
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.scheduler import (
     PoolIndex,
@@ -127,7 +126,7 @@ def decisions_at_scale(workers: int = 10_000, waiting: int = 10_000, rounds: int
             requirement or rng.choice(requirements),
             priority=priority,
             submitter=rng.choice(submitters),
-            level=level(priority, rng.randint(0, 100)),
+            epoch=rng.randint(0, 100),  # waiting for up to 100 aging ticks
         )
 
     for _ in range(waiting):
@@ -138,7 +137,7 @@ def decisions_at_scale(workers: int = 10_000, waiting: int = 10_000, rounds: int
         started = time.perf_counter()
         index.release(name)
         slots = index.get(name)
-        [assignment] = assign(queue, index, requirements_of(slots, queue))
+        [assignment] = assign(queue, index, requirements_of(slots, queue), epoch=100)
         picks.append((time.perf_counter() - started) * 1e6)
         queue.finished(assignment.step.submitter)  # (another of its steps ends, later)
         step = one_step(assignment.step.requirement)  # the mix stays as it was

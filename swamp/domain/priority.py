@@ -7,11 +7,13 @@ it waits, so a stream of higher-priority steps delays a lower one only for a bou
 
 Aging is counted in *epochs* — the aging interval's ticks of one clock, the same for every step —
 rather than in each step's own waited time: a step that started waiting in epoch ``e`` with
-priority ``p`` has, in epoch ``now``, the effective priority ``p + (now − e)``. Two steps then
-compare by ``p − e`` alone, whatever ``now`` is, so that *level* is fixed when a step starts
-waiting: the queue orders steps by it once, and nothing is re-sorted or rescanned as time passes
-(no timer either). Steps that started waiting in the same epoch age together and stay equal, so
-fair share between submitters (:mod:`swamp.domain.queue`) decides among them.
+priority ``p`` has, in epoch ``now``, the effective priority ``p + (now − e)``. Aging only lifts a
+step into a higher priority's contest: the queue (:mod:`swamp.domain.queue`) lets the steps given
+the highest priority waiting contend with those raised to it, and orders the contenders by fair
+share between submitters, never by the tick each arrived in — so steps given the same priority
+take turns whenever they arrived. Whether a step contends is worked out when a worker is free,
+from its own tick (its oldest step is the most raised of a submitter's line): nothing is re-sorted
+or rescanned as time passes, and no timer runs.
 """
 
 from __future__ import annotations
@@ -67,11 +69,6 @@ def epoch(now: float, aging: float) -> int:
     return math.floor(now / aging)
 
 
-def level(priority: int, started_epoch: int) -> int:
-    """What waiting steps are ordered by (higher first); fixed when a step starts waiting."""
-    return priority - started_epoch
-
-
-def effective(step_level: int, now_epoch: int) -> int:
+def effective(priority: int, started_epoch: int, now_epoch: int) -> int:
     """A waiting step's priority now: its own, plus a point per aging tick it has waited."""
-    return step_level + now_epoch
+    return priority + max(0, now_epoch - started_epoch)

@@ -6,10 +6,12 @@ dispatch* episode: ``waiting`` → ``dispatched`` | ``timed_out`` | ``cancelled`
 The terminal states are sticky: a later transition is a silent no-op, so racing endings (a
 timeout and a dispatch in the same instant) settle on whichever came first.
 
-:class:`WaitingQueue` keeps waiting steps grouped by requirement, each group ordered by priority
-(raised by aging, :mod:`swamp.domain.priority`), then fair share between submitters, then age, so
-that the assignment (``swamp.domain.scheduler.assign``) looks at each requirement's best step
-only: at 10,000 waiting steps a pick costs a few dictionary reads per submitter at the top level.
+:class:`WaitingQueue` keeps waiting steps grouped by requirement, each group by submitter, then
+priority, each line oldest first, so that the assignment (``swamp.domain.scheduler.assign``)
+finds the next step without a scan: priority first (raised by aging only up to the
+highest given, :mod:`swamp.domain.priority`), then fair share between submitters, then age. At
+10,000 waiting steps a pick costs a few dictionary reads per submitter and, for the few
+submitters that could be first, one per priority they have waiting.
 """
 
 from __future__ import annotations
@@ -125,8 +127,8 @@ _SEQ = itertools.count(1)
 @dataclass(eq=False, slots=True)
 class WaitingStep:
     """One step in the queue. ``seq`` is arrival order; ``ticket`` is the shell's handle (what
-    it wakes when the step is assigned), opaque here. ``level`` is its priority less the aging
-    epoch it started waiting in (:mod:`swamp.domain.priority`): the queue's order, fixed."""
+    it wakes when the step is assigned), opaque here. ``epoch`` is the aging tick it started
+    waiting in (:mod:`swamp.domain.priority`): with ``priority``, all the order needs, fixed."""
 
     requirement: Requirement
     seq: int = field(default_factory=lambda: next(_SEQ))
@@ -134,11 +136,11 @@ class WaitingStep:
     live: bool = True  # False once it left the queue (assigned, timed out, cancelled)
     priority: int = 0
     submitter: str = ""
-    level: int = 0
+    epoch: int = 0
 
 
 class _Line:
-    """One submitter's steps at one level of one requirement, oldest first. Steps that left
+    """One submitter's steps of one priority in one requirement, oldest first. Steps that left
     from the middle stay until they reach the front (``live`` counts the others)."""
 
     __slots__ = ("steps", "live")
@@ -155,38 +157,44 @@ class _Line:
 
 
 class Group:
-    """The steps waiting for one requirement: by level (a lazy max-heap of the levels present),
-    then by submitter, each submitter's oldest first."""
+    """The steps waiting for one requirement: by submitter, then by priority, each line oldest
+    first; and the priorities present (a lazy max-heap, and how many steps each)."""
 
-    __slots__ = ("levels", "heap", "count")
+    __slots__ = ("subs", "priorities", "heap", "count")
 
     def __init__(self) -> None:
-        self.levels: dict[int, dict[str, _Line]] = {}
-        self.heap: list[int] = []  # −level; a level that emptied stays until it surfaces
+        self.subs: dict[str, dict[int, _Line]] = {}  # submitter → priority → line
+        self.priorities: dict[int, int] = {}  # priority → steps waiting
+        self.heap: list[int] = []  # −priority; one that emptied stays until it surfaces
         self.count = 0
 
     def __len__(self) -> int:
         """Steps held, counting those that left and are not yet dropped (bounded)."""
-        return sum(len(line.steps) for lines in self.levels.values() for line in lines.values())
+        return sum(len(line.steps) for lines in self.subs.values() for line in lines.values())
 
-    def top(self) -> dict[str, _Line]:
-        heap, levels = self.heap, self.levels
-        while -heap[0] not in levels:
+    def top(self) -> int:
+        """The highest priority a step waiting here was given."""
+        heap, priorities = self.heap, self.priorities
+        while -heap[0] not in priorities:
             heapq.heappop(heap)
-        return levels[-heap[0]]
+        return -heap[0]
 
 
 class WaitingQueue:
-    """Waiting steps grouped by requirement, each group in the order of :meth:`best`:
+    """Waiting steps grouped by requirement. Which goes next (:meth:`pick`), among the steps
+    of the requirements a free worker matches:
 
-    1. the highest level (priority, raised by aging) first;
-    2. among equals, fair share between submitters: the one with the fewest steps running
-       goes first, then the one served longest ago (so two submitters with the same number
-       running take turns), then the oldest step;
+    1. the *top* is the highest priority any of them was given; the *contenders* are the steps
+       given it and those whose priority, raised by aging (a point per tick waited), reached it;
+    2. among the contenders, fair share between submitters: the one with the fewest steps
+       running goes first, then the one served longest ago (so two submitters with the same
+       number running take turns), then the oldest step — whatever tick each arrived in;
     3. a submitter's own steps oldest first.
 
-    It also counts each submitter's running steps (:meth:`started`, :meth:`finished`), which
-    the shell reports as slots are given and given back.
+    So steps given the same priority are ordered by fair share alone, and aging only lifts a
+    step into a higher priority's contest: nothing waits more than (top − its priority) ticks
+    before it contends. It also counts each submitter's running steps (:meth:`started`,
+    :meth:`finished`), which the shell reports as slots are given and given back.
     """
 
     def __init__(self) -> None:
@@ -194,6 +202,7 @@ class WaitingQueue:
         self.running: dict[str, int] = {}  # submitter → steps holding a slot
         self.served: dict[str, int] = {}  # submitter → when it last got a slot (a counter)
         self.by_priority: dict[int, int] = {}  # base priority → steps waiting (for /metrics)
+        self.submitters: dict[str, int] = {}  # submitter → steps waiting
         self._turn = 0
         self._count = 0
 
@@ -230,21 +239,26 @@ class WaitingQueue:
         group = self.groups.get(step.requirement)
         if group is None:
             group = self.groups[step.requirement] = Group()
-        lines = group.levels.get(step.level)
-        if lines is None:
-            lines = group.levels[step.level] = {}
-            heapq.heappush(group.heap, -step.level)
-            if len(group.heap) > 16 + 2 * len(group.levels):  # bounded: rebuild
-                group.heap = [-level for level in group.levels]
+        priority = step.priority
+        present = group.priorities.get(priority, 0)
+        group.priorities[priority] = present + 1
+        if not present:
+            heapq.heappush(group.heap, -priority)
+            if len(group.heap) > 16 + 2 * len(group.priorities):  # bounded: rebuild
+                group.heap = [-p for p in group.priorities]
                 heapq.heapify(group.heap)
-        line = lines.get(step.submitter)
+        lines = group.subs.get(step.submitter)
+        if lines is None:
+            lines = group.subs[step.submitter] = {}
+        line = lines.get(priority)
         if line is None:
-            line = lines[step.submitter] = _Line()
+            line = lines[priority] = _Line()
         line.steps.append(step)
         line.live += 1
         group.count += 1
         self._count += 1
-        self.by_priority[step.priority] = self.by_priority.get(step.priority, 0) + 1
+        self.by_priority[priority] = self.by_priority.get(priority, 0) + 1
+        self.submitters[step.submitter] = self.submitters.get(step.submitter, 0) + 1
 
     def discard(self, step: WaitingStep) -> bool:
         """Take a step out wherever it is (timed out, cancelled); lazily, in O(1)."""
@@ -253,29 +267,43 @@ class WaitingQueue:
         self._leave(step)
         return True
 
-    def best(self, requirement: Requirement) -> tuple[tuple[int, int, int, int], WaitingStep]:
-        """The step of ``requirement`` that goes next, with its rank (lower goes first): the
-        rank of a step only worsens as steps start, until one finishes."""
-        lines = self.groups[requirement].top()
-        running, served = self.running, self.served
-        chosen: WaitingStep | None = None
-        key = (0, 0, 0)
-        for submitter, line in lines.items():
-            ahead = running.get(submitter, 0)
-            if chosen is not None and ahead > key[0]:
-                continue  # more running than the best so far: it cannot be first
-            head = line.steps[0]
-            if not head.live:
-                head = line.head()
-            mine = (ahead, served.get(submitter, 0), head.seq)
-            if chosen is None or mine < key:
-                chosen, key = head, mine
-        assert chosen is not None  # a level is dropped with its last line
-        return (-chosen.level, *key), chosen
+    def pick(self, requirements: list[Requirement], epoch: int) -> WaitingStep | None:
+        """The step that goes next in aging tick ``epoch`` among those waiting for
+        ``requirements`` (each with at least one step waiting), or ``None`` if none does.
 
-    def head(self, requirement: Requirement) -> WaitingStep | None:
+        Submitters are visited in fair-share order (fewest running, then served longest ago)
+        and the first with a contender wins: only its lines are looked at, one per priority
+        it has waiting (a line's oldest step is its most raised)."""
+        groups = [self.groups[requirement] for requirement in requirements]
+        top = max(group.top() for group in groups)
+        running, served = self.running, self.served
+        order = [(running.get(s, 0), served.get(s, 0), s) for s in self.submitters]
+        heapq.heapify(order)
+        chosen: WaitingStep | None = None
+        first: tuple[int, int] = (0, 0)
+        while order:
+            ahead, turn, submitter = heapq.heappop(order)
+            if chosen is not None and (ahead, turn) != first:
+                break  # every later submitter has more running, or was served since
+            for group in groups:
+                lines = group.subs.get(submitter)
+                if lines is None:
+                    continue
+                for priority, line in lines.items():
+                    head = line.steps[0]
+                    if not head.live:
+                        head = line.head()
+                    if priority < top and head.epoch > epoch - (top - priority):
+                        continue  # not raised to the top yet
+                    if chosen is None or head.seq < chosen.seq:
+                        chosen, first = head, (ahead, turn)
+        return chosen
+
+    def head(self, requirement: Requirement, epoch: int = 0) -> WaitingStep | None:
         """The step of ``requirement`` that goes next, or ``None`` if none waits for it."""
-        return self.best(requirement)[1] if requirement in self.groups else None
+        if requirement not in self.groups:
+            return None
+        return self.pick([requirement], epoch)
 
     def take(self, step: WaitingStep) -> None:
         """``step`` (the :meth:`best` of its requirement) leaves the queue with a slot."""
@@ -289,7 +317,7 @@ class WaitingQueue:
             return []
         return [
             s
-            for lines in group.levels.values()
+            for lines in group.subs.values()
             for line in lines.values()
             for s in line.steps
             if s.live
@@ -298,23 +326,34 @@ class WaitingQueue:
     def _leave(self, step: WaitingStep) -> None:
         step.live = False
         self._count -= 1
-        left = self.by_priority[step.priority] - 1
+        priority = step.priority
+        left = self.by_priority[priority] - 1
         if left:
-            self.by_priority[step.priority] = left
+            self.by_priority[priority] = left
         else:
-            del self.by_priority[step.priority]
+            del self.by_priority[priority]
+        left = self.submitters[step.submitter] - 1
+        if left:
+            self.submitters[step.submitter] = left
+        else:
+            del self.submitters[step.submitter]
         group = self.groups[step.requirement]
         group.count -= 1
         if not group.count:
             del self.groups[step.requirement]
             return
-        lines = group.levels[step.level]
-        line = lines[step.submitter]
+        left = group.priorities[priority] - 1
+        if left:
+            group.priorities[priority] = left
+        else:
+            del group.priorities[priority]
+        lines = group.subs[step.submitter]
+        line = lines[priority]
         line.live -= 1
         if not line.live:
-            del lines[step.submitter]
+            del lines[priority]
             if not lines:
-                del group.levels[step.level]
+                del group.subs[step.submitter]
             return
         steps = line.steps
         while not steps[0].live:  # what left from the front goes at once

@@ -10,7 +10,8 @@ when they outnumber the live ones. A decision at 10,000 workers costs a heap pee
 :func:`admit` is the one decision for a step that asks for a worker: dispatch it to a worker
 now, let it wait, or refuse it (with the reason). :func:`assign` is the one decision when the
 pool changes: given the waiting steps and the index, which step goes to which worker, in the
-queue's order (priority raised by aging, then fair share between submitters, then age). Both take
+queue's order (priority — raised by aging up to the highest given — then fair share between
+submitters, then age). Both take
 each slot they give in the index before they return, so decisions that follow (in the same
 call or the next) never overbook. The shell performs the dispatches after.
 :func:`swamp.domain.placement.choose_worker` — a plain scan — is the specification the index is
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from swamp.domain.placement import Placement
-from swamp.domain.priority import level
 from swamp.domain.queue import WaitingQueue, WaitingStep
 from swamp.domain.workers import INSTANCE_ID
 
@@ -265,54 +265,35 @@ def assign(
     queue: WaitingQueue,
     index: PoolIndex,
     requirements: Iterable[Requirement] | None = None,
+    *,
+    epoch: int = 0,
 ) -> list[Assignment]:
     """Give waiting steps to free workers, the best step first among the requirements
-    considered (``requirements``: those an event can have unblocked; ``None``: all) — highest
-    priority, then fair share between submitters, then the oldest (``WaitingQueue.best``) —
-    and the least-loaded worker for each. Every assigned slot is taken in ``index`` and every
-    assigned step leaves ``queue`` before this returns."""
+    considered (``requirements``: those an event can have unblocked; ``None``: all) in aging
+    tick ``epoch``: the highest priority given to any of those with a free worker is the top;
+    of the steps given it or raised to it by aging, fair share between submitters, then the
+    oldest (``WaitingQueue.pick``); the least-loaded worker for each. Every assigned slot is
+    taken in ``index`` and every assigned step leaves ``queue`` before this returns."""
     groups = queue.groups
-    considered = groups if requirements is None else [r for r in requirements if r in groups]
+    considered = list(groups) if requirements is None else [r for r in requirements if r in groups]
     out: list[Assignment] = []
-    if len(considered) == 1:  # one requirement (a step joined the queue): its own order
-        [requirement] = considered
-        while requirement in groups:
-            slots = index.choose(requirement)
-            if slots is None:
-                break
-            step = queue.best(requirement)[1]
-            queue.take(step)
-            index.take(slots.name)
-            out.append(Assignment(step, slots.name))
-        return out
-    # Several: the best head first. A head's rank only worsens as steps start (its submitter
-    # runs one more, or its step left), so an entry older than the last take is checked again
-    # when it surfaces — and only if a worker is free for it.
-    heads = []
-    for n, requirement in enumerate(considered):
-        rank, step = queue.best(requirement)
-        heads.append((rank, n, requirement, step, 0))
-    heapq.heapify(heads)
-    taken = 0
-    while heads:
-        rank, n, requirement, step, seen = heads[0]
-        if requirement not in groups:
-            heapq.heappop(heads)
-            continue
-        slots = index.choose(requirement)
-        if slots is None:
-            heapq.heappop(heads)  # this requirement stays blocked until its next event
-            continue
-        if seen != taken:
-            now, step = queue.best(requirement)
-            if now != rank:
-                heapq.heapreplace(heads, (now, n, requirement, step, taken))
-                continue
+    while considered:
+        open_ = []  # (requirement, the worker it would get)
+        for requirement in considered:
+            if requirement in groups:
+                slots = index.choose(requirement)
+                if slots is not None:
+                    open_.append((requirement, slots))
+        # blocked stays blocked: no slot is given back inside this call
+        considered = [requirement for requirement, _ in open_]
+        if not open_:
+            break
+        step = queue.pick(considered, epoch)
+        assert step is not None  # a step given the top always contends
+        slots = dict(open_)[step.requirement]
         queue.take(step)
         index.take(slots.name)
         out.append(Assignment(step, slots.name))
-        taken += 1
-        heapq.heapreplace(heads, (rank, n, requirement, step, -1))  # checked if it surfaces
     return out
 
 
@@ -378,10 +359,10 @@ def admit(
         ticket=ticket,
         priority=priority,
         submitter=submitter,
-        level=level(priority, epoch),
+        epoch=epoch,
     )
     queue.add(step)
-    handed = assign(queue, index, [requirement])
+    handed = assign(queue, index, [requirement], epoch=epoch)
     for n, assignment in enumerate(handed):
         if assignment.step is step:
             return Dispatch(assignment.worker, tuple(handed[:n] + handed[n + 1 :]))

@@ -247,7 +247,12 @@ class DispatchQueue:
             slots = self.pool.index.get(member.name)
             if slots is not None and self.pool.get(member.name) is member and slots.free > 0:
                 self._hand_out(
-                    assign(self.waiting, self.pool.index, requirements_of(slots, self.waiting))
+                    assign(
+                        self.waiting,
+                        self.pool.index,
+                        requirements_of(slots, self.waiting),
+                        epoch=epoch(trio.current_time(), self.aging),
+                    )
                 )
             if not member.connected:
                 self._fail_unreachable(member)
@@ -341,7 +346,7 @@ class DispatchQueue:
                     queued_at=iso(ticket.queued_at),
                     age_ms=max(0, round((now - ticket.queued_at) * 1000)),
                     priority=step.priority,
-                    effective_priority=effective(step.level, now_epoch),
+                    effective_priority=effective(step.priority, step.epoch, now_epoch),
                     submitter=step.submitter or None,
                 )
             )

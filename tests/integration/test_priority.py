@@ -116,7 +116,9 @@ async def test_two_submitters_with_a_hundred_steps_each_take_turns_on_one_slot(c
         ]
         for name in ("alpha", "beta")
     }
-    cluster.serve()
+    # a 1 ms aging tick: nearly every step arrives in a tick of its own, and beta's all
+    # arrive in later ticks than alpha's — the order must not depend on where ticks fall
+    cluster.serve("--queue-aging", "1ms")
     done: dict[str, list[dict]] = {"alpha": [], "beta": []}
     async with trio.open_nursery() as nursery:
         for name in ("alpha", "beta"):  # alpha's hundred all wait before beta's first
