@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS step_log (
     dropped_lines INTEGER NOT NULL DEFAULT 0,
     dropped_bytes INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS step_log_run ON step_log (run_id) WHERE run_id IS NOT NULL;
+DROP INDEX IF EXISTS step_log_run;
+CREATE INDEX IF NOT EXISTS step_log_run_step ON step_log (run_id, job, step)
+    WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS step_log_owner ON step_log (model_type, model_name)
     WHERE run_id IS NULL;
 CREATE TABLE IF NOT EXISTS step_log_chunk (
@@ -58,6 +60,7 @@ _INFO = (
     "log_id, run_id, workflow, job, step, model_type, model_name, method, worker, attempt, "
     "started_epoch, ended_epoch, lines, bytes, dropped_lines, dropped_bytes"
 )
+PAGE_CHUNKS = 1000  # chunks in a page at most (a page's frame stays small whatever their size)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -134,8 +137,20 @@ class LogStore(Protocol):
 
     def logs_with_prefix(self, prefix: str) -> list[LogInfo]: ...
 
+    def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]: ...
+
+    def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]: ...
+
+    def run_workflow(self, run_id: str) -> str | None: ...
+
+    def run_counts(self, run_id: str) -> tuple[int, int]: ...
+
     def chunks(
         self, log_ids: Sequence[str], *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]: ...
+
+    def chunks_of_run(
+        self, run_id: str, *, after: int, limit_bytes: int
     ) -> tuple[list[StoredChunk], bool]: ...
 
     def runs(self) -> list[tuple[str, str]]: ...
@@ -281,6 +296,40 @@ class SqliteLogStore:
             "WHERE log_id >= ? AND log_id < ? ORDER BY rowid LIMIT 10", (prefix, prefix + "g")
         )
 
+    def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]:
+        """The logs of ``log_ids`` (a page's: a few hundred at most), in the order opened."""
+        if not log_ids:
+            return []
+        marks = ",".join("?" * len(log_ids))
+        return self._infos(f"WHERE log_id IN ({marks}) ORDER BY rowid", tuple(log_ids))
+
+    def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]:
+        """The logs of a run's step named ``STEP`` or ``JOB.STEP`` (by the index, not the
+        run's other steps)."""
+        job, _, name = step.partition(".")
+        return self._infos(
+            "WHERE run_id = ? AND (step = ? OR (job = ? AND step = ?)) ORDER BY rowid",
+            (run_id, step, job, name),
+        )
+
+    def run_workflow(self, run_id: str) -> str | None:
+        """The workflow of a run that has logs (one row read)."""
+        with self.store.sql("reading step logs"):
+            row = self.db.execute(
+                "SELECT workflow FROM step_log WHERE run_id = ? LIMIT 1", (run_id,)
+            ).fetchone()
+        return row[0] if row is not None else None
+
+    def run_counts(self, run_id: str) -> tuple[int, int]:
+        """(logs, logs still open) of a run."""
+        with self.store.sql("reading step logs"):
+            row = self.db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(ended_epoch IS NULL), 0) FROM step_log "
+                "WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
     def _infos(self, where: str, params: tuple) -> list[LogInfo]:
         with self.store.sql("reading step logs"):
             rows = self.db.execute(f"SELECT {_INFO} FROM step_log {where}", params).fetchall()
@@ -316,18 +365,35 @@ class SqliteLogStore:
         if not log_ids:
             return [], False
         marks = ",".join("?" * len(log_ids))
+        return self._chunks(f"log_id IN ({marks})", (*log_ids,), after, limit_bytes)
+
+    def chunks_of_run(
+        self, run_id: str, *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
+        """The chunks of every log of a run after chunk ``after``, as :meth:`chunks`: the
+        whole run is read with one cursor (chunk ids only grow)."""
+        return self._chunks(
+            "log_id IN (SELECT log_id FROM step_log WHERE run_id = ?)",
+            (run_id,),
+            after,
+            limit_bytes,
+        )
+
+    def _chunks(
+        self, where: str, params: tuple, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
         out: list[StoredChunk] = []
         size = 0
         more = False
         with self.store.sql("reading step logs"):
             cursor = self.db.execute(
                 "SELECT id, log_id, first_line, first_byte, streams, body, byte_count "
-                f"FROM step_log_chunk WHERE log_id IN ({marks}) AND id > ? ORDER BY id",
-                (*log_ids, after),
+                f"FROM step_log_chunk WHERE {where} AND id > ? ORDER BY id",
+                (*params, after),
             )
             try:
                 for row in cursor:
-                    if out and size + row[6] > limit_bytes:
+                    if out and (size + row[6] > limit_bytes or len(out) >= PAGE_CHUNKS):
                         more = True
                         break
                     out.append(
