@@ -238,7 +238,8 @@ class StepLogs:
                     await self._hurry.wait()
                 self._wake, self._hurry = trio.Event(), trio.Event()
                 while self._started or self._ended or self._dirty:
-                    await self._write_one(self._take())
+                    if not await self._write_one(self._take()):
+                        break  # the store refused it: again at the next wake, not in a loop
                     await trio.lowlevel.checkpoint()  # a big backlog goes a batch at a time
         finally:
             self.writing = False
@@ -265,7 +266,10 @@ class StepLogs:
             ended, self._ended = self._ended, []
         return started, chunks, ended
 
-    async def _write_one(self, batch: tuple[list[LogStart], list[Chunk], list[LogEnd]]) -> None:
+    async def _write_one(self, batch: tuple[list[LogStart], list[Chunk], list[LogEnd]]) -> bool:
+        """Whether the batch was stored. A lost batch loses its lines (said in the log, and
+        by the gap readers see), never its logs' starts and ends: they go again with the
+        next batch (their later chunks need the row; an unended row is never collected)."""
         started, chunks, ended = batch
         try:
             await retry_busy(lambda: self.store.write(started, chunks, ended, cap=self.cap))
@@ -276,10 +280,14 @@ class StepLogs:
                 sum(len(c.lines) for c in chunks),
                 exc.message,
             )
+            self._started[:0] = started
+            self._ended[:0] = ended
+            return False
         self.batches += 1
         self._settle(ended)
         self._written.set()
         self._written = trio.Event()
+        return True
 
     def flush(self) -> None:
         """Write everything now, in this task (the CLI; and serve's close)."""
@@ -290,6 +298,8 @@ class StepLogs:
             except StoreError as exc:
                 self.lost_batches += 1
                 log.warning("could not store step output: %s", exc.message)
+                self._started[:0] = started  # as in the writer: starts and ends go again
+                self._ended[:0] = ended
                 return
             self.batches += 1
             self._settle(ended)

@@ -161,6 +161,8 @@ class LogStore(Protocol):
 
     def forget_logs(self, log_ids: Iterable[str]) -> int: ...
 
+    def forget_orphans(self, *, limit: int = 100) -> int: ...
+
     def forget_instances(self, instances: Iterable[tuple[str, str]]) -> int: ...
 
     def end_open(self, now: float) -> int: ...
@@ -213,8 +215,11 @@ class SqliteLogStore:
             )
             added: dict[str, list[int]] = {}  # log → [bytes added, lines up to, bytes up to]
             db.executemany(
+                # only for a log that has its row: a chunk of no log (its row forgotten, or
+                # its start lost with a batch) could never be read nor collected
                 "INSERT INTO step_log_chunk (log_id, first_line, first_byte, line_count, "
-                "byte_count, streams, body) VALUES (?,?,?,?,?,?,?)",
+                "byte_count, streams, body) SELECT ?,?,?,?,?,?,? "
+                "WHERE EXISTS (SELECT 1 FROM step_log WHERE log_id = ?)",
                 [
                     (
                         c.log_id,
@@ -224,6 +229,7 @@ class SqliteLogStore:
                         c.size,
                         c.streams,
                         _ENCODE(list(c.lines)),
+                        c.log_id,
                     )
                     for c in chunks
                 ],
@@ -414,12 +420,30 @@ class SqliteLogStore:
             ).fetchall()
 
     def others(self) -> list[tuple[str, str, str, float]]:
-        """(model type, model name, log id, last epoch) of every log of no workflow run."""
+        """(model type, model name, log id, end epoch) of every ended log of no workflow run
+        (one still being written is never collected: its later chunks would have no row)."""
         with self.store.sql("reading step logs"):
             return self.db.execute(
-                "SELECT model_type, model_name, log_id, COALESCE(ended_epoch, started_epoch) "
-                "FROM step_log WHERE run_id IS NULL"
+                "SELECT model_type, model_name, log_id, ended_epoch "
+                "FROM step_log WHERE run_id IS NULL AND ended_epoch IS NOT NULL"
             ).fetchall()
+
+    def forget_orphans(self, *, limit: int = 100) -> int:
+        """Chunks of no log (an earlier version wrote a forgotten log's later chunks), up to
+        ``limit`` logs' worth a call."""
+        with self.store.transaction(), self.store.sql("forgetting step logs", writing=True):
+            ids = [
+                row[0]
+                for row in self.db.execute(
+                    "SELECT DISTINCT log_id FROM step_log_chunk WHERE log_id NOT IN "
+                    "(SELECT log_id FROM step_log) LIMIT ?",
+                    (limit,),
+                ).fetchall()
+            ]
+            return sum(
+                self.db.execute("DELETE FROM step_log_chunk WHERE log_id = ?", (i,)).rowcount
+                for i in ids
+            )
 
     def forget_runs(self, run_ids: Iterable[str]) -> int:
         return self._forget("run_id = ?", [(r,) for r in run_ids])
