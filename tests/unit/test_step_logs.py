@@ -359,3 +359,26 @@ def test_a_lost_batch_loses_lines_but_never_its_logs_start_or_end(store):
     sink.flush()  # the next batch carries its start and end
     [info] = logs.logs_with_prefix("fa01")
     assert info.ended_at is not None and info.lines == 1 and not sink.live("fa01")
+
+
+def test_while_the_writer_is_behind_memory_holds_at_most_the_total_cap_across_steps(store):
+    logs = SqliteLogStore(store)
+    cap, total = 300 * 1024, 1024 * 1024
+    sink = StepLogs(logs, cap=cap, total_cap=total)
+    sink.writing = True  # a writer that never gets to write (the database locked, say)
+    ids = [f"dd{n:02d}" for n in range(20)]  # 20 busy steps: 20 caps would be 6 MB
+    for log_id in ids:
+        sink.open(log_id, OWNER, worker="w1")
+    for n in range(6_000):
+        for log_id in ids:
+            sink.append(log_id, f"{n:07d}" + "y" * 92, "stdout")  # 100 bytes
+        assert sink.pending_bytes <= total + 256 * 1024
+    sink.writing = False
+    for log_id in ids:
+        sink.close(log_id)
+    for log_id in ids:  # each says what went, and keeps its newest lines
+        lines, _ = _all_lines(logs, log_id)
+        [info] = logs.logs_with_prefix(log_id)
+        assert lines[-1].startswith("0005999")
+        assert info.lines == 6_000 and info.dropped_lines + len(lines) == 6_000
+        assert info.dropped_lines > 0
