@@ -62,8 +62,8 @@ def _page(
     only the logs of the page's chunks are listed in it."""
     header, infos = _resolve(ref, store, logs)
     after = max(0, request.after)
-    if header is not None:
-        run_id = header["runId"]
+    run_id: str | None = header["runId"] if header is not None else None
+    if run_id is not None:
         is_live = live is not None and (run_id in running or live.live_run(run_id))
     else:
         is_live = live is not None and any(live.live(i.log_id) for i in infos or [])
@@ -72,20 +72,22 @@ def _page(
     chunks: list[StoredChunk] = []
     more = False
     if request.chunks:
-        if infos is None and request.log is None:  # every log of the run: one cursor
-            chunks, more = logs.chunks_of_run(run_id, after=after, limit_bytes=PAGE_BYTES)
-        else:
+        if request.log is not None:  # one log of the ref
+            pool = infos if infos is not None else logs.logs_by_id([request.log])
             ids = [
                 i.log_id
-                for i in (infos if infos is not None else logs.logs_by_id([request.log or ""]))
-                if request.log is None or i.log_id == request.log
+                for i in pool
+                if i.log_id == request.log and run_id in (None, i.owner.run_id)
             ]
-            if ids and header is not None and infos is None:  # a log of the run, by its id
-                ids = [i.log_id for i in logs.logs_by_id(ids) if i.owner.run_id == run_id]
+            chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
+        elif infos is None and run_id is not None:  # every log of the run: one cursor
+            chunks, more = logs.chunks_of_run(run_id, after=after, limit_bytes=PAGE_BYTES)
+        else:
+            ids = [i.log_id for i in infos or []]
             chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
     if header is not None:
         count, still_open = (
-            logs.run_counts(run_id)
+            logs.run_counts(header["runId"])
             if infos is None
             else (len(infos), sum(1 for i in infos if i.ended_at is None))
         )

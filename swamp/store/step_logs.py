@@ -388,18 +388,30 @@ class SqliteLogStore:
     def _chunks(
         self, where: str, params: tuple, after: int, limit_bytes: int
     ) -> tuple[list[StoredChunk], bool]:
+        """The page's chunk ids first, from the index alone (a run's chunks sorted by id
+        cost their ids, never their text), then those rows."""
         out: list[StoredChunk] = []
         size = 0
-        more = False
         with self.store.sql("reading step logs"):
+            ids = [
+                row[0]
+                for row in self.db.execute(
+                    f"SELECT id FROM step_log_chunk WHERE {where} AND id > ? ORDER BY id LIMIT ?",
+                    (*params, after, PAGE_CHUNKS + 1),
+                )
+            ]
+            more = len(ids) > PAGE_CHUNKS
+            ids = ids[:PAGE_CHUNKS]
+            if not ids:
+                return [], False
             cursor = self.db.execute(
                 "SELECT id, log_id, first_line, first_byte, streams, body, byte_count "
-                f"FROM step_log_chunk WHERE {where} AND id > ? ORDER BY id",
-                (*params, after),
+                f"FROM step_log_chunk WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
+                ids,
             )
             try:
                 for row in cursor:
-                    if out and (size + row[6] > limit_bytes or len(out) >= PAGE_CHUNKS):
+                    if out and size + row[6] > limit_bytes:
                         more = True
                         break
                     out.append(

@@ -110,3 +110,18 @@ def test_swamp_logs_reads_a_run_of_thousands_of_steps_in_a_few_requests(tmp_path
         lambda: show(one, f"{RUN_ID}/check.uptime-{STEP_NAMES[7]}", follow=False, json_output=False)
     )
     assert capsys.readouterr().out.splitlines() == ["up 3 days"] and one.requests == 2
+
+
+def test_one_log_of_a_run_is_read_by_its_id_and_a_log_of_another_run_is_not(tmp_path):
+    store, logs = _setup(tmp_path, n=50)
+    five = f"{RUN_ID[:8]}{5:024x}"
+    page = trio.run(
+        lambda: pages.read(LogsRequest(ref=RUN_ID, log=five), store=store, logs=logs, live=None)
+    )
+    assert [c.log for c in page.chunks] == [five] and [i.id for i in page.logs] == [five]
+    assert page.kind == "run" and page.log_count == 50
+    other = "f" * 32
+    page = trio.run(
+        lambda: pages.read(LogsRequest(ref=RUN_ID, log=other), store=store, logs=logs, live=None)
+    )
+    assert page.chunks == [] and page.logs == []
