@@ -14,13 +14,13 @@ from __future__ import annotations
 import trio
 
 from swamp.bookkeeping.workflow_runs import RunBook
-from swamp.domain.run_record import RunRecord
+from swamp.bookkeeping.workflow_runs import key as run_key
 from swamp.domain.step_logs import LogRef, parse_log_ref
 from swamp.errors import NotFound, UserError
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import LogChunkItem, LogItem, LogsPage, LogsRequest
 from swamp.store.datastore import Datastore
-from swamp.store.step_logs import LogInfo, LogStore
+from swamp.store.step_logs import LogInfo, LogStore, StoredChunk
 
 PAGE_BYTES = 512 * 1024  # of line text (a page's frame stays under the 4 MiB frame limit)
 WAIT_MAX = 60.0
@@ -58,28 +58,51 @@ def _page(
     live: StepLogs | None,
     running: frozenset[str] | set[str],
 ) -> LogsPage:
-    run, infos = _resolve(ref, store, logs)
-    if run is not None:
-        infos = _of_step(run, infos, ref.step)
-        is_live = live is not None and (run.run_id in running or live.live_run(run.run_id))
+    """A page costs the page: the run is known by its header, its logs by the index, and
+    only the logs of the page's chunks are listed in it."""
+    header, infos = _resolve(ref, store, logs)
+    after = max(0, request.after)
+    run_id: str | None = header["runId"] if header is not None else None
+    if run_id is not None:
+        is_live = live is not None and (run_id in running or live.live_run(run_id))
     else:
-        is_live = live is not None and any(live.live(i.log_id) for i in infos)
-    chosen = [i for i in infos if request.log is None or i.log_id == request.log]
+        is_live = live is not None and any(live.live(i.log_id) for i in infos or [])
     # whether anything more can come is decided before reading: what was written before
     # is then in what is read
-    chunks, more = (
-        logs.chunks([i.log_id for i in chosen], after=max(0, request.after), limit_bytes=PAGE_BYTES)
-        if request.chunks
-        else ([], False)
-    )
+    chunks: list[StoredChunk] = []
+    more = False
+    if request.chunks:
+        if request.log is not None:  # one log of the ref
+            pool = infos if infos is not None else logs.logs_by_id([request.log])
+            ids = [
+                i.log_id
+                for i in pool
+                if i.log_id == request.log and run_id in (None, i.owner.run_id)
+            ]
+            chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
+        elif infos is None and run_id is not None:  # every log of the run: one cursor
+            chunks, more = logs.chunks_of_run(run_id, after=after, limit_bytes=PAGE_BYTES)
+        else:
+            ids = [i.log_id for i in infos or []]
+            chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
+    if header is not None:
+        count, still_open = (
+            logs.run_counts(header["runId"])
+            if infos is None
+            else (len(infos), sum(1 for i in infos if i.ended_at is None))
+        )
+        shown = logs.logs_by_id(sorted({c.log_id for c in chunks}))
+    else:
+        shown = list(infos or [])
+        count, still_open = len(shown), sum(1 for i in shown if i.ended_at is None)
     return LogsPage(
-        kind="run" if run is not None else "dispatch",
-        id=run.run_id if run is not None else infos[0].log_id,
-        cursor=chunks[-1].id if chunks else max(0, request.after),
+        kind="run" if header is not None else "dispatch",
+        id=header["runId"] if header is not None else shown[0].log_id,
+        cursor=chunks[-1].id if chunks else after,
         more=more,
         live=is_live,
         cap_bytes=live.cap if live is not None else 0,
-        logs=[_item(i, live) for i in infos],
+        logs=[_item(i, live) for i in shown],
         chunks=[
             LogChunkItem(
                 id=c.id,
@@ -92,30 +115,35 @@ def _page(
             )
             for c in chunks
         ],
-        status=str(run.status) if run is not None else None,
-        workflow=run.workflow if run is not None else None,
+        status=str(header["status"]) if header is not None else None,
+        workflow=header["workflow"] if header is not None else None,
+        log_count=count,
+        open_logs=still_open,
     )
 
 
 def _resolve(
     ref: LogRef, store: Datastore, logs: LogStore
-) -> tuple[RunRecord | None, list[LogInfo]]:
-    """The run ``ref`` names and its logs, or (None, the one dispatch's log)."""
+) -> tuple[dict | None, list[LogInfo] | None]:
+    """(the run's header, None: every log of it), (its header, the logs of its step), or
+    (None, the one dispatch's log). Only the header of a run is read, never its steps."""
+    header: dict | None = None
     if len(ref.id) == 32:  # a whole id: found by its key, not by a scan of the runs
-        infos = logs.logs_of_run(ref.id)
-        if infos and infos[0].owner.workflow:
-            whole = RunBook(store).exact(infos[0].owner.workflow, ref.id)
-            if whole is not None:
-                return whole, infos
-        exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
-        if exact and ref.step is None:
-            return None, exact
-    try:
-        run = RunBook(store).get(ref.id)
-    except NotFound:
-        run = None
-    if run is not None:
-        return run, logs.logs_of_run(run.run_id)
+        workflow = logs.run_workflow(ref.id)
+        if workflow:
+            record = store.latest(run_key(workflow, ref.id))
+            header = dict(record.attributes) if record is not None else None
+        if header is None:
+            exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
+            if exact and ref.step is None:
+                return None, exact
+    if header is None:
+        try:
+            header = RunBook(store).header(ref.id)
+        except NotFound:
+            header = None
+    if header is not None:
+        return header, None if ref.step is None else _of_step(store, logs, header, ref.step)
     if ref.step is not None:
         raise NotFound(f"no workflow run {ref.id!r}: see 'swamp workflow history'")
     found = logs.logs_with_prefix(ref.id)
@@ -130,17 +158,19 @@ def _resolve(
     return None, found
 
 
-def _of_step(run: RunRecord, infos: list[LogInfo], step: str | None) -> list[LogInfo]:
+def _of_step(store: Datastore, logs: LogStore, header: dict, step: str) -> list[LogInfo]:
     """The logs of ``step`` (``STEP`` or ``JOB.STEP``) of the run: none yet is fine for a
-    step of the run; a name the run does not have is an error that lists its steps."""
-    if step is None:
-        return infos
+    step of the run; a name the run does not have is an error that lists its steps. The
+    run's steps are read only when the step has no log yet."""
+    found = logs.logs_of_step(header["runId"], step)
+    if found:
+        return found
+    run = RunBook(store).get(header["runId"])
     names = {(j.name, s.name) for j in run.jobs for s in j.steps}
-    matched = {(j, s) for j, s in names if step in (s, f"{j}.{s}")}
-    if not matched:
+    if not any(step in (s, f"{j}.{s}") for j, s in names):
         shown = ", ".join(sorted(f"{j}.{s}" for j, s in names)[:20])
         raise NotFound(f"run {run.run_id[:12]} has no step {step!r} (its steps: {shown})")
-    return [i for i in infos if (i.owner.job, i.owner.step) in matched]
+    return []
 
 
 def _item(info: LogInfo, live: StepLogs | None) -> LogItem:

@@ -27,26 +27,28 @@ class LogPrinter:
         self.prefixed = prefixed
         self.labels: dict[str, str] = {}
         self.steps: dict[str, tuple[str | None, str | None]] = {}
+        self.jobs: dict[str, set[str | None]] = {}  # step name → the jobs that have one
         self.next: dict[str, tuple[int, int]] = {}  # log → (line, byte) expected next
         self.lines = 0
 
     def learn(self, page) -> None:
-        """The names of the page's logs (a run's grow as its steps start)."""
-        names = [(i.job, i.step) for i in page.logs]
+        """The names of the page's logs (a page lists the logs of its chunks). A step's name
+        is enough unless two jobs have a step of that name: then ``JOB.STEP``."""
+        for info in page.logs:
+            if info.step is not None:
+                self.jobs.setdefault(info.step, set()).add(info.job)
         for info in page.logs:
             if info.step is None:
                 label = f"{info.model_type}.{info.method}"
-            elif sum(1 for _, s in names if s == info.step) > 1 and (
-                len({j for j, s in names if s == info.step}) > 1
-            ):
+            elif len(self.jobs[info.step]) > 1:
                 label = f"{info.job}.{info.step}"
             else:
                 label = info.step
             if info.attempt > 1:
                 label += f" (attempt {info.attempt})"
-            self.labels[info.id] = label
+            self.labels.setdefault(info.id, label)  # a log keeps its label once printed
             self.steps[info.id] = (info.job, info.step)
-        if len(page.logs) > 1:
+        if len(page.logs) > 1 or page.log_count > 1:
             self.prefixed = True
 
     def render(self, page) -> str:
@@ -142,25 +144,17 @@ async def show(api, ref: str, *, follow: bool, json_output: bool) -> dict:
     printer.learn(listing)
     live = listing.live
     last = listing
-    if follow:
-        cursor = 0
-        while not out.closed:
-            page = await api.logs_read(LogsRequest(ref=whole, after=cursor, wait=FOLLOW_WAIT))
-            printer.learn(page)
-            await out.write(printer.render(page))
-            cursor, last = page.cursor, page
-            live = live or page.live
-            if not page.more and not page.live:
-                break
-    else:  # step by step, in the order they started
-        for info in listing.logs:
-            cursor = 0
-            while not out.closed:
-                page = await api.logs_read(LogsRequest(ref=whole, log=info.id, after=cursor))
-                await out.write(printer.render(page))
-                cursor = page.cursor
-                if not page.more:
-                    break
+    cursor = 0
+    while not out.closed:  # the whole run with one cursor: its chunks in the order stored
+        page = await api.logs_read(
+            LogsRequest(ref=whole, after=cursor, wait=FOLLOW_WAIT if follow else 0)
+        )
+        printer.learn(page)
+        await out.write(printer.render(page))
+        cursor, last = page.cursor, page
+        live = live or page.live
+        if not page.more and not (follow and page.live):
+            break
     return {
         "kind": listing.kind,
         "id": listing.id,
@@ -168,8 +162,8 @@ async def show(api, ref: str, *, follow: bool, json_output: bool) -> dict:
         "live": live,
         "stillLive": last.live,
         "lines": printer.lines,
-        "logs": len(last.logs),
-        "unfinished": last.status == "running" or any(i.ended_at is None for i in last.logs),
+        "logs": last.log_count,
+        "unfinished": last.status == "running" or last.open_logs > 0,
     }
 
 
@@ -211,9 +205,9 @@ def logs(
     json_output: bool = JSON,
 ) -> None:
     """Print what a workflow run's steps printed, or what one dispatch (an ad-hoc run) printed:
-    every line, as stored outside the run record. A run's steps come one after the other in
-    the order they started, each line after its step's name; with --follow, lines come as
-    they are stored (within a fraction of a second), interleaved, until the run ends.
+    every line, as stored outside the run record. A run's lines come in the order they were
+    stored (steps that ran at once interleave), each after its step's name; with --follow,
+    they come as they are stored (within a fraction of a second), until the run ends.
 
     A step's output is kept up to serve's --step-log-cap (32 MiB by default); past it the
     oldest part goes, and a line says how many lines and bytes went, where they were. It goes

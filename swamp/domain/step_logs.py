@@ -22,6 +22,16 @@ from dataclasses import dataclass
 from swamp.errors import UserError
 
 DEFAULT_CAP_BYTES = 32 * 1024 * 1024
+PENDING_CAP_BYTES = 256 * 1024 * 1024  # unwritten output held across every log, at most
+
+
+def pending_cap(cap: int) -> int:
+    """The most unwritten output memory holds across every log while the writer is behind:
+    :data:`PENDING_CAP_BYTES`, or one log's ``cap`` if that is more (a log can always hold
+    what it keeps)."""
+    return max(PENDING_CAP_BYTES, cap)
+
+
 CHUNK_LINES = 4096  # a chunk is sealed at this many lines …
 CHUNK_BYTES = 256 * 1024  # … or this many bytes of text, whichever comes first
 LINE_CHARS = 64 * 1024  # a longer line is cut (a frame may carry up to 4 MiB of one line)

@@ -30,6 +30,7 @@ from swamp.bookkeeping.workflow_runs import key as run_key
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
+from swamp.domain.names import is_adhoc_instance
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
 from swamp.domain.quota import WriteQuota
@@ -232,9 +233,16 @@ def collect_step_logs(
         if store.latest(run_key(workflow, run_id)) is None and not live(run_id)
     ]
     removed = logs.forget_runs(gone)
-    others = [(model_type, log_id, last) for model_type, _, log_id, last in logs.others()]
+    # ad-hoc runs' logs are kept as ad-hoc runs are, the newest of each type; a named
+    # instance's apart, the newest of that instance (a thousand quick ad-hoc runs never
+    # push out a long build's); a log still being written is never among them
+    others = [
+        (model_type if is_adhoc_instance(name) else f"{model_type} {name}", log_id, last)
+        for model_type, name, log_id, last in logs.others()
+    ]
     forget = runs_to_forget(others, now=store.clock())
     removed += logs.forget_logs(log_id for _, log_id in forget)
+    removed += logs.forget_orphans()
     return removed
 
 

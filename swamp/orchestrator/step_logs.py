@@ -12,8 +12,10 @@ it reads what is stored, at its own pace (``swamp logs --follow``).
 What memory holds is bounded per log by the same cap as the store: when the writer is behind
 (the database locked by another process, say), a log's sealed chunks wait here, and past the
 cap the oldest of them go — as the store would have dropped them a moment later — and the
-line numbers of the next chunk tell every reader how many are missing. Nothing is dropped
-silently: the gap is printed where it is.
+line numbers of the next chunk tell every reader how many are missing. Across every log it is
+bounded too (``pending_cap``: 128 busy steps never hold 128 caps): past it the oldest sealed
+chunks of any log go, the same way. Nothing is dropped silently: the gap is printed where it
+is.
 
 Without a running writer (the CLI straight on a repo, where nothing else shares the process)
 a batch is written in the caller when it is full, and the rest when its log closes.
@@ -38,6 +40,7 @@ from swamp.domain.step_logs import (
     STREAM_CODES,
     LogOwner,
     line_bytes,
+    pending_cap,
 )
 from swamp.errors import StoreError
 from swamp.store.retry import retry_busy
@@ -74,9 +77,11 @@ class StepLogs:
         cap: int = DEFAULT_CAP_BYTES,
         linger: float = LINGER,
         clock: Callable[[], float] = time.time,
+        total_cap: int | None = None,
     ) -> None:
         self.store = store
         self.cap = cap
+        self.pending_cap = pending_cap(cap) if total_cap is None else max(total_cap, cap)
         self.linger = linger
         self.clock = clock
         self._open: dict[str, _Log] = {}
@@ -91,6 +96,10 @@ class StepLogs:
         self._written = trio.Event()
         self.writing = False  # a writer task runs (serve); else the caller writes (the CLI)
         self.pending_bytes = 0  # sealed, not yet written
+        # every sealed chunk in the order sealed, to drop the oldest across logs; one already
+        # written or dropped is skipped when met (and the queue compacted when mostly such)
+        self._sealed_order: deque[tuple[_Log, Chunk]] = deque()
+        self._pending_chunks = 0
         self.lines = 0  # taken in, in all
         self.batches = 0
         self.dropped_lines = 0  # dropped here at the cap, before they could be written
@@ -215,11 +224,24 @@ class StepLogs:
         entry.sealed.append(chunk)
         entry.sealed_bytes += chunk.size
         self.pending_bytes += chunk.size
+        self._pending_chunks += 1
+        self._sealed_order.append((entry, chunk))
         while entry.sealed_bytes > self.cap and len(entry.sealed) > 1:  # the writer is behind
-            oldest = entry.sealed.popleft()
-            entry.sealed_bytes -= oldest.size
-            self.pending_bytes -= oldest.size
-            self.dropped_lines += len(oldest.lines)
+            self._drop_oldest(entry)
+        while self.pending_bytes > self.pending_cap and self._sealed_order:  # of every log
+            oldest, first = self._sealed_order.popleft()
+            if oldest.sealed and oldest.sealed[0] is first:
+                self._drop_oldest(oldest)
+        if len(self._sealed_order) > 2 * self._pending_chunks + 64:
+            alive = {id(c) for e in self._dirty.values() for c in e.sealed}
+            self._sealed_order = deque((e, c) for e, c in self._sealed_order if id(c) in alive)
+
+    def _drop_oldest(self, entry: _Log) -> None:
+        oldest = entry.sealed.popleft()
+        entry.sealed_bytes -= oldest.size
+        self.pending_bytes -= oldest.size
+        self._pending_chunks -= 1
+        self.dropped_lines += len(oldest.lines)
 
     def _poke(self) -> None:
         if not self._wake.is_set():
@@ -238,7 +260,8 @@ class StepLogs:
                     await self._hurry.wait()
                 self._wake, self._hurry = trio.Event(), trio.Event()
                 while self._started or self._ended or self._dirty:
-                    await self._write_one(self._take())
+                    if not await self._write_one(self._take()):
+                        break  # the store refused it: again at the next wake, not in a loop
                     await trio.lowlevel.checkpoint()  # a big backlog goes a batch at a time
         finally:
             self.writing = False
@@ -255,6 +278,7 @@ class StepLogs:
                 chunk = entry.sealed.popleft()
                 entry.sealed_bytes -= chunk.size
                 self.pending_bytes -= chunk.size
+                self._pending_chunks -= 1
                 chunks.append(chunk)
                 size += chunk.size
             if entry.sealed:
@@ -265,7 +289,10 @@ class StepLogs:
             ended, self._ended = self._ended, []
         return started, chunks, ended
 
-    async def _write_one(self, batch: tuple[list[LogStart], list[Chunk], list[LogEnd]]) -> None:
+    async def _write_one(self, batch: tuple[list[LogStart], list[Chunk], list[LogEnd]]) -> bool:
+        """Whether the batch was stored. A lost batch loses its lines (said in the log, and
+        by the gap readers see), never its logs' starts and ends: they go again with the
+        next batch (their later chunks need the row; an unended row is never collected)."""
         started, chunks, ended = batch
         try:
             await retry_busy(lambda: self.store.write(started, chunks, ended, cap=self.cap))
@@ -276,10 +303,14 @@ class StepLogs:
                 sum(len(c.lines) for c in chunks),
                 exc.message,
             )
+            self._started[:0] = started
+            self._ended[:0] = ended
+            return False
         self.batches += 1
         self._settle(ended)
         self._written.set()
         self._written = trio.Event()
+        return True
 
     def flush(self) -> None:
         """Write everything now, in this task (the CLI; and serve's close)."""
@@ -290,6 +321,8 @@ class StepLogs:
             except StoreError as exc:
                 self.lost_batches += 1
                 log.warning("could not store step output: %s", exc.message)
+                self._started[:0] = started  # as in the writer: starts and ends go again
+                self._ended[:0] = ended
                 return
             self.batches += 1
             self._settle(ended)

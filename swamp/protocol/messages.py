@@ -495,9 +495,11 @@ class LogChunkItem(Message):
 
 @dataclass(frozen=True)
 class LogsPage(Message):
-    """A page of ``logs.read``: the ref's logs, chunks after the cursor, the next cursor;
-    ``more``: stored chunks remain past this page; ``live``: more may come (the run or the
-    dispatch is running in the orchestrator that answered)."""
+    """A page of ``logs.read``: chunks after the cursor, the logs they are of (not every log
+    of a run: a 10,000-step run's list would not fit in a frame), the next cursor; ``more``:
+    stored chunks remain past this page; ``live``: more may come (the run or the dispatch is
+    running in the orchestrator that answered); ``log_count``/``open_logs``: how many logs
+    the ref has, and how many of them are still being written."""
 
     kind: Literal["run", "dispatch"]
     id: str
@@ -509,6 +511,8 @@ class LogsPage(Message):
     chunks: list[LogChunkItem] = field(default_factory=list)
     status: str | None = None  # the run's (kind run)
     workflow: str | None = None
+    log_count: int = 0
+    open_logs: int = 0
 
 
 #: The payload of each request method (what ``IncomingCall.params`` must decode as).

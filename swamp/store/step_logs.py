@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS step_log (
     dropped_lines INTEGER NOT NULL DEFAULT 0,
     dropped_bytes INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS step_log_run ON step_log (run_id) WHERE run_id IS NOT NULL;
+DROP INDEX IF EXISTS step_log_run;
+CREATE INDEX IF NOT EXISTS step_log_run_step ON step_log (run_id, job, step)
+    WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS step_log_owner ON step_log (model_type, model_name)
     WHERE run_id IS NULL;
 CREATE TABLE IF NOT EXISTS step_log_chunk (
@@ -58,6 +60,7 @@ _INFO = (
     "log_id, run_id, workflow, job, step, model_type, model_name, method, worker, attempt, "
     "started_epoch, ended_epoch, lines, bytes, dropped_lines, dropped_bytes"
 )
+PAGE_CHUNKS = 1000  # chunks in a page at most (a page's frame stays small whatever their size)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -134,8 +137,20 @@ class LogStore(Protocol):
 
     def logs_with_prefix(self, prefix: str) -> list[LogInfo]: ...
 
+    def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]: ...
+
+    def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]: ...
+
+    def run_workflow(self, run_id: str) -> str | None: ...
+
+    def run_counts(self, run_id: str) -> tuple[int, int]: ...
+
     def chunks(
         self, log_ids: Sequence[str], *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]: ...
+
+    def chunks_of_run(
+        self, run_id: str, *, after: int, limit_bytes: int
     ) -> tuple[list[StoredChunk], bool]: ...
 
     def runs(self) -> list[tuple[str, str]]: ...
@@ -145,6 +160,8 @@ class LogStore(Protocol):
     def forget_runs(self, run_ids: Iterable[str]) -> int: ...
 
     def forget_logs(self, log_ids: Iterable[str]) -> int: ...
+
+    def forget_orphans(self, *, limit: int = 100) -> int: ...
 
     def forget_instances(self, instances: Iterable[tuple[str, str]]) -> int: ...
 
@@ -198,8 +215,11 @@ class SqliteLogStore:
             )
             added: dict[str, list[int]] = {}  # log → [bytes added, lines up to, bytes up to]
             db.executemany(
+                # only for a log that has its row: a chunk of no log (its row forgotten, or
+                # its start lost with a batch) could never be read nor collected
                 "INSERT INTO step_log_chunk (log_id, first_line, first_byte, line_count, "
-                "byte_count, streams, body) VALUES (?,?,?,?,?,?,?)",
+                "byte_count, streams, body) SELECT ?,?,?,?,?,?,? "
+                "WHERE EXISTS (SELECT 1 FROM step_log WHERE log_id = ?)",
                 [
                     (
                         c.log_id,
@@ -209,6 +229,7 @@ class SqliteLogStore:
                         c.size,
                         c.streams,
                         _ENCODE(list(c.lines)),
+                        c.log_id,
                     )
                     for c in chunks
                 ],
@@ -281,6 +302,40 @@ class SqliteLogStore:
             "WHERE log_id >= ? AND log_id < ? ORDER BY rowid LIMIT 10", (prefix, prefix + "g")
         )
 
+    def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]:
+        """The logs of ``log_ids`` (a page's: a few hundred at most), in the order opened."""
+        if not log_ids:
+            return []
+        marks = ",".join("?" * len(log_ids))
+        return self._infos(f"WHERE log_id IN ({marks}) ORDER BY rowid", tuple(log_ids))
+
+    def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]:
+        """The logs of a run's step named ``STEP`` or ``JOB.STEP`` (by the index, not the
+        run's other steps)."""
+        job, _, name = step.partition(".")
+        return self._infos(
+            "WHERE run_id = ? AND (step = ? OR (job = ? AND step = ?)) ORDER BY rowid",
+            (run_id, step, job, name),
+        )
+
+    def run_workflow(self, run_id: str) -> str | None:
+        """The workflow of a run that has logs (one row read)."""
+        with self.store.sql("reading step logs"):
+            row = self.db.execute(
+                "SELECT workflow FROM step_log WHERE run_id = ? LIMIT 1", (run_id,)
+            ).fetchone()
+        return row[0] if row is not None else None
+
+    def run_counts(self, run_id: str) -> tuple[int, int]:
+        """(logs, logs still open) of a run."""
+        with self.store.sql("reading step logs"):
+            row = self.db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(ended_epoch IS NULL), 0) FROM step_log "
+                "WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
     def _infos(self, where: str, params: tuple) -> list[LogInfo]:
         with self.store.sql("reading step logs"):
             rows = self.db.execute(f"SELECT {_INFO} FROM step_log {where}", params).fetchall()
@@ -316,14 +371,43 @@ class SqliteLogStore:
         if not log_ids:
             return [], False
         marks = ",".join("?" * len(log_ids))
+        return self._chunks(f"log_id IN ({marks})", (*log_ids,), after, limit_bytes)
+
+    def chunks_of_run(
+        self, run_id: str, *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
+        """The chunks of every log of a run after chunk ``after``, as :meth:`chunks`: the
+        whole run is read with one cursor (chunk ids only grow)."""
+        return self._chunks(
+            "log_id IN (SELECT log_id FROM step_log WHERE run_id = ?)",
+            (run_id,),
+            after,
+            limit_bytes,
+        )
+
+    def _chunks(
+        self, where: str, params: tuple, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
+        """The page's chunk ids first, from the index alone (a run's chunks sorted by id
+        cost their ids, never their text), then those rows."""
         out: list[StoredChunk] = []
         size = 0
-        more = False
         with self.store.sql("reading step logs"):
+            ids = [
+                row[0]
+                for row in self.db.execute(
+                    f"SELECT id FROM step_log_chunk WHERE {where} AND id > ? ORDER BY id LIMIT ?",
+                    (*params, after, PAGE_CHUNKS + 1),
+                )
+            ]
+            more = len(ids) > PAGE_CHUNKS
+            ids = ids[:PAGE_CHUNKS]
+            if not ids:
+                return [], False
             cursor = self.db.execute(
                 "SELECT id, log_id, first_line, first_byte, streams, body, byte_count "
-                f"FROM step_log_chunk WHERE log_id IN ({marks}) AND id > ? ORDER BY id",
-                (*log_ids, after),
+                f"FROM step_log_chunk WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
+                ids,
             )
             try:
                 for row in cursor:
@@ -348,12 +432,30 @@ class SqliteLogStore:
             ).fetchall()
 
     def others(self) -> list[tuple[str, str, str, float]]:
-        """(model type, model name, log id, last epoch) of every log of no workflow run."""
+        """(model type, model name, log id, end epoch) of every ended log of no workflow run
+        (one still being written is never collected: its later chunks would have no row)."""
         with self.store.sql("reading step logs"):
             return self.db.execute(
-                "SELECT model_type, model_name, log_id, COALESCE(ended_epoch, started_epoch) "
-                "FROM step_log WHERE run_id IS NULL"
+                "SELECT model_type, model_name, log_id, ended_epoch "
+                "FROM step_log WHERE run_id IS NULL AND ended_epoch IS NOT NULL"
             ).fetchall()
+
+    def forget_orphans(self, *, limit: int = 100) -> int:
+        """Chunks of no log (an earlier version wrote a forgotten log's later chunks), up to
+        ``limit`` logs' worth a call."""
+        with self.store.transaction(), self.store.sql("forgetting step logs", writing=True):
+            ids = [
+                row[0]
+                for row in self.db.execute(
+                    "SELECT DISTINCT log_id FROM step_log_chunk WHERE log_id NOT IN "
+                    "(SELECT log_id FROM step_log) LIMIT ?",
+                    (limit,),
+                ).fetchall()
+            ]
+            return sum(
+                self.db.execute("DELETE FROM step_log_chunk WHERE log_id = ?", (i,)).rowcount
+                for i in ids
+            )
 
     def forget_runs(self, run_ids: Iterable[str]) -> int:
         return self._forget("run_id = ?", [(r,) for r in run_ids])

@@ -293,3 +293,92 @@ async def test_a_dispatch_that_ends_has_its_lines_stored_before_its_result_goes_
         nursery.cancel_scope.cancel()
     lines, _ = _all_lines(logs, "ad50")
     assert lines == ["last words"]
+
+
+def test_a_log_still_being_written_is_never_collected_nor_its_chunks_orphaned(store):
+    import time
+
+    from swamp.orchestrator.server import collect_step_logs
+    from swamp.store.step_logs import Chunk, LogEnd, LogStart
+
+    logs = SqliteLogStore(store)
+    now = time.time()
+    owner = LogOwner("command/shell", "build", "run")  # a named instance, printing for an hour
+    long_id = f"{1:032x}"
+    logs.write(
+        [LogStart(long_id, owner, "w", 1, now - 3600)],
+        [Chunk(long_id, 0, 0, ["compiling"], "o", 10)],
+        [],
+        cap=1 << 25,
+    )
+    started, chunks, ended = [], [], []
+    for i in range(1000):  # 1,000 quick ad-hoc runs of the same type meanwhile
+        log_id = f"{i + 2:032x}"
+        adhoc = LogOwner("command/shell", f"run-{i:016x}", "run")
+        started.append(LogStart(log_id, adhoc, "w", 1, now - 60))
+        chunks.append(Chunk(log_id, 0, 0, ["ok"], "o", 3))
+        ended.append(LogEnd(log_id, now - 59, 1, 3))
+    logs.write(started, chunks, ended, cap=1 << 25)
+    collect_step_logs(store, logs, live=lambda run_id: False)
+    logs.write([], [Chunk(long_id, 1, 10, ["linking"], "o", 8)], [], cap=1 << 25)  # still going
+    assert [i.log_id for i in logs.logs_with_prefix(long_id)] == [long_id]
+    lines, _ = _all_lines(logs, long_id)
+    assert lines == ["compiling", "linking"]
+    # a chunk of no log is never written, and one an earlier version left is collected
+    logs.write([], [Chunk("ab" * 16, 0, 0, ["lost"], "o", 5)], [], cap=1 << 25)
+    orphans = (
+        "SELECT count(*) FROM step_log_chunk WHERE log_id NOT IN (SELECT log_id FROM step_log)"
+    )
+    assert store.db.execute(orphans).fetchone()[0] == 0
+    store.db.execute(
+        "INSERT INTO step_log_chunk (log_id, first_line, first_byte, line_count, byte_count, "
+        "streams, body) VALUES ('cd', 0, 0, 1, 5, 'o', '[\"old\"]')"
+    )
+    collect_step_logs(store, logs)
+    assert store.db.execute(orphans).fetchone()[0] == 0
+
+
+def test_a_lost_batch_loses_lines_but_never_its_logs_start_or_end(store):
+    from swamp.errors import StoreError
+
+    class FailingOnce(SqliteLogStore):
+        failed = False
+
+        def write(self, started, chunks, ended, *, cap):
+            if not self.failed:
+                self.failed = True
+                raise StoreError("disk I/O error")
+            super().write(started, chunks, ended, cap=cap)
+
+    logs = FailingOnce(store)
+    sink = StepLogs(logs)
+    sink.open("fa01", OWNER, worker="w1")
+    sink.append("fa01", "first", "stdout")
+    sink.close("fa01")  # written in the caller: refused
+    assert sink.lost_batches == 1 and sink.live("fa01")
+    sink.flush()  # the next batch carries its start and end
+    [info] = logs.logs_with_prefix("fa01")
+    assert info.ended_at is not None and info.lines == 1 and not sink.live("fa01")
+
+
+def test_while_the_writer_is_behind_memory_holds_at_most_the_total_cap_across_steps(store):
+    logs = SqliteLogStore(store)
+    cap, total = 300 * 1024, 1024 * 1024
+    sink = StepLogs(logs, cap=cap, total_cap=total)
+    sink.writing = True  # a writer that never gets to write (the database locked, say)
+    ids = [f"dd{n:02d}" for n in range(20)]  # 20 busy steps: 20 caps would be 6 MB
+    for log_id in ids:
+        sink.open(log_id, OWNER, worker="w1")
+    for n in range(6_000):
+        for log_id in ids:
+            sink.append(log_id, f"{n:07d}" + "y" * 92, "stdout")  # 100 bytes
+        assert sink.pending_bytes <= total + 256 * 1024
+    sink.writing = False
+    for log_id in ids:
+        sink.close(log_id)
+    for log_id in ids:  # each says what went, and keeps its newest lines
+        lines, _ = _all_lines(logs, log_id)
+        [info] = logs.logs_with_prefix(log_id)
+        assert lines[-1].startswith("0005999")
+        assert info.lines == 6_000 and info.dropped_lines + len(lines) == 6_000
+        assert info.dropped_lines > 0
