@@ -135,7 +135,10 @@ def test_a_million_lines_are_all_kept_followed_live_and_the_run_record_stays_sma
         "SELECT COUNT(*), SUM(LENGTH(body) + LENGTH(streams)) FROM step_log_chunk"
     ).fetchone()
     db.close()
-    assert chunks < LINES / 1000, "many lines to a row"
+    # many lines to a row, never a row per line: a chunk is sealed when full (4,096 lines) or
+    # when a batch is written (every 0.2 s), so how many rows depends on the machine's speed,
+    # but a row per line would be a million: a hundred lines a row at least holds on any
+    assert chunks <= LINES / 100, f"{chunks} rows for {LINES} lines"
     print(
         f"\n{LINES} lines: run {took:.1f}s (followed live), read back {read_took:.1f}s, "
         f"{chunks} chunks, {stored / 1e6:.1f} MB stored, run record {size} bytes"
