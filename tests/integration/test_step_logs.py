@@ -66,28 +66,42 @@ def _popen(cluster, *args: str) -> subprocess.Popen:
     )
 
 
+def _shell_workflow(
+    cluster, name: str, step: str, placement: str, model: str, command: str
+) -> None:
+    """workflows/NAME.toml: one job, one ``command/shell`` step placed by ``placement``."""
+    (cluster.repo / "workflows" / f"{name}.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            name = "{name}"
+            [[jobs]]
+            name = "main"
+            [[jobs.steps]]
+            name = "{step}"
+            {placement}
+            [jobs.steps.task]
+            type = "model_method"
+            modelType = "command/shell"
+            modelName = "{model}"
+            methodName = "run"
+            inputs = {{ command = {json.dumps(command)} }}
+            """
+        )
+    )
+
+
 def test_a_million_lines_are_all_kept_followed_live_and_the_run_record_stays_small(cluster):
     cluster.serve()
     cluster.worker(cluster.mint("printer"), "--label", "role=printer")
     gate = cluster.tmp / "gate"
     os.mkfifo(gate)
-    (cluster.repo / "workflows" / "big.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            name = "big"
-            [[jobs]]
-            name = "main"
-            [[jobs.steps]]
-            name = "print"
-            labels = {{ role = "printer" }}
-            [jobs.steps.task]
-            type = "model_method"
-            modelType = "command/shell"
-            modelName = "printer"
-            methodName = "run"
-            inputs = {{ command = "seq {LINES}; read go < {gate}; echo done" }}
-            """
-        )
+    _shell_workflow(
+        cluster,
+        "big",
+        "print",
+        'labels = { role = "printer" }',
+        "printer",
+        f"seq {LINES}; read go < {gate}; echo done",
     )
     started = time.monotonic()
     runner = _popen(cluster, "workflow", "run", "big", "--json")
@@ -202,23 +216,8 @@ def test_follow_without_a_live_orchestrator_prints_what_is_stored_and_says_so(cl
     cluster.worker(cluster.mint("w1"))
     gate = cluster.tmp / "gate"
     os.mkfifo(gate)
-    (cluster.repo / "workflows" / "stuck.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            name = "stuck"
-            [[jobs]]
-            name = "main"
-            [[jobs.steps]]
-            name = "wait"
-            target = "w1"
-            [jobs.steps.task]
-            type = "model_method"
-            modelType = "command/shell"
-            modelName = "waiter"
-            methodName = "run"
-            inputs = {{ command = "echo first; read go < {gate}" }}
-            """
-        )
+    _shell_workflow(
+        cluster, "stuck", "wait", 'target = "w1"', "waiter", f"echo first; read go < {gate}"
     )
     runner = cluster.spawn("workflow", "run", "stuck", "--json")
     run_id = runner.wait_for(lambda e: e.get("event", {}).get("line") == "first")["event"]["runId"]
@@ -241,23 +240,13 @@ def test_a_reader_that_stops_reading_never_slows_the_step(cluster):
     gate = cluster.tmp / "gate"
     os.mkfifo(gate)
     lines = 200_000  # far more than a pipe holds
-    (cluster.repo / "workflows" / "chatty.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            name = "chatty"
-            [[jobs]]
-            name = "main"
-            [[jobs.steps]]
-            name = "talk"
-            target = "w1"
-            [jobs.steps.task]
-            type = "model_method"
-            modelType = "command/shell"
-            modelName = "talker"
-            methodName = "run"
-            inputs = {{ command = "echo ready; read go < {gate}; seq {lines}" }}
-            """
-        )
+    _shell_workflow(
+        cluster,
+        "chatty",
+        "talk",
+        'target = "w1"',
+        "talker",
+        f"echo ready; read go < {gate}; seq {lines}",
     )
     runner = cluster.spawn("workflow", "run", "chatty", "--json")
     run_id = runner.wait_for(lambda e: e.get("event", {}).get("what") == "started")["event"]
