@@ -39,6 +39,8 @@ async def read(
     on the repo: nothing there is live); ``running``, the ids of the runs it runs."""
     ref = parse_log_ref(request.ref)
     wait = min(max(float(request.wait), 0.0), WAIT_MAX)
+    if live is not None:  # what has ended is all stored before it is read
+        await live.caught_up()
     deadline = trio.current_time() + wait
     while True:
         page = _page(ref, request, store=store, logs=logs, live=live, running=running)

@@ -224,5 +224,7 @@ def logs(
     async def go(api) -> dict:
         return await show(api, ref, follow=follow, json_output=json_output)
 
-    shown = with_admin(go, route, prefer_server=follow)
+    # through the repo's running orchestrator when there is one: it knows what is still
+    # being written, and stores what has ended before it answers
+    shown = with_admin(go, route, prefer_server=True)
     say_how_it_ended(shown, follow=follow)

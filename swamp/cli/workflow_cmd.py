@@ -644,7 +644,7 @@ def _history_get_with_logs(run_id: str, route: Route, json_output: bool) -> None
             sys.stdout.flush()
         return await show(api, run["runId"], follow=False, json_output=json_output)
 
-    say_how_it_ended(with_admin(go, route), follow=False)
+    say_how_it_ended(with_admin(go, route, prefer_server=True), follow=False)  # as swamp logs
 
 
 @app.command("cancel", short_help="Cancel a running workflow run.")

@@ -225,9 +225,6 @@ class DispatchService:
                 raise
             self.observe("outcome", result.status)
             log_id = dispatch_id if self.episodes.logs is not None else None
-        logs = self.logs or self.episodes.logs
-        if logs is not None and log_id is not None:  # its slot is free; its lines go in
-            await logs.settled(log_id)
         return RunResult(
             status=result.status,
             model=request.model.name,

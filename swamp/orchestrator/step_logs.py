@@ -48,7 +48,7 @@ from swamp.store.step_logs import Chunk, LogEnd, LogStart, LogStore
 
 log = logging.getLogger("swamp.logs")
 LINGER = 0.2  # seconds lines gather before a batch is written (how far --follow lags)
-SETTLE_WAIT = 5.0  # the most a dispatch's result waits for its last lines to be stored
+SETTLE_WAIT = 5.0  # the most a reader waits for the lines of logs already ended to be stored
 BATCH_BYTES = 4 * 1024 * 1024  # one transaction holds at most about this much text
 Emit = Callable[[dict], Awaitable[None]]
 
@@ -92,8 +92,10 @@ class StepLogs:
         self._unsettled: dict[str, str | None] = {}  # log id → its run's id
         self._unsettled_runs: dict[str, int] = {}
         self._wake = trio.Event()
-        self._hurry = trio.Event()  # a dispatch is ending: write without lingering
+        self._hurry = trio.Event()  # a reader waits for ended logs: write without lingering
         self._written = trio.Event()
+        self._ends = 0  # logs with lines that ended, in all
+        self._ends_stored = 0  # of them, those whose last lines are in the store
         self.writing = False  # a writer task runs (serve); else the caller writes (the CLI)
         self.pending_bytes = 0  # sealed, not yet written
         # every sealed chunk in the order sealed, to drop the oldest across logs; one already
@@ -181,6 +183,7 @@ class StepLogs:
         self._seal(entry)
         self._dirty[entry.id] = entry
         self._ended.append(LogEnd(log_id, self.clock(), entry.first_line, entry.first_byte))
+        self._ends += 1
         if not self.writing:
             self.flush()
         self._poke()
@@ -308,6 +311,7 @@ class StepLogs:
             return False
         self.batches += 1
         self._settle(ended)
+        self._ends_stored += len(ended)
         self._written.set()
         self._written = trio.Event()
         return True
@@ -326,14 +330,19 @@ class StepLogs:
                 return
             self.batches += 1
             self._settle(ended)
+            self._ends_stored += len(ended)
 
-    async def settled(self, log_id: str) -> None:
-        """Return once every line of ``log_id`` (closed) is stored, or after
-        :data:`SETTLE_WAIT` seconds: a dispatch's result goes on after its output is readable
-        (``swamp logs`` right after the run shows all of it), and never waits long for a
-        database that is locked."""
+    async def caught_up(self) -> None:
+        """Return once every log that has ended so far is stored to its last line, or after
+        :data:`SETTLE_WAIT` seconds. A reader asks this first, so ``swamp logs`` right after a
+        run shows all of it; the dispatch path never waits for the store (a result does not
+        wait for a write, nor does each ending dispatch cost a transaction of its own), and
+        a locked database never holds a reader long."""
+        target = self._ends
+        if not self.writing or self._ends_stored >= target:
+            return
         with trio.move_on_after(SETTLE_WAIT):
-            while self.writing and log_id in self._unsettled and log_id not in self._open:
+            while self.writing and self._ends_stored < target:
                 self._hurry.set()
                 self._poke()
                 await self._written.wait()

@@ -280,7 +280,7 @@ def test_the_cli_says_where_lines_are_missing_and_escapes_what_it_prints():
     ]
 
 
-async def test_a_dispatch_that_ends_has_its_lines_stored_before_its_result_goes_on(store):
+async def test_a_reader_right_after_a_log_ends_finds_its_last_lines_stored(store):
     logs = SqliteLogStore(store)
     sink = StepLogs(logs, linger=60)  # a writer that would otherwise wait a minute
     async with trio.open_nursery() as nursery:
@@ -288,11 +288,17 @@ async def test_a_dispatch_that_ends_has_its_lines_stored_before_its_result_goes_
         sink.open("ad50", OWNER, worker="w1")
         sink.append("ad50", "last words", "stdout")
         sink.close("ad50")
+        assert _all_lines(logs, "ad50")[0] == []  # the dispatch did not wait for the store
         with trio.fail_after(5):
-            await sink.settled("ad50")  # the writer is hurried, not waited out
+            await sink.caught_up()  # the writer is hurried, not waited out
+        assert _all_lines(logs, "ad50")[0] == ["last words"]
+        sink.open("ad51", OWNER, worker="w1")
+        sink.append("ad51", "still going", "stdout")
+        with trio.CancelScope() as scope:  # an open log is not waited for: it has not ended
+            scope.cancel()
+            await sink.caught_up()  # returns without waiting (else the scope would catch it)
+        assert not scope.cancelled_caught
         nursery.cancel_scope.cancel()
-    lines, _ = _all_lines(logs, "ad50")
-    assert lines == ["last words"]
 
 
 def test_a_log_still_being_written_is_never_collected_nor_its_chunks_orphaned(store):
