@@ -345,8 +345,15 @@ def main(argv: list[str]) -> int:
     if task == "demo":
         return run("-m", "swamp", "demo", *rest)
     if task == "test":
-        # two processes: the integration tests mostly wait on real processes and sockets
-        workers = [] if any(a == "-n" or a.startswith("-n") for a in rest) else ["-n", "2"]
+        # two processes: the integration tests mostly wait on real processes and sockets;
+        # work stealing, because xdist's default hands each process long runs of tests ahead
+        # of time, and one could sit idle for minutes while the other works through its share
+        # (measured: one done at 502 s, the other at 1,196 s)
+        workers = (
+            []
+            if any(a == "-n" or a.startswith("-n") for a in rest)
+            else ["-n", "2", "--dist", "worksteal"]
+        )
         return run("-m", "pytest", *workers, *rest)
     if task == "lint":
         return run("-m", "ruff", "check", ".", *rest) or run("-m", "ruff", "format", "--check", ".")

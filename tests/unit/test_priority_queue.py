@@ -4,7 +4,7 @@ as many steps running take turns, whatever aging tick their steps arrived in; ag
 pass a stream of higher-priority ones."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from swamp.domain.placement import Placement
@@ -291,6 +291,19 @@ def spec_takes(live, slots, queue, free, now):
 
 @settings(max_examples=examples(300), deadline=None)
 @given(st.lists(operation, max_size=80))
+# a slot freed by a finished step and left free was once left in the index, where the next
+# "free" found it beside its own: two steps taken for one freed slot (a state the queue never
+# reaches — a step added while a slot is free goes at once)
+@example(
+    [
+        ("add", 0, "a", 0, 0),
+        ("free", "plain", 1, 0),
+        ("finish", 0),
+        ("add", 0, "a", 0, 0),
+        ("add", 0, "a", 0, 0),
+        ("free", "gpu-a", 1, 0),
+    ]
+)
 def test_the_assignment_agrees_with_a_scan_of_the_documented_order(ops):
     index = PoolIndex()
     for name, labels in WORKERS.items():
@@ -315,6 +328,8 @@ def test_the_assignment_agrees_with_a_scan_of_the_documented_order(ops):
             for got in assign(queue, index, epoch=12):
                 live.remove(got.step)
                 running.append((got.step, got.worker))
+            if index.get(name).free:  # nobody wanted it: keep the worker full, as "free"
+                index.take(name)  # does (a step added later would have taken it at once)
         elif op[0] == "free":
             _, name, free, now = op
             slots = index.get(name)
