@@ -55,6 +55,23 @@ class Requirement:
                 keys.add((_ARCH, arch_part))
         return cls(keys=frozenset(keys))
 
+    def text(self) -> str:
+        """How ``/metrics`` and ``worker queue`` name it: ``target=t``, or each ``k=v`` in key
+        order then ``platform=os/arch``, or ``any worker`` — what
+        :func:`swamp.domain.queue.requirement_text` says of the placement it came from (a
+        target's labels aside: scheduling ignores them, and so does this)."""
+        if self.target:
+            return f"target={self.target}"
+        labels = sorted(pair for pair in self.keys if pair[0] not in (_OS, _ARCH))
+        parts = [f"{k}={v}" for k, v in labels]
+        os_part = next((v for k, v in self.keys if k == _OS), "")
+        arch_part = next((v for k, v in self.keys if k == _ARCH), "")
+        if arch_part:
+            parts.append(f"platform={os_part}/{arch_part}")
+        elif os_part:
+            parts.append(f"platform={os_part}")
+        return ", ".join(parts) or "any worker"
+
 
 @dataclass(eq=False, slots=True)
 class Slots:
@@ -253,6 +270,36 @@ class PoolIndex:
             found = [self._members[n] for n in names]
         found = [s for s in found if s.schedulable]
         return len(found), sum(s.free for s in found)
+
+    def idle_slots(self, requirements: Iterable[Requirement]) -> dict[Requirement, int]:
+        """The free slots of schedulable members that satisfy each requirement (a member that
+        satisfies several counts in each): for a scrape of ``/metrics``, not for scheduling.
+
+        One pass over the members with a free slot, summed by *offer* — the keys a member is
+        filed under (labels, platform, arch): a fleet's members mostly offer the same — then
+        each requirement looks only at the offers that hold its rarest key. The cost is the
+        members with a free slot plus, per requirement, those offers: at 10,000 idle members
+        of a few offers, a few milliseconds however many requirements there are."""
+        offers: dict[tuple[Key, ...], int] = {}
+        for slots in self._members.values():
+            if slots.schedulable and slots.active < slots.capacity:
+                keys = slots.index_keys
+                offers[keys] = offers.get(keys, 0) + slots.capacity - slots.active
+        holding: dict[Key, list[tuple[frozenset[Key], int]]] = {}
+        for keys, free in offers.items():
+            offer = (frozenset(keys), free)
+            for key in keys:
+                holding.setdefault(key, []).append(offer)
+        out: dict[Requirement, int] = {}
+        for requirement in requirements:
+            if requirement.target:
+                named = self.resolve_target(requirement.target)
+                out[requirement] = named.free if named is not None else 0
+                continue
+            wanted = requirement.keys or frozenset([ALL])
+            rarest = min((holding.get(key, []) for key in wanted), key=len)
+            out[requirement] = sum(free for keys, free in rarest if wanted <= keys)
+        return out
 
 
 @dataclass(frozen=True)
