@@ -275,21 +275,11 @@ class PoolIndex:
         """The free slots of schedulable members that satisfy each requirement (a member that
         satisfies several counts in each): for a scrape of ``/metrics``, not for scheduling.
 
-        One pass over the members with a free slot, summed by *offer* — the keys a member is
-        filed under (labels, platform, arch): a fleet's members mostly offer the same — then
-        each requirement looks only at the offers that hold its rarest key. The cost is the
-        members with a free slot plus, per requirement, those offers: at 10,000 idle members
-        of a few offers, a few milliseconds however many requirements there are."""
-        offers: dict[tuple[Key, ...], int] = {}
-        for slots in self._members.values():
-            if slots.schedulable and slots.active < slots.capacity:
-                keys = slots.index_keys
-                offers[keys] = offers.get(keys, 0) + slots.capacity - slots.active
-        holding: dict[Key, list[tuple[frozenset[Key], int]]] = {}
-        for keys, free in offers.items():
-            offer = (frozenset(keys), free)
-            for key in keys:
-                holding.setdefault(key, []).append(offer)
+        Each requirement reads only the members filed under its rarest key — the index's own
+        sets, as :meth:`choose` does — so a label nobody has costs nothing, one that a fleet
+        shares costs that fleet's members, and a requirement of several keys checks the
+        others on those members only. ``any worker`` reads every member."""
+        members, by_key = self._members, self._by_key
         out: dict[Requirement, int] = {}
         for requirement in requirements:
             if requirement.target:
@@ -297,8 +287,15 @@ class PoolIndex:
                 out[requirement] = named.free if named is not None else 0
                 continue
             wanted = requirement.keys or frozenset([ALL])
-            rarest = min((holding.get(key, []) for key in wanted), key=len)
-            out[requirement] = sum(free for keys, free in rarest if wanted <= keys)
+            rarest = min((by_key.get(key, ()) for key in wanted), key=len)
+            single = len(wanted) == 1
+            total = 0
+            for name in rarest:
+                slots = members[name]
+                free = slots.capacity - slots.active if slots.schedulable else 0
+                if free > 0 and (single or slots.satisfies(requirement)):
+                    total += free
+            out[requirement] = total
         return out
 
 
