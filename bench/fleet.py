@@ -210,6 +210,7 @@ async def measure_scrape(serve, repo: Repo, url: str, args, idle_cpu: float) -> 
 
     async def place(numbers: range) -> None:
         async with client.connect(url, server_token=credential) as admin, trio.open_nursery() as n:
+            await admin.call("server.info")  # trusted first: then more than one call in flight
             for i in numbers:  # no worker has the label: each waits, for as long as it takes
                 params = {
                     "model": "command/shell",
