@@ -65,6 +65,7 @@ from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import Datastore, iso
 
 log = logging.getLogger("swamp.queue")
+ANY = Requirement()  # a ticket's requirement until acquire() sets it
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Ticket:
 
     placement: Placement
     info: StepInfo
-    requirement: Requirement  # the placement as scheduling sees it (what /metrics counts by)
+    requirement: Requirement = ANY  # the placement as scheduling sees it (/metrics counts by it)
     woken: trio.Event | None = None  # made when it has to wait
     member: Member | None = None
     dispatch_id: str | None = None
@@ -140,8 +141,8 @@ class DispatchQueue:
         """Wait for a free worker matching ``placement`` until ``deadline`` (trio time;
         ``None``: forever). Returns the member, whose slot is reserved for the grant's
         ``dispatch_id``; the caller gives it back with :meth:`release`."""
-        requirement = Requirement.of(placement)
-        ticket = Ticket(placement, info, requirement)
+        ticket = Ticket(placement, info)
+        ticket.requirement = requirement = Requirement.of(placement)
         decision = admit(
             requirement,
             self.waiting,
