@@ -10,6 +10,7 @@
     python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
+    python3 build.py bench-metrics  # one /metrics scrape at 10,000 workers, by requirements
     python3 build.py bench-workflows  # forEach of 2,500 and 10,000 over 4 workers x 32 slots,
                                       # beside the raw dispatch rate; the store's growth
     python3 build.py walk      # the dispatch walk: stays, rooms and climbs of one dispatch
@@ -370,6 +371,8 @@ def main(argv: list[str]) -> int:
         if "--pyz" not in rest and build_pyz(ROOT / "dist" / "swamp.pyz") != 0:
             return 1
         return run(str(ROOT / "bench" / "startup.py"), *rest)
+    if task == "bench-metrics":
+        return run(str(ROOT / "bench" / "metrics.py"), *rest)
     if task == "bench-queue":
         return run(str(ROOT / "bench" / "elastic_queue.py"), *rest)
     if task == "bench-workflows":

@@ -13,10 +13,14 @@ orchestrator asks for — at enrollment, and longer later as the pool grows — 
   after ``--settle`` seconds) to all of them, per worker added — what one more worker costs.
   The growth from the empty orchestrator is reported too; it also holds what the first
   connections load once (code, caches, buffers), which no single worker costs.
+- then, with ``--requirements`` steps waiting (one per requirement, that no worker matches:
+  placed by an admin client): ``GET /metrics`` ``--scrapes`` times over HTTP, one at a time —
+  the wall time of a scrape, and the orchestrator's CPU per scrape (its idle rate taken off).
 
 Prints one JSON object.
 
     python3 build.py bench-fleet [--workers 10000] [--parallel 32] [--idle-seconds 30]
+        [--requirements 100] [--scrapes 20]
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import trio
-from benchkit import cpu_seconds, enroll_params, rss_kib, scratch
+from benchkit import cpu_seconds, enroll_params, percentile, rss_kib, scratch
 from trio_websocket import ConnectionClosed, open_websocket_url
 
+from swamp import client
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all
 from swamp.repo import Repo
@@ -173,6 +179,7 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
     await trio.sleep(args.idle_seconds)
     idle_cpu = (cpu_seconds(serve.pid) - cpu_before) / (time.perf_counter() - wall_before)
     rss_full = rss_kib(serve.pid)
+    scrape = await measure_scrape(serve, repo, url, args, idle_cpu)
     stop.set()
     beats = sorted(m.heartbeat for m in members)
     return {
@@ -190,6 +197,59 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
         "kib_per_worker": round((rss_full - rss_baseline) / (args.workers - baseline), 1),
         "kib_per_worker_from_empty": round((rss_full - rss_empty) / args.workers, 1),
         "store": sizes,
+        "metrics_scrape": scrape,
+    }
+
+
+async def measure_scrape(serve, repo: Repo, url: str, args, idle_cpu: float) -> dict:
+    """``GET /metrics`` with ``args.requirements`` requirements waiting, one scrape at a time."""
+    credential = repo.admin_credential_for(url)
+    assert credential is not None
+    endpoint = url.replace("ws://", "http://") + "/metrics"
+    headers = {"Authorization": f"Bearer {credential}"}
+
+    async def place(numbers: range) -> None:
+        async with client.connect(url, server_token=credential) as admin, trio.open_nursery() as n:
+            await admin.call("server.info")  # trusted first: then more than one call in flight
+            for i in numbers:  # no worker has the label: each waits, for as long as it takes
+                params = {
+                    "model": "command/shell",
+                    "method": "run",
+                    "args": {"command": "true"},
+                    "placement": {"labels": {"bench-requirement": f"r{i}"}},
+                    "queueTimeout": "0",
+                }
+                n.start_soon(lambda p=params: admin.call("model.method.run", p, timeout=None))
+
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
+        for first in range(0, args.requirements, 50):  # within a socket's in-flight limit
+            nursery.start_soon(place, range(first, min(first + 50, args.requirements)))
+        while True:  # until every one waits (the scrapes below are what is measured)
+            text = (await http.get(endpoint, headers=headers)).text
+            if (
+                text.count('swamp_queue_waiting{requirement="bench-requirement=')
+                >= args.requirements
+            ):
+                break
+            await trio.sleep(0.2)
+        times = []
+        size = 0
+        cpu_before, wall_before = cpu_seconds(serve.pid), time.perf_counter()
+        for _ in range(args.scrapes):
+            started = time.perf_counter()
+            answer = await http.get(endpoint, headers=headers)
+            times.append(time.perf_counter() - started)
+            size = len(answer.content)
+        wall = time.perf_counter() - wall_before
+        cpu = cpu_seconds(serve.pid) - cpu_before - idle_cpu * wall
+        nursery.cancel_scope.cancel()
+    return {
+        "requirements_waiting": args.requirements,
+        "scrapes": args.scrapes,
+        "wall_ms_p50": round(percentile(times, 50) * 1000, 1),
+        "wall_ms_max": round(max(times) * 1000, 1),
+        "orchestrator_cpu_ms_per_scrape": round(1000 * max(0.0, cpu) / args.scrapes, 1),
+        "exposition_kib": round(size / 1024, 1),
     }
 
 
@@ -202,4 +262,6 @@ if __name__ == "__main__":
     parser.add_argument("--parallel", type=int, default=32)
     parser.add_argument("--idle-seconds", type=float, default=30)
     parser.add_argument("--settle", type=float, default=5)
+    parser.add_argument("--requirements", type=int, default=100)
+    parser.add_argument("--scrapes", type=int, default=20)
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))

@@ -139,6 +139,10 @@ class WaitingStep:
     epoch: int = 0
 
 
+def _arrival(step: WaitingStep) -> int:
+    return step.seq
+
+
 class _Line:
     """One submitter's steps of one priority in one requirement, oldest first. Steps that left
     from the middle stay until they reach the front (``live`` counts the others)."""
@@ -171,6 +175,11 @@ class Group:
     def __len__(self) -> int:
         """Steps held, counting those that left and are not yet dropped (bounded)."""
         return sum(len(line.steps) for lines in self.subs.values() for line in lines.values())
+
+    def oldest(self) -> WaitingStep:
+        """Its step that has waited longest: the oldest of its lines' heads."""
+        heads = (line.head() for lines in self.subs.values() for line in lines.values())
+        return min(heads, key=_arrival)
 
     def top(self) -> int:
         """The highest priority a step waiting here was given."""

@@ -55,6 +55,23 @@ class Requirement:
                 keys.add((_ARCH, arch_part))
         return cls(keys=frozenset(keys))
 
+    def text(self) -> str:
+        """How ``/metrics`` and ``worker queue`` name it: ``target=t``, or each ``k=v`` in key
+        order then ``platform=os/arch``, or ``any worker`` — what
+        :func:`swamp.domain.queue.requirement_text` says of the placement it came from (a
+        target's labels aside: scheduling ignores them, and so does this)."""
+        if self.target:
+            return f"target={self.target}"
+        labels = sorted(pair for pair in self.keys if pair[0] not in (_OS, _ARCH))
+        parts = [f"{k}={v}" for k, v in labels]
+        os_part = next((v for k, v in self.keys if k == _OS), "")
+        arch_part = next((v for k, v in self.keys if k == _ARCH), "")
+        if arch_part:
+            parts.append(f"platform={os_part}/{arch_part}")
+        elif os_part:
+            parts.append(f"platform={os_part}")
+        return ", ".join(parts) or "any worker"
+
 
 @dataclass(eq=False, slots=True)
 class Slots:
@@ -253,6 +270,33 @@ class PoolIndex:
             found = [self._members[n] for n in names]
         found = [s for s in found if s.schedulable]
         return len(found), sum(s.free for s in found)
+
+    def idle_slots(self, requirements: Iterable[Requirement]) -> dict[Requirement, int]:
+        """The free slots of schedulable members that satisfy each requirement (a member that
+        satisfies several counts in each): for a scrape of ``/metrics``, not for scheduling.
+
+        Each requirement reads only the members filed under its rarest key — the index's own
+        sets, as :meth:`choose` does — so a label nobody has costs nothing, one that a fleet
+        shares costs that fleet's members, and a requirement of several keys checks the
+        others on those members only. ``any worker`` reads every member."""
+        members, by_key = self._members, self._by_key
+        out: dict[Requirement, int] = {}
+        for requirement in requirements:
+            if requirement.target:
+                named = self.resolve_target(requirement.target)
+                out[requirement] = named.free if named is not None else 0
+                continue
+            wanted = requirement.keys or frozenset([ALL])
+            rarest = min((by_key.get(key, ()) for key in wanted), key=len)
+            single = len(wanted) == 1
+            total = 0
+            for name in rarest:
+                slots = members[name]
+                free = slots.capacity - slots.active if slots.schedulable else 0
+                if free > 0 and (single or slots.satisfies(requirement)):
+                    total += free
+            out[requirement] = total
+        return out
 
 
 @dataclass(frozen=True)

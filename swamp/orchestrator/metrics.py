@@ -5,15 +5,19 @@ up to date between scrapes); counters and the queue-wait histogram are updated a
 Produced with ``prometheus_client`` into a registry of this orchestrator's own, never the
 process-global one.
 
-Supply: workers by status and fleet, slots total and busy by fleet. Demand: waiting steps and
-the oldest wait by requirement. History: dispatches by outcome, enrollment rejections by reason,
-queue timeouts, and how long steps waited.
+Supply: workers by status and fleet, slots total and busy by fleet. Demand, by requirement (the
+label set a step asks for): steps waiting, steps running, the idle slots of the workers that
+match it, and the oldest wait — what an autoscaler needs (docs/autoscaling.md); which
+requirements have series, and how many at most, is :mod:`swamp.domain.demand`'s. History:
+dispatches by outcome, enrollment rejections by reason, queue timeouts, and how long steps
+waited.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -26,6 +30,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from swamp.domain.demand import IDLE, MAX_SERIES, RECENT_SECONDS, Demand, Series
 from swamp.domain.workers import WorkerStatus, is_schedulable
 
 if TYPE_CHECKING:
@@ -47,9 +52,13 @@ def fleet_of(member: Member) -> str:
 class _Live:
     """The gauges, computed from the pool and the queue at scrape time."""
 
-    def __init__(self, pool: Pool, queue: DispatchQueue) -> None:
+    def __init__(
+        self, pool: Pool, queue: DispatchQueue, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.pool = pool
         self.queue = queue
+        self.clock = clock
+        self.series = Series()  # which requirements have series, scrape after scrape
 
     def describe(self) -> list[Metric]:
         return []  # no registration-time collect (the pool may not exist yet)
@@ -85,24 +94,7 @@ class _Live:
         yield slots
         yield busy
 
-        waiting = GaugeMetricFamily(
-            "swamp_queue_waiting",
-            "Steps waiting for a worker, by requirement",
-            labels=["requirement"],
-        )
-        oldest = GaugeMetricFamily(
-            "swamp_queue_oldest_wait_seconds",
-            "How long the oldest waiting step of each requirement has waited",
-            labels=["requirement"],
-        )
-        counts: Tally = Tally()
-        for item in self.queue.items():
-            counts[item.requirement] += 1
-        for requirement, seconds in sorted(self.queue.oldest_wait().items()):
-            waiting.add_metric([requirement], counts[requirement])
-            oldest.add_metric([requirement], round(seconds, 3))
-        yield waiting
-        yield oldest
+        yield from self._demand()
         by_priority = GaugeMetricFamily(
             "swamp_queue_waiting_by_priority",
             "Steps waiting for a worker, by the priority they were given (one series per "
@@ -112,6 +104,67 @@ class _Live:
         for priority, count in sorted(self.queue.waiting.by_priority.items()):
             by_priority.add_metric([str(priority)], count)
         yield by_priority
+
+    def _demand(self) -> Iterator[Metric]:
+        """Per requirement: steps waiting and running, idle matching slots, the oldest wait."""
+        demand = self.queue.demand()
+        chosen = self.series.select(demand, self.clock())
+        idle = self.pool.index.idle_slots(chosen)
+        rows: dict[str, tuple[Demand, int]] = {}
+        for requirement in chosen:
+            text = requirement.text()
+            mine, slots = demand.get(requirement, IDLE), idle[requirement]
+            if text in rows:  # two requirements one name (a label called "target"): one series
+                theirs, more = rows[text]
+                mine = Demand(
+                    theirs.waiting + mine.waiting,
+                    theirs.running + mine.running,
+                    max(theirs.oldest_wait, mine.oldest_wait),
+                )
+                slots = max(slots, more)
+            rows[text] = (mine, slots)
+        kept = f"{RECENT_SECONDS / 60:.0f} minutes"
+        scope = (
+            f"Series: each requirement with a step waiting or running, and at 0 for {kept} "
+            f"after a scrape last saw one; at most {MAX_SERIES} requirements"
+        )
+        waiting = GaugeMetricFamily(
+            "swamp_queue_waiting",
+            "Steps waiting for a worker, by requirement (the labels, platform or target a step "
+            f"asks for, as 'swamp worker queue' names it). {scope}",
+            labels=["requirement"],
+        )
+        running = GaugeMetricFamily(
+            "swamp_queue_running",
+            "Steps running on a worker (each holds a slot, draining workers' too), by the "
+            f"requirement they were placed with. {scope}",
+            labels=["requirement"],
+        )
+        idle_slots = GaugeMetricFamily(
+            "swamp_queue_idle_slots",
+            "Free slots of connected, schedulable workers (not draining) that match the "
+            "requirement. A worker may match several requirements and counts in each: do not "
+            f"add these up across requirements. {scope}",
+            labels=["requirement"],
+        )
+        oldest = GaugeMetricFamily(
+            "swamp_queue_oldest_wait_seconds",
+            "How long the oldest waiting step of each requirement has waited (0: none waits). "
+            f"{scope}",
+            labels=["requirement"],
+        )
+        for text, (row, slots) in sorted(rows.items()):
+            waiting.add_metric([text], row.waiting)
+            running.add_metric([text], row.running)
+            idle_slots.add_metric([text], slots)
+            oldest.add_metric([text], round(row.oldest_wait, 3))
+        omitted = GaugeMetricFamily(
+            "swamp_queue_requirements_omitted",
+            f"Requirements with steps waiting or running left without series (past {MAX_SERIES}: "
+            "those with the least demand)",
+        )
+        omitted.add_metric([], self.series.omitted)
+        yield from (waiting, running, idle_slots, oldest, omitted)
 
 
 class Metrics:
@@ -143,8 +196,10 @@ class Metrics:
             registry=self.registry,
         )
 
-    def watch(self, pool: Pool, queue: DispatchQueue) -> None:
-        self.registry.register(_Live(pool, queue))
+    def watch(
+        self, pool: Pool, queue: DispatchQueue, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.registry.register(_Live(pool, queue, clock=clock))
 
     # -- what the shells report ------------------------------------------------------------
 

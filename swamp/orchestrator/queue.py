@@ -16,7 +16,10 @@ the caller is told ``queued``, and the step sleeps on its own event until one of
 No timer is involved in waking a step: the assignment runs on the event itself. Which waiting
 step a freed slot goes to is the queue's order (``swamp.domain.queue``): priority raised by
 aging, then fair share between submitters (each server token, the local credential), then age.
-The queue counts each submitter's running steps as it gives slots and gets them back.
+The queue counts each submitter's running steps as it gives slots and gets them back, and
+keeps each slot's step until then (``holders``): ``/metrics`` counts the running steps per
+requirement from those when it is scraped (:meth:`DispatchQueue.demand`), so a dispatch pays
+nothing for it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,6 +36,7 @@ import trio
 
 from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.demand import Demand
 from swamp.domain.placement import Placement
 from swamp.domain.priority import DEFAULT_AGING, effective, epoch
 from swamp.domain.queue import (
@@ -60,6 +65,7 @@ from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import Datastore, iso
 
 log = logging.getLogger("swamp.queue")
+ANY = Requirement()  # a ticket's requirement until acquire() sets it
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class Ticket:
 
     placement: Placement
     info: StepInfo
+    requirement: Requirement = ANY  # the placement as scheduling sees it (/metrics counts by it)
     woken: trio.Event | None = None  # made when it has to wait
     member: Member | None = None
     dispatch_id: str | None = None
@@ -119,7 +126,7 @@ class DispatchQueue:
         self.clock = clock
         self.max_waiting = max_waiting
         self.aging = aging  # seconds a waiting step takes to gain a point of priority
-        self.holders: dict[str, str] = {}  # dispatch id → its submitter, while it holds a slot
+        self.holders: dict[str, Ticket] = {}  # dispatch id → its step, while it holds a slot
         self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
         pool.subscribe(self.member_changed)
 
@@ -135,8 +142,9 @@ class DispatchQueue:
         ``None``: forever). Returns the member, whose slot is reserved for the grant's
         ``dispatch_id``; the caller gives it back with :meth:`release`."""
         ticket = Ticket(placement, info)
+        ticket.requirement = requirement = Requirement.of(placement)
         decision = admit(
-            Requirement.of(placement),
+            requirement,
             self.waiting,
             self.pool.index,
             max_waiting=self.max_waiting,
@@ -231,9 +239,9 @@ class DispatchQueue:
 
     def release(self, member: Member, dispatch_id: str) -> None:
         """The dispatch is over: its slot goes back, and to the waiting step that goes next."""
-        submitter = self.holders.pop(dispatch_id, None)
-        if submitter is not None:
-            self.waiting.finished(submitter)
+        holder = self.holders.pop(dispatch_id, None)
+        if holder is not None:
+            self.waiting.finished(holder.info.submitter)
         if self.pool.release(member, dispatch_id):
             self.member_changed(member)
 
@@ -270,7 +278,7 @@ class DispatchQueue:
         """The member's slot, already taken in the index, is the ticket's."""
         member = self.pool.members[name]
         ticket.dispatch_id = dispatch_id = ordered_id()
-        self.holders[dispatch_id] = ticket.info.submitter
+        self.holders[dispatch_id] = ticket
         ticket.member = member
         self.pool.reserve(member, dispatch_id, indexed=True)
         return Grant(member, dispatch_id)
@@ -355,14 +363,17 @@ class DispatchQueue:
     def supply(self, placement: Placement) -> tuple[int, int]:
         return self.pool.index.supply(Requirement.of(placement))
 
-    def oldest_wait(self) -> dict[str, float]:
-        """Seconds the oldest step of each requirement has waited (for /metrics)."""
+    def demand(self) -> dict[Requirement, Demand]:
+        """Steps waiting and running per requirement, and the oldest wait (for /metrics).
+        From the queue's groups and the slots it gave — a step per running dispatch, a line
+        head per waiting group — never a walk over the waiting steps."""
         now = self.clock()
-        out: dict[str, float] = {}
-        for step in self.waiting.waiting():
-            ticket: Ticket = step.ticket
-            if ticket.queue_id is None:
-                continue
-            text = requirement_text(ticket.placement.to_json())
-            out.setdefault(text, now - ticket.queued_at)
+        running = Counter(holder.requirement for holder in self.holders.values())
+        out: dict[Requirement, Demand] = {}
+        for requirement, group in self.waiting.groups.items():
+            ticket: Ticket = group.oldest().ticket
+            waited = now - ticket.queued_at if ticket.queue_id is not None else 0.0
+            out[requirement] = Demand(group.count, running.pop(requirement, 0), max(0.0, waited))
+        for requirement, count in running.items():
+            out[requirement] = Demand(0, count)
         return out
