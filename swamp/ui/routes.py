@@ -175,7 +175,9 @@ class Pages:
         if not parts:
             labels = [x for v in params.get("label", []) for x in v.split()]
             number = _int(params.get("page", ["1"])[0])
-            current, title, main = "fleet", "Fleet", views.fleet(sources, labels, number)
+            only = params.get("fleet", [None])[0]
+            main = views.fleet(sources, labels, number, only)
+            current, title = "fleet", "Fleet"
             topics = PAGE_TOPICS["fleet"]
         elif parts == ["queue"]:
             current, title, main = "queue", "Queue", await views.queue(sources)

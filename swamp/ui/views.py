@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -100,35 +100,38 @@ def _running(sources: Sources, member: Member) -> str:
 # -- fleet -------------------------------------------------------------------------------------
 
 
-def fleet(sources: Sources, labels: list[str], page_number: int = 1) -> str:
-    """Workers grouped by fleet, then one page of them, sorted by fleet and name."""
+def fleet(
+    sources: Sources, labels: list[str], page_number: int = 1, only: str | None = None
+) -> str:
+    """Workers grouped by fleet, then one page of them, sorted by fleet and name; ``labels``
+    select (all must match), ``only`` keeps one fleet."""
     selector = parse_labels(labels, source="label") if labels else {}
     now, loop_now = sources.clock(), trio.current_time()
     members = [
         m
         for m in sources.pool.members.values()
         if all(m.labels.get(k) == v for k, v in selector.items())
+        and (only is None or (m.fleet or m.token_name) == only)
     ]
-    groups: dict[str, Counter] = {}
+    groups: dict[str, _Group] = {}
     for m in members:
-        tally = groups.setdefault(fleet_of(m), Counter())
-        tally["workers"] += 1
-        status = _status_of(m)
-        tally[status] += 1
+        group = groups.get(m.fleet or m.token_name)  # fleet_of, inline: 10,000 calls a page
+        if group is None:
+            group = groups[m.fleet or m.token_name] = _Group()
+        group.workers += 1
+        group.statuses[_status_of(m)] += 1
         if m.connected and is_schedulable(m.status):
-            tally["slots"] += m.capacity
-            tally["busy"] += len(m.active)
+            group.slots += m.capacity
+            group.busy += len(m.active)
     summary_rows = []
     for name in sorted(groups):
-        t = groups[name]
-        statuses = " ".join(
-            f"{badge(s)}&nbsp;{t[s]}" for s in sorted(k for k in t if k not in _COUNTS)
-        )
+        g = groups[name]
+        statuses = " ".join(f"{badge(s)}&nbsp;{n}" for s, n in sorted(g.statuses.items()))
         summary_rows.append(
             [
-                f'<a href="/ui/{query(label=[*labels])}#fleet-{text(name)}">{text(name)}</a>',
-                str(t["workers"]),
-                f"{t['busy']}/{t['slots']}",
+                f'<a href="/ui/{query(label=[*labels], fleet=name)}">{text(name)}</a>',
+                str(g.workers),
+                f"{g.busy}/{g.slots}",
                 statuses,
             ]
         )
@@ -161,8 +164,11 @@ def fleet(sources: Sources, labels: list[str], page_number: int = 1) -> str:
     connected = sum(1 for m in members if m.connected)
     head = (
         f"<h1>Fleet <small>{len(members)} workers, {connected} connected"
-        f"{' matching ' + text(' '.join(labels)) if labels else ''}</small></h1>{filter_form}"
+        f"{' matching ' + text(' '.join(labels)) if labels else ''}"
+        f"{' in fleet ' + text(only) if only else ''}</small></h1>{filter_form}"
     )
+    if not members and (labels or only):
+        return head + '<p class="empty">No worker matches.</p>'
     if not members:
         return (
             head + '<p class="empty">No workers yet: see <code>swamp worker token create'
@@ -186,11 +192,19 @@ def fleet(sources: Sources, labels: list[str], page_number: int = 1) -> str:
             rows,
             cls="workers",
         )
-        + _pager("/ui/", page_number, pages, label=labels)
+        + _pager("/ui/", page_number, pages, label=labels, fleet=only)
     )
 
 
-_COUNTS = {"workers", "slots", "busy"}
+@dataclass
+class _Group:
+    """One fleet's line: how many workers, in which statuses, and their slots (schedulable
+    workers' slots only, as ``/metrics`` counts supply)."""
+
+    workers: int = 0
+    slots: int = 0
+    busy: int = 0
+    statuses: Counter = field(default_factory=Counter)
 
 
 def _seen(member: Member, now: float, loop_now: float) -> str:

@@ -12,6 +12,7 @@ import trio
 
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.domain.scopes import Scope
+from swamp.errors import UserError
 from swamp.orchestrator.pool import Member
 from swamp.ui.html import text
 from tests.harness.orchestrator import orchestrator
@@ -347,3 +348,41 @@ async def test_a_line_of_output_with_controls_and_markup_renders_inert(harness):
     assert "&lt;script&gt;" in shown and "\\x1b[2J" in shown
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
     assert "\tindented" in shown  # a tab is kept
+
+
+def member(name: str, token: str, **labels: str) -> Member:
+    return Member(
+        name=name,
+        instance_id=f"i-{name}",
+        machine_id=f"m-{name}",
+        token_name=token,
+        labels=dict(labels),
+        platform="linux",
+        arch="x86_64",
+        capacity=4,
+        version="1",
+        channel=None,
+    )
+
+
+async def test_the_fleet_page_is_bounded_grouped_and_filtered(harness):
+    from swamp.ui import views
+
+    pool = harness.parts.pool
+    for i in range(250):
+        pool.put(member(f"w{i:03d}", "gpu" if i % 5 == 0 else "cpu", zone="a" if i % 2 else "b"))
+    sources = views.Sources(pool, harness.parts.dispatch, harness.parts.admin.api)
+    first = views.fleet(sources, [])
+    assert "250 workers" in first and "page 1 of 3" in first
+    assert first.count("/ui/workers/") == views.PAGE_ROWS
+    assert '<a href="/ui/?fleet=cpu">cpu</a>' in first  # a line per fleet, linking to it
+    assert "disconnected</span>&nbsp;200" in first  # statuses counted per fleet
+    last = views.fleet(sources, [], page_number=3)
+    assert last.count("/ui/workers/") == 50 and "page 3 of 3" in last
+    zone = views.fleet(sources, ["zone=a"])
+    assert "125 workers" in zone and "matching zone=a" in zone
+    one = views.fleet(sources, [], only="gpu")
+    assert "50 workers" in one and "w005" in one and "w001" not in one
+    assert "No worker matches" in views.fleet(sources, ["zone=c"])
+    with pytest.raises(UserError):
+        views.fleet(sources, ["zone"])
