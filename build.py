@@ -9,6 +9,7 @@
     python3 build.py typecheck  # mypy over swamp/: at its defaults, then --check-untyped-defs
     python3 build.py bench     # dispatch against the floor (bench/floor.py), as ratios
     python3 build.py bench-fleet  # 10,000 idle workers: enrollment rate, idle CPU, memory
+    python3 build.py bench-ui     # the web pages at 10,000 workers: page time, one page's CPU
     python3 build.py bench-queue  # the queue: decision time, wake on enroll, a backlog drained
     python3 build.py bench-metrics  # one /metrics scrape at 10,000 workers, by requirements
     python3 build.py bench-workflows  # forEach of 2,500 and 10,000 over 4 workers x 32 slots,
@@ -367,6 +368,8 @@ def main(argv: list[str]) -> int:
         return run(str(ROOT / "bench" / "dispatch.py"), *rest)
     if task == "bench-fleet":
         return run(str(ROOT / "bench" / "fleet.py"), *rest)
+    if task == "bench-ui":
+        return run(str(ROOT / "bench" / "ui.py"), *rest)
     if task == "bench-startup":
         if "--pyz" not in rest and build_pyz(ROOT / "dist" / "swamp.pyz") != 0:
             return 1

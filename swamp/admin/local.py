@@ -110,8 +110,10 @@ class RepoAdmin:
         ca_pin: str | None = None,
         logs: StepLogs | None = None,
         max_fan_out: int = MAX_EXPANSIONS,
+        on_run_saved: Callable[[str], None] = lambda run_id: None,
     ) -> None:
         self.repo = repo
+        self.on_run_saved = on_run_saved  # the web pages: a run's changes were saved
         self.live_logs = logs  # the running orchestrator's step logs (None on the repo)
         self._step_logs = logs
         self.max_fan_out = max_fan_out
@@ -275,7 +277,11 @@ class RepoAdmin:
         """One per orchestrator (its live runs can be cancelled), or per CLI process."""
         if self._engine is None:
             if self.dispatch is not None:
-                host = Host(run_step=self.dispatch.run, workers_connected=self._connected)
+                host = Host(
+                    run_step=self.dispatch.run,
+                    workers_connected=self._connected,
+                    saved=self.on_run_saved,
+                )
             else:
                 host = Host(run_step=self._run_here, placed=False)
             self._engine = Engine(

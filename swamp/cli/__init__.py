@@ -13,6 +13,7 @@ from swamp.cli import (
     repo_cmd,
     serve_cmd,
     server_cmd,
+    ui_cmd,
     worker_cmd,
     workflow_cmd,
 )
@@ -70,6 +71,7 @@ app.add_typer(workflow_cmd.app, name="workflow")
 app.command("logs", short_help="What a run's steps or a dispatch printed; --follow for live.")(
     logs_cmd.logs
 )
+app.command("ui", short_help="Open the fleet's web pages (a one-time login link).")(ui_cmd.ui)
 
 
 @app.command("version", short_help="Print the version and protocol version.")

@@ -49,6 +49,15 @@ def normalize_origin(text: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
 
 
+PAGES = "/ui"  # the web pages' prefix (swamp.ui): browsers are their clients
+
+
+def is_page(path: str) -> bool:
+    """Whether ``path`` is one of the web pages (``/ui``, ``/ui/…``), which browsers may ask
+    for under :meth:`RequestPolicy.page_refusal` rather than :meth:`RequestPolicy.refusal`."""
+    return path == PAGES or path.startswith(PAGES + "/")
+
+
 def host_name(header: str) -> str | None:
     """The host of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lowercased."""
     header = header.strip().lower()
@@ -117,6 +126,62 @@ class RequestPolicy:
                     f"requests from web pages (Origin {origin[:100]!r}) are refused: browsers "
                     "are not clients of this orchestrator (serve --allow-origin admits one)"
                 )
+        return self._host_refusal(headers)
+
+    def page_refusal(self, headers: Mapping[str, str]) -> str | None:
+        """Why a request for the web pages (``/ui/``) must be refused, or ``None``.
+
+        Browsers *are* the clients of the pages, so an ``Origin`` is no reason to refuse —
+        provided it is the page's own (what the browser sends on a same-origin request) or
+        one ``serve --allow-origin`` names: a page elsewhere gets nothing. The Host check
+        (DNS rebinding) is the same as for every request. Whether a POST may act is
+        :meth:`same_origin`'s question, asked again by the pages with the CSRF token."""
+        origin = headers.get("origin")
+        if origin is not None and not self._own_origin(origin, headers):
+            return (
+                f"requests from another web page (Origin {origin[:100]!r}) are refused: the "
+                "pages answer only their own origin"
+            )
+        return self._host_refusal(headers)
+
+    def same_origin(self, headers: Mapping[str, str]) -> bool:
+        """Whether a state-changing request (a POST) comes from the pages themselves: its
+        ``Origin`` — or, from a browser that sends none, its ``Referer`` — names this
+        orchestrator as the request's ``Host`` does. Neither header: not a browser's form,
+        refused all the same (the pages' forms always send one)."""
+        origin = headers.get("origin")
+        if origin is None:
+            referer = headers.get("referer")
+            if referer is None:
+                return False
+            try:
+                parts = urlsplit(referer)
+            except ValueError:
+                return False
+            origin = f"{parts.scheme}://{parts.netloc}"
+        return self._own_origin(origin, headers)
+
+    def _own_origin(self, origin: str, headers: Mapping[str, str]) -> bool:
+        """``origin`` is the one the request's ``Host`` names (or an allowed one). Either
+        scheme: one port speaks one (the listener turns the other away at its first byte)."""
+        try:
+            normalized = normalize_origin(origin)
+        except UserError:
+            return False
+        if normalized in self.allowed_origins:
+            return True
+        host = headers.get("host")
+        if host is None:
+            return False
+        for scheme in ("http", "https"):
+            try:
+                if normalized == normalize_origin(f"{scheme}://{host.strip()}"):
+                    return True
+            except UserError:
+                return False
+        return False
+
+    def _host_refusal(self, headers: Mapping[str, str]) -> str | None:
         host = headers.get("host")
         if host is not None:
             name = host_name(host)

@@ -48,6 +48,7 @@ VERBS: dict[str, Scope] = {
     "GET /swamp.pyz (private downloads)": Scope.READ,
     # admin frames that only look
     "server.info": Scope.READ,
+    "ui.login": Scope.READ,  # a login link for the web pages, with the caller's own scope
     "worker.list": Scope.READ,
     "worker.queue.list": Scope.READ,
     "worker.token.list": Scope.READ,

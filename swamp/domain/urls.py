@@ -41,3 +41,16 @@ def sends_in_clear(url: str) -> bool:
     except ValueError:
         return True
     return parts.scheme in ("ws", "http") and not is_loopback(parts.hostname or "")
+
+
+def page_url(server: str, path: str) -> str:
+    """The web page at ``path`` (``/ui/…``, with its query) of the orchestrator reached at
+    ``server`` (``ws://host:port``, ``wss://…``, or ``http(s)://``): the same host and port,
+    the HTTP scheme of the websocket's."""
+    parts = urlsplit(server)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return f"{scheme}://{netloc}{path}"

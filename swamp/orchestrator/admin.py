@@ -10,7 +10,10 @@ presented an accepted admin credential reach these, and only for the verbs its s
 
 from __future__ import annotations
 
-from swamp.domain.scopes import VERBS
+from collections.abc import Callable
+
+from swamp.domain.scopes import VERBS, Scope
+from swamp.errors import NotFound
 from swamp.orchestrator.admin_auth import Principal
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.pool import Pool
@@ -19,10 +22,22 @@ from swamp.protocol.messages import Empty, Message
 from swamp.protocol.rpc import IncomingCall
 from swamp.repo import Repo
 
+#: a login code for the web pages, for whom and with what scope (``swamp.ui.sessions``)
+Login = Callable[[str, Scope], str]
+
 
 class Admin:
-    def __init__(self, api: AdminApi, *, repo: Repo, pool: Pool, dispatch: DispatchService) -> None:
+    def __init__(
+        self,
+        api: AdminApi,
+        *,
+        repo: Repo,
+        pool: Pool,
+        dispatch: DispatchService,
+        login: Login | None = None,
+    ) -> None:
         self.api = api
+        self.login = login  # None: no web pages are served
         self.repo = repo
         self.pool = pool
         self.dispatch = dispatch
@@ -30,6 +45,7 @@ class Admin:
             method: self._frame(name, request) for method, (name, request) in OPERATIONS.items()
         }
         self.handlers["server.info"] = self.server_info
+        self.handlers["ui.login"] = self.ui_login
         unscoped = sorted(set(self.handlers) - set(VERBS))
         if unscoped:  # a new admin frame must say which scope it needs
             raise RuntimeError(f"admin frames without a scope in swamp.domain.scopes: {unscoped}")
@@ -58,3 +74,13 @@ class Admin:
             "completedDispatches": self.dispatch.episodes.completed,
             "waitingSteps": len(self.dispatch.queue.waiting),
         }
+
+    async def ui_login(self, call: IncomingCall, caller: Principal) -> dict:
+        """A one-time login link to the web pages (``swamp ui``): its path and query, which
+        the client joins to the address it reached us at; the session has the caller's
+        scope. The code is shown to the caller only (never logged)."""
+        Empty.decode(call.params)
+        if self.login is None:
+            raise NotFound("this orchestrator serves no web pages")
+        code = self.login(caller.describe(), caller.scope)
+        return {"path": f"/ui/login?code={code}"}

@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.request_policy import RequestPolicy, is_page
 from swamp.domain.text import printable
 from swamp.errors import Unauthorized
 from swamp.orchestrator.admin import Admin
@@ -68,7 +68,11 @@ class App:
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
         if kind in ("http", "websocket"):
-            reason = self.policy.refusal(_headers(scope))
+            headers = _headers(scope)
+            if kind == "http" and is_page(scope["path"]):  # the web pages: browsers welcome
+                reason = self.policy.page_refusal(headers)
+            else:
+                reason = self.policy.refusal(headers)
             if reason is not None:
                 client = scope.get("client") or ("?", 0)
                 log.warning("refused a %s request from %s: %s", kind, client[0], printable(reason))

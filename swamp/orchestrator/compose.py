@@ -10,7 +10,11 @@ broken here and said so:
   through the episodes, which report an unresponsive worker to membership: the probe is handed
   to membership's task when it starts (:meth:`Orchestrator.run`), not to its constructor;
 - a change another process made to the repo (a revoked server token) closes admin sockets: the
-  live tokens' repo watcher is given that action (admission's) as a plain callable.
+  live tokens' repo watcher is given that action (admission's) as a plain callable;
+- the web pages (``swamp.ui``) read the pool, the queue and the admin API, and are told what
+  changed by them: the pool's watcher, the queue's observer and the engine's saves mark the
+  pages' topics out of date (``Live``: plain calls that never wait), and the data plane hands
+  ``/ui/`` to the pages.
 
 ``swamp serve`` (``swamp.orchestrator.server``) opens the store and the journal, reconciles,
 calls :func:`compose`, runs the parts and closes what it opened. The admin API the admin frames
@@ -65,6 +69,10 @@ from swamp.store.journal import Journal
 from swamp.store.reader import Reader
 from swamp.store.step_logs import SqliteLogStore
 from swamp.tls.authority import ServerTls
+from swamp.ui.live import Live
+from swamp.ui.routes import Pages
+from swamp.ui.sessions import Logins
+from swamp.ui.views import Sources
 
 log = logging.getLogger("swamp.serve")
 
@@ -96,6 +104,7 @@ class Settings:
     queue_aging: float = DEFAULT_AGING  # seconds per point of priority a waiting step gains
     default_timeout: float | None = 24 * 3600
     private_downloads: bool = False
+    tls: bool = False  # serve speaks TLS: the web pages' cookie is Secure
     write_quota: WriteQuota = WriteQuota()
     max_fan_out: int = MAX_EXPANSIONS  # the most items a forEach may run its step for
     local_credential: str | None = None  # the CLI's credential in .swamp/ (auth token)
@@ -128,6 +137,8 @@ class Orchestrator:
     dataplane: DataPlane
     app: App
     verify_on_enroll: bool
+    live: Live
+    pages: Pages
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every background service, in the order they were made; started before the listener
@@ -144,6 +155,8 @@ class Orchestrator:
             # -- dispatch episodes ----------------------------------------------------------
             await nursery.start(self.episodes.keep_credentials_fresh)
             await nursery.start(self.episodes.watch_acknowledgements)
+            # -- the web pages: stored step output marks them out of date --------------------
+            await nursery.start(self.live.watch_logs, self.logs.written)
             task_status.started()
 
     async def settled(self) -> None:
@@ -179,6 +192,7 @@ def compose(
         local_credential=settings.local_credential,
     )
     admission = Admission()
+    live = Live()  # the web pages' topics: marked out of date by the events below
 
     # -- write-behind: what is written after the event ---------------------------------------
     # One bookkeeper for all of it: lease rows (through ``journal``, opened by serve before the
@@ -212,8 +226,14 @@ def compose(
     episodes = Episodes(
         bookkeeper, credentials, on_unacknowledged=membership.unresponsive, logs=logs
     )
+    pool.watch(live.member_changed)
+
+    def observe_queue(what: str, value: float) -> None:
+        metrics.on_queue(what, value)
+        live.queue_event(what, value)
+
     queue = DispatchQueue(  # subscribes to the pool
-        pool, store, bookkeeper, aging=settings.queue_aging, observe=metrics.on_queue
+        pool, store, bookkeeper, aging=settings.queue_aging, observe=observe_queue
     )
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)
@@ -249,8 +269,18 @@ def compose(
         ca_pin=own_tls.pin if own_tls else None,
         logs=logs,
         max_fan_out=settings.max_fan_out,
+        on_run_saved=live.run_saved,
     )
-    admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch)
+    logins = Logins()  # the web pages' login codes and sessions (in memory only)
+    admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch, login=logins.issue)
+    pages = Pages(
+        Sources(pool, dispatch, api),
+        logins=logins,
+        live=live,
+        auth=auth,
+        policy=policy,
+        secure=settings.tls,
+    )
     dataplane = DataPlane(
         dispatch,
         credentials,
@@ -261,6 +291,7 @@ def compose(
         quota=settings.write_quota,
         ca_pem=own_tls.ca_pem if own_tls else None,
         admit=auth.admit,
+        pages=pages,
     )
     app = App(
         enrollment=enrollment,
@@ -296,4 +327,6 @@ def compose(
         dataplane=dataplane,
         app=app,
         verify_on_enroll=settings.verify_on_enroll,
+        live=live,
+        pages=pages,
     )

@@ -11,6 +11,8 @@
                                         (then a ``read`` or ``admin`` credential)
 ``GET  /tls/ca.pem``                    the CA certificate of ``serve --tls auto`` (public:
                                         a worker checks it against its pin before trusting it)
+``GET  /ui/…``, ``POST /ui/…``           the web pages of the fleet (``swamp.ui``, given as
+                                        ``pages``: their own login, sessions and headers)
 
 Every request carries ``Authorization: Bearer <dispatch credential>``; the credential scopes it
 to one running dispatch and therefore to one model instance and its declared specs; an admin
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import unquote
 
@@ -32,6 +34,7 @@ import trio
 from swamp import __version__
 from swamp.domain.names import check_data_name
 from swamp.domain.quota import WriteQuota
+from swamp.domain.request_policy import is_page
 from swamp.errors import (
     Busy,
     DispatchEnded,
@@ -54,6 +57,7 @@ from swamp.store.datastore import Key
 from swamp.store.retry import retry_busy
 
 log = logging.getLogger("swamp.dataplane")
+Asgi = Callable[[dict, Callable, Callable], Awaitable[None]]  # an ASGI app: scope, receive, send
 MAX_BODY = 16 * 1024 * 1024
 
 
@@ -191,8 +195,10 @@ class DataPlane:
         quota: WriteQuota = WriteQuota(),
         ca_pem: str | None = None,
         admit: Callable[[dict, str], None] | None = None,
+        pages: Asgi | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.pages = pages  # /ui/…: the web pages of the fleet (swamp.ui), if served
         self.ca_pem = ca_pem  # GET /tls/ca.pem: the CA of serve --tls auto
         self.quota = quota  # what one dispatch may write, in all
         self.intake = _Intake()
@@ -222,6 +228,9 @@ class DataPlane:
         return True
 
     async def __call__(self, scope, receive, send) -> None:
+        if self.pages is not None and is_page(scope["path"]):
+            await self.pages(scope, receive, send)  # answers its own errors, as pages
+            return
         try:
             await self._route(scope, receive, send)
         except SwampError as exc:

@@ -103,6 +103,7 @@ class Pool:
         self.members: dict[str, Member] = {}
         self.index = PoolIndex()
         self.listener: Callable[[Member], None] = _nobody  # every subscriber, in one call
+        self.watcher: Callable[[Member], None] = _nobody  # the pages (watch): never waits
 
     def subscribe(self, listener: Callable[[Member], None]) -> None:
         """Be told of every member change, in the event itself (the queue subscribes when it
@@ -117,6 +118,12 @@ class Pool:
             listener(member)
 
         self.listener = both
+
+    def watch(self, watcher: Callable[[Member], None]) -> None:
+        """Be told of every change someone looking at the pool would see — what subscribers
+        are told, and also every slot taken and given back — in the event itself (the web
+        pages mark themselves out of date: the watcher must not wait or do real work)."""
+        self.watcher = watcher
 
     def __repr__(self) -> str:
         connected = sum(1 for m in self.members.values() if m.connected)
@@ -150,24 +157,28 @@ class Pool:
             )
         )
         self.listener(member)
+        self.watcher(member)
 
     def remove(self, name: str) -> None:
         member = self.members.pop(name, None)
         if member is not None:
             self.index.remove(name)
             self.listener(member)
+            self.watcher(member)
 
     def refresh(self, member: Member) -> None:
         """Its status or connection changed: re-index it, and tell the queue."""
         if self.members.get(member.name) is member:
             self.index.update(member.name, schedulable=_schedulable(member))
             self.listener(member)
+            self.watcher(member)
 
     def reserve(self, member: Member, dispatch_id: str, *, indexed: bool = False) -> None:
         """Hold one of its slots for a dispatch (``indexed``: the scheduler took it already)."""
         member.active.add(dispatch_id)
         if not indexed and self.members.get(member.name) is member:
             self.index.update(member.name, active=len(member.active))
+        self.watcher(member)
 
     def release(self, member: Member, dispatch_id: str) -> bool:
         """Give a dispatch's slot back; says whether it held one. The queue is not told: a slot
@@ -178,6 +189,7 @@ class Pool:
         member.active.discard(dispatch_id)
         if self.members.get(member.name) is member:
             self.index.update(member.name, active=len(member.active))
+        self.watcher(member)
         return True
 
     def of_token(self, token_name: str) -> list[Member]:

@@ -127,7 +127,9 @@ class DispatchQueue:
         self.max_waiting = max_waiting
         self.aging = aging  # seconds a waiting step takes to gain a point of priority
         self.holders: dict[str, Ticket] = {}  # dispatch id → its step, while it holds a slot
-        self.observe = observe  # metrics: ("waited", seconds), ("timed_out", 1)
+        # metrics and the pages: ("waited", seconds), ("timed_out", 1); ("queued", 1) and
+        # ("left", 1) as a step starts and stops waiting
+        self.observe = observe
         pool.subscribe(self.member_changed)
 
     def __repr__(self) -> str:
@@ -218,6 +220,7 @@ class DispatchQueue:
         self.bookkeeper.put(
             Stream.QUEUE, f"queue episode {queue_id}", lambda: self.pending.enqueue(attrs)
         )
+        self.observe("queued", 1)
         return queue_id
 
     def _stop_waiting(self, step: WaitingStep, ticket: Ticket, state: PendingState) -> None:
@@ -227,6 +230,7 @@ class DispatchQueue:
             self.release(ticket.member, ticket.dispatch_id)
             ticket.member = None
         self._ended(ticket, state)
+        self.observe("left", 1)
 
     def _ended(self, ticket: Ticket, state: PendingState, **details) -> None:
         queue_id = ticket.queue_id

@@ -449,6 +449,7 @@ async def _serve(
             max_fan_out=options.max_fan_out,
             local_credential=local_credential,
             step_log_cap=options.step_log_cap,
+            tls=bool(options.tls_cert),
         ),
         policy=policy,
         download=download,

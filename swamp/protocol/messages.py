@@ -522,6 +522,7 @@ REQUESTS: dict[str, type[Message]] = {
     "capability.queryData": QueryDataRequest,
     "worker.drain": DrainRequest,
     "server.info": Empty,
+    "ui.login": Empty,
     "worker.list": WorkerListRequest,
     "worker.token.create": TokenCreateRequest,
     "worker.token.list": Empty,

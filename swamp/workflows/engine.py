@@ -84,6 +84,8 @@ class Host:
     run_step: StepRunner
     workers_connected: Callable[[dict], list[dict]] = lambda selector: []
     placed: bool = True  # False on the repo: placed steps need a running orchestrator
+    # told a run's id each time its changes were saved (the web pages: must not wait)
+    saved: Callable[[str], None] = lambda run_id: None
 
 
 @dataclass
@@ -272,6 +274,7 @@ class _Run:
                 return
             if self.writer.pending:
                 await trio.lowlevel.checkpoint()  # the loop runs between long batches
+        self.engine.host.saved(self.id)
 
     async def keep_saving(self) -> None:
         """The run's writer: a change wakes it, it lets more gather for one batch window,

@@ -104,6 +104,7 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
         "workflow.history.get": ({"run": finished["runId"]}, None),
         "data.query": ({"predicate": 'modelType == "command/shell"'}, None),
         "logs.read": ({"ref": finished["runId"]}, None),
+        "ui.login": ({}, None),  # a login link for the web pages, of the caller's scope
         "worker.token.create": (
             {"name": "minted", "duration": "1h"},
             lambda: token_state("minted"),

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("shells", ("swamp.orchestrator", "swamp.worker")),
     ("workflows", ("swamp.workflows",)),
     ("admin operations", ("swamp.admin",)),
+    ("web pages", ("swamp.ui",)),  # the pages read the live parts through the admin API
     (
         "composition roots",
         ("swamp.orchestrator.compose", "swamp.orchestrator.server", "swamp.demo"),

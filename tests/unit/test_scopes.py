@@ -18,7 +18,7 @@ from swamp.store.datastore import Datastore, Key, SpecPolicy
 #: the HTTP routes an admin credential opens (swamp.orchestrator.dataplane)
 HTTP = {"GET /metrics", "GET /health (details)", "GET /swamp.pyz (private downloads)"}
 #: admin frames the orchestrator serves besides the admin API's operations
-EXTRA_FRAMES = {"server.info"}
+EXTRA_FRAMES = {"server.info", "ui.login"}
 WORKER_FRAMES = {"worker.enroll", "worker.dispatch", "capability.queryData", "worker.drain"}
 
 

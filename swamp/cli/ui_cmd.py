@@ -1,0 +1,82 @@
+"""``swamp ui``: a one-time login link to the orchestrator's web pages, opened in a browser."""
+
+from __future__ import annotations
+
+import typer
+
+from swamp.cli.common import JSON, ROUTE, Route, command, emit_json, run_async
+
+LOGIN_TIMEOUT = 30
+
+
+@command
+def ui(
+    no_browser: bool = typer.Option(
+        False, "--no-browser", help="Print the login link instead of opening a browser."
+    ),
+    route: Route = ROUTE,
+    json_output: bool = JSON,
+) -> None:
+    """Open the web pages of the fleet (GET /ui/ on the orchestrator's port): workers,
+    the queue, each worker, workflow runs, live as they change.
+
+    Asks the running orchestrator — the repo's own (found in .swamp/serve.json, with its local
+    credential), or the one --server names (with --server-token) — for a login link. The link
+    works once, for about a minute; opening it starts a session in that browser with the
+    scope of your credential: read sees everything, admin can also cancel runs. The session
+    ends after 12 hours, on 'Log out', or when the orchestrator stops. With --no-browser the
+    link is printed (open it yourself, soon); with --json it is printed as {"url": …} and no
+    browser is opened. The pages also take a server token in their login form.
+
+    Exit status: 0 done; 1 no running orchestrator to ask, or the credential refused (a
+    metrics-scope token cannot open the pages).
+    """
+    url = run_async(_login_url, route)
+    if json_output:
+        emit_json({"url": url})
+        return
+    if not no_browser:
+        if _open(url):
+            print("opened the fleet's pages in your browser (the login link works once)")
+            return
+        print("no graphical browser here: open this link within a minute (it works once):")
+    print(url)
+
+
+def _open(url: str) -> bool:
+    """Open ``url`` in a graphical browser (``$BROWSER`` if set). Not on a Linux session
+    without a display (ssh): there Python would start a console browser in this terminal,
+    which cannot run the pages' script; the link is printed instead."""
+    import os
+    import sys
+    import webbrowser
+
+    graphical = sys.platform in ("darwin", "win32") or any(
+        os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")
+    )
+    return graphical and webbrowser.open(url)
+
+
+async def _login_url(route: Route) -> str:
+    from swamp.admin.remote import RemoteAdmin
+    from swamp.admin.routes import open_route
+    from swamp.domain.urls import page_url
+    from swamp.errors import MalformedReply, NeedsOrchestrator
+
+    async with open_route(
+        repo_dir=route.repo_dir,
+        server=route.server,
+        server_token=route.server_token,
+        ca_cert=route.ca_cert,
+        prefer_server=True,
+    ) as api:
+        if not isinstance(api, RemoteAdmin):
+            raise NeedsOrchestrator(
+                "the web pages are served by a running orchestrator: start 'swamp serve' in "
+                "this repo, or pass --server URL (or set SWAMP_SERVE_URL)"
+            )
+        answer = await api.channel.call("ui.login", {}, timeout=LOGIN_TIMEOUT)
+        path = answer.get("path") if isinstance(answer, dict) else None
+        if not isinstance(path, str) or not path.startswith("/ui/login?code="):
+            raise MalformedReply(f"the orchestrator at {api.url} sent no usable login link")
+        return page_url(api.url, path)

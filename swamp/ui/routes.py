@@ -1,0 +1,371 @@
+"""``/ui/``: the ASGI app the data plane hands the web pages to.
+
+Every response carries the same security headers (:data:`SECURITY`); pages are never cached.
+Without a session every page answers 401 with a page that says how to get one (``swamp ui``)
+and a form for a server token. Whatever changes something is a POST from the pages' own
+origin (``RequestPolicy.same_origin``) carrying the session's CSRF token, and needs the admin
+scope; it is performed by the admin API, as the CLI's command would be.
+
+Routes (``GET`` unless said)::
+
+    /ui/                      the fleet (?label=k=v, ?page=N)
+    /ui/queue                 waiting steps
+    /ui/workers/NAME          one worker
+    /ui/runs, /ui/runs/ID     workflow runs; one run (?step=JOB.STEP: its output)
+    /ui/events?topics=…       the page's event stream (swamp.ui.live)
+    /ui/login?code=…          a one-time login link (swamp ui): a session, then /ui/
+    POST /ui/login            the login form: a server token (read or admin scope)
+    POST /ui/logout           end the session
+    POST /ui/runs/ID/cancel   cancel a run (admin)
+    /ui/static/ui.css|ui.js   the style and the script
+
+Any page with ``?part=main`` answers its main part alone: what the script swaps in.
+"""
+
+from __future__ import annotations
+
+import logging
+from http.cookies import SimpleCookie
+from importlib import resources
+from urllib.parse import parse_qs
+
+from swamp.domain.request_policy import RequestPolicy
+from swamp.domain.scopes import refusal
+from swamp.domain.text import printable
+from swamp.errors import (
+    Busy,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ScopeTooNarrow,
+    SwampError,
+    TooLarge,
+    Unauthorized,
+    UserError,
+)
+from swamp.orchestrator.admin_auth import AdminAuth
+from swamp.protocol.messages import RunRef
+from swamp.ui import views
+from swamp.ui.html import page, text
+from swamp.ui.live import TOPICS, Live
+from swamp.ui.sessions import Logins, Session
+
+log = logging.getLogger("swamp.ui")
+
+COOKIE = "swamp_ui"
+MAX_FORM = 8 * 1024  # a form's body: a token, a CSRF token, a reason
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+#: on every /ui/ response. Referrer-Policy is same-origin, not no-referrer: under no-referrer a
+#: browser sends ``Origin: null`` with a form's POST, and the same-origin check needs the origin.
+SECURITY = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+]
+NO_STORE = [(b"cache-control", b"no-store")]
+STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
+_STATUS = (
+    (Busy, 503),
+    (TooLarge, 413),
+    (NotFound, 404),
+    (Unauthorized, 401),
+    (ScopeTooNarrow, 403),
+    (Forbidden, 403),
+    (UserError, 400),
+    (Conflict, 409),
+)
+#: which topics each page is kept live by
+PAGE_TOPICS = {"fleet": "fleet", "queue": "queue", "worker": "fleet logs", "runs": "runs"}
+
+
+def _headers(scope) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in scope.get("headers") or []:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out
+
+
+def _status(exc: SwampError) -> int:
+    return next((status for cls, status in _STATUS if isinstance(exc, cls)), 409)
+
+
+class Pages:
+    def __init__(
+        self,
+        sources: views.Sources,
+        *,
+        logins: Logins,
+        live: Live,
+        auth: AdminAuth,
+        policy: RequestPolicy,
+        secure: bool = False,
+    ) -> None:
+        self.sources = sources
+        self.logins = logins
+        self.live = live
+        self.auth = auth
+        self.policy = policy
+        self.secure = secure  # the orchestrator serves TLS: the cookie is Secure
+        self._static: dict[str, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"<Pages {self.logins!r} {self.live!r}>"
+
+    async def __call__(self, scope, receive, send) -> None:
+        session: Session | None = None
+        try:
+            session = self.logins.session(_cookie(scope))
+            await self._route(scope, receive, send, session)
+        except SwampError as exc:
+            status = _status(exc)
+            if status == 401:
+                await self._login_page(send, exc.message)
+                return
+            main = f'<h1>{status}</h1><p class="error">{text(exc.message)}</p>'
+            await self._html(send, status, self._page("Error", "", main, session))
+
+    # -- routing ---------------------------------------------------------------------------
+
+    async def _route(self, scope, receive, send, session: Session | None) -> None:
+        method, path = scope["method"], scope["path"]
+        params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if path == "/ui":
+            await self._redirect(send, "/ui/")
+            return
+        if path.startswith("/ui/static/") and method in ("GET", "HEAD"):
+            await self._send_static(send, path.removeprefix("/ui/static/"))
+            return
+        if path == "/ui/login":
+            if method == "GET" and "code" in params:
+                session_id, opened = self.logins.redeem(params["code"][0])
+                log.info("a web session opened for %s (login link)", opened.who)
+                await self._redirect(send, "/ui/", cookie=session_id)
+                return
+            if method == "POST":
+                await self._login_form(scope, receive, send)
+                return
+        if session is None:
+            raise Unauthorized("no session: run 'swamp ui' for a login link")
+        if method == "POST":
+            form = await self._form(scope, receive, session)
+            await self._act(path, form, send, session)
+            return
+        if method not in ("GET", "HEAD"):
+            raise NotFound(f"no route {method} {printable(path[:100])}")
+        if path == "/ui/events":
+            wanted = {t for v in params.get("topics", []) for t in v.replace(",", " ").split()}
+            topics = frozenset(wanted & TOPICS)
+            if not topics:
+                raise UserError("events need ?topics= of: " + ", ".join(sorted(TOPICS)))
+            await self.live.stream(topics, receive, send, [*SECURITY, *NO_STORE])
+            return
+        await self._view(path, params, send, session)
+
+    async def _view(self, path: str, params: dict, send, session: Session) -> None:
+        viewer = views.Viewer(session.may_act, session.csrf)
+        # ASGI's path is decoded already: a segment is a name as it is
+        parts = path.removeprefix("/ui/").split("/") if path != "/ui/" else []
+        sources = self.sources
+        if not parts:
+            labels = [x for v in params.get("label", []) for x in v.split()]
+            number = _int(params.get("page", ["1"])[0])
+            only = params.get("fleet", [None])[0]
+            main = views.fleet(sources, labels, number, only)
+            current, title = "fleet", "Fleet"
+            topics = PAGE_TOPICS["fleet"]
+        elif parts == ["queue"]:
+            current, title, main = "queue", "Queue", await views.queue(sources)
+            topics = PAGE_TOPICS["queue"]
+        elif parts == ["runs"]:
+            current, title, main = "runs", "Runs", await views.runs(sources)
+            topics = PAGE_TOPICS["runs"]
+        elif len(parts) == 2 and parts[0] == "runs":
+            step = params.get("step", [None])[0]
+            main = await views.run(sources, parts[1], viewer, step)
+            current, title, topics = "runs", "Run", "runs logs"
+        elif len(parts) == 2 and parts[0] == "workers":
+            main = await views.worker(sources, parts[1])
+            current, title, topics = "fleet", parts[1], PAGE_TOPICS["worker"]
+        else:
+            raise NotFound(f"no page {printable(path[:100])}")
+        if params.get("part") == ["main"]:
+            await self._html(send, 200, main)
+            return
+        await self._html(send, 200, self._page(title, current, main, session, topics))
+
+    async def _act(self, path: str, form: dict[str, str], send, session: Session) -> None:
+        if path == "/ui/logout":
+            # the session ends; its cookie is cleared (the browser forgets it)
+            self.logins.end(form.get("_session"))
+            await self._redirect(send, "/ui/", cookie="")
+            return
+        parts = path.removeprefix("/ui/").split("/")
+        if len(parts) == 3 and parts[0] == "runs" and parts[2] == "cancel":
+            self._may(session, "workflow.cancel")
+            reason = f"cancelled from the web pages by {session.who}"
+            await self.sources.api.workflow_cancel(RunRef(parts[1], reason=reason))
+            log.info(
+                "workflow run %s cancelled from the web pages by %s", parts[1][:12], session.who
+            )
+            await self._redirect(send, f"/ui/runs/{parts[1]}")
+            return
+        raise NotFound(f"no action {printable(path[:100])}")
+
+    def _may(self, session: Session, verb: str) -> None:
+        reason = refusal(verb, session.scope, who=f"this session ({session.who})")
+        if reason is not None:
+            raise ScopeTooNarrow(reason)
+
+    # -- forms and logins ------------------------------------------------------------------
+
+    async def _body(self, scope, receive) -> dict[str, str]:
+        headers = _headers(scope)
+        if not self.policy.same_origin(headers):
+            raise Forbidden(
+                "refused: this request did not come from these pages (its Origin or Referer "
+                "is another site's, or missing)"
+            )
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise UserError("the client went away mid-request")
+            body += message.get("body", b"")
+            if len(body) > MAX_FORM:
+                raise TooLarge(f"a form may be at most {MAX_FORM} bytes")
+            if not message.get("more_body"):
+                break
+        fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        return {k: v[0] for k, v in fields.items()}
+
+    async def _form(self, scope, receive, session: Session) -> dict[str, str]:
+        """A POST's fields, once its origin and CSRF token are checked."""
+        form = await self._body(scope, receive)
+        if not session.csrf_ok(form.get("csrf")):
+            raise Forbidden("refused: the form's CSRF token is missing or wrong (reload the page)")
+        form["_session"] = _cookie(scope) or ""
+        return form
+
+    async def _login_form(self, scope, receive, send) -> None:
+        form = await self._body(scope, receive)
+        token = form.get("token", "").strip()
+        identity = self.auth.identify(f"Bearer {token}" if token else None)
+        if isinstance(identity, Unauthorized):
+            await self._login_page(send, "that token was not accepted", status=401)
+            return
+        session_id, opened = self.logins.open(identity.describe(), identity.scope)
+        log.info("a web session opened for %s (login form)", opened.who)
+        await self._redirect(send, "/ui/", cookie=session_id)
+
+    async def _login_page(self, send, message: str, *, status: int = 401) -> None:
+        main = (
+            "<h1>Log in</h1>"
+            f'<p class="error">{text(message)}</p>'
+            "<p>Run <code>swamp ui</code> where you run other swamp commands (in the "
+            "orchestrator's repo, or with <code>--server URL --server-token …</code>): it opens "
+            "a one-time login link here.</p>"
+            '<form method="post" action="/ui/login" class="login">'
+            "<label>or a server token (read or admin scope) "
+            '<input type="password" name="token" autocomplete="off" required></label> '
+            '<button type="submit">Log in</button></form>'
+        )
+        await self._html(send, status, page(title="Log in", current="", main=main))
+
+    # -- responses -------------------------------------------------------------------------
+
+    def _page(
+        self, title: str, current: str, main: str, session: Session | None, topics: str = ""
+    ) -> str:
+        return page(
+            title=title,
+            current=current,
+            main=main,
+            topics=topics,
+            who=f"{session.who} ({session.scope.value})" if session else "",
+            csrf=session.csrf if session else "",
+        )
+
+    async def _html(self, send, status: int, body: str) -> None:
+        data = body.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    *SECURITY,
+                    *NO_STORE,
+                    (b"content-type", b"text/html; charset=utf-8"),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
+
+    async def _redirect(self, send, location: str, *, cookie: str | None = None) -> None:
+        headers = [
+            *SECURITY,
+            *NO_STORE,
+            (b"location", location.encode()),
+            (b"content-length", b"0"),
+        ]
+        if cookie is not None:
+            headers.append((b"set-cookie", self._cookie_header(cookie).encode()))
+        await send({"type": "http.response.start", "status": 303, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    def _cookie_header(self, value: str) -> str:
+        parts = [f"{COOKIE}={value}", "HttpOnly", "SameSite=Strict", "Path=/ui/"]
+        if not value:
+            parts.append("Max-Age=0")
+        if self.secure:
+            parts.append("Secure")
+        return "; ".join(parts)
+
+    async def _send_static(self, send, name: str) -> None:
+        content_type = STATIC.get(name)
+        if content_type is None:
+            raise NotFound(f"no static file {printable(name[:60])!r}")
+        data = self._static.get(name)
+        if data is None:
+            data = self._static[name] = (
+                resources.files("swamp.ui").joinpath("static").joinpath(name).read_bytes()
+            )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    *SECURITY,
+                    (b"cache-control", b"no-cache"),
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
+
+
+def _cookie(scope) -> str | None:
+    raw = _headers(scope).get("cookie")
+    if not raw:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(raw)
+    except Exception:  # a malformed Cookie header: as if none
+        return None
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel is not None and morsel.value else None
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 1

@@ -1,0 +1,139 @@
+"""Login codes and sessions of the web pages: in memory, hashed, bounded, short-lived.
+
+``swamp ui`` asks the running orchestrator for a *login code* (an admin verb: the caller is
+already authenticated, and its scope becomes the session's). The code is random, kept only as
+its SHA-256, valid for :data:`CODE_SECONDS` and good once: opening the link trades it for a
+*session* (a random id in an HttpOnly cookie, also kept only as a hash) with a CSRF token of
+its own. A server token typed into the login form opens a session the same way. Sessions end
+after :data:`SESSION_SECONDS`, when logged out, or with the orchestrator (nothing is written);
+past :data:`MAX_SESSIONS` the oldest goes. Nothing here logs a code, an id or a token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swamp.domain.scopes import Scope
+from swamp.errors import Unauthorized
+
+CODE_SECONDS = 60.0  # a login link is good for about a minute
+SESSION_SECONDS = 12 * 3600.0  # a working day; then 'swamp ui' again
+MAX_CODES = 32  # links issued and not yet used (more: the oldest goes)
+MAX_SESSIONS = 256  # sessions at once (more: the oldest goes)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "replace")).digest()
+
+
+@dataclass(frozen=True)
+class Session:
+    """Who a browser acts for: the scope and the description of the credential that opened
+    it, its CSRF token, and when it ends (the clock's time)."""
+
+    who: str
+    scope: Scope
+    csrf: str
+    expires: float
+
+    @property
+    def may_act(self) -> bool:
+        return self.scope is Scope.ADMIN
+
+    def csrf_ok(self, token: str | None) -> bool:
+        return token is not None and secrets.compare_digest(token.encode(), self.csrf.encode())
+
+
+@dataclass(frozen=True)
+class _Code:
+    who: str
+    scope: Scope
+    expires: float
+
+
+class Logins:
+    """The codes not yet used and the open sessions, by the hashes of their secrets."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        secret: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+        code_seconds: float = CODE_SECONDS,
+        session_seconds: float = SESSION_SECONDS,
+        max_codes: int = MAX_CODES,
+        max_sessions: int = MAX_SESSIONS,
+    ) -> None:
+        self.clock = clock
+        self.secret = secret
+        self.code_seconds = code_seconds
+        self.session_seconds = session_seconds
+        self.max_codes = max_codes
+        self.max_sessions = max_sessions
+        self._codes: OrderedDict[bytes, _Code] = OrderedDict()
+        self._sessions: OrderedDict[bytes, Session] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"<Logins codes={len(self._codes)} sessions={len(self._sessions)}>"
+
+    def issue(self, who: str, scope: Scope) -> str:
+        """A new login code for ``who`` (its scope becomes the session's)."""
+        if not scope.covers(Scope.READ):
+            raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
+        self._prune()
+        while len(self._codes) >= self.max_codes:
+            self._codes.popitem(last=False)
+        code = self.secret()
+        self._codes[_digest(code)] = _Code(who, scope, self.clock() + self.code_seconds)
+        return code
+
+    def redeem(self, code: str) -> tuple[str, Session]:
+        """Trade a login code for a session: (its id, the session). A code is good once and
+        for :data:`CODE_SECONDS`; a wrong, used or expired one is told the same words."""
+        held = self._codes.pop(_digest(code), None)
+        if held is None or held.expires <= self.clock():
+            raise Unauthorized(
+                "this login link is not valid (used already, expired or wrong): run "
+                "'swamp ui' for a new one"
+            )
+        return self.open(held.who, held.scope)
+
+    def open(self, who: str, scope: Scope) -> tuple[str, Session]:
+        """A session for ``who`` (the login form, after its token was accepted)."""
+        if not scope.covers(Scope.READ):
+            raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
+        self._prune()
+        while len(self._sessions) >= self.max_sessions:
+            self._sessions.popitem(last=False)
+        session_id = self.secret()
+        session = Session(who, scope, self.secret(), self.clock() + self.session_seconds)
+        self._sessions[_digest(session_id)] = session
+        return session_id, session
+
+    def session(self, session_id: str | None) -> Session | None:
+        """The open session of this id (``None``: none, ended or expired)."""
+        if not session_id:
+            return None
+        key = _digest(session_id)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if session.expires <= self.clock():
+            del self._sessions[key]
+            return None
+        return session
+
+    def end(self, session_id: str | None) -> None:
+        if session_id:
+            self._sessions.pop(_digest(session_id), None)
+
+    def _prune(self) -> None:
+        now = self.clock()
+        for table in (self._codes, self._sessions):
+            for key in [k for k, v in table.items() if v.expires <= now]:
+                del table[key]

@@ -1,0 +1,154 @@
+"""The web pages on real processes: ``swamp serve``, a real worker, and a real headless
+Chromium (``tests/integration/browser.py``) that logs in with ``swamp ui``'s link, sees the
+worker, and — without a reload — sees a step start on it; a screenshot of each page is saved
+(the directory is printed: ``$SWAMP_UI_SCREENSHOTS``, else under the test's tmp). The refusals
+(no session, no CSRF token, another origin) are plain HTTP requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import httpx
+
+from tests.integration.browser import chromium
+
+COMMAND = "for i in 1 2 3; do echo compiling part $i; done; sleep 60"
+WORKFLOW = """\
+name = "ui-demo"
+description = "a step that prints and takes a while, for the pages to show"
+
+[[jobs]]
+name = "build"
+labels = {{ role = "builder" }}
+
+[[jobs.steps]]
+name = "compile"
+task = {{ type = "model_method", modelType = "command/shell", modelName = "ui-compile", \
+methodName = "run", inputs = {{ command = "{command}" }} }}
+"""
+
+
+def _screens(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("SWAMP_UI_SCREENSHOTS") or tmp_path / "screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots of the web pages: {where}")
+    return where
+
+
+def _login_url(cluster) -> str:
+    result = cluster.cli("ui", "--no-browser", "--json")
+    assert result.returncode == 0, result.stderr
+    url = json.loads(result.stdout)["url"]
+    assert url.startswith(cluster.url.replace("ws://", "http://") + "/ui/login?code=")
+    return url
+
+
+async def test_the_pages_in_a_real_browser(cluster, tmp_path):
+    screens = _screens(tmp_path)
+    cluster.serve()
+    worker = cluster.worker(
+        cluster.mint("builder"), "--label", "role=builder", "--concurrency", "2"
+    )
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    base = cluster.url.replace("ws://", "http://")
+    async with chromium() as tab:
+        await tab.open(_login_url(cluster))
+        await tab.wait_for(
+            f"document.querySelector('table.workers') && "
+            f"document.querySelector('table.workers').innerText.includes({json.dumps(name)})",
+            what=f"worker {name} on the fleet page",
+        )
+        await tab.wait_for(
+            "document.getElementById('live-state').textContent === 'live'",
+            what="the page's event stream open",
+        )
+        await tab.screenshot(screens / "fleet-idle.png")
+        await tab.evaluate("window.swampMarker = 'not reloaded'")
+        # a step starts on the worker: the open page shows it, without a reload
+        (cluster.repo / "workflows" / "ui-demo.toml").write_text(WORKFLOW.format(command=COMMAND))
+        cluster.spawn("workflow", "run", "ui-demo", "--server", cluster.url, "--json")
+        await tab.wait_for(
+            f"[...document.querySelectorAll('table.workers tbody tr')].some(row => "
+            f"row.innerText.includes({json.dumps(name)}) && "
+            f"row.querySelector('.running') && "
+            f"row.querySelector('.running').textContent.includes('command/shell'))",
+            what=f"a step running on {name}",
+        )
+        assert await tab.evaluate("window.swampMarker") == "not reloaded"
+        await tab.screenshot(screens / "fleet.png")
+        await tab.screenshot(screens / "fleet-dark.png", dark=True)
+
+        # a step no worker matches waits: the queue page lists it by requirement
+        waiting = cluster.spawn(
+            "model", "method", "run", "command/shell", "run", "--arg", "command=true",
+            "--label", "gpu=true", "--queue-timeout", "2m", "--server", cluster.url, "--json",
+        )  # fmt: skip
+        waiting.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")
+        await tab.open(f"{base}/ui/queue")
+        await tab.wait_for(
+            "document.querySelector('main').innerText.includes('gpu=true')",
+            what="the waiting gpu=true step on the queue page",
+        )
+        await tab.screenshot(screens / "queue.png")
+
+        await tab.open(f"{base}/ui/workers/{name}")
+        await tab.wait_for(
+            "document.querySelector('main').innerText.includes('compiling part 3')",
+            what="the live tail of the worker's step",
+        )
+        await tab.screenshot(screens / "worker.png")
+
+        await tab.open(f"{base}/ui/runs")
+        await tab.wait_for(
+            "document.querySelector('main').innerText.includes('ui-demo')", what="the run listed"
+        )
+        await tab.screenshot(screens / "runs.png")
+        link = await tab.evaluate("document.querySelector('main table a').href")
+        await tab.open(link)
+        await tab.wait_for(
+            f"document.querySelector('table.steps') && "
+            f"document.querySelector('table.steps').innerText.includes({json.dumps(name)})",
+            what="the run's step on its worker",
+        )
+        await tab.screenshot(screens / "run.png")
+        # the admin session's action: cancel the run from its page (a POST with the CSRF
+        # token, from the page's own origin)
+        await tab.submit("form.act button")
+        await tab.wait_for(
+            "document.querySelector('h1 .badge') && "
+            "document.querySelector('h1 .badge').textContent === 'cancelled'",
+            what="the run cancelled",
+        )
+        await tab.screenshot(screens / "run-cancelled.png")
+    shots = sorted(p.name for p in screens.glob("*.png"))
+    assert {"fleet.png", "queue.png", "worker.png", "runs.png", "run.png"} <= set(shots)
+
+
+def test_the_pages_refuse_without_a_session_a_csrf_token_or_their_origin(cluster):
+    cluster.serve()
+    base = cluster.url.replace("ws://", "http://")
+    with httpx.Client(base_url=base, timeout=30) as http:
+        bare = http.get("/ui/")
+        assert bare.status_code == 401 and "swamp ui" in bare.text
+        login = http.get(_login_url(cluster).removeprefix(base), follow_redirects=False)
+        assert login.status_code == 303
+        http.cookies.set("swamp_ui", login.cookies["swamp_ui"])
+        page = http.get("/ui/")
+        assert page.status_code == 200
+        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert found, page.text
+        csrf = found.group(1)
+        action = "/ui/runs/0123456789abcdef/cancel"
+        no_token = http.post(action, headers={"origin": base}, data={})
+        assert no_token.status_code == 403 and "CSRF" in no_token.text
+        foreign = http.post(action, headers={"origin": "http://evil.example"}, data={"csrf": csrf})
+        assert foreign.status_code == 403
+        # the same POST from the pages themselves gets past both (no such run: 404)
+        own = http.post(action, headers={"origin": base}, data={"csrf": csrf})
+        assert own.status_code == 404
+        # the link was good once
+        again = http.get(login.request.url.raw_path.decode(), follow_redirects=False)
+        assert again.status_code == 401

@@ -1,0 +1,101 @@
+"""Live pages: a change marks a topic; an open page is told at most twice a second, nothing
+when nothing changed, and never more pages than the bound (virtual time)."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from swamp.ui.live import INTERVAL, SEND_TIMEOUT, Live
+
+
+class Page:
+    """One open page's stream: what it was sent, and a way to close it."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.events: list[float] = []
+        self.gone = trio.Event()
+
+    async def receive(self):
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif b"event: changed" in message.get("body", b""):
+            self.events.append(trio.current_time())
+
+
+async def open_page(nursery, live: Live, topics=("fleet",)) -> Page:
+    page = Page()
+    nursery.start_soon(live.stream, frozenset(topics), page.receive, page.send, [])
+    await trio.testing.wait_all_tasks_blocked()
+    return page
+
+
+async def test_a_change_is_pushed_and_a_burst_is_coalesced(autojump_clock):
+    live = Live()
+    async with trio.open_nursery() as nursery:
+        page = await open_page(nursery, live)
+        assert page.status == 200 and page.events == []
+        for _ in range(1000):  # a busy fleet: a thousand slot changes at once
+            live.changed("fleet")
+        await trio.sleep(INTERVAL * 4)
+        assert len(page.events) == 1, "one event for the whole burst"
+        start = trio.current_time()
+        for _ in range(20):  # a change every 50 ms for a second
+            live.changed("fleet")
+            await trio.sleep(0.05)
+        await trio.sleep(INTERVAL * 2)
+        during = [t for t in page.events if t >= start]
+        assert 2 <= len(during) <= 3, during  # at most two a second
+        assert all(b - a >= INTERVAL for a, b in zip(page.events, page.events[1:], strict=False))
+        page.gone.set()
+    assert live.viewers == 0
+
+
+async def test_nothing_is_sent_for_another_topic_or_when_nothing_changed(autojump_clock):
+    live = Live()
+    async with trio.open_nursery() as nursery:
+        page = await open_page(nursery, live, ("queue",))
+        live.changed("fleet")
+        await trio.sleep(3600)  # an idle hour: no event, no timer woke
+        assert page.events == []
+        live.changed("queue")
+        await trio.sleep(1)
+        assert len(page.events) == 1
+        page.gone.set()
+
+
+async def test_past_the_bound_a_page_gets_a_clear_503(autojump_clock):
+    live = Live(max_viewers=2)
+    async with trio.open_nursery() as nursery:
+        pages = [await open_page(nursery, live) for _ in range(3)]
+        assert [p.status for p in pages] == [200, 200, 503]
+        assert live.viewers == 2 and live.refused == 1
+        for p in pages:
+            p.gone.set()
+    assert live.viewers == 0
+
+
+async def test_a_slow_viewer_is_dropped_without_holding_anyone_up(autojump_clock):
+    live = Live()
+
+    class Stuck(Page):
+        async def send(self, message):
+            if b"event: changed" in message.get("body", b""):
+                await trio.sleep_forever()  # its socket takes nothing
+            await super().send(message)
+
+    async with trio.open_nursery() as nursery:
+        stuck = Stuck()
+        nursery.start_soon(live.stream, frozenset({"fleet"}), stuck.receive, stuck.send, [])
+        fine = await open_page(nursery, live)
+        live.changed("fleet")
+        await trio.sleep(1)
+        assert len(fine.events) == 1  # told at once, whatever the stuck one does
+        await trio.sleep(SEND_TIMEOUT + 1)
+        assert live.dropped == 1 and live.viewers == 1
+        fine.gone.set()

@@ -1,0 +1,117 @@
+"""Login codes and sessions (pure: a clock and secrets passed in), and the pages' origin
+rules (``RequestPolicy.page_refusal``, ``same_origin``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from swamp.domain.request_policy import RequestPolicy, is_page
+from swamp.domain.scopes import Scope
+from swamp.errors import Unauthorized
+from swamp.ui.sessions import CODE_SECONDS, Logins
+
+
+def logins(**kw) -> tuple[Logins, list[float]]:
+    now = [0.0]
+    counter = itertools.count()
+    return Logins(clock=lambda: now[0], secret=lambda: f"s{next(counter)}", **kw), now
+
+
+def test_a_code_is_good_once_and_for_a_minute():
+    held, now = logins()
+    code = held.issue("local", Scope.ADMIN)
+    session_id, session = held.redeem(code)
+    assert session.scope is Scope.ADMIN and held.session(session_id) == session
+    with pytest.raises(Unauthorized):
+        held.redeem(code)
+    late = held.issue("local", Scope.READ)
+    now[0] += CODE_SECONDS + 0.1
+    with pytest.raises(Unauthorized):
+        held.redeem(late)
+
+
+def test_sessions_expire_end_and_are_bounded():
+    held, now = logins(max_sessions=2, session_seconds=100)
+    first, _ = held.open("a", Scope.READ)
+    second, _ = held.open("b", Scope.READ)
+    third, _ = held.open("c", Scope.READ)
+    assert held.session(first) is None  # the oldest went
+    assert held.session(second) is not None
+    held.end(second)
+    assert held.session(second) is None
+    now[0] += 101
+    assert held.session(third) is None
+
+
+def test_codes_are_bounded():
+    held, _ = logins(max_codes=2)
+    codes = [held.issue("local", Scope.ADMIN) for _ in range(3)]
+    with pytest.raises(Unauthorized):
+        held.redeem(codes[0])
+    held.redeem(codes[2])
+
+
+def test_a_metrics_scope_gets_no_session():
+    held, _ = logins()
+    with pytest.raises(Unauthorized):
+        held.issue("server token 'scraper'", Scope.METRICS)
+    with pytest.raises(Unauthorized):
+        held.open("server token 'scraper'", Scope.METRICS)
+
+
+def test_csrf_is_compared_whole():
+    held, _ = logins()
+    _, session = held.open("local", Scope.ADMIN)
+    assert session.csrf_ok(session.csrf)
+    assert (
+        not session.csrf_ok(None)
+        and not session.csrf_ok(session.csrf[:-1])
+        and not (session.csrf_ok(""))
+    )
+
+
+POLICY = RequestPolicy.build(loopback=True, bind_host="127.0.0.1")
+
+
+def test_only_the_ui_prefix_is_pages():
+    assert is_page("/ui") and is_page("/ui/") and is_page("/ui/queue")
+    assert not is_page("/uix") and not is_page("/metrics") and not is_page("/")
+
+
+@pytest.mark.parametrize(
+    "origin, refused",
+    [
+        (None, False),
+        ("http://127.0.0.1:7420", False),
+        ("https://127.0.0.1:7420", False),  # the port's one scheme, whichever it is
+        ("http://127.0.0.1:7421", True),
+        ("http://evil.example", True),
+        ("null", True),
+    ],
+)
+def test_a_page_answers_its_own_origin_only(origin, refused):
+    headers = {"host": "127.0.0.1:7420", **({"origin": origin} if origin else {})}
+    assert (POLICY.page_refusal(headers) is not None) is refused
+    # the websocket and every other route: any Origin is refused, as before
+    assert (POLICY.refusal(headers) is not None) is (origin is not None)
+
+
+def test_a_page_keeps_the_dns_rebinding_guard():
+    assert POLICY.page_refusal({"host": "evil.example:7420"}) is not None
+
+
+@pytest.mark.parametrize(
+    "headers, same",
+    [
+        ({"origin": "http://127.0.0.1:7420"}, True),
+        ({"referer": "http://127.0.0.1:7420/ui/runs/x"}, True),
+        ({"origin": "http://evil.example"}, False),
+        ({"origin": "null", "referer": "http://127.0.0.1:7420/ui/"}, False),
+        ({"referer": "http://evil.example/ui/"}, False),
+        ({}, False),
+    ],
+)
+def test_a_post_must_come_from_the_pages(headers, same):
+    assert POLICY.same_origin({"host": "127.0.0.1:7420", **headers}) is same
