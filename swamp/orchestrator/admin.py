@@ -22,8 +22,9 @@ from swamp.protocol.messages import Empty, Message
 from swamp.protocol.rpc import IncomingCall
 from swamp.repo import Repo
 
-#: a login code for the web pages, for whom and with what scope (``swamp.ui.sessions``)
-Login = Callable[[str, Scope], str]
+#: a login code for the web pages, for whom, with what scope, on whose credential (revoked,
+#: the session ends: ``swamp.ui.sessions``)
+Login = Callable[[str, Scope, Principal], str]
 
 
 class Admin:
@@ -82,5 +83,5 @@ class Admin:
         Empty.decode(call.params)
         if self.login is None:
             raise NotFound("this orchestrator serves no web pages")
-        code = self.login(caller.describe(), caller.scope)
+        code = self.login(caller.describe(), caller.scope, caller)
         return {"path": f"/ui/login?code={code}"}

@@ -212,11 +212,15 @@ def compose(
         verify_on_enroll=settings.verify_on_enroll,
     )
     tokens = TokenBook(store)
+    logins = Logins()  # the web pages' login codes and sessions (in memory only)
     live_tokens = LiveTokens(
         store,
         pool,
         tokens,
-        on_repo_change=[functools.partial(admission.close_revoked_admins, auth.still_valid)],
+        on_repo_change=[
+            functools.partial(admission.close_revoked_admins, auth.still_valid),
+            functools.partial(logins.end_revoked, auth.still_valid),  # and their web sessions
+        ],
     )
     enrollment = Enrollment(
         pool, tokens, records, membership, live_tokens, on_rejection=metrics.on_rejection
@@ -271,7 +275,6 @@ def compose(
         max_fan_out=settings.max_fan_out,
         on_run_saved=live.run_saved,
     )
-    logins = Logins()  # the web pages' login codes and sessions (in memory only)
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch, login=logins.issue)
     pages = Pages(
         Sources(pool, dispatch, api),

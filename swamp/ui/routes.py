@@ -259,7 +259,7 @@ class Pages:
         if isinstance(identity, Unauthorized):
             await self._login_page(send, "that token was not accepted", status=401)
             return
-        session_id, opened = self.logins.open(identity.describe(), identity.scope)
+        session_id, opened = self.logins.open(identity.describe(), identity.scope, identity)
         log.info("a web session opened for %s (login form)", opened.who)
         await self._redirect(send, "/ui/", cookie=session_id)
 

@@ -5,8 +5,10 @@ already authenticated, and its scope becomes the session's). The code is random,
 its SHA-256, valid for :data:`CODE_SECONDS` and good once: opening the link trades it for a
 *session* (a random id in an HttpOnly cookie, also kept only as a hash) with a CSRF token of
 its own. A server token typed into the login form opens a session the same way. Sessions end
-after :data:`SESSION_SECONDS`, when logged out, or with the orchestrator (nothing is written);
-past :data:`MAX_SESSIONS` the oldest goes. Nothing here logs a code, an id or a token.
+after :data:`SESSION_SECONDS`, when logged out, when the server token that opened them is
+revoked (:meth:`Logins.end_revoked`, as its admin sockets are closed), or with the orchestrator
+(nothing is written); past :data:`MAX_SESSIONS` the oldest goes. Nothing here logs a code, an
+id or a token.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from swamp.domain.scopes import Scope
 from swamp.errors import Unauthorized
@@ -40,6 +43,8 @@ class Session:
     scope: Scope
     csrf: str
     expires: float
+    # the credential that opened it (an admin principal): revoked, the session ends with it
+    holder: Any = field(default=None, compare=False, repr=False)
 
     @property
     def may_act(self) -> bool:
@@ -54,6 +59,7 @@ class _Code:
     who: str
     scope: Scope
     expires: float
+    holder: Any = None
 
 
 class Logins:
@@ -81,15 +87,16 @@ class Logins:
     def __repr__(self) -> str:
         return f"<Logins codes={len(self._codes)} sessions={len(self._sessions)}>"
 
-    def issue(self, who: str, scope: Scope) -> str:
-        """A new login code for ``who`` (its scope becomes the session's)."""
+    def issue(self, who: str, scope: Scope, holder: Any = None) -> str:
+        """A new login code for ``who`` (its scope becomes the session's; ``holder``, the
+        credential it acts for, ends it and its session when revoked)."""
         if not scope.covers(Scope.READ):
             raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
         self._prune()
         while len(self._codes) >= self.max_codes:
             self._codes.popitem(last=False)
         code = self.secret()
-        self._codes[_digest(code)] = _Code(who, scope, self.clock() + self.code_seconds)
+        self._codes[_digest(code)] = _Code(who, scope, self.clock() + self.code_seconds, holder)
         return code
 
     def redeem(self, code: str) -> tuple[str, Session]:
@@ -101,9 +108,9 @@ class Logins:
                 "this login link is not valid (used already, expired or wrong): run "
                 "'swamp ui' for a new one"
             )
-        return self.open(held.who, held.scope)
+        return self.open(held.who, held.scope, held.holder)
 
-    def open(self, who: str, scope: Scope) -> tuple[str, Session]:
+    def open(self, who: str, scope: Scope, holder: Any = None) -> tuple[str, Session]:
         """A session for ``who`` (the login form, after its token was accepted)."""
         if not scope.covers(Scope.READ):
             raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
@@ -111,7 +118,9 @@ class Logins:
         while len(self._sessions) >= self.max_sessions:
             self._sessions.popitem(last=False)
         session_id = self.secret()
-        session = Session(who, scope, self.secret(), self.clock() + self.session_seconds)
+        session = Session(
+            who, scope, self.secret(), self.clock() + self.session_seconds, holder=holder
+        )
         self._sessions[_digest(session_id)] = session
         return session_id, session
 
@@ -131,6 +140,21 @@ class Logins:
     def end(self, session_id: str | None) -> None:
         if session_id:
             self._sessions.pop(_digest(session_id), None)
+
+    def end_revoked(self, still_valid: Callable[[Any], bool]) -> None:
+        """End every code and session whose holder ``still_valid`` no longer accepts (a
+        server token revoked, or minted again with another secret or scope)."""
+        verdicts: dict[int, bool] = {}  # one question per holder, however many sessions
+        tables: list[OrderedDict[bytes, Any]] = [self._codes, self._sessions]
+        for table in tables:
+            for key, held in list(table.items()):
+                if held.holder is None:
+                    continue
+                valid = verdicts.get(id(held.holder))
+                if valid is None:
+                    valid = verdicts[id(held.holder)] = still_valid(held.holder)
+                if not valid:
+                    del table[key]
 
     def _prune(self) -> None:
         now = self.clock()

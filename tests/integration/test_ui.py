@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.integration.browser import chromium
+from tests.integration.conftest import wait_until
 
 COMMAND = "for i in 1 2 3; do echo compiling part $i; done; sleep 60"
 WORKFLOW = """\
@@ -152,3 +153,30 @@ def test_the_pages_refuse_without_a_session_a_csrf_token_or_their_origin(cluster
         # the link was good once
         again = http.get(login.request.url.raw_path.decode(), follow_redirects=False)
         assert again.status_code == 401
+
+
+def test_a_web_session_ends_when_the_token_that_opened_it_is_revoked(cluster):
+    """A session opened with a server token lived its twelve hours after the token was
+    revoked (its admin sockets were closed, its pages still answered): now it ends with it."""
+    ops = cluster.cli_json("server", "token", "create", "ops", "--scope", "read")["token"]
+    other = cluster.cli_json("server", "token", "create", "other", "--scope", "read")["token"]
+    cluster.serve()
+    base = cluster.url.replace("ws://", "http://")
+    sessions = {}
+    for name, token in (("ops", ops), ("other", other)):
+        http = httpx.Client(base_url=base, timeout=30)
+        opened = http.post(
+            "/ui/login", headers={"origin": base}, data={"token": token}, follow_redirects=False
+        )
+        assert opened.status_code == 303, opened.text
+        http.cookies.set("swamp_ui", opened.cookies["swamp_ui"])
+        assert http.get("/ui/").status_code == 200
+        sessions[name] = http
+    try:
+        revoked = cluster.cli("server", "token", "revoke", "ops")
+        assert revoked.returncode == 0, revoked.stderr
+        wait_until(lambda: sessions["ops"].get("/ui/").status_code == 401, what="the session ended")
+        assert sessions["other"].get("/ui/").status_code == 200  # untouched
+    finally:
+        for http in sessions.values():
+            http.close()

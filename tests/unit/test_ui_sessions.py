@@ -45,6 +45,27 @@ def test_sessions_expire_end_and_are_bounded():
     assert held.session(third) is None
 
 
+def test_codes_and_sessions_end_with_the_credential_that_opened_them():
+    book, _ = logins()
+    ops, other = object(), object()
+    kept_id, _ = book.open("server token 'other'", Scope.READ, other)
+    ops_id, _ = book.open("server token 'ops'", Scope.ADMIN, ops)
+    code = book.issue("server token 'ops'", Scope.ADMIN, ops)
+    local_id, _ = book.open("local", Scope.ADMIN)  # no holder: nothing revokes it
+    asked = []
+
+    def still_valid(holder):
+        asked.append(holder)
+        return holder is not ops
+
+    book.end_revoked(still_valid)
+    assert book.session(ops_id) is None
+    with pytest.raises(Unauthorized):
+        book.redeem(code)
+    assert book.session(kept_id) is not None and book.session(local_id) is not None
+    assert sorted(map(id, asked)) == sorted(map(id, [ops, other]))  # one question a holder
+
+
 def test_codes_are_bounded():
     held, _ = logins(max_codes=2)
     codes = [held.issue("local", Scope.ADMIN) for _ in range(3)]
