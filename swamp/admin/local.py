@@ -36,10 +36,18 @@ from swamp.domain.run_record import Status, page
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope
 from swamp.domain.tokens import parse_max_enrollments
-from swamp.domain.workers import is_schedulable
+from swamp.domain.workers import WorkerStatus, is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
 from swamp.domain.workflow_run import MAX_EXPANSIONS
-from swamp.errors import Conflict, NeedsOrchestrator, NotFound, UserError
+from swamp.errors import (
+    CallTimeout,
+    ChannelClosed,
+    Conflict,
+    NeedsOrchestrator,
+    NotFound,
+    UnknownMethod,
+    UserError,
+)
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
@@ -72,6 +80,8 @@ from swamp.protocol.messages import (
     Verdict,
     VerifyReport,
     VerifyRequest,
+    WorkerDrainReply,
+    WorkerDrainRequest,
     WorkerListReply,
     WorkerListRequest,
     WorkflowHistoryReply,
@@ -93,6 +103,7 @@ from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
 CANCEL_WAIT = 5.0  # seconds workflow cancel waits for the run to save its end
+DRAIN_ASK_TIMEOUT = 30.0  # a worker answers once it has begun its drain and said so
 
 
 class RepoAdmin:
@@ -215,6 +226,39 @@ class RepoAdmin:
             }
         return WorkerListReply.decode(
             worker_items(WorkerBook(self.store).all(), live, show_all=request.all)
+        )
+
+    async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply:
+        """Ask a connected worker to drain (as SIGTERM would): it answers once it has begun
+        and said so, so the pool already shows it draining when this returns."""
+        if self.pool is None:
+            raise NeedsOrchestrator(
+                "worker drain asks a connected worker through the orchestrator that holds it: "
+                "pass --server URL or set SWAMP_SERVE_URL (or run it in the repo where "
+                "'swamp serve' runs)"
+            )
+        member = self.pool.get(request.name)
+        channel = member.channel if member is not None else None
+        if member is None or channel is None or channel.closed:
+            raise NotFound(
+                f"no connected worker named {request.name[:100]!r}: see 'swamp worker list'"
+            )
+        if member.status == WorkerStatus.DRAINING.value:
+            return WorkerDrainReply(member.name, running=len(member.active), already=True)
+        try:
+            reply = await channel.call("drain.ask", {}, timeout=DRAIN_ASK_TIMEOUT)
+        except UnknownMethod:
+            raise Conflict(
+                f"worker {member.name!r} (swamp {member.version or 'older'}) cannot be asked to "
+                "drain: send it SIGTERM on its machine, or upgrade it"
+            ) from None
+        except (ChannelClosed, CallTimeout) as exc:
+            raise Conflict(
+                f"worker {member.name!r} did not take the request: {exc.message}"
+            ) from None
+        running = reply.get("running") if isinstance(reply, dict) else None
+        return WorkerDrainReply(
+            member.name, running=running if isinstance(running, int) else len(member.active)
         )
 
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport:

@@ -32,6 +32,8 @@ from swamp.protocol.messages import (
     TokenRevokeRequest,
     VerifyReport,
     VerifyRequest,
+    WorkerDrainReply,
+    WorkerDrainRequest,
     WorkerListReply,
     WorkerListRequest,
     WorkflowHistoryReply,
@@ -109,6 +111,9 @@ class RemoteAdmin:
 
     async def worker_queue(self, request: Empty = Empty()) -> QueueReply:
         return await self._call("worker.queue.list", request, QueueReply)
+
+    async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply:
+        return await self._call("worker.drain.ask", request, WorkerDrainReply)
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply:
         return await self._call("data.query", request, QueryReply)

@@ -448,6 +448,39 @@ def _priority(given: int, now: int | None) -> str:
     return f"{given}↑{now}" if now is not None and now != given else str(given)
 
 
+@app.command("drain", short_help="Ask a worker to finish its steps and leave (exit 0).")
+@command
+def drain(
+    name: str = typer.Argument(..., help="The worker, by name (see 'swamp worker list')."),
+    route: Route = ROUTE,
+    json_output: bool = JSON,
+) -> None:
+    """Ask a connected worker to drain, as SIGTERM on its machine would: it takes no new
+    step from now on (the pool shows it draining, and the queue gives its steps to others),
+    finishes the ones it runs (within its --drain-timeout), then exits 0. Use it to take a
+    machine out of a fleet without losing a step, from wherever the CLI reaches the
+    orchestrator. A worker already draining is left as it is.
+
+    Needs the orchestrator that holds the worker (--server, SWAMP_SERVE_URL, or the repo's
+    .swamp/serve.json) and the admin scope. --json prints {name, running, already}.
+    """
+    from swamp.protocol.messages import WorkerDrainRequest
+
+    reply = with_admin(
+        lambda api: api.worker_drain(WorkerDrainRequest(name=name)), route, prefer_server=True
+    )
+    if json_output:
+        emit_json(reply.to_json())
+        return
+    if reply.already:
+        print(f"Worker {printable(reply.name)} is draining already ({reply.running} running).")
+        return
+    print(
+        f"Worker {printable(reply.name)} is draining: it takes no new step, finishes its "
+        f"{reply.running} running, then exits."
+    )
+
+
 @app.command("verify", short_help="Probe workers end to end, seam by seam.")
 @command
 def verify(

@@ -7,8 +7,8 @@ A server token carries one of three scopes, each covering the ones before it:
   workflows and their runs), ``data query``, ``swamp logs``, workflow ``show`` and
   ``validate``, ``/health``'s details and the build when downloads are private.
 - ``admin`` — also everything that changes something or runs something: minting and revoking
-  worker tokens, running a method or a workflow, cancelling a run, and ``worker verify``, which
-  dispatches a probe to every worker it selects.
+  worker tokens, running a method or a workflow, cancelling a run, ``worker verify``, which
+  dispatches a probe to every worker it selects, and ``worker drain``.
 
 The local credential (``.swamp/serve.json``) and ``--auth none`` are ``admin``, and so is a
 token stored before scopes existed. A stored scope this version does not know counts as the
@@ -63,6 +63,7 @@ VERBS: dict[str, Scope] = {
     "worker.token.create": Scope.ADMIN,
     "worker.token.revoke": Scope.ADMIN,
     "worker.verify": Scope.ADMIN,  # dispatches a probe to each selected worker
+    "worker.drain.ask": Scope.ADMIN,  # a worker stops taking steps and leaves
     "model.method.run": Scope.ADMIN,
     "workflow.run": Scope.ADMIN,
     "workflow.cancel": Scope.ADMIN,

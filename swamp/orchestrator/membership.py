@@ -32,7 +32,7 @@ from swamp.store.datastore import iso
 log = logging.getLogger("swamp.gateway")
 
 CLOSE_SHUTDOWN = 1001
-DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout")
+DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout", "asked")  # asked: worker drain
 HOLD_BACK = 300.0  # seconds a machine that left a dispatch unacknowledged gets no work
 
 Prober = Callable[[str], Awaitable[Verdict]]

@@ -28,6 +28,8 @@ from swamp.protocol.messages import (
     TokenRevokeRequest,
     VerifyReport,
     VerifyRequest,
+    WorkerDrainReply,
+    WorkerDrainRequest,
     WorkerListReply,
     WorkerListRequest,
     WorkflowHistoryReply,
@@ -56,6 +58,8 @@ class AdminApi(Protocol):
     async def worker_verify(self, request: VerifyRequest) -> VerifyReport: ...
 
     async def worker_queue(self, request: Empty = Empty()) -> QueueReply: ...
+
+    async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply: ...
 
     async def data_query(self, request: DataQueryRequest) -> QueryReply: ...
 
@@ -93,6 +97,7 @@ OPERATIONS: dict[str, tuple[str, type[Message]]] = {
     "worker.list": ("worker_list", WorkerListRequest),
     "worker.verify": ("worker_verify", VerifyRequest),
     "worker.queue.list": ("worker_queue", Empty),
+    "worker.drain.ask": ("worker_drain", WorkerDrainRequest),
     "workflow.list": ("workflow_list", Empty),
     "workflow.show": ("workflow_show", WorkflowRequest),
     "workflow.validate": ("workflow_validate", WorkflowRequest),

@@ -337,6 +337,21 @@ class MethodRunRequest(Message):
 
 
 @dataclass(frozen=True)
+class WorkerDrainRequest(Message):
+    """``worker.drain.ask``: ask a connected worker to drain, as SIGTERM on its machine would:
+    it takes no new step, finishes the ones it runs, then exits 0."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class WorkerDrainReply(Message):
+    name: str
+    running: int  # its steps still running, which it finishes before it leaves
+    already: bool = False  # it was draining already: nothing changed
+
+
+@dataclass(frozen=True)
 class VerifyRequest(Message):
     name: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
@@ -531,6 +546,8 @@ REQUESTS: dict[str, type[Message]] = {
     "data.query": DataQueryRequest,
     "worker.verify": VerifyRequest,
     "worker.queue.list": Empty,
+    "worker.drain.ask": WorkerDrainRequest,
+    "drain.ask": Empty,  # orchestrator → worker: begin your drain
     "workflow.list": Empty,
     "workflow.show": WorkflowRequest,
     "workflow.validate": WorkflowRequest,

@@ -44,9 +44,9 @@ from swamp.errors import (
     UserError,
 )
 from swamp.orchestrator.admin_auth import AdminAuth
-from swamp.protocol.messages import RunRef
+from swamp.protocol.messages import RunRef, WorkerDrainRequest
 from swamp.ui import views
-from swamp.ui.html import page, text
+from swamp.ui.html import page, path_part, text
 from swamp.ui.live import TOPICS, Live
 from swamp.ui.sessions import Logins, Session
 
@@ -190,7 +190,7 @@ class Pages:
             main = await views.run(sources, parts[1], viewer, step)
             current, title, topics = "runs", "Run", "runs logs"
         elif len(parts) == 2 and parts[0] == "workers":
-            main = await views.worker(sources, parts[1])
+            main = await views.worker(sources, parts[1], viewer)
             current, title, topics = "fleet", parts[1], PAGE_TOPICS["worker"]
         else:
             raise NotFound(f"no page {printable(path[:100])}")
@@ -214,6 +214,16 @@ class Pages:
                 "workflow run %s cancelled from the web pages by %s", parts[1][:12], session.who
             )
             await self._redirect(send, f"/ui/runs/{parts[1]}")
+            return
+        if len(parts) == 3 and parts[0] == "workers" and parts[2] == "drain":
+            self._may(session, "worker.drain.ask")
+            await self.sources.api.worker_drain(WorkerDrainRequest(name=parts[1]))
+            log.info(
+                "worker %s asked to drain from the web pages by %s",
+                printable(parts[1][:100]),
+                session.who,
+            )
+            await self._redirect(send, f"/ui/workers/{path_part(parts[1])}")
             return
         raise NotFound(f"no action {printable(path[:100])}")
 

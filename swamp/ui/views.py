@@ -343,7 +343,7 @@ async def queue(sources: Sources) -> str:
 # -- one worker --------------------------------------------------------------------------------
 
 
-async def worker(sources: Sources, name: str) -> str:
+async def worker(sources: Sources, name: str, viewer: Viewer) -> str:
     if not _WORKER_NAME.fullmatch(name):
         raise NotFound(f"no worker named {printable(name[:80])!r}")
     member = sources.pool.get(name)
@@ -379,11 +379,6 @@ async def worker(sources: Sources, name: str) -> str:
             ("enrolled", text(member.enrolled_at)),
             ("last seen", _seen(member, now, loop_now)),
             ("instance", text(member.instance_id)),
-            (
-                "drain",
-                "from the worker's host: SIGTERM (or --max-dispatches/--idle-timeout); "
-                "the orchestrator has no verb that drains a worker",
-            ),
         ]
     else:
         facts = [
@@ -393,6 +388,16 @@ async def worker(sources: Sources, name: str) -> str:
             ("last seen", text(latest.get("lastSeenAt", "—"))),
         ]
     parts.append(f"<h1>Worker <small>{text(name)}</small></h1>")
+    drainable = (
+        member is not None and member.connected and member.status != WorkerStatus.DRAINING.value
+    )
+    if drainable and viewer.may_act:  # as 'swamp worker drain NAME'
+        parts.append(
+            f'<form method="post" action="/ui/workers/{path_part(name)}/drain" class="act">'
+            f'<input type="hidden" name="csrf" value="{text(viewer.csrf)}">'
+            '<button type="submit" class="danger">Drain: finish its steps, then leave'
+            "</button></form>"
+        )
     parts.append(
         '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
     )

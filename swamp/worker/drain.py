@@ -67,7 +67,8 @@ class Drain:
         return self.stage is not Stage.RUNNING
 
     async def trigger(self, reason: str) -> None:
-        """``max-dispatches`` or ``idle-timeout``: drain, once."""
+        """``max-dispatches``, ``idle-timeout`` or ``asked`` (the orchestrator, for
+        ``swamp worker drain`` or the web pages): drain, once."""
         self.stage, action = on_trigger(self.stage)
         if action is Action.DRAIN:
             await self._start(reason)

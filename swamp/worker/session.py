@@ -191,6 +191,9 @@ class Session:
     # -- dispatches -------------------------------------------------------------------------
 
     async def _handle(self, call: IncomingCall):
+        if call.method == "drain.ask":  # 'swamp worker drain' or the web pages: as SIGTERM
+            await self.drain.trigger("asked")  # begun and announced when this returns
+            return {"running": self.active}
         if call.method != "worker.dispatch":
             raise UnknownMethod(f"unknown method {call.method!r}")
         if self.enrollment is None:

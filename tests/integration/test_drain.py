@@ -2,6 +2,7 @@
 --max-dispatches and --idle-timeout, an ephemeral fleet, and the systemd unit (the README's
 Kubernetes and Compose files are test_readme.py's; their containers run in test_pyz.py)."""
 
+import json
 import os
 import re
 import shutil
@@ -119,6 +120,38 @@ def test_sigterm_finishes_the_running_step_and_takes_no_more(cluster):
     assert [w["name"] for w in listed] == ["o0", "o1"]
     for other in others:
         assert other.p.poll() is None
+
+
+def test_worker_drain_asks_a_worker_to_finish_its_step_and_leave(cluster):
+    """'swamp worker drain' does from wherever the CLI reaches the orchestrator what SIGTERM
+    does on the worker's machine: no new step, the running one finished, exit 0."""
+    cluster.serve("--grace-window", "60s")
+    drained = cluster.worker(cluster.mint("d1"), "--label", "pool=x")
+    other = cluster.worker(cluster.mint("o1"), "--label", "pool=x")
+    release = cluster.tmp / "release"
+    step = _run(cluster, "command/shell", "run", "--arg", _held(release), "--target", "d1")
+    drained.wait_for(lambda e: e.get("event") == "dispatch_started")
+    asked = cluster.cli("worker", "drain", "d1", "--json")  # through the repo's serve
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout) == {"name": "d1", "running": 1, "already": False}
+    draining = drained.wait_for(lambda e: e.get("event") == "draining")
+    assert draining["reason"] == "asked" and draining["running"] == 1
+    # the pool says so as soon as the command has answered
+    listed = cluster.cli_json("worker", "list", "--server", cluster.url)["workers"]
+    assert {w["name"]: w["status"] for w in listed}["d1"] == "draining"
+    again = cluster.cli("worker", "drain", "d1", "--server", cluster.url)
+    assert again.returncode == 0 and "draining already" in again.stdout, again.stderr
+    # a step for the pool goes to the other worker now
+    more = _run(cluster, "command/shell", "run", "--arg", "command=true", "--label", "pool=x")
+    assert more.wait_exit(timeout=60) == 0 and _result(more)["result"]["worker"] == "o1"
+    assert step.p.poll() is None  # still running: a drain finishes what runs
+    release.touch()
+    assert drained.wait_exit(timeout=60) == 0
+    assert step.wait_exit() == 0 and _result(step)["result"]["status"] == "succeeded"
+    missing = cluster.cli("worker", "drain", "nobody", "--server", cluster.url)
+    assert missing.returncode != 0 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "no connected worker named 'nobody'" in missing.stderr
+    assert other.p.poll() is None
 
 
 def test_a_second_sigterm_stops_the_step_and_exits_with_the_forced_code(cluster):

@@ -72,6 +72,7 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
     tokens = _tokens(cluster)
     victim = cluster.mint("victim")
     assert victim
+    drainee = cluster.worker(cluster.mint("drainee"))  # asked to drain by the admin token
     assert cluster.cli("workflow", "create", "hello").returncode == 0
     (cluster.repo / "workflows" / "sleeper.toml").write_text(textwrap.dedent(SLEEPER))
     ran = cluster.cli("workflow", "run", "hello", "--json")
@@ -87,6 +88,10 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
     def token_state(name: str) -> str | None:
         listed = cluster.cli_json("worker", "token", "list")
         return next((t["state"] for t in listed if t["name"] == name), None)
+
+    def drainee_status() -> str | None:
+        listed = cluster.cli_json("worker", "list")["workers"]
+        return next((w["status"] for w in listed if w["name"] == "drainee"), None)
 
     def sleeper_status() -> str:
         return cluster.cli_json("workflow", "history", "get", sleeper["runId"])["run"]["status"]
@@ -110,7 +115,8 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
             lambda: token_state("minted"),
         ),
         "worker.token.revoke": ({"name": "victim"}, lambda: token_state("victim")),
-        "worker.verify": ({}, None),  # no worker: nothing to probe, but admin all the same
+        "worker.verify": ({}, None),  # the drainee is gone by then: admin all the same
+        "worker.drain.ask": ({"name": "drainee"}, drainee_status),
         "model.method.run": (
             {"model": "command/shell", "method": "run", "args": {"command": f"touch {touched}"}},
             touched.exists,
@@ -133,6 +139,7 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
             if probe is not None and held is Scope.ADMIN:
                 assert probe() != before, f"{verb} with admin changed nothing"
     assert running.wait_exit() == 1  # its run was cancelled, by the admin token only
+    assert drainee.wait_exit() == 0  # it drained, asked by the admin token only
     assert "Traceback" not in serve.log.read_text()
 
 

@@ -180,3 +180,44 @@ def test_a_web_session_ends_when_the_token_that_opened_it_is_revoked(cluster):
     finally:
         for http in sessions.values():
             http.close()
+
+
+def _session(base: str, http: httpx.Client, token: str) -> str:
+    """Log ``http`` in with a server token; the page's CSRF token."""
+    opened = http.post(
+        "/ui/login", headers={"origin": base}, data={"token": token}, follow_redirects=False
+    )
+    assert opened.status_code == 303, opened.text
+    http.cookies.set("swamp_ui", opened.cookies["swamp_ui"])
+    found = re.search(r'name="csrf" value="([^"]+)"', http.get("/ui/").text)
+    assert found
+    return found.group(1)
+
+
+def test_a_worker_is_drained_from_its_page_by_an_admin_session_only(cluster):
+    reader = cluster.cli_json("server", "token", "create", "look", "--scope", "read")["token"]
+    admin = cluster.cli_json("server", "token", "create", "ops", "--scope", "admin")["token"]
+    cluster.serve()
+    drained = cluster.worker(cluster.mint("w1"))
+    base = cluster.url.replace("ws://", "http://")
+    with (
+        httpx.Client(base_url=base, timeout=30) as look,
+        httpx.Client(base_url=base, timeout=30) as ops,
+    ):
+        read_csrf, csrf = _session(base, look, reader), _session(base, ops, admin)
+        assert "/ui/workers/w1/drain" not in look.get("/ui/workers/w1").text  # no button
+        refused = look.post(
+            "/ui/workers/w1/drain", headers={"origin": base}, data={"csrf": read_csrf}
+        )
+        assert refused.status_code == 403
+        assert drained.p.poll() is None  # the read session's POST changed nothing
+        assert "/ui/workers/w1/drain" in ops.get("/ui/workers/w1").text
+        done = ops.post(
+            "/ui/workers/w1/drain",
+            headers={"origin": base},
+            data={"csrf": csrf},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303, done.text
+    assert drained.wait_exit() == 0
+    assert any(e.get("event") == "draining" and e["reason"] == "asked" for e in drained.events())

@@ -19,7 +19,14 @@ from swamp.store.datastore import Datastore, Key, SpecPolicy
 HTTP = {"GET /metrics", "GET /health (details)", "GET /swamp.pyz (private downloads)"}
 #: admin frames the orchestrator serves besides the admin API's operations
 EXTRA_FRAMES = {"server.info", "ui.login"}
-WORKER_FRAMES = {"worker.enroll", "worker.dispatch", "capability.queryData", "worker.drain"}
+#: frames of the worker protocol, either way (drain.ask: the orchestrator to a worker)
+WORKER_FRAMES = {
+    "worker.enroll",
+    "worker.dispatch",
+    "capability.queryData",
+    "worker.drain",
+    "drain.ask",
+}
 
 
 def test_every_admin_verb_has_a_scope_and_nothing_else_does():
@@ -39,7 +46,7 @@ def test_every_operation_of_the_admin_api_is_a_frame():
 
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_what_runs_mints_revokes_or_cancels_needs_admin(verb):
-    changes = ("create", "revoke", "run", "cancel", "verify")
+    changes = ("create", "revoke", "run", "cancel", "verify", "drain")
     if any(word in verb.split(".") for word in changes):
         assert VERBS[verb] is Scope.ADMIN
     elif verb in HTTP:
