@@ -76,7 +76,8 @@ class App:
             if reason is not None:
                 client = scope.get("client") or ("?", 0)
                 log.warning("refused a %s request from %s: %s", kind, client[0], printable(reason))
-                await _refuse(kind, receive, send, reason)
+                page = kind == "http" and is_page(scope["path"])
+                await _refuse(kind, receive, send, reason, page=page)
                 return
         if kind == "http":
             await self.dataplane(scope, receive, send)
@@ -144,9 +145,21 @@ def _refusal(reason: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     return body, [(b"content-type", b"application/json")]
 
 
-async def _refuse(kind: str, receive, send, reason: str) -> None:
+#: a refusal of a web page's request is a browser's to show: nothing in it may run, be framed,
+#: be sniffed as another type or be kept (the pages' own answers say the same, swamp.ui.routes)
+PAGE_REFUSAL_HEADERS = [
+    (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-store"),
+]
+
+
+async def _refuse(kind: str, receive, send, reason: str, *, page: bool = False) -> None:
     body, content_type = _refusal(reason)
     headers = [*content_type, (b"content-length", str(len(body)).encode())]
+    if page:
+        headers += PAGE_REFUSAL_HEADERS
     if kind == "http":
         await send({"type": "http.response.start", "status": 403, "headers": headers})
         await send({"type": "http.response.body", "body": body})

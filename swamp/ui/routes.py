@@ -267,6 +267,8 @@ class Pages:
         token = form.get("token", "").strip()
         identity = self.auth.identify(f"Bearer {token}" if token else None)
         if isinstance(identity, Unauthorized):
+            client = scope.get("client") or ("?", 0)
+            log.warning("refused a web login from %s: %s", client[0], identity.message)
             await self._login_page(send, "that token was not accepted", status=401)
             return
         session_id, opened = self.logins.open(identity.describe(), identity.scope, identity)

@@ -14,9 +14,10 @@ id or a token.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +25,12 @@ from typing import Any
 from swamp.domain.scopes import Scope
 from swamp.errors import Unauthorized
 
+log = logging.getLogger("swamp.ui")
 CODE_SECONDS = 60.0  # a login link is good for about a minute
 SESSION_SECONDS = 12 * 3600.0  # a working day; then 'swamp ui' again
 MAX_CODES = 32  # links issued and not yet used (more: the oldest goes)
-MAX_SESSIONS = 256  # sessions at once (more: the oldest goes)
+MAX_SESSIONS = 256  # sessions at once (more: the oldest of whoever holds the most goes)
+MAX_EACH = 16  # sessions, and codes, of one credential (more: its own oldest goes)
 
 
 def _digest(text: str) -> bytes:
@@ -74,6 +77,7 @@ class Logins:
         session_seconds: float = SESSION_SECONDS,
         max_codes: int = MAX_CODES,
         max_sessions: int = MAX_SESSIONS,
+        max_each: int = MAX_EACH,
     ) -> None:
         self.clock = clock
         self.secret = secret
@@ -81,6 +85,7 @@ class Logins:
         self.session_seconds = session_seconds
         self.max_codes = max_codes
         self.max_sessions = max_sessions
+        self.max_each = max_each
         self._codes: OrderedDict[bytes, _Code] = OrderedDict()
         self._sessions: OrderedDict[bytes, Session] = OrderedDict()
 
@@ -93,8 +98,7 @@ class Logins:
         if not scope.covers(Scope.READ):
             raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
         self._prune()
-        while len(self._codes) >= self.max_codes:
-            self._codes.popitem(last=False)
+        self._make_room(self._codes, who, self.max_codes, "login link")
         code = self.secret()
         self._codes[_digest(code)] = _Code(who, scope, self.clock() + self.code_seconds, holder)
         return code
@@ -115,8 +119,7 @@ class Logins:
         if not scope.covers(Scope.READ):
             raise Unauthorized(f"{who} has the {scope.value} scope: the pages need read or admin")
         self._prune()
-        while len(self._sessions) >= self.max_sessions:
-            self._sessions.popitem(last=False)
+        self._make_room(self._sessions, who, self.max_sessions, "session")
         session_id = self.secret()
         session = Session(
             who, scope, self.secret(), self.clock() + self.session_seconds, holder=holder
@@ -155,6 +158,20 @@ class Logins:
                     valid = verdicts[id(held.holder)] = still_valid(held.holder)
                 if not valid:
                     del table[key]
+
+    def _make_room(self, table: OrderedDict[bytes, Any], who: str, most: int, what: str) -> None:
+        """Room for one more of ``who``'s: past :data:`MAX_EACH` its own oldest goes; past
+        ``most`` in all, the oldest of whoever holds the most — so one credential opening
+        sessions by the hundred never ends another's (a read token once ended an admin's)."""
+        mine = [key for key, held in table.items() if held.who == who]
+        if len(mine) >= self.max_each:
+            del table[mine[0]]
+            log.info("the oldest web %s of %s ended: it has %d", what, who, self.max_each)
+        if len(table) >= most:
+            counts = Counter(held.who for held in table.values())
+            greediest = max(counts, key=lambda name: counts[name])
+            del table[next(key for key, held in table.items() if held.who == greediest)]
+            log.info("the oldest web %s of %s ended: %d are open in all", what, greediest, most)
 
     def _prune(self) -> None:
         now = self.clock()

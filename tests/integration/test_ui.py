@@ -147,6 +147,9 @@ def test_the_pages_refuse_without_a_session_a_csrf_token_or_their_origin(cluster
         assert no_token.status_code == 403 and "CSRF" in no_token.text
         foreign = http.post(action, headers={"origin": "http://evil.example"}, data={"csrf": csrf})
         assert foreign.status_code == 403
+        # refused before the pages: still nothing a browser may run, frame or keep
+        assert "default-src 'none'" in foreign.headers["content-security-policy"]
+        assert foreign.headers["cache-control"] == "no-store"
         # the same POST from the pages themselves gets past both (no such run: 404)
         own = http.post(action, headers={"origin": base}, data={"csrf": csrf})
         assert own.status_code == 404

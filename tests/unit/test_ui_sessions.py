@@ -66,6 +66,19 @@ def test_codes_and_sessions_end_with_the_credential_that_opened_them():
     assert sorted(map(id, asked)) == sorted(map(id, [ops, other]))  # one question a holder
 
 
+def test_one_credential_opening_sessions_by_the_hundred_never_ends_anothers():
+    """Found in review: 256 logins with a read token ended an admin's session (the oldest
+    went, whoever's it was). Now a credential's own oldest goes first."""
+    book, _ = logins(max_sessions=8, max_each=3)
+    admin_id, _ = book.open("local", Scope.ADMIN)
+    flood = [book.open("server token 'look'", Scope.READ)[0] for _ in range(300)]
+    assert book.session(admin_id) is not None
+    assert [book.session(i) is not None for i in flood[-4:]] == [False, True, True, True]
+    others = [book.open(f"server token 't{n}'", Scope.READ)[0] for n in range(6)]
+    # past the cap in all, the oldest of whoever holds the most goes: never the admin's one
+    assert book.session(admin_id) is not None and book.session(others[-1]) is not None
+
+
 def test_codes_are_bounded():
     held, _ = logins(max_codes=2)
     codes = [held.issue("local", Scope.ADMIN) for _ in range(3)]
