@@ -228,7 +228,16 @@ class RunBook:
         """A run's header (its steps not read) by its id or an unambiguous prefix of it."""
         if len(ref) < 4:
             raise UserError(f"a run id prefix needs at least 4 characters, got {ref!r}")
-        found = [h for h in self.headers() if h["runId"].startswith(ref)]
+        # a range of the key in each workflow's runs: the matches are read, not every run
+        # (a page of a run, its cancel, the web pages' run page at a week of runs)
+        found = [
+            header
+            for workflow in self.store.model_names(TYPE)
+            for header in decoded(
+                self.store.latest_with_prefix(TYPE, workflow, f"run-{ref}"), _RUN_FIELDS
+            )
+            if header["runId"].startswith(ref)
+        ]
         if not found:
             raise NotFound(f"no workflow run {ref!r}: see 'swamp workflow history'")
         if len(found) > 1:

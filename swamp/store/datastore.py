@@ -516,6 +516,16 @@ class Datastore:
             params.append(model_name)
         return self._latest(where, params)
 
+    def model_names(self, model_type: str) -> list[str]:
+        """The instances of a model type that have data (read from the primary key's index,
+        no record decoded)."""
+        with self._sql("reading the datastore"):
+            rows = self.db.execute(
+                "SELECT DISTINCT model_name FROM data WHERE model_type = ? ORDER BY model_name",
+                (model_type,),
+            ).fetchall()
+        return [row[0] for row in rows]
+
     def latest_with_prefix(self, model_type: str, model_name: str, prefix: str) -> list[Record]:
         """The latest version of each item of one instance whose name starts with ``prefix``:
         a range of the primary key, so its cost follows the matches, not the instance's size."""

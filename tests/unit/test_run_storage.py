@@ -4,6 +4,7 @@ reconciled and collected with their steps."""
 
 import json
 
+import pytest
 import trio
 import trio.testing
 
@@ -18,7 +19,7 @@ from swamp.bookkeeping.workflow_runs import (
     step_key,
 )
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
-from swamp.errors import QueueTimeout
+from swamp.errors import NotFound, QueueTimeout, UserError
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.store.datastore import Datastore
@@ -556,3 +557,31 @@ async def test_a_run_of_more_steps_than_its_places_number_fails_the_job(tmp_path
         said = "job 'fan' would number the run's steps to 12; a run numbers at most 10"
         assert job["error"] == f"{said} (split the work between runs)"
         assert rig.fleet.dispatches == []
+
+
+def test_a_run_is_found_by_its_id_without_reading_every_run(tmp_path):
+    """Found in review: finding a run by its id (a page of it, its cancel, the web pages'
+    run page) decoded every run header in the repo, on the event loop — a third of a second
+    at a week of runs. Now each workflow's runs are read as a range of the key."""
+    store = Datastore(tmp_path / "data.db")
+    try:
+        for n in range(30):
+            _writer(store, _run(1, run_id=f"{n:02d}aa{n:08d}"))
+        for twin in ("cafe00000001", "cafe00000002"):
+            _writer(store, _run(1, run_id=twin))
+        other = _run(1, run_id="99bb00000000")
+        other.workflow = "release"
+        _writer(store, other)
+        book = RunBook(store)
+        calls = []
+        every = store.latest_of_type
+        store.latest_of_type = lambda *a, **k: calls.append(a) or every(*a, **k)  # type: ignore[method-assign]
+        assert book.header("07aa")["runId"] == "07aa00000007"
+        assert book.header("99bb")["workflow"] == "release"  # any workflow's runs
+        with pytest.raises(UserError, match="ambiguous"):
+            book.header("cafe")
+        with pytest.raises(NotFound):
+            book.header("dead")
+        assert calls == []  # no run read but the matches
+    finally:
+        store.close()
