@@ -53,6 +53,8 @@ def store_bytes(repo: Path) -> dict:
 class Member:
     """One lightweight worker: its socket, and the heartbeat the orchestrator asked for."""
 
+    prefix = "fleet-bench"  # its machine id: PREFIX-INDEX
+
     def __init__(self, url: str, token: str, index: int) -> None:
         self.url = url
         self.token = token
@@ -61,8 +63,11 @@ class Member:
         self.heartbeat = 5.0
         self.error: str | None = None
 
+    def labels(self) -> dict[str, str]:
+        return {}
+
     async def run(self, stop: trio.Event) -> None:
-        enroll = enroll_params(self.token, f"fleet-bench-{self.index}")
+        enroll = enroll_params(self.token, f"{self.prefix}-{self.index}", self.labels())
         try:
             async with open_websocket_url(self.url, message_queue_size=4) as ws:
                 frame = {"type": "request", "id": "1", "method": "worker.enroll"}

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import httpx
 import trio
-from benchkit import cpu_seconds, enroll_params, percentile, scratch
+from benchkit import cpu_seconds, percentile, scratch
 from fleet import Member
-from trio_websocket import ConnectionClosed, open_websocket_url
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all, swamp_argv
@@ -42,31 +41,13 @@ from swamp.repo import Repo
 
 
 class Labelled(Member):
-    """A bench worker with a zone label (the filter has something to select): enrolls as
-    ``bench/fleet.py``'s does, then beats and reads the same way."""
+    """A bench worker with a zone label (the filter has something to select): enrolls,
+    beats and reads as ``bench/fleet.py``'s does."""
 
-    async def run(self, stop: trio.Event) -> None:
-        labels = {"zone": "a" if self.index % 2 else "b"}
-        enroll = enroll_params(self.token, f"ui-bench-{self.index}", labels)
-        try:
-            async with open_websocket_url(self.url, message_queue_size=4) as ws:
-                frame = {"type": "request", "id": "1", "method": "worker.enroll"}
-                await ws.send_message(json.dumps({**frame, "params": enroll}))
-                reply = json.loads(await ws.get_message())
-                if reply.get("type") != "response":
-                    self.error = json.dumps(reply)[:300]
-                    self.enrolled.set()
-                    return
-                self.heartbeat = float(reply["result"].get("heartbeatSeconds") or 5.0)
-                self.enrolled.set()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._discard, ws)
-                    nursery.start_soon(self._beat, ws)
-                    await stop.wait()
-                    nursery.cancel_scope.cancel()
-        except (ConnectionClosed, OSError) as exc:
-            self.error = self.error or f"{type(exc).__name__}: {exc}"
-            self.enrolled.set()
+    prefix = "ui-bench"
+
+    def labels(self) -> dict[str, str]:
+        return {"zone": "a" if self.index % 2 else "b"}
 
 
 async def main(args) -> dict:
