@@ -35,6 +35,7 @@ from swamp.domain.queue import parse_queue_timeout, requirement_text
 from swamp.domain.run_record import Status, page
 from swamp.domain.scheduler import PoolIndex, Requirement, Slots
 from swamp.domain.scopes import parse_scope
+from swamp.domain.text import printable
 from swamp.domain.tokens import parse_max_enrollments
 from swamp.domain.workers import WorkerStatus, is_schedulable
 from swamp.domain.workflow import check_workflow_name, explicit
@@ -103,6 +104,7 @@ from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
 CANCEL_WAIT = 5.0  # seconds workflow cancel waits for the run to save its end
+MAX_STEP_REF = 512  # JOB.STEP of a step to cancel
 DRAIN_ASK_TIMEOUT = 30.0  # a worker answers once it has begun its drain and said so
 
 
@@ -460,6 +462,8 @@ class RepoAdmin:
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
+        if request.step is not None:
+            return await self._cancel_step(run_id, request.step, reason)
         ended = self.engine.ending(run_id)
         if ended is None or not self.engine.cancel(run_id, reason):
             raise Conflict(
@@ -469,6 +473,22 @@ class RepoAdmin:
         with trio.move_on_after(CANCEL_WAIT):  # it saves itself cancelled as it unwinds
             await ended.wait()
         return _paged(*RunBook(self.store).page(run_id, 0))  # a page: the header and a range
+
+    async def _cancel_step(self, run_id: str, step: str, reason: str) -> WorkflowRunReply:
+        """One running step of a live run: it ends failed with ``reason``, the run goes on."""
+        if not isinstance(step, str) or "." not in step or len(step) > MAX_STEP_REF:
+            raise UserError(
+                f"a step is JOB.STEP (as 'workflow history get' lists it), got {step!r}"
+            )
+        saved = self.engine.cancel_step(run_id, step, reason)
+        if saved is None:
+            raise Conflict(
+                f"step {printable(step)} of workflow run {run_id[:12]} is not running in this "
+                "orchestrator (see 'swamp workflow history get')"
+            )
+        with trio.move_on_after(CANCEL_WAIT):  # it saves itself ended as it unwinds
+            await saved.wait()
+        return _paged(*RunBook(self.store).page(run_id, 0))
 
     # -- step logs -------------------------------------------------------------------------------
 

@@ -652,18 +652,43 @@ def _history_get_with_logs(run_id: str, route: Route, json_output: bool) -> None
 def cancel(
     run_id: str = typer.Argument(..., metavar="RUN", help="A run id, or a unique prefix."),
     reason: str = typer.Option(None, "--reason", help="Recorded with the run."),
+    step: str = typer.Option(
+        None,
+        "--step",
+        metavar="JOB.STEP",
+        help="Cancel only this running step (as 'workflow history get' names it).",
+    ),
     route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
     """Cancel a run in the orchestrator that runs it: its running steps are cancelled on their
-    workers, its queued steps leave the queue, the run is recorded cancelled."""
+    workers, its queued steps leave the queue, the run is recorded cancelled.
+
+    With --step JOB.STEP only that step is cancelled (on its worker, or out of the queue): it
+    ends failed with the reason, its dependants follow their conditions as after any failure
+    (a step that runs when another fails runs), and the run goes on.
+
+    Exit status: 0 cancelled; 1 no such run or step running in this orchestrator."""
     from swamp.protocol.messages import RunRef
 
     async def cancel_run(api) -> dict:
-        return await whole_run(api, await api.workflow_cancel(RunRef(run=run_id, reason=reason)))
+        request = RunRef(run=run_id, reason=reason, step=step)
+        return await whole_run(api, await api.workflow_cancel(request))
 
     run = with_admin(cancel_run, route, prefer_server=True)
     if json_output:
         emit_json({"run": run})
+    elif step is not None:
+        ended = _step_of(run, step)
+        print(f"run {run['runId'][:12]} step {step}: {ended or 'cancelled'} ({run['status']})")
     else:
         print(f"run {run['runId'][:12]}: {run['status']}")
+
+
+def _step_of(run: dict, ref: str) -> str | None:
+    """The status ``run`` records for its step ``JOB.STEP``."""
+    for job in run.get("jobs") or []:
+        for entry in job.get("steps") or []:
+            if f"{job.get('name')}.{entry.get('name')}" == ref:
+                return str(entry.get("status"))
+    return None

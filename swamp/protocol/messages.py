@@ -380,11 +380,13 @@ class WorkflowRunRequest(Message):
 @dataclass(frozen=True)
 class RunRef(Message):
     """A workflow run by its id (or a unique prefix of it); with ``offset``, its steps from
-    that one on (the next page of a run larger than one frame holds)."""
+    that one on (the next page of a run larger than one frame holds); with ``step``
+    (``JOB.STEP``), one running step of it (``workflow cancel --step``)."""
 
     run: str
     reason: str | None = None
     offset: int | None = None
+    step: str | None = None
 
 
 @dataclass(frozen=True)

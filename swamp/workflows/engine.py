@@ -157,6 +157,7 @@ class Engine:
         self.clock = clock
         self.max_fan_out = max_fan_out  # serve's --max-fan-out
         self.live: dict[str, trio.CancelScope] = {}  # run id → its scope (for workflow cancel)
+        self.running: dict[str, _Run] = {}  # run id → the run (to cancel one of its steps)
         self.cancel_reasons: dict[str, str] = {}
         self.ended: dict[str, trio.Event] = {}  # run id → set once its end is saved
 
@@ -172,6 +173,13 @@ class Engine:
         self.cancel_reasons[run_id] = reason
         scope.cancel()
         return True
+
+    def cancel_step(self, run_id: str, step: str, reason: str) -> trio.Event | None:
+        """Cancel the running step ``JOB.STEP`` of a live run: it ends failed with ``reason``
+        (its dependants follow their conditions, as after any failure); the run goes on. The
+        event is set once its end is saved; ``None``: no such step is running here."""
+        run = self.running.get(run_id)
+        return run.cancel_step(step, reason) if run is not None else None
 
     async def run(
         self,
@@ -191,6 +199,7 @@ class Engine:
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
         self.ended[run.id] = trio.Event()
+        self.running[run.id] = run
         try:
             with scope:
                 await run.execute()
@@ -205,6 +214,7 @@ class Engine:
             raise
         finally:
             self.live.pop(run.id, None)
+            self.running.pop(run.id, None)
             self.ended.pop(run.id).set()
         return run.record
 
@@ -253,6 +263,17 @@ class _Run:
         # a forEach step whose workers never came: an expansion waited its whole queue
         # timeout with no matching worker connected; its unfed expansions fail with this
         self.no_workers: dict[tuple[str, str], str] = {}  # (job, step) → why
+        # each running step's scope and, once cancelled, why (workflow cancel --step)
+        self.step_scopes: dict[str, trio.CancelScope] = {}
+        self.step_cancels: dict[str, tuple[str, trio.Event]] = {}
+
+    def cancel_step(self, place: str, reason: str) -> trio.Event | None:
+        scope = self.step_scopes.get(place)
+        if scope is None:
+            return None
+        cancelled = self.step_cancels.setdefault(place, (reason, trio.Event()))
+        scope.cancel()
+        return cancelled[1]
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -666,19 +687,32 @@ class _Run:
         record.status, record.started_at = Status.RUNNING, self.now()
         self.changed(record)
         await self.emit(StepEvent("started", job.name, name, self.id))
+        place = f"{job.name}.{name}"
+        status, error = Status.FAILED, None
+        self.step_scopes[place] = scope = trio.CancelScope()
         try:
-            if step.task.kind == "workflow":
-                status, error = await self.run_child(job, step, name, context, record)
-            else:
-                fields = step.placement.under(job_placement)
-                status, error = await self.run_method(
-                    job, step, name, context, record, fields, group
-                )
-        except SwampError as exc:  # the step fails with the reason; its siblings run on
-            status, error = Status.FAILED, exc.message
+            with scope:
+                try:
+                    if step.task.kind == "workflow":
+                        status, error = await self.run_child(job, step, name, context, record)
+                    else:
+                        fields = step.placement.under(job_placement)
+                        status, error = await self.run_method(
+                            job, step, name, context, record, fields, group
+                        )
+                except SwampError as exc:  # the step fails with the reason; its siblings run on
+                    status, error = Status.FAILED, exc.message
+        finally:
+            del self.step_scopes[place]
+        cancelled = self.step_cancels.pop(place, None)
+        if scope.cancelled_caught and cancelled is not None:  # on its own, not with the run
+            status, error = Status.FAILED, cancelled[0]
         if status == Status.FAILED and step.allow_failure:
             record.allowed_failure = True
         await self.finish(job, name, record, status, error=error)
+        if cancelled is not None:  # who cancelled it reads it ended
+            await self.save()
+            cancelled[1].set()
 
     async def run_method(
         self,

@@ -260,6 +260,58 @@ def test_a_run_with_an_empty_fan_out_and_a_running_step_is_cancelled(cluster):
     assert (summary["status"], summary["steps"], summary["succeeded"]) == ("cancelled", 3, 0)
 
 
+ONE_STEP_CANCELLED = """\
+    name = "one-step-cancelled"
+    [[jobs]]
+    name = "main"
+    [[jobs.steps]]
+    name = "wait"
+    target = "w1"
+    [jobs.steps.task]
+    type = "model_method"
+    modelIdOrName = "test/steps"
+    methodName = "wait"
+    inputs = { seconds = 60 }
+    [[jobs.steps]]
+    name = "cleanup"
+    dependsOn = [{ step = "wait", condition = { type = "failed" } }]
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_one_running_step_is_cancelled_and_the_run_goes_on(cluster):
+    """``workflow cancel --step``: the step stops on its worker and ends failed with the
+    reason; the step that runs when it fails runs; the run ends as a failure ends it."""
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    _write(cluster, "one-step-cancelled", ONE_STEP_CANCELLED)
+    running = cluster.spawn(
+        "workflow", "run", "one-step-cancelled", "--json", "--server", cluster.url
+    )
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    run_id = started["runId"]
+    refused = cluster.cli("workflow", "cancel", run_id[:8], "--step", "main.cleanup")
+    assert refused.returncode == 1 and "is not running" in refused.stderr
+    one = cluster.cli("workflow", "cancel", run_id[:8], "--step", "main.wait", "--reason", "stuck")
+    assert one.returncode == 0, one.stderr
+    assert "step main.wait: failed (running)" in one.stdout
+    assert running.wait_exit() == 1
+    run = cluster.cli_json("workflow", "history", "get", run_id)["run"]
+    steps = _steps(run)
+    assert (steps["main.wait"]["status"], steps["main.wait"]["error"]) == ("failed", "stuck")
+    assert steps["main.cleanup"]["status"] == "succeeded"
+    assert run["status"] == "failed"
+    wait_until(
+        lambda: (
+            [
+                r["attributes"]["state"] for r in cluster.query('modelType == "swamp/step-lease"')
+            ].count("cancelled")
+            == 1
+        ),
+        what="the step's lease to end cancelled on its worker",
+    )
+
+
 TASK = 'task = { type = "model_method", modelIdOrName = "command/shell", methodName = "run", inputs = { command = "true" } }'  # noqa: E501
 BROKEN = {
     "cycle": (
