@@ -177,6 +177,27 @@ class RunWriter:
         return len(places)
 
 
+def summary(header: dict) -> dict:
+    """What ``workflow history`` lists of a run, from its header (its steps counted there)."""
+    counts = step_counts(header)
+    return {
+        "runId": header["runId"],
+        "workflow": header["workflow"],
+        "status": str(header["status"]),
+        "startedAt": header["startedAt"],
+        "endedAt": header.get("endedAt"),
+        "error": header.get("error"),
+        "steps": sum(counts.values()),
+        "succeeded": counts.get(Status.SUCCEEDED.value, 0),
+    }
+
+
+def headers_of(records: list[Record]) -> list[dict]:
+    """The run headers among ``records`` (read by a query of :data:`TYPE`), in their order;
+    malformed ones skipped and logged."""
+    return list(decoded(records, _RUN_FIELDS))
+
+
 class RunBook:
     def __init__(self, store: Datastore, *, clock=time.time) -> None:
         self.store = store
@@ -195,22 +216,7 @@ class RunBook:
 
     def summaries(self, workflow: str | None = None) -> list[dict]:
         """What ``workflow history`` lists of each run, newest first, from the headers alone."""
-        out = []
-        for header in self.headers(workflow):
-            counts = step_counts(header)
-            out.append(
-                {
-                    "runId": header["runId"],
-                    "workflow": header["workflow"],
-                    "status": str(header["status"]),
-                    "startedAt": header["startedAt"],
-                    "endedAt": header.get("endedAt"),
-                    "error": header.get("error"),
-                    "steps": sum(counts.values()),
-                    "succeeded": counts.get(Status.SUCCEEDED.value, 0),
-                }
-            )
-        return out
+        return [summary(header) for header in self.headers(workflow)]
 
     def get(self, ref: str) -> RunRecord:
         """A run by its id or an unambiguous prefix of it (at least 4 characters), every job

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swamp.cli.common import JSON, ROUTE, Route, command, emit_json, run_async
 
 LOGIN_TIMEOUT = 30
+REDIRECT_PREFIX = "swamp-ui-"  # the files that hand the browser its link
+REDIRECT_KEEP = 600  # seconds: older ones are removed (their links expired long before)
 
 
 @command
@@ -46,7 +50,11 @@ def ui(
 def _open(url: str) -> bool:
     """Open ``url`` in a graphical browser (``$BROWSER`` if set). Not on a Linux session
     without a display (ssh): there Python would start a console browser in this terminal,
-    which cannot run the pages' script; the link is printed instead."""
+    which cannot run the pages' script; the link is printed instead.
+
+    The browser is given a file that leads to the link, not the link: a program's arguments
+    are visible to every user of the machine (``ps``), a file made for this user only is not.
+    Such files left by earlier runs (their links long expired) are removed."""
     import os
     import sys
     import webbrowser
@@ -54,7 +62,36 @@ def _open(url: str) -> bool:
     graphical = sys.platform in ("darwin", "win32") or any(
         os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")
     )
-    return graphical and webbrowser.open(url)
+    if not graphical:
+        return False
+    return webbrowser.open(_redirect_file(url).as_uri())
+
+
+def _redirect_file(url: str) -> Path:
+    """A page, readable by this user only, that sends the browser on to ``url``."""
+    import html
+    import os
+    import tempfile
+    import time
+
+    folder = Path(tempfile.gettempdir())
+    for old in folder.glob(f"{REDIRECT_PREFIX}*.html"):
+        try:
+            held = old.stat()
+            mine = not hasattr(os, "getuid") or held.st_uid == os.getuid()
+            if mine and held.st_mtime < time.time() - REDIRECT_KEEP:
+                old.unlink()
+        except OSError:
+            pass  # another user's, or gone already
+    handle, name = tempfile.mkstemp(prefix=REDIRECT_PREFIX, suffix=".html")  # mode 0600
+    target = html.escape(url, quote=True)
+    with open(handle, "w", encoding="utf-8") as out:
+        out.write(
+            '<!doctype html><meta charset="utf-8">'
+            f'<meta http-equiv="refresh" content="0; url={target}">'
+            f'<title>swamp ui</title><p><a href="{target}">Open the fleet\'s pages</a></p>'
+        )
+    return Path(name)
 
 
 async def _login_url(route: Route) -> str:

@@ -70,7 +70,7 @@ from swamp.store.reader import Reader
 from swamp.store.step_logs import SqliteLogStore
 from swamp.tls.authority import ServerTls
 from swamp.ui.live import Live
-from swamp.ui.routes import Pages
+from swamp.ui.routes import Pages, cookie_name
 from swamp.ui.sessions import Logins
 from swamp.ui.views import Sources
 
@@ -212,7 +212,9 @@ def compose(
         verify_on_enroll=settings.verify_on_enroll,
     )
     tokens = TokenBook(store)
-    logins = Logins()  # the web pages' login codes and sessions (in memory only)
+    # the web pages' login codes and sessions (in memory only); a session ended early ends the
+    # event streams of its open pages
+    logins = Logins(on_end=live.sessions_ended)
     live_tokens = LiveTokens(
         store,
         pool,
@@ -283,6 +285,7 @@ def compose(
         auth=auth,
         policy=policy,
         secure=settings.tls,
+        cookie=cookie_name(str(repo.db_path.resolve()), secure=settings.tls),
     )
     dataplane = DataPlane(
         dispatch,

@@ -161,6 +161,7 @@ class DispatchService:
         limit: int | None = None,
         scope: ReadScope | None = None,
         peer: object = None,
+        newest_first: bool = False,
     ) -> list[Record]:
         """A query for a peer (a running method's worker, ``peer``; or an operator): off the
         event loop when there is a reader, and within ``budget`` seconds either way. A store
@@ -176,9 +177,15 @@ class DispatchService:
                 limit=limit,
                 scope=scope,
                 peer=peer,
+                newest_first=newest_first,
             )
         return self.store.query(
-            predicate, budget=budget, all_versions=all_versions, limit=limit, scope=scope
+            predicate,
+            budget=budget,
+            all_versions=all_versions,
+            limit=limit,
+            scope=scope,
+            newest_first=newest_first,
         )
 
     def prepare(self, request: RunRequest) -> Plan:

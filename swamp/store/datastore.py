@@ -312,9 +312,11 @@ def select(
     scope: ReadScope | None = None,
     budget: float | None = None,
     stop: threading.Event | None = None,
+    newest_first: bool = False,
 ) -> list[Record]:
     """:meth:`Datastore.query` on a connection: any of the store's, or a reader's (from
-    another thread, which ``stop`` can end early)."""
+    another thread, which ``stop`` can end early). ``newest_first`` orders by when each was
+    written, the latest first (SQLite sorts; with ``limit`` only that many are decoded)."""
     clauses, params = [], []
     if scope is not None:
         clause, scope_params = _scope_sql(scope)
@@ -347,7 +349,11 @@ def select(
     try:
         cursor = db.execute(
             f"SELECT {_META_COLUMNS} FROM data d WHERE {where} "
-            "ORDER BY model_type, model_name, name, version",
+            + (
+                "ORDER BY created_epoch DESC"
+                if newest_first
+                else "ORDER BY model_type, model_name, name, version"
+            ),
             params,
         )
         try:
@@ -568,6 +574,7 @@ class Datastore:
         limit: int | None = None,
         scope: ReadScope | None = None,
         budget: float | None = None,
+        newest_first: bool = False,
     ) -> list[Record]:
         """Records matching a predicate; the latest version of each item unless ``all_versions``.
 
@@ -584,6 +591,7 @@ class Datastore:
                 limit=limit,
                 scope=scope,
                 budget=budget,
+                newest_first=newest_first,
             )
 
     def data_version(self) -> int:

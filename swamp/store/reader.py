@@ -66,12 +66,15 @@ class Reader:
         limit: int | None = None,
         scope: ReadScope | None = None,
         peer: object = None,
+        newest_first: bool = False,
     ) -> list[Record]:
         """The store's query, in a thread; the budget counts from when it starts running.
         ``peer`` (a worker) has one query at a time; ``None`` is an operator's. Cancelling the
         caller stops the thread's query at once."""
         if peer is None:
-            return await self._run(predicate, budget, all_versions, limit, scope, self._admin)
+            return await self._run(
+                predicate, budget, all_versions, limit, scope, newest_first, self._admin
+            )
         lock = self._peers.get(peer)
         if lock is None:
             lock = self._peers[peer] = trio.Lock()
@@ -79,7 +82,9 @@ class Reader:
             if not await _acquire_within(lock, budget):
                 raise self._busy()
             try:
-                return await self._run(predicate, budget, all_versions, limit, scope, self._limiter)
+                return await self._run(
+                    predicate, budget, all_versions, limit, scope, newest_first, self._limiter
+                )
             finally:
                 lock.release()
         finally:
@@ -100,6 +105,7 @@ class Reader:
         all_versions: bool,
         limit: int | None,
         scope: ReadScope | None,
+        newest_first: bool,
         threads: trio.CapacityLimiter,
     ) -> list[Record]:
 
@@ -115,6 +121,7 @@ class Reader:
                     scope=scope,
                     budget=budget,
                     stop=stop,
+                    newest_first=newest_first,
                 )
 
         self.queries += 1

@@ -8,16 +8,22 @@ any is parked; nothing is rendered on the dispatch path). Each open page holds o
 event and its script fetches the page's main part again; then the stream rests
 :data:`INTERVAL` seconds, so a page is told at most twice a second however busy the fleet —
 and an idle fleet sends nothing, with no timer running. Streams are bounded
-(:data:`MAX_VIEWERS`: past it a clear 503), hold no buffer of their own (an event is one small
-write) and a viewer that does not take a write within :data:`SEND_TIMEOUT` is dropped rather
-than holding anyone up.
+(:data:`MAX_VIEWERS` in all and :data:`MAX_PER_SESSION` for one session: past either a clear
+503), hold no buffer of their own (an event is one small write), and a viewer that does not
+take a write within :data:`SEND_TIMEOUT` is dropped rather than holding anyone up.
+
+A stream belongs to the session that opened it: it ends when that session does (logged out,
+its token revoked — :meth:`Live.sessions_ended` wakes every stream to look), and after
+:data:`MAX_LIFETIME` in any case (the browser opens it again, with its cookie checked anew).
+The topics' counters also tell the pages' render cache (:mod:`swamp.ui.rendered`) whether a
+page it holds is still what the page would show.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
@@ -25,16 +31,28 @@ log = logging.getLogger("swamp.ui")
 
 TOPICS = frozenset({"fleet", "queue", "runs", "logs"})
 MAX_VIEWERS = 64  # open pages at once, all sessions together
+MAX_PER_SESSION = 8  # open pages of one session: one browser cannot take every place
+MAX_LIFETIME = 600.0  # seconds a stream lasts; the browser reconnects (and is checked again)
 INTERVAL = 0.5  # seconds between two events to one page: at most 2 a second
 SEND_TIMEOUT = 5.0  # a viewer that takes no write for this long is dropped
 
 
 class Live:
-    def __init__(self, *, max_viewers: int = MAX_VIEWERS, interval: float = INTERVAL) -> None:
+    def __init__(
+        self,
+        *,
+        max_viewers: int = MAX_VIEWERS,
+        max_per_session: int = MAX_PER_SESSION,
+        interval: float = INTERVAL,
+        lifetime: float = MAX_LIFETIME,
+    ) -> None:
         self.max_viewers = max_viewers
+        self.max_per_session = max_per_session
         self.interval = interval
+        self.lifetime = lifetime
         self.generations: Counter[str] = Counter()
         self.viewers = 0
+        self._holders: Counter[object] = Counter()  # open streams by session
         self.sent = 0
         self.dropped = 0  # slow viewers let go
         self.refused = 0  # past max_viewers
@@ -47,14 +65,20 @@ class Live:
     # -- what the orchestrator tells (in the event: never waits) -------------------------------
 
     def changed(self, *topics: str) -> None:
-        if not self.viewers:
-            return  # nobody looks: a stream that opens later starts from what is then
-        for topic in topics:
+        for topic in topics:  # counted even unwatched: the render cache reads the counters
             self.generations[topic] += 1
         if self._parked:
-            self._parked = False
-            event, self._changed = self._changed, trio.Event()
-            event.set()
+            self._wake()
+
+    def sessions_ended(self) -> None:
+        """Sessions ended (``Logins``' hook): every stream looks whether its own still holds."""
+        if self._parked:
+            self._wake()
+
+    def _wake(self) -> None:
+        self._parked = False
+        event, self._changed = self._changed, trio.Event()
+        event.set()
 
     def member_changed(self, member: object) -> None:
         """The pool's watcher: a member, or one of its slots (the queue's free slots too)."""
@@ -78,16 +102,35 @@ class Live:
 
     # -- one open page ---------------------------------------------------------------------
 
-    def _version(self, topics: frozenset[str]) -> int:
+    def version(self, topics: Iterable[str]) -> int:
         return sum(self.generations[t] for t in topics)
 
-    async def stream(self, topics: frozenset[str], receive, send, headers: list) -> None:
-        """Serve one page's event stream until the browser goes away (or is too slow)."""
+    async def stream(
+        self,
+        topics: frozenset[str],
+        receive,
+        send,
+        headers: list,
+        *,
+        holder: object = None,
+        still_open: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """Serve one page's event stream until the browser goes away (or is too slow), its
+        session ends (``still_open`` says no) or :data:`MAX_LIFETIME` passes. ``holder`` is the
+        session: at most :data:`MAX_PER_SESSION` streams each."""
+        refusal = None
         if self.viewers >= self.max_viewers:
+            refusal = (
+                f"too many pages open ({self.max_viewers}): close some, or reload this one later"
+            )
+        elif self._holders[holder] >= self.max_per_session:
+            refusal = (
+                f"this session has {self.max_per_session} pages open already: close some, or "
+                "reload this one later"
+            )
+        if refusal is not None:
             self.refused += 1
-            body = (
-                f"too many pages open ({self.max_viewers}): close some, or reload this one later\n"
-            ).encode()
+            body = (refusal + "\n").encode()
             await send(
                 {
                     "type": "http.response.start",
@@ -103,15 +146,22 @@ class Live:
             await send({"type": "http.response.body", "body": body})
             return
         self.viewers += 1
+        self._holders[holder] += 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_gone, receive, nursery.cancel_scope)
-                await self._serve(topics, send, headers)
+                with trio.move_on_after(self.lifetime):
+                    await self._serve(topics, send, headers, still_open)
                 nursery.cancel_scope.cancel()
         finally:
             self.viewers -= 1
+            self._holders[holder] -= 1
+            if not self._holders[holder]:
+                del self._holders[holder]
 
-    async def _serve(self, topics: frozenset[str], send, headers: list) -> None:
+    async def _serve(
+        self, topics: frozenset[str], send, headers: list, still_open: Callable[[], bool]
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",
@@ -123,14 +173,16 @@ class Live:
                 ],
             }
         )
-        seen = self._version(topics)
+        seen = self.version(topics)
         if not await self._write(send, b"retry: 2000\n\n"):
             return
         while True:
-            while self._version(topics) == seen:
+            while self.version(topics) == seen and still_open():
                 self._parked = True
                 await self._changed.wait()
-            seen = self._version(topics)
+            if not still_open():
+                return  # the session ended: the browser's reconnect meets the login page
+            seen = self.version(topics)
             if not await self._write(send, b"event: changed\ndata: \n\n"):
                 return
             self.sent += 1

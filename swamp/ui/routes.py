@@ -13,19 +13,28 @@ Routes (``GET`` unless said)::
     /ui/workers/NAME          one worker
     /ui/runs, /ui/runs/ID     workflow runs; one run (?step=JOB.STEP: its output)
     /ui/events?topics=…       the page's event stream (swamp.ui.live)
-    /ui/login?code=…          a one-time login link (swamp ui): a session, then /ui/
-    POST /ui/login            the login form: a server token (read or admin scope)
+    /ui/login?code=…          a one-time login link (swamp ui): a page that says whom it logs
+                              in, whose button posts the code (a link alone changes nothing)
+    POST /ui/login            the code from that page, or a server token (read or admin
+                              scope) from the login form: a session, then /ui/
     POST /ui/logout           end the session
-    POST /ui/runs/ID/cancel   cancel a run (admin)
+    POST /ui/runs/ID/cancel   cancel a run, or one of its steps (``step=JOB.STEP``) (admin)
+    POST /ui/workers/NAME/drain  ask a worker to drain (admin)
     /ui/static/ui.css|ui.js   the style and the script
 
-Any page with ``?part=main`` answers its main part alone: what the script swaps in.
+Any page with ``?part=main`` answers its main part alone: what the script swaps in. The main
+parts are rendered once for every viewer of the same page (:mod:`swamp.ui.rendered`).
+
+The session cookie's name is the orchestrator's own (:func:`cookie_name`): cookies are kept per
+host, not per port, so two orchestrators on one machine would otherwise overwrite each other's.
+Under TLS it is a ``__Host-`` cookie (Secure, the whole host's path, no domain). When a browser
+sends the name more than once, the first that is an open session counts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from http.cookies import SimpleCookie
 from importlib import resources
 from urllib.parse import parse_qs
 
@@ -46,13 +55,13 @@ from swamp.errors import (
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.protocol.messages import RunRef, WorkerDrainRequest
 from swamp.ui import views
-from swamp.ui.html import page, path_part, text
+from swamp.ui.html import page, path_part, query, text
 from swamp.ui.live import TOPICS, Live
+from swamp.ui.rendered import Rendered
 from swamp.ui.sessions import Logins, Session
 
 log = logging.getLogger("swamp.ui")
 
-COOKIE = "swamp_ui"
 MAX_FORM = 8 * 1024  # a form's body: a token, a CSRF token, a reason
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -81,7 +90,20 @@ _STATUS = (
     (Conflict, 409),
 )
 #: which topics each page is kept live by
-PAGE_TOPICS = {"fleet": "fleet", "queue": "queue", "worker": "fleet logs", "runs": "runs"}
+PAGE_TOPICS = {
+    "fleet": "fleet",
+    "queue": "queue",
+    "worker": "fleet logs",
+    "runs": "runs",
+    "run": "runs logs",
+}
+
+
+def cookie_name(seed: str, *, secure: bool) -> str:
+    """The session cookie's name for the orchestrator ``seed`` names (its repo): its own, so
+    two on one host do not share one cookie; ``__Host-`` under TLS."""
+    tag = hashlib.sha256(seed.encode("utf-8", "replace")).hexdigest()[:10]
+    return f"{'__Host-' if secure else ''}swamp_ui_{tag}"
 
 
 def _headers(scope) -> dict[str, str]:
@@ -105,6 +127,7 @@ class Pages:
         auth: AdminAuth,
         policy: RequestPolicy,
         secure: bool = False,
+        cookie: str = "swamp_ui",
     ) -> None:
         self.sources = sources
         self.logins = logins
@@ -112,6 +135,8 @@ class Pages:
         self.auth = auth
         self.policy = policy
         self.secure = secure  # the orchestrator serves TLS: the cookie is Secure
+        self.cookie = cookie  # its name (cookie_name)
+        self.rendered = Rendered(live)
         self._static: dict[str, bytes] = {}
 
     def __repr__(self) -> str:
@@ -120,8 +145,8 @@ class Pages:
     async def __call__(self, scope, receive, send) -> None:
         session: Session | None = None
         try:
-            session = self.logins.session(_cookie(scope))
-            await self._route(scope, receive, send, session)
+            session_id, session = self._session(scope)
+            await self._route(scope, receive, send, session_id, session)
         except SwampError as exc:
             status = _status(exc)
             if status == 401:
@@ -132,7 +157,17 @@ class Pages:
 
     # -- routing ---------------------------------------------------------------------------
 
-    async def _route(self, scope, receive, send, session: Session | None) -> None:
+    def _session(self, scope) -> tuple[str | None, Session | None]:
+        """The request's session: the first of its cookies of our name that is open."""
+        for value in _cookies(scope, self.cookie):
+            session = self.logins.session(value)
+            if session is not None:
+                return value, session
+        return None, None
+
+    async def _route(
+        self, scope, receive, send, session_id: str | None, session: Session | None
+    ) -> None:
         method, path = scope["method"], scope["path"]
         params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if path == "/ui":
@@ -143,18 +178,19 @@ class Pages:
             return
         if path == "/ui/login":
             if method == "GET" and "code" in params:
-                session_id, opened = self.logins.redeem(params["code"][0])
-                log.info("a web session opened for %s (login link)", opened.who)
-                await self._redirect(send, "/ui/", cookie=session_id)
+                await self._confirm_login(send, params["code"][0], session)
                 return
             if method == "POST":
                 await self._login_form(scope, receive, send)
+                return
+            if method in ("GET", "HEAD") and session is not None:
+                await self._redirect(send, "/ui/")
                 return
         if session is None:
             raise Unauthorized("no session: run 'swamp ui' for a login link")
         if method == "POST":
             form = await self._form(scope, receive, session)
-            await self._act(path, form, send, session)
+            await self._act(path, form, send, session_id, session)
             return
         if method not in ("GET", "HEAD"):
             raise NotFound(f"no route {method} {printable(path[:100])}")
@@ -163,7 +199,14 @@ class Pages:
             topics = frozenset(wanted & TOPICS)
             if not topics:
                 raise UserError("events need ?topics= of: " + ", ".join(sorted(TOPICS)))
-            await self.live.stream(topics, receive, send, [*SECURITY, *NO_STORE])
+            await self.live.stream(
+                topics,
+                receive,
+                send,
+                [*SECURITY, *NO_STORE],
+                holder=session,
+                still_open=lambda: self.logins.session(session_id) is not None,
+            )
             return
         await self._view(path, params, send, session)
 
@@ -172,48 +215,77 @@ class Pages:
         # ASGI's path is decoded already: a segment is a name as it is
         parts = path.removeprefix("/ui/").split("/") if path != "/ui/" else []
         sources = self.sources
+        # what the page shows depends on: its path, its parameters, and (pages with action
+        # buttons) the viewer; the same key is the same page for everyone who asks
+        asked = tuple(sorted((k, tuple(v)) for k, v in params.items() if k != "part"))
+        own: views.Viewer | None = None  # pages with action buttons: each viewer's own
         if not parts:
             labels = [x for v in params.get("label", []) for x in v.split()]
             number = _int(params.get("page", ["1"])[0])
             only = params.get("fleet", [None])[0]
-            main = views.fleet(sources, labels, number, only)
-            current, title = "fleet", "Fleet"
-            topics = PAGE_TOPICS["fleet"]
+
+            async def render() -> str:
+                return views.fleet(sources, labels, number, only)
+
+            current, title, topics = "fleet", "Fleet", PAGE_TOPICS["fleet"]
         elif parts == ["queue"]:
-            current, title, main = "queue", "Queue", await views.queue(sources)
-            topics = PAGE_TOPICS["queue"]
+
+            async def render() -> str:
+                return await views.queue(sources)
+
+            current, title, topics = "queue", "Queue", PAGE_TOPICS["queue"]
         elif parts == ["runs"]:
-            current, title, main = "runs", "Runs", await views.runs(sources)
-            topics = PAGE_TOPICS["runs"]
+
+            async def render() -> str:
+                return await views.runs(sources)
+
+            current, title, topics = "runs", "Runs", PAGE_TOPICS["runs"]
         elif len(parts) == 2 and parts[0] == "runs":
             step = params.get("step", [None])[0]
-            main = await views.run(sources, parts[1], viewer, step)
-            current, title, topics = "runs", "Run", "runs logs"
+
+            async def render() -> str:
+                return await views.run(sources, parts[1], viewer, step)
+
+            current, title, topics, own = "runs", "Run", PAGE_TOPICS["run"], viewer
         elif len(parts) == 2 and parts[0] == "workers":
-            main = await views.worker(sources, parts[1], viewer)
-            current, title, topics = "fleet", parts[1], PAGE_TOPICS["worker"]
+
+            async def render() -> str:
+                return await views.worker(sources, parts[1], viewer)
+
+            current, title, topics, own = "fleet", parts[1], PAGE_TOPICS["worker"], viewer
         else:
             raise NotFound(f"no page {printable(path[:100])}")
+        main = await self.rendered.get((path, asked, own), topics.split(), render)
         if params.get("part") == ["main"]:
             await self._html(send, 200, main)
             return
         await self._html(send, 200, self._page(title, current, main, session, topics))
 
-    async def _act(self, path: str, form: dict[str, str], send, session: Session) -> None:
+    async def _act(
+        self, path: str, form: dict[str, str], send, session_id: str | None, session: Session
+    ) -> None:
         if path == "/ui/logout":
             # the session ends; its cookie is cleared (the browser forgets it)
-            self.logins.end(form.get("_session"))
+            self.logins.end(session_id)
             await self._redirect(send, "/ui/", cookie="")
             return
         parts = path.removeprefix("/ui/").split("/")
         if len(parts) == 3 and parts[0] == "runs" and parts[2] == "cancel":
             self._may(session, "workflow.cancel")
+            step = form.get("step") or None
             reason = f"cancelled from the web pages by {session.who}"
-            await self.sources.api.workflow_cancel(RunRef(parts[1], reason=reason))
-            log.info(
-                "workflow run %s cancelled from the web pages by %s", parts[1][:12], session.who
+            reply = await self.sources.api.workflow_cancel(
+                RunRef(parts[1], reason=reason, step=step)
             )
-            await self._redirect(send, f"/ui/runs/{parts[1]}")
+            run_id = str(reply.run.get("runId", ""))
+            log.info(
+                "workflow run %s%s cancelled from the web pages by %s",
+                run_id,
+                f" step {printable(step[:200])}" if step else "",
+                session.who,
+            )
+            back = query(step=step) if step else ""
+            await self._redirect(send, f"/ui/runs/{path_part(run_id)}{back}")
             return
         if len(parts) == 3 and parts[0] == "workers" and parts[2] == "drain":
             self._may(session, "worker.drain.ask")
@@ -259,11 +331,43 @@ class Pages:
         form = await self._body(scope, receive)
         if not session.csrf_ok(form.get("csrf")):
             raise Forbidden("refused: the form's CSRF token is missing or wrong (reload the page)")
-        form["_session"] = _cookie(scope) or ""
         return form
+
+    async def _confirm_login(self, send, code: str, session: Session | None) -> None:
+        """A login link opens this page, not a session: its button posts the code from these
+        pages' own origin, so a link on another site cannot log a browser in as someone else
+        (nor replace the session it has)."""
+        held = self.logins.peek(code)
+        if held is None:
+            raise Unauthorized(
+                "this login link is not valid (used already, expired or wrong): run "
+                "'swamp ui' for a new one"
+            )
+        who, scope = held
+        now = (
+            f"<p>This browser is logged in as <b>{text(session.who)}</b> now; logging in "
+            "ends that session here.</p>"
+            if session is not None
+            else ""
+        )
+        main = (
+            "<h1>Log in</h1>"
+            f"<p>This link logs this browser in as <b>{text(who)}</b> ({text(scope.value)} "
+            "scope). Continue only if you ran <code>swamp ui</code> just now.</p>"
+            f"{now}"
+            '<form method="post" action="/ui/login" class="login">'
+            f'<input type="hidden" name="code" value="{text(code)}">'
+            '<button type="submit" id="log-in">Log in</button></form>'
+        )
+        await self._html(send, 200, page(title="Log in", current="", main=main))
 
     async def _login_form(self, scope, receive, send) -> None:
         form = await self._body(scope, receive)
+        if "code" in form:  # the button of a login link's page
+            session_id, opened = self.logins.redeem(form["code"])
+            log.info("a web session opened for %s (login link)", opened.who)
+            await self._redirect(send, "/ui/", cookie=session_id)
+            return
         token = form.get("token", "").strip()
         identity = self.auth.identify(f"Bearer {token}" if token else None)
         if isinstance(identity, Unauthorized):
@@ -332,7 +436,9 @@ class Pages:
         await send({"type": "http.response.body", "body": b""})
 
     def _cookie_header(self, value: str) -> str:
-        parts = [f"{COOKIE}={value}", "HttpOnly", "SameSite=Strict", "Path=/ui/"]
+        # a __Host- cookie must be Secure, for the path /, with no domain
+        where = "Path=/" if self.secure else "Path=/ui/"
+        parts = [f"{self.cookie}={value}", "HttpOnly", "SameSite=Strict", where]
         if not value:
             parts.append("Max-Age=0")
         if self.secure:
@@ -363,17 +469,18 @@ class Pages:
         await send({"type": "http.response.body", "body": data})
 
 
-def _cookie(scope) -> str | None:
-    raw = _headers(scope).get("cookie")
-    if not raw:
-        return None
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(raw)
-    except Exception:  # a malformed Cookie header: as if none
-        return None
-    morsel = jar.get(COOKIE)
-    return morsel.value if morsel is not None and morsel.value else None
+def _cookies(scope, name: str) -> list[str]:
+    """Every value the request's Cookie headers give ``name``, in order (a browser sends a
+    name twice when two paths or hosts set it; a lenient parse: a malformed pair is skipped)."""
+    found = []
+    for header, value in scope.get("headers") or []:
+        if header.lower() != b"cookie":
+            continue
+        for pair in value.decode("latin-1").split(";"):
+            key, eq, val = pair.strip().partition("=")
+            if eq and key == name and val:
+                found.append(val.strip('"'))
+    return found
 
 
 def _int(value: str) -> int:

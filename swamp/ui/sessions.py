@@ -7,7 +7,8 @@ its SHA-256, valid for :data:`CODE_SECONDS` and good once: opening the link trad
 its own. A server token typed into the login form opens a session the same way. Sessions end
 after :data:`SESSION_SECONDS`, when logged out, when the server token that opened them is
 revoked (:meth:`Logins.end_revoked`, as its admin sockets are closed), or with the orchestrator
-(nothing is written); past :data:`MAX_SESSIONS` the oldest goes. Nothing here logs a code, an
+(nothing is written); past :data:`MAX_SESSIONS` the oldest goes. A session ended before its
+time calls ``on_end`` (the live pages end its event streams). Nothing here logs a code, an
 id or a token.
 """
 
@@ -78,8 +79,10 @@ class Logins:
         max_codes: int = MAX_CODES,
         max_sessions: int = MAX_SESSIONS,
         max_each: int = MAX_EACH,
+        on_end: Callable[[], None] = lambda: None,
     ) -> None:
         self.clock = clock
+        self.on_end = on_end  # sessions ended before their time (their streams end too)
         self.secret = secret
         self.code_seconds = code_seconds
         self.session_seconds = session_seconds
@@ -102,6 +105,14 @@ class Logins:
         code = self.secret()
         self._codes[_digest(code)] = _Code(who, scope, self.clock() + self.code_seconds, holder)
         return code
+
+    def peek(self, code: str) -> tuple[str, Scope] | None:
+        """Whom a login code would log in, and with which scope (``None``: not valid); the
+        code stays good — the confirmation page says who before the browser trades it."""
+        held = self._codes.get(_digest(code))
+        if held is None or held.expires <= self.clock():
+            return None
+        return held.who, held.scope
 
     def redeem(self, code: str) -> tuple[str, Session]:
         """Trade a login code for a session: (its id, the session). A code is good once and
@@ -141,14 +152,15 @@ class Logins:
         return session
 
     def end(self, session_id: str | None) -> None:
-        if session_id:
-            self._sessions.pop(_digest(session_id), None)
+        if session_id and self._sessions.pop(_digest(session_id), None) is not None:
+            self.on_end()
 
     def end_revoked(self, still_valid: Callable[[Any], bool]) -> None:
         """End every code and session whose holder ``still_valid`` no longer accepts (a
         server token revoked, or minted again with another secret or scope)."""
         verdicts: dict[int, bool] = {}  # one question per holder, however many sessions
         tables: list[OrderedDict[bytes, Any]] = [self._codes, self._sessions]
+        ended = 0
         for table in tables:
             for key, held in list(table.items()):
                 if held.holder is None:
@@ -158,6 +170,9 @@ class Logins:
                     valid = verdicts[id(held.holder)] = still_valid(held.holder)
                 if not valid:
                     del table[key]
+                    ended += table is self._sessions
+        if ended:
+            self.on_end()
 
     def _make_room(self, table: OrderedDict[bytes, Any], who: str, most: int, what: str) -> None:
         """Room for one more of ``who``'s: past :data:`MAX_EACH` its own oldest goes; past
@@ -167,11 +182,15 @@ class Logins:
         if len(mine) >= self.max_each:
             del table[mine[0]]
             log.info("the oldest web %s of %s ended: it has %d", what, who, self.max_each)
+            if table is self._sessions:
+                self.on_end()
         if len(table) >= most:
             counts = Counter(held.who for held in table.values())
             greediest = max(counts, key=lambda name: counts[name])
             del table[next(key for key, held in table.items() if held.who == greediest)]
             log.info("the oldest web %s of %s ended: %d are open in all", what, greediest, most)
+            if table is self._sessions:
+                self.on_end()
 
     def _prune(self) -> None:
         now = self.clock()

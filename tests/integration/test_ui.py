@@ -56,7 +56,10 @@ async def test_the_pages_in_a_real_browser(cluster, tmp_path):
     name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     base = cluster.url.replace("ws://", "http://")
     async with chromium() as tab:
-        await tab.open(_login_url(cluster))
+        await tab.open(_login_url(cluster))  # the link's page says who it logs in
+        await tab.wait_for("document.getElementById('log-in')", what="the login link's page")
+        await tab.screenshot(screens / "login.png")
+        await tab.submit("#log-in")
         await tab.wait_for(
             f"document.querySelector('table.workers') && "
             f"document.querySelector('table.workers').innerText.includes({json.dumps(name)})",
@@ -134,9 +137,13 @@ def test_the_pages_refuse_without_a_session_a_csrf_token_or_their_origin(cluster
     with httpx.Client(base_url=base, timeout=30) as http:
         bare = http.get("/ui/")
         assert bare.status_code == 401 and "swamp ui" in bare.text
-        login = http.get(_login_url(cluster).removeprefix(base), follow_redirects=False)
+        url = _login_url(cluster)
+        # the link alone opens no session: its page's button does (from the pages' origin)
+        shown = http.get(url.removeprefix(base), follow_redirects=False)
+        assert shown.status_code == 200 and "set-cookie" not in shown.headers
+        login = _redeem(http, base, url)
         assert login.status_code == 303
-        http.cookies.set("swamp_ui", login.cookies["swamp_ui"])
+        _keep_cookie(http, login)
         page = http.get("/ui/")
         assert page.status_code == 200
         found = re.search(r'name="csrf" value="([^"]+)"', page.text)
@@ -154,7 +161,7 @@ def test_the_pages_refuse_without_a_session_a_csrf_token_or_their_origin(cluster
         own = http.post(action, headers={"origin": base}, data={"csrf": csrf})
         assert own.status_code == 404
         # the link was good once
-        again = http.get(login.request.url.raw_path.decode(), follow_redirects=False)
+        again = http.get(url.removeprefix(base), follow_redirects=False)
         assert again.status_code == 401
 
 
@@ -172,7 +179,7 @@ def test_a_web_session_ends_when_the_token_that_opened_it_is_revoked(cluster):
             "/ui/login", headers={"origin": base}, data={"token": token}, follow_redirects=False
         )
         assert opened.status_code == 303, opened.text
-        http.cookies.set("swamp_ui", opened.cookies["swamp_ui"])
+        _keep_cookie(http, opened)
         assert http.get("/ui/").status_code == 200
         sessions[name] = http
     try:
@@ -185,13 +192,31 @@ def test_a_web_session_ends_when_the_token_that_opened_it_is_revoked(cluster):
             http.close()
 
 
+def _keep_cookie(http: httpx.Client, response: httpx.Response) -> None:
+    """The session cookie a response set (its name is the orchestrator's own), kept."""
+    [(name, value)] = response.cookies.items()
+    assert name.startswith("swamp_ui_"), name
+    http.cookies.set(name, value)
+
+
+def _redeem(http: httpx.Client, base: str, url: str) -> httpx.Response:
+    """Open a login link as a browser does: its page, then its button's POST."""
+    shown = http.get(url.removeprefix(base), follow_redirects=False)
+    assert shown.status_code == 200, shown.text
+    code = re.search(r'name="code" value="([^"]+)"', shown.text)
+    assert code, shown.text
+    return http.post(
+        "/ui/login", headers={"origin": base}, data={"code": code.group(1)}, follow_redirects=False
+    )
+
+
 def _session(base: str, http: httpx.Client, token: str) -> str:
     """Log ``http`` in with a server token; the page's CSRF token."""
     opened = http.post(
         "/ui/login", headers={"origin": base}, data={"token": token}, follow_redirects=False
     )
     assert opened.status_code == 303, opened.text
-    http.cookies.set("swamp_ui", opened.cookies["swamp_ui"])
+    _keep_cookie(http, opened)
     found = re.search(r'name="csrf" value="([^"]+)"', http.get("/ui/").text)
     assert found
     return found.group(1)
@@ -224,3 +249,51 @@ def test_a_worker_is_drained_from_its_page_by_an_admin_session_only(cluster):
         assert done.status_code == 303, done.text
     assert drained.wait_exit() == 0
     assert any(e.get("event") == "draining" and e["reason"] == "asked" for e in drained.events())
+
+
+TWO_STEPS = """\
+name = "ui-two"
+[[jobs]]
+name = "main"
+[[jobs.steps]]
+name = "slow"
+task = { type = "model_method", modelType = "command/shell", modelName = "ui-slow", \
+methodName = "run", inputs = { command = "echo started; sleep 60" } }
+[[jobs.steps]]
+name = "after"
+dependsOn = [{ step = "slow", condition = { type = "failed" } }]
+task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo" }
+"""
+
+
+def test_one_step_is_cancelled_from_its_runs_page(cluster):
+    """A running step's button cancels it alone: it ends failed, the step that runs when it
+    fails runs, and the run ends."""
+    admin = cluster.cli_json("server", "token", "create", "ops", "--scope", "admin")["token"]
+    cluster.serve()
+    cluster.worker(cluster.mint("w1"))
+    (cluster.repo / "workflows" / "ui-two.toml").write_text(TWO_STEPS)
+    running = cluster.spawn("workflow", "run", "ui-two", "--server", cluster.url, "--json")
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "started")["event"]
+    run_id = started["runId"]
+    base = cluster.url.replace("ws://", "http://")
+    with httpx.Client(base_url=base, timeout=30) as ops:
+        csrf = _session(base, ops, admin)
+        wait_until(  # the step's record says running once its batch is written
+            lambda: 'name="step" value="main.slow"' in ops.get(f"/ui/runs/{run_id}").text,
+            what="the running step's cancel button",
+        )
+        done = ops.post(
+            f"/ui/runs/{run_id}/cancel",
+            headers={"origin": base},
+            data={"csrf": csrf, "step": "main.slow"},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303, done.text
+        assert done.headers["location"] == f"/ui/runs/{run_id}?step=main.slow"
+    assert running.wait_exit() == 1
+    run = cluster.cli_json("workflow", "history", "get", run_id)["run"]
+    steps = {s["name"]: s for s in run["jobs"][0]["steps"]}
+    assert steps["slow"]["status"] == "failed"
+    assert steps["slow"]["error"] == "cancelled from the web pages by server token 'ops'"
+    assert steps["after"]["status"] == "succeeded" and run["status"] == "failed"

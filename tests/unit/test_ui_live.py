@@ -3,6 +3,8 @@ when nothing changed, and never more pages than the bound (virtual time)."""
 
 from __future__ import annotations
 
+import functools
+
 import trio
 import trio.testing
 
@@ -28,9 +30,11 @@ class Page:
             self.events.append(trio.current_time())
 
 
-async def open_page(nursery, live: Live, topics=("fleet",)) -> Page:
+async def open_page(nursery, live: Live, topics=("fleet",), **session) -> Page:
     page = Page()
-    nursery.start_soon(live.stream, frozenset(topics), page.receive, page.send, [])
+    nursery.start_soon(
+        functools.partial(live.stream, frozenset(topics), page.receive, page.send, [], **session)
+    )
     await trio.testing.wait_all_tasks_blocked()
     return page
 
@@ -57,7 +61,7 @@ async def test_a_change_is_pushed_and_a_burst_is_coalesced(autojump_clock):
 
 
 async def test_nothing_is_sent_for_another_topic_or_when_nothing_changed(autojump_clock):
-    live = Live()
+    live = Live(lifetime=7200)
     async with trio.open_nursery() as nursery:
         page = await open_page(nursery, live, ("queue",))
         live.changed("fleet")
@@ -99,3 +103,46 @@ async def test_a_slow_viewer_is_dropped_without_holding_anyone_up(autojump_clock
         await trio.sleep(SEND_TIMEOUT + 1)
         assert live.dropped == 1 and live.viewers == 1
         fine.gone.set()
+
+
+async def test_one_session_cannot_take_every_place(autojump_clock):
+    live = Live(max_viewers=64, max_per_session=2)
+    async with trio.open_nursery() as nursery:
+        greedy = [await open_page(nursery, live, holder="a") for _ in range(3)]
+        other = await open_page(nursery, live, holder="b")
+        assert [p.status for p in greedy] == [200, 200, 503] and other.status == 200
+        greedy[0].gone.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await open_page(nursery, live, holder="a")).status == 200  # its place is free
+        nursery.cancel_scope.cancel()
+    assert live.viewers == 0 and not live._holders
+
+
+async def test_a_stream_ends_with_its_session(autojump_clock):
+    """Logged out or revoked: the session's open pages stop being told anything at once
+    (``sessions_ended`` wakes them to look), while other sessions' pages go on."""
+    live = Live()
+    open_sessions = {"a", "b"}
+    async with trio.open_nursery() as nursery:
+        ended = await open_page(nursery, live, holder="a", still_open=lambda: "a" in open_sessions)
+        kept = await open_page(nursery, live, holder="b", still_open=lambda: "b" in open_sessions)
+        assert live.viewers == 2
+        open_sessions.discard("a")
+        live.sessions_ended()
+        await trio.testing.wait_all_tasks_blocked()
+        assert live.viewers == 1 and ended.events == []
+        live.changed("fleet")
+        await trio.sleep(1)
+        assert len(kept.events) == 1 and ended.events == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_lasts_its_lifetime_then_the_browser_opens_it_again(autojump_clock):
+    live = Live(lifetime=600)
+    async with trio.open_nursery() as nursery:
+        await open_page(nursery, live)
+        await trio.sleep(599)
+        assert live.viewers == 1
+        await trio.sleep(2)
+        assert live.viewers == 0  # ended: EventSource reconnects, its cookie checked again
+        nursery.cancel_scope.cancel()

@@ -4,11 +4,13 @@ handed to the app as Hypercorn would (ASGI), a login link asked for over an admi
 
 from __future__ import annotations
 
+import math
 import re
 from urllib.parse import urlencode
 
 import pytest
 import trio
+import trio.testing
 
 from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.domain.scopes import Scope
@@ -33,7 +35,9 @@ class Response:
         return self.body.decode()
 
     def cookie(self) -> str:
-        match = re.match(r"swamp_ui=([^;]*)", self.headers.get("set-cookie", ""))
+        match = re.match(
+            r"(?:__Host-)?swamp_ui_[0-9a-f]+=([^;]*)", self.headers.get("set-cookie", "")
+        )
         assert match, self.headers
         return match.group(1)
 
@@ -86,9 +90,27 @@ async def login_link(harness) -> str:
     return answer["path"]
 
 
+async def follow_link(harness, link: str, headers: dict[str, str] | None = None) -> Response:
+    """Open a login link as a browser does: its page, then its button (a POST of the code
+    from the pages' origin)."""
+    app = harness.parts.app
+    shown = await call(app, "GET", link, headers=headers)
+    assert shown.status == 200 and 'id="log-in"' in shown.text, shown.text
+    code = re.search(r'name="code" value="([^"]+)"', shown.text)
+    assert code, shown.text
+    form = {"origin": ORIGIN, "content-type": "application/x-www-form-urlencoded"}
+    return await call(
+        app,
+        "POST",
+        "/ui/login",
+        headers={**form, **(headers or {})},
+        body=urlencode({"code": code.group(1)}).encode(),
+    )
+
+
 async def logged_in(harness) -> str:
     """A session cookie, from a login link."""
-    response = await call(harness.parts.app, "GET", await login_link(harness))
+    response = await follow_link(harness, await login_link(harness))
     assert response.status == 303, response.text
     return response.cookie()
 
@@ -135,15 +157,79 @@ async def test_the_bare_prefix_goes_to_the_fleet(harness):
 async def test_a_login_link_opens_a_session_once(harness):
     app = harness.parts.app
     link = await login_link(harness)
-    opened = await call(app, "GET", link)
+    opened = await follow_link(harness, link)
     assert opened.status == 303 and opened.headers["location"] == "/ui/"
     cookie = opened.headers["set-cookie"]
+    assert cookie.startswith(harness.parts.pages.cookie + "=")
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui/" in cookie
     assert "Secure" not in cookie  # plain http here (serve --tls: Secure)
-    page = await call(app, "GET", "/ui/", headers={"cookie": f"swamp_ui={opened.cookie()}"})
+    jar = {"cookie": f"{harness.parts.pages.cookie}={opened.cookie()}"}
+    page = await call(app, "GET", "/ui/", headers=jar)
     assert page.status == 200 and "Fleet" in page.text
     again = await call(app, "GET", link)
     assert again.status == 401 and "not valid" in again.text
+
+
+async def test_a_login_link_alone_changes_nothing(harness):
+    """Login CSRF: a link (or an image, or a redirect) from another site GETs the link with
+    the browser's cookies. That shows a page and opens no session, replaces none; the code
+    stays good for the one who asked for it, and its button's POST is refused from another
+    origin."""
+    app = harness.parts.app
+    mine = await logged_in(harness)
+    jar = {"cookie": f"{harness.parts.pages.cookie}={mine}"}
+    link = await login_link(harness)  # someone else's link, sent to this browser
+    shown = await call(app, "GET", link, headers=jar)
+    assert shown.status == 200 and "set-cookie" not in shown.headers
+    assert "logs this browser in as <b>local</b>" in shown.text
+    assert "logged in as <b>local</b> now" in shown.text  # it says what it would replace
+    assert (await call(app, "GET", "/ui/", headers=jar)).status == 200  # mine still open
+    code = link.partition("code=")[2]
+    posted = await call(
+        app,
+        "POST",
+        "/ui/login",
+        headers={"origin": "https://evil.example", **jar},
+        body=urlencode({"code": code}).encode(),
+    )
+    assert posted.status == 403 and "set-cookie" not in posted.headers
+    assert (await follow_link(harness, link)).status == 303  # still good, once
+
+
+async def test_a_logged_in_browser_asking_for_the_login_page_goes_to_the_fleet(harness):
+    jar = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
+    response = await call(harness.parts.app, "GET", "/ui/login", headers=jar)
+    assert response.status == 303 and response.headers["location"] == "/ui/"
+    assert (await call(harness.parts.app, "GET", "/ui/login")).status == 401
+
+
+async def test_the_cookie_is_the_orchestrators_own_and_the_first_open_one_counts(harness):
+    """Cookies are per host, not per port: two orchestrators on one machine must not share a
+    name (each would overwrite the other's session), and a browser that sends the name twice
+    is served by the one that is an open session, whichever comes first."""
+    from swamp.ui.routes import _cookies, cookie_name
+
+    name = harness.parts.pages.cookie
+    assert name == cookie_name(str(harness.repo.db_path.resolve()), secure=False)
+    assert cookie_name("/srv/a/.swamp/swamp.db", secure=False) != cookie_name(
+        "/srv/b/.swamp/swamp.db", secure=False
+    )
+    assert cookie_name("/srv/a", secure=True).startswith("__Host-swamp_ui_")
+    mine = await logged_in(harness)
+    app = harness.parts.app
+    for header in (
+        f"{name}=stale-or-foreign; {name}={mine}",
+        f"{name}={mine}; {name}=stale-or-foreign",
+        f"other=1; swamp_ui={mine}x; {name}={mine}",
+    ):
+        page = await call(app, "GET", "/ui/", headers={"cookie": header})
+        assert page.status == 200, header
+    assert (await call(app, "GET", "/ui/", headers={"cookie": f"{name}=nope"})).status == 401
+    # several Cookie headers (HTTP/2 sends one per cookie): every one is read
+    scope = {
+        "headers": [(b"cookie", f"{name}=nope".encode()), (b"Cookie", f"{name}={mine}".encode())]
+    }
+    assert _cookies(scope, name) == ["nope", mine]
 
 
 async def test_a_wrong_code_is_refused(harness):
@@ -191,7 +277,9 @@ async def test_the_login_form_takes_a_read_or_admin_token_but_not_a_metrics_one(
         app, "POST", "/ui/login", headers=form, body=urlencode({"token": reader}).encode()
     )
     assert ok.status == 303
-    page = await call(app, "GET", "/ui/", headers={"cookie": f"swamp_ui={ok.cookie()}"})
+    page = await call(
+        app, "GET", "/ui/", headers={"cookie": f"{harness.parts.pages.cookie}={ok.cookie()}"}
+    )
     assert "reader" in page.text and "(read)" in page.text
     refused = await call(
         app, "POST", "/ui/login", headers=form, body=urlencode({"token": scraper}).encode()
@@ -222,7 +310,7 @@ async def test_the_login_form_refuses_another_origin(harness):
 
 async def test_a_post_needs_the_csrf_token_and_the_pages_origin(harness):
     app = harness.parts.app
-    cookie = {"cookie": f"swamp_ui={await logged_in(harness)}"}
+    cookie = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
     csrf = csrf_of((await call(app, "GET", "/ui/", headers=cookie)).text)
     path = "/ui/runs/0123456789abcdef/cancel"
     missing = await call(app, "POST", path, headers={**cookie, "origin": ORIGIN}, body=b"")
@@ -247,7 +335,7 @@ async def test_a_post_needs_the_csrf_token_and_the_pages_origin(harness):
 async def test_a_read_session_sees_no_actions_and_gets_403(harness):
     logins = harness.parts.pages.logins
     session_id, session = logins.open("server token 'reader'", Scope.READ)
-    cookie = {"cookie": f"swamp_ui={session_id}", "origin": ORIGIN}
+    cookie = {"cookie": f"{harness.parts.pages.cookie}={session_id}", "origin": ORIGIN}
     response = await call(
         harness.parts.app,
         "POST",
@@ -260,7 +348,7 @@ async def test_a_read_session_sees_no_actions_and_gets_403(harness):
 
 async def test_logging_out_ends_the_session(harness):
     app = harness.parts.app
-    cookie = {"cookie": f"swamp_ui={await logged_in(harness)}"}
+    cookie = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
     csrf = csrf_of((await call(app, "GET", "/ui/", headers=cookie)).text)
     out = await call(
         app,
@@ -273,11 +361,43 @@ async def test_logging_out_ends_the_session(harness):
     assert (await call(app, "GET", "/ui/", headers=cookie)).status == 401
 
 
+async def test_logging_out_ends_the_event_streams_of_the_sessions_open_pages(harness):
+    """An open page's stream belongs to its session: logged out (or its token revoked), the
+    stream ends at once rather than telling the browser what changes for hours."""
+    app, pages = harness.parts.app, harness.parts.pages
+    cookie = {"cookie": f"{pages.cookie}={await logged_in(harness)}"}
+    other = {"cookie": f"{pages.cookie}={await logged_in(harness)}"}
+    csrf = csrf_of((await call(app, "GET", "/ui/", headers=cookie)).text)
+    ended: list[int] = []
+    one_ended = trio.Event()
+
+    async def watch(jar) -> None:
+        ended.append((await call(app, "GET", "/ui/events?topics=fleet", headers=jar)).status)
+        one_ended.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch, cookie)
+        nursery.start_soon(watch, other)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pages.live.viewers == 2
+        await call(
+            app,
+            "POST",
+            "/ui/logout",
+            headers={**cookie, "origin": ORIGIN},
+            body=f"csrf={csrf}".encode(),
+        )
+        with trio.fail_after(10):
+            await one_ended.wait()
+        assert ended == [200] and pages.live.viewers == 1  # the other session's page goes on
+        nursery.cancel_scope.cancel()
+
+
 # -- routing beside the data plane -------------------------------------------------------
 
 
 async def test_a_page_asked_for_from_another_origin_is_refused(harness):
-    cookie = {"cookie": f"swamp_ui={await logged_in(harness)}"}
+    cookie = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
     foreign = await call(
         harness.parts.app, "GET", "/ui/", headers={**cookie, "origin": "https://evil.example"}
     )
@@ -320,7 +440,7 @@ async def test_a_worker_label_like_a_script_renders_inert(harness):
             channel=None,
         )
     )
-    cookie = {"cookie": f"swamp_ui={await logged_in(harness)}"}
+    cookie = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
     page = await call(harness.parts.app, "GET", "/ui/", headers=cookie)
     assert page.status == 200
     assert "<script>alert" not in page.text and "&lt;script&gt;alert(1)" in page.text
@@ -386,3 +506,96 @@ async def test_the_fleet_page_is_bounded_grouped_and_filtered(harness):
     assert "No worker matches" in views.fleet(sources, ["zone=c"])
     with pytest.raises(UserError):
         views.fleet(sources, ["zone"])
+
+
+# -- rendering once, reading off the loop ----------------------------------------------------
+
+
+async def test_a_page_is_rendered_once_for_every_viewer_of_it(harness):
+    """Sixty-four viewers of one page cost one render while nothing it shows changes; other
+    parameters are a page of their own; a change to its topics renders it again, once."""
+    app, pages = harness.parts.app, harness.parts.pages
+    pages.rendered.max_age = math.inf  # the verdict must not depend on the machine's speed
+    for i in range(150):
+        harness.parts.pool.put(member(f"w{i:03d}", "cpu"))
+    jar = {"cookie": f"{pages.cookie}={await logged_in(harness)}"}
+    bodies: list[str] = []
+
+    async def view(path: str) -> None:
+        response = await call(app, "GET", path, headers=jar)
+        assert response.status == 200
+        bodies.append(response.text)
+
+    before = pages.rendered.renders
+    async with trio.open_nursery() as nursery:
+        for _ in range(64):
+            nursery.start_soon(view, "/ui/?part=main")
+    assert pages.rendered.renders == before + 1 and len(set(bodies)) == 1
+    await view("/ui/")  # the whole page wraps the same main part
+    await view("/ui/?page=2&part=main")
+    assert pages.rendered.renders == before + 2
+    pages.live.changed("queue")  # not what the fleet page shows
+    await view("/ui/?part=main")
+    assert pages.rendered.renders == before + 2
+    pages.live.changed("fleet")
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(view, "/ui/?part=main")
+    assert pages.rendered.renders == before + 3
+
+
+async def test_a_page_with_buttons_is_never_shared_between_sessions(harness):
+    """A worker's page carries its viewer's CSRF token in its forms: each session renders its
+    own, and a read session's has no buttons at all."""
+    app, pages = harness.parts.app, harness.parts.pages
+    pages.rendered.max_age = math.inf
+    client, _ = await harness.connect(f"Bearer {LOCAL}")  # a connected member: it has a button
+    one = member("w1", "cpu")
+    one.channel = client
+    harness.parts.pool.put(one)
+    admins = []
+    for _ in range(2):
+        cookie = await logged_in(harness)
+        page = await call(app, "GET", "/ui/", headers={"cookie": f"{pages.cookie}={cookie}"})
+        admins.append((cookie, csrf_of(page.text)))
+    reader_id, _ = pages.logins.open("server token 'reader'", Scope.READ)
+    seen = []
+    for cookie, csrf in admins:
+        worker = await call(
+            app, "GET", "/ui/workers/w1?part=main", headers={"cookie": f"{pages.cookie}={cookie}"}
+        )
+        assert csrf_of(worker.text) == csrf  # its own token, never the other session's
+        seen.append(csrf)
+    assert seen[0] != seen[1]
+    read = await call(
+        app, "GET", "/ui/workers/w1?part=main", headers={"cookie": f"{pages.cookie}={reader_id}"}
+    )
+    assert read.status == 200 and 'name="csrf"' not in read.text
+
+
+async def test_the_runs_page_reads_the_latest_runs_off_the_event_loop(harness, monkeypatch):
+    """At a week of runs the runs page once decoded every run header on the loop. It is one
+    query on the reader's thread, sorted and cut in SQL: the latest written first."""
+    from swamp.bookkeeping.workflow_runs import POLICY, RunBook, key
+    from swamp.domain.run_record import RunRecord, header_json
+    from swamp.store.datastore import Datastore
+
+    store = harness.parts.store
+    with store.transaction():
+        for i in range(130):
+            run = RunRecord(run_id=f"{i:04d}" + "ab" * 14, workflow="nightly", started_at="t")
+            store.write(key("nightly", run.run_id), header_json(run, {}), policy=POLICY)
+
+    def whole(*_args, **_kw):
+        raise AssertionError("every run header read on the event loop")
+
+    monkeypatch.setattr(RunBook, "headers", whole)
+    monkeypatch.setattr(Datastore, "latest_of_type", whole)
+    jar = {"cookie": f"{harness.parts.pages.cookie}={await logged_in(harness)}"}
+    queries = harness.parts.reader.queries
+    page = await call(harness.parts.app, "GET", "/ui/runs?part=main", headers=jar)
+    assert page.status == 200, page.text
+    assert harness.parts.reader.queries == queries + 1
+    assert "the latest 100" in page.text and page.text.count('href="/ui/runs/') == 100
+    assert page.text.index("0129abab") < page.text.index("0128abab")  # the latest first
+    assert "0029abab" not in page.text  # the oldest thirty are not read

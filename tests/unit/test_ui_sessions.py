@@ -149,3 +149,31 @@ def test_a_page_keeps_the_dns_rebinding_guard():
 )
 def test_a_post_must_come_from_the_pages(headers, same):
     assert POLICY.same_origin({"host": "127.0.0.1:7420", **headers}) is same
+
+
+def test_a_session_ended_early_is_told_and_peeking_at_a_code_keeps_it_good():
+    ended: list[str] = []
+    now = [0.0]
+    counter = itertools.count()
+    held = Logins(
+        clock=lambda: now[0],
+        secret=lambda: f"s{next(counter)}",
+        max_each=2,
+        on_end=lambda: ended.append("ended"),
+    )
+    code = held.issue("local", Scope.ADMIN, holder="token-a")
+    assert held.peek(code) == ("local", Scope.ADMIN) and held.peek("wrong") is None
+    first, _ = held.redeem(code)  # peeking did not use it up
+    assert held.peek(code) is None
+    held.end("not-a-session")
+    assert ended == []  # nothing ended: nobody is woken
+    held.end(first)
+    assert ended == ["ended"]
+    held.open("local", Scope.ADMIN, holder="token-a")
+    held.open("local", Scope.ADMIN, holder="token-a")
+    held.open("local", Scope.ADMIN, holder="token-a")  # past max_each: its oldest goes
+    assert ended == ["ended", "ended"]
+    held.end_revoked(lambda holder: holder != "token-a")
+    assert ended == ["ended"] * 3
+    held.end_revoked(lambda holder: False)  # none left to end
+    assert ended == ["ended"] * 3

@@ -75,5 +75,10 @@
   source.addEventListener("error", function () {
     broken = true;
     show("reconnecting…", false);
+    if (source.readyState === EventSource.CLOSED) {
+      // refused: the session ended (the refresh meets the login page) or too many pages
+      show("not live: reload the page", false);
+      refresh();
+    }
   });
 })();
