@@ -8,12 +8,16 @@ process (``bench/fleet.py``'s, labelled ``zone=a``/``zone=b``); a session from
 
 - the fleet page (``GET /ui/``: a summary per fleet and one page of 100 workers): its server
   time — the orchestrator's CPU per page, and the answer's time on loopback — for the first
-  page, the last, and a label filter, over ``--pages`` requests each; its size;
+  page, the last, and a label filter, over ``--pages`` requests each, each one rendered (a
+  parameter of its own defeats the pages' render cache); its size; and the same page asked
+  again while nothing changed (``shared``: the rendering its viewers share);
 - one open page: what the orchestrator spends with one page open (its event stream, and the
   main part fetched again on each event, as the page's script does) beyond what it spends
   without it, while ``--churners`` more workers join and leave over and over (each a pool
   event: the page is told at most twice a second), over ``--seconds``; and on the idle fleet,
-  where it must be nothing (no event, no timer).
+  where it must be nothing (no event, no timer);
+- ``--viewers`` open fleet pages at once (64, the bound) on the churning fleet: what they cost
+  together (they share one rendering per change).
 
 Prints one JSON object.
 
@@ -26,6 +30,8 @@ import argparse
 import gc
 import json
 import os
+import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +44,7 @@ from fleet import Member
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all, swamp_argv
 from swamp.repo import Repo
+from swamp.ui.live import MAX_PER_SESSION as PAGES_PER_SESSION
 
 
 class Labelled(Member):
@@ -96,17 +103,30 @@ async def login(repo: Path, env: dict) -> tuple[str, str]:
     )
     link = json.loads(done.stdout)["url"]
     base = link.split("/ui/", 1)[0]
-    async with httpx.AsyncClient() as http:
-        opened = await http.get(link, follow_redirects=False)
-    return base, opened.cookies["swamp_ui"]
+    async with httpx.AsyncClient() as http:  # the link's page, then its button's POST
+        shown = await http.get(link, follow_redirects=False)
+        code = re.search(r'name="code" value="([^"]+)"', shown.text)
+        assert code, shown.text
+        opened = await http.post(
+            f"{base}/ui/login",
+            headers={"origin": base},
+            data={"code": code.group(1)},
+            follow_redirects=False,
+        )
+    [(name, value)] = opened.cookies.items()
+    return base, f"{name}={value}"
 
 
-async def page_times(serve, http: httpx.AsyncClient, path: str, count: int) -> dict:
+async def page_times(
+    serve, http: httpx.AsyncClient, path: str, count: int, *, fresh: bool = True
+) -> dict:
     walls, size = [], 0
     cpu_before = cpu_seconds(serve.pid)
-    for _ in range(count):
+    for i in range(count):
         started = time.perf_counter()
-        response = await http.get(path)
+        # a parameter of its own: a page of its own to the render cache, rendered each time
+        asked = f"{path}{'&' if '?' in path else '?'}fresh={i}" if fresh else path
+        response = await http.get(asked)
         walls.append(time.perf_counter() - started)
         response.raise_for_status()
         size = len(response.content)
@@ -154,12 +174,15 @@ async def share(serve, seconds: float) -> float:
     return (cpu_seconds(serve.pid) - before) / (time.perf_counter() - wall)
 
 
-async def with_page(serve, http, seconds: float) -> tuple[float, int]:
+async def with_page(serve, http, seconds: float, viewers: int = 1) -> tuple[float, int]:
+    """``http``: one client, or one per session (a session opens at most 8 pages)."""
+    clients = http if isinstance(http, list) else [http]
     seen: list[float] = []
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(open_page, http, seen, stop)
-        await trio.sleep(1)  # the stream is open
+        for i in range(viewers):
+            nursery.start_soon(open_page, clients[i % len(clients)], seen, stop)
+        await trio.sleep(1)  # the streams are open
         seen.clear()
         cpu = await share(serve, seconds)
         stop.set()
@@ -180,13 +203,17 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
     await trio.sleep(args.settle)
     base, cookie = await login(repo.root, env)
     result: dict = {"workers": args.workers}
-    async with httpx.AsyncClient(base_url=base, cookies={"swamp_ui": cookie}) as http:
+    limits = httpx.Limits(max_connections=args.viewers * 2 + 4)
+    async with httpx.AsyncClient(
+        base_url=base, headers={"cookie": cookie}, limits=limits, timeout=60
+    ) as http:
         last = -(-args.workers // 100)
         result["fleet_page"] = {
             "first": await page_times(serve, http, "/ui/", args.pages),
             "last": await page_times(serve, http, f"/ui/?page={last}", args.pages),
             "label_filter": await page_times(serve, http, "/ui/?label=zone=a", args.pages),
             "queue": await page_times(serve, http, "/ui/queue", args.pages),
+            "shared": await page_times(serve, http, "/ui/", args.pages, fresh=False),
         }
         print("pages measured", file=sys.stderr)
         idle_without = await share(serve, args.seconds)
@@ -195,8 +222,28 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
         async with trio.open_nursery() as churners:
             churners.start_soon(churn, url, token, args.workers, args.churners, churning)
             await trio.sleep(2)
-            busy_without = await share(serve, args.seconds)
-            busy_with, busy_events = await with_page(serve, http, args.seconds)
+            # without and with, alternated: the churn's own cost drifts over a minute, and a
+            # baseline measured once beside one measurement with the page moved the figure
+            pairs = []
+            for _ in range(args.rounds):
+                without = await share(serve, args.seconds)
+                with_it, events = await with_page(serve, http, args.seconds)
+                pairs.append((without, with_it, events))
+            busy_without = statistics.median(p[0] for p in pairs)
+            busy_with = statistics.median(p[1] for p in pairs)
+            busy_events = statistics.median(p[2] for p in pairs)
+            page_costs = sorted(round(w - o, 4) for o, w, _ in pairs)
+            sessions = []
+            for _ in range(-(-args.viewers // PAGES_PER_SESSION)):
+                _, other = await login(repo.root, env)
+                sessions.append(
+                    httpx.AsyncClient(
+                        base_url=base, headers={"cookie": other}, limits=limits, timeout=60
+                    )
+                )
+            many_with, many_events = await with_page(serve, sessions, args.seconds, args.viewers)
+            for client in sessions:
+                await client.aclose()
             churning.set()
             churners.cancel_scope.cancel()
     stop.set()
@@ -210,9 +257,16 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
             "churners": args.churners,
             "cpu_share_without": round(busy_without, 4),
             "cpu_share_with": round(busy_with, 4),
-            "page_cost_share_of_a_core": round(busy_with - busy_without, 4),
+            "page_cost_share_of_a_core": statistics.median(page_costs),
+            "page_cost_each_round": page_costs,
             "events_per_second": round(busy_events / args.seconds, 2),
         },
+    }
+    result["open_pages"] = {
+        "viewers": args.viewers,
+        "cpu_share_with": round(many_with, 4),
+        "pages_cost_share_of_a_core": round(many_with - busy_without, 4),
+        "events_per_second_each": round(many_events / args.seconds / args.viewers, 2),
     }
     return result
 
@@ -225,5 +279,9 @@ if __name__ == "__main__":
     parser.add_argument("--pages", type=int, default=30)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--churners", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="without/with pairs, churning")
+    parser.add_argument(
+        "--viewers", type=int, default=64, help="open pages at once (64: the bound)"
+    )
     parser.add_argument("--settle", type=float, default=5)
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
