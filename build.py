@@ -65,7 +65,9 @@ def ensure_venv() -> None:
     print("installing dependencies into .venv (pinned by constraints.txt) ...", flush=True)
     pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"], check=True)
+    subprocess.run(
+        [*pip, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test,postgres]"], check=True
+    )
     STAMP.write_text(_fingerprint())
 
 
@@ -326,7 +328,7 @@ def main(argv: list[str]) -> int:
         runtime = _pins_in(lock_py, None)
         pinned = lock_env / "pyz-pins.txt"
         pinned.write_text("\n".join(runtime) + "\n")
-        subprocess.run([*pip, "-c", str(pinned), f"{ROOT}[test]", "shiv"], check=True)
+        subprocess.run([*pip, "-c", str(pinned), f"{ROOT}[test,postgres]", "shiv"], check=True)
         frozen = subprocess.run(
             [str(lock_py), "-m", "pip", "freeze", "--exclude", "swamp"],
             check=True,
