@@ -193,8 +193,11 @@ class Engine:
         timeout: float | None = None,  # noqa: ASYNC109
         priority: int | None = None,  # the run's --priority: as the workflow's own priority
         submitter: str = "",  # who asked: its steps wait in the queue as theirs
+        on_start: Callable[[str], None] | None = None,  # told the run's id as it starts
     ) -> RunRecord:
         run = _Run(self, workflow, inputs, emit, chain, priority=priority, submitter=submitter)
+        if on_start is not None:
+            on_start(run.id)
         self.live[run.id] = scope = trio.CancelScope(
             deadline=trio.current_time() + timeout if timeout else math.inf
         )
@@ -208,13 +211,15 @@ class Engine:
                     f"timed out after {timeout:g}s" if timeout else "cancelled"
                 )
                 await run.cancelled(reason)
-        except trio.Cancelled:  # whoever ran it went away (Ctrl-C)
+        except trio.Cancelled:  # whoever ran it went away (Ctrl-C), or its parent step's cancel
+            why = self.cancel_reasons.pop(run.id, None)
             with trio.CancelScope(shield=True):
-                await run.cancelled("cancelled: the client went away")
+                await run.cancelled(why or "cancelled: the client went away")
             raise
         finally:
             self.live.pop(run.id, None)
             self.running.pop(run.id, None)
+            self.cancel_reasons.pop(run.id, None)
             self.ended.pop(run.id).set()
         return run.record
 
@@ -263,16 +268,31 @@ class _Run:
         # a forEach step whose workers never came: an expansion waited its whole queue
         # timeout with no matching worker connected; its unfed expansions fail with this
         self.no_workers: dict[tuple[str, str], str] = {}  # (job, step) → why
-        # each running step's scope and, once cancelled, why (workflow cancel --step)
-        self.step_scopes: dict[str, trio.CancelScope] = {}
-        self.step_cancels: dict[str, tuple[str, trio.Event]] = {}
+        # each running step's scope (by job and step name) and, once cancelled, why (workflow
+        # cancel --step); the run a running nested-workflow step started
+        self.step_scopes: dict[tuple[str, str], trio.CancelScope] = {}
+        self.step_cancels: dict[tuple[str, str], tuple[str, trio.Event]] = {}
+        self.children: dict[tuple[str, str], str] = {}
 
-    def cancel_step(self, place: str, reason: str) -> trio.Event | None:
-        scope = self.step_scopes.get(place)
-        if scope is None:
+    def cancel_step(self, ref: str, reason: str) -> trio.Event | None:
+        """Cancel the running step ``ref`` (``JOB.STEP``; names may hold dots: each split is
+        tried, and a ref that names two running steps is refused as ambiguous)."""
+        places = [
+            (ref[:i], ref[i + 1 :])
+            for i, char in enumerate(ref)
+            if char == "." and (ref[:i], ref[i + 1 :]) in self.step_scopes
+        ]
+        if not places:
             return None
+        if len(places) > 1:
+            named = ", ".join(f"step {step!r} of job {job!r}" for job, step in places)
+            raise UserError(f"{ref!r} names more than one running step ({named})")
+        place = places[0]
         cancelled = self.step_cancels.setdefault(place, (reason, trio.Event()))
-        scope.cancel()
+        child = self.children.get(place)
+        if child is not None:  # a nested run: it records the same reason as it unwinds
+            self.engine.cancel_reasons.setdefault(child, reason)
+        self.step_scopes[place].cancel()
         return cancelled[1]
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -687,7 +707,7 @@ class _Run:
         record.status, record.started_at = Status.RUNNING, self.now()
         self.changed(record)
         await self.emit(StepEvent("started", job.name, name, self.id))
-        place = f"{job.name}.{name}"
+        place = (job.name, name)
         status, error = Status.FAILED, None
         self.step_scopes[place] = scope = trio.CancelScope()
         try:
@@ -897,14 +917,24 @@ class _Run:
         if not isinstance(inputs, dict):
             return Status.FAILED, "inputs for a nested workflow must give a table"
         inputs = check_inputs(child, inputs)
-        result = await self.engine.run(
-            child,
-            inputs,
-            self.emit_raw,
-            chain=self.chain,
-            priority=self.priority_of(job, step),
-            submitter=self.submitter,
-        )
+        place = (job.name, name)
+
+        def started(child_id: str) -> None:
+            record.child_run_id = child_id  # known while it runs (and if it is cancelled)
+            self.children[place] = child_id
+
+        try:
+            result = await self.engine.run(
+                child,
+                inputs,
+                self.emit_raw,
+                chain=self.chain,
+                priority=self.priority_of(job, step),
+                submitter=self.submitter,
+                on_start=started,
+            )
+        finally:
+            self.children.pop(place, None)
         record.child_run_id = result.run_id
         return Status(result.status), result.error
 
