@@ -41,10 +41,12 @@ import trio
 from benchkit import cpu_seconds, percentile, scratch
 from fleet import Member
 
+from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.scopes import Scope
 from swamp.processes import start_serve, stop_all, swamp_argv
 from swamp.repo import Repo
-from swamp.ui.live import MAX_PER_SESSION as PAGES_PER_SESSION
+from swamp.ui.live import MAX_PER_CREDENTIAL as PAGES_PER_CREDENTIAL
 
 
 class Labelled(Member):
@@ -115,6 +117,19 @@ async def login(repo: Path, env: dict) -> tuple[str, str]:
         )
     [(name, value)] = opened.cookies.items()
     return base, f"{name}={value}"
+
+
+async def token_login(base: str, token: str) -> str:
+    """A session cookie from the pages' login form and a server token."""
+    async with httpx.AsyncClient() as http:
+        opened = await http.post(
+            f"{base}/ui/login",
+            headers={"origin": base},
+            data={"token": token},
+            follow_redirects=False,
+        )
+    [(name, value)] = opened.cookies.items()
+    return f"{name}={value}"
 
 
 async def page_times(
@@ -194,6 +209,11 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
     store = repo.open_store()
     total = args.workers + args.churners
     _, token = TokenBook(store).mint("fleet", duration_seconds=7200, max_enrollments=total)
+    # the many open pages: read tokens of their own (one credential opens at most 16)
+    readers = [
+        ServerTokenBook(store).create(f"viewer-{i}", Scope.READ)[1]
+        for i in range(-(-args.viewers // PAGES_PER_CREDENTIAL))
+    ]
     store.close()
     stop = trio.Event()
     started = time.perf_counter()
@@ -234,8 +254,8 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
             busy_events = statistics.median(p[2] for p in pairs)
             page_costs = sorted(round(w - o, 4) for o, w, _ in pairs)
             sessions = []
-            for _ in range(-(-args.viewers // PAGES_PER_SESSION)):
-                _, other = await login(repo.root, env)
+            for reader in readers:
+                other = await token_login(base, reader)
                 sessions.append(
                     httpx.AsyncClient(
                         base_url=base, headers={"cookie": other}, limits=limits, timeout=60

@@ -41,7 +41,11 @@ def ui(
         return
     if not no_browser:
         if _open(url):
-            print("opened the fleet's pages in your browser (the login link works once)")
+            print(
+                "opened the fleet's pages in your browser (the login link works once); if it "
+                "shows no page (a browser with a private /tmp, as snap packages have), run "
+                "'swamp ui --no-browser' and open the link it prints"
+            )
             return
         print("no graphical browser here: open this link within a minute (it works once):")
     print(url)

@@ -8,9 +8,10 @@ any is parked; nothing is rendered on the dispatch path). Each open page holds o
 event and its script fetches the page's main part again; then the stream rests
 :data:`INTERVAL` seconds, so a page is told at most twice a second however busy the fleet —
 and an idle fleet sends nothing, with no timer running. Streams are bounded
-(:data:`MAX_VIEWERS` in all and :data:`MAX_PER_SESSION` for one session: past either a clear
-503), hold no buffer of their own (an event is one small write), and a viewer that does not
-take a write within :data:`SEND_TIMEOUT` is dropped rather than holding anyone up.
+(:data:`MAX_VIEWERS` in all and :data:`MAX_PER_CREDENTIAL` for the sessions of one
+credential — one token opens many sessions — past either a clear 503), hold no buffer of
+their own (an event is one small write), and a viewer that does not take a write within
+:data:`SEND_TIMEOUT` is dropped rather than holding anyone up.
 
 A stream belongs to the session that opened it: it ends when that session does (logged out,
 its token revoked — :meth:`Live.sessions_ended` wakes every stream to look), and after
@@ -31,7 +32,7 @@ log = logging.getLogger("swamp.ui")
 
 TOPICS = frozenset({"fleet", "queue", "runs", "logs"})
 MAX_VIEWERS = 64  # open pages at once, all sessions together
-MAX_PER_SESSION = 8  # open pages of one session: one browser cannot take every place
+MAX_PER_CREDENTIAL = 16  # open pages of one credential's sessions: none takes every place
 MAX_LIFETIME = 600.0  # seconds a stream lasts; the browser reconnects (and is checked again)
 INTERVAL = 0.5  # seconds between two events to one page: at most 2 a second
 SEND_TIMEOUT = 5.0  # a viewer that takes no write for this long is dropped
@@ -42,17 +43,17 @@ class Live:
         self,
         *,
         max_viewers: int = MAX_VIEWERS,
-        max_per_session: int = MAX_PER_SESSION,
+        max_per_holder: int = MAX_PER_CREDENTIAL,
         interval: float = INTERVAL,
         lifetime: float = MAX_LIFETIME,
     ) -> None:
         self.max_viewers = max_viewers
-        self.max_per_session = max_per_session
+        self.max_per_holder = max_per_holder
         self.interval = interval
         self.lifetime = lifetime
         self.generations: Counter[str] = Counter()
         self.viewers = 0
-        self._holders: Counter[object] = Counter()  # open streams by session
+        self._holders: Counter[object] = Counter()  # open streams by credential
         self.sent = 0
         self.dropped = 0  # slow viewers let go
         self.refused = 0  # past max_viewers
@@ -117,16 +118,16 @@ class Live:
     ) -> None:
         """Serve one page's event stream until the browser goes away (or is too slow), its
         session ends (``still_open`` says no) or :data:`MAX_LIFETIME` passes. ``holder`` is the
-        session: at most :data:`MAX_PER_SESSION` streams each."""
+        credential the session acts for: at most :data:`MAX_PER_CREDENTIAL` streams each."""
         refusal = None
         if self.viewers >= self.max_viewers:
             refusal = (
                 f"too many pages open ({self.max_viewers}): close some, or reload this one later"
             )
-        elif self._holders[holder] >= self.max_per_session:
+        elif self._holders[holder] >= self.max_per_holder:
             refusal = (
-                f"this session has {self.max_per_session} pages open already: close some, or "
-                "reload this one later"
+                f"{self.max_per_holder} pages are open already with this credential: close "
+                "some, or reload this one later"
             )
         if refusal is not None:
             self.refused += 1

@@ -204,7 +204,7 @@ class Pages:
                 receive,
                 send,
                 [*SECURITY, *NO_STORE],
-                holder=session,
+                holder=session.who,  # the credential: one token opens many sessions
                 still_open=lambda: self.logins.session(session_id) is not None,
             )
             return
@@ -365,6 +365,8 @@ class Pages:
         form = await self._body(scope, receive)
         if "code" in form:  # the button of a login link's page
             session_id, opened = self.logins.redeem(form["code"])
+            replaced, _ = self._session(scope)
+            self.logins.end(replaced)  # as its page said: this browser's old session ends
             log.info("a web session opened for %s (login link)", opened.who)
             await self._redirect(send, "/ui/", cookie=session_id)
             return
@@ -376,6 +378,8 @@ class Pages:
             await self._login_page(send, "that token was not accepted", status=401)
             return
         session_id, opened = self.logins.open(identity.describe(), identity.scope, identity)
+        replaced, _ = self._session(scope)
+        self.logins.end(replaced)  # the cookie is replaced: its old session ends
         log.info("a web session opened for %s (login form)", opened.who)
         await self._redirect(send, "/ui/", cookie=session_id)
 

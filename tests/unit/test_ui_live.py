@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from swamp.ui.live import INTERVAL, SEND_TIMEOUT, Live
+from swamp.ui.rendered import Rendered
 
 
 class Page:
@@ -106,7 +107,7 @@ async def test_a_slow_viewer_is_dropped_without_holding_anyone_up(autojump_clock
 
 
 async def test_one_session_cannot_take_every_place(autojump_clock):
-    live = Live(max_viewers=64, max_per_session=2)
+    live = Live(max_viewers=64, max_per_holder=2)
     async with trio.open_nursery() as nursery:
         greedy = [await open_page(nursery, live, holder="a") for _ in range(3)]
         other = await open_page(nursery, live, holder="b")
@@ -146,3 +147,64 @@ async def test_a_stream_lasts_its_lifetime_then_the_browser_opens_it_again(autoj
         await trio.sleep(2)
         assert live.viewers == 0  # ended: EventSource reconnects, its cookie checked again
         nursery.cancel_scope.cancel()
+
+
+# -- one rendering shared (swamp.ui.rendered) --------------------------------------------------
+
+
+async def _ask_all(rendered, render, viewers: int = 10) -> None:
+    async with trio.open_nursery() as nursery:
+        for _ in range(viewers):
+            nursery.start_soon(rendered.get, ("/ui/runs", (), None), ["runs"], render)
+
+
+async def test_viewers_asking_during_a_render_take_it_even_if_something_changed(autojump_clock):
+    """A busy orchestrator changes what a page shows during its render: the viewers who asked
+    meanwhile take that render (the change has told their pages, which ask again) rather
+    than each waiting for a render of their own, one after another."""
+    live = Live()
+    rendered = Rendered(live)
+
+    async def render() -> str:
+        await trio.sleep(0.1)  # e.g. the runs page's query on its reader thread
+        live.changed("runs")
+        return "<p>runs</p>"
+
+    start = trio.current_time()
+    await _ask_all(rendered, render)
+    assert rendered.renders == 1 and rendered.shared == 9
+    assert trio.current_time() - start < 0.2
+
+
+async def test_a_render_slower_than_the_age_is_still_shared(autojump_clock):
+    live = Live()
+    rendered = Rendered(live, max_age=0.05)
+
+    async def render() -> str:
+        await trio.sleep(0.1)
+        return "<p>runs</p>"
+
+    await _ask_all(rendered, render)
+    assert rendered.renders == 1
+
+
+async def test_pages_past_their_age_are_dropped_and_the_text_kept_is_bounded(autojump_clock):
+    """Pages a browser names with parameters of its choosing (or a run's page of megabytes)
+    are never pinned: past their age they go, and the text kept is bounded in all."""
+    live = Live()
+    rendered = Rendered(live, max_bytes=1000)
+    for i in range(10):
+        await rendered.get(("/ui/runs/x", (("junk", str(i)),), None), ["runs"], _text(300))
+    assert rendered.bytes <= 1000 and len(rendered._pages) == 3
+    await rendered.get(("/ui/huge", (), None), ["runs"], _text(5000))  # served, not kept
+    assert rendered.bytes <= 1000
+    await trio.sleep(2)  # past the age
+    await rendered.get(("/ui/", (), None), ["fleet"], _text(10))
+    assert len(rendered._pages) == 1 and rendered.bytes == 10
+
+
+def _text(size: int):
+    async def render() -> str:
+        return "x" * size
+
+    return render

@@ -599,3 +599,46 @@ async def test_the_runs_page_reads_the_latest_runs_off_the_event_loop(harness, m
     assert "the latest 100" in page.text and page.text.count('href="/ui/runs/') == 100
     assert page.text.index("0129abab") < page.text.index("0128abab")  # the latest first
     assert "0029abab" not in page.text  # the oldest thirty are not read
+
+
+async def test_one_credential_cannot_take_every_page_stream(harness):
+    """One read token opens many sessions (the login form, again and again): its streams
+    together are bounded, and an admin's page still gets its stream."""
+    app, pages = harness.parts.app, harness.parts.pages
+    _, reader = ServerTokenBook(harness.parts.store).create("reader", Scope.READ)
+    form = {"origin": ORIGIN, "content-type": "application/x-www-form-urlencoded"}
+    jars = []
+    for _ in range(8):
+        ok = await call(
+            app, "POST", "/ui/login", headers=form, body=urlencode({"token": reader}).encode()
+        )
+        assert ok.status == 303
+        jars.append({"cookie": f"{pages.cookie}={ok.cookie()}"})
+    admin = {"cookie": f"{pages.cookie}={await logged_in(harness)}"}
+    statuses: list[int] = []
+
+    async def stream(jar) -> None:
+        statuses.append((await call(app, "GET", "/ui/events?topics=fleet", headers=jar)).status)
+
+    async with trio.open_nursery() as nursery:
+        for jar in jars:
+            for _ in range(8):
+                nursery.start_soon(stream, jar)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pages.live.viewers == pages.live.max_per_holder == 16
+        assert statuses.count(503) == 64 - 16
+        nursery.start_soon(stream, admin)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pages.live.viewers == 17  # the admin's page is served
+        nursery.cancel_scope.cancel()
+
+
+async def test_logging_in_again_ends_the_browsers_old_session(harness):
+    """The login link's page says the browser's session ends: it does, on the server too."""
+    pages = harness.parts.pages
+    old = await logged_in(harness)
+    jar = {"cookie": f"{pages.cookie}={old}"}
+    again = await follow_link(harness, await login_link(harness), headers=jar)
+    assert again.status == 303 and again.cookie() != old
+    assert pages.logins.session(old) is None
+    assert pages.logins.session(again.cookie()) is not None
