@@ -430,3 +430,32 @@ async def test_a_cancelled_query_is_cancelled_and_its_thread_stops(tmp_path):
     finally:
         reader.close()
         store.close()
+
+
+def test_the_newest_runs_are_read_from_an_index_of_their_own(store):
+    """The runs page asks for the run headers newest first: SQLite walks the partial index of
+    the run headers and stops at the limit, instead of sorting every header (a week of runs
+    took most of a second)."""
+    from swamp.models.builtin import WORKFLOW_RUN
+    from swamp.store.datastore import NEWEST_INDEXED
+
+    assert WORKFLOW_RUN.type == NEWEST_INDEXED
+    policy = SpecPolicy("run", garbage_collection=5)
+    for i in range(50):
+        store.write(
+            Key(NEWEST_INDEXED, f"wf{i % 3}", f"run-{i:04d}"), {"i": i}, policy=policy, at=1000 + i
+        )
+    store.write(
+        Key(NEWEST_INDEXED, "wf0", "run-0003"), {"i": 3, "again": True}, policy=policy, at=2000
+    )
+    traced: list[str] = []
+    store.db.set_trace_callback(traced.append)
+    try:
+        found = store.query(parse(f'modelType == "{NEWEST_INDEXED}"'), limit=4, newest_first=True)
+    finally:
+        store.db.set_trace_callback(None)
+    assert [r.attributes["i"] for r in found] == [3, 49, 48, 47]  # the latest written first
+    [sql] = [s for s in traced if "FROM data" in s]
+    plan = store.db.execute("EXPLAIN QUERY PLAN " + sql).fetchall()
+    assert any("data_newest_runs" in row[-1] for row in plan), plan
+    assert not any("TEMP B-TREE" in row[-1] for row in plan), plan  # no sort of every header
