@@ -252,11 +252,15 @@ class Connection:
         if self._reader is not None:
             self._reader.cancel()  # the idle wait for notifications yields the socket
         try:
-            async with self._busy:
-                self._check_open()
-                res = await self._exchange(sql.encode(), values, types, formats)
+            self._busy.acquire_nowait()  # most often free: no trip through the scheduler
+        except trio.WouldBlock:
+            await self._busy.acquire()
+        try:
+            self._check_open()
+            res = await self._exchange(sql.encode(), values, types, formats)
         finally:
             self._collect()
+            self._busy.release()
             self._wake()
         if res.status == pq.ExecStatus.FATAL_ERROR:
             raise SqlError(
