@@ -163,46 +163,72 @@ async def test_a_transaction_commits_and_rolls_back(pg_url):
         assert (await conn.execute("SELECT id FROM t")).rows == [(1,)]
 
 
-async def test_compare_and_swap_writers_on_a_pool_lose_and_double_nothing(pg_url):
-    """Tasks race to move one record from version n to n+1 (UPDATE … WHERE version = n) and
-    to log each version once (INSERT … ON CONFLICT DO NOTHING): a loser retries."""
-    tasks, moves = 6, 15
+TASKS, MOVES = 6, 15  # writers racing on a pool of 4, wins each
+
+
+async def _race(pool: pg.Pool, attempt) -> list[list[int]]:
+    """Each writer reads the current version, lets the others run, and attempts n -> n+1
+    until it has won MOVES times; the versions each one won."""
+    won: list[list[int]] = [[] for _ in range(TASKS)]
+
+    async def writer(me: int) -> None:
+        while len(won[me]) < MOVES:
+            async with pool.connection() as conn:
+                if (version := await attempt(conn, me)) is not None:
+                    won[me].append(version)
+
+    with trio.fail_after(BOUND * 3):
+        async with trio.open_nursery() as nursery:
+            for me in range(TASKS):
+                nursery.start_soon(writer, me)
+    return won
+
+
+async def test_compare_and_swap_updates_on_a_pool_lose_and_double_nothing(pg_url):
     async with pg.Pool(pg_url, size=4) as pool:
         async with pool.connection() as conn:
             await conn.execute("CREATE TABLE rec (id int PRIMARY KEY, version int8, moves int8)")
-            await conn.execute("CREATE TABLE log (version int8 PRIMARY KEY, writer int)")
             await conn.execute("INSERT INTO rec VALUES (1, 0, 0)")
-        won = [0] * tasks
 
-        async def writer(me: int) -> None:
-            while won[me] < moves:
-                async with pool.connection() as conn:
-                    (version,) = (await conn.execute("SELECT version FROM rec")).rows[0]
-                    await trio.lowlevel.checkpoint()  # let the others read the same version
-                    logged = await conn.execute(
-                        "INSERT INTO log VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING version",
-                        [version + 1, me],
-                    )
-                    if not logged.rows:
-                        continue  # another writer took this version
-                    moved = await conn.execute(
-                        "UPDATE rec SET version = $1 + 1, moves = moves + 1 WHERE version = $1 "
-                        "RETURNING version",
-                        [version],
-                    )
-                    assert moved.rows == [(version + 1,)]  # the log's winner owns the move
-                    won[me] += 1
+        async def attempt(conn: pg.Connection, me: int) -> int | None:
+            (version,) = (await conn.execute("SELECT version FROM rec WHERE id = 1")).rows[0]
+            await trio.lowlevel.checkpoint()  # let the others read the same version
+            moved = await conn.execute(
+                "UPDATE rec SET version = $1 + 1, moves = moves + 1 "
+                "WHERE id = 1 AND version = $1 RETURNING version",
+                [version],
+            )
+            return moved.rows[0][0] if moved.rows else None  # no row: another won
 
-        with trio.fail_after(BOUND * 3):
-            async with trio.open_nursery() as nursery:
-                for me in range(tasks):
-                    nursery.start_soon(writer, me)
+        won = await _race(pool, attempt)
         async with pool.connection() as conn:
-            assert (await conn.execute("SELECT version, moves FROM rec")).rows == [
-                (tasks * moves, tasks * moves)
-            ]
-            log = await conn.execute("SELECT version FROM log ORDER BY version")
-            assert [v for (v,) in log.rows] == list(range(1, tasks * moves + 1))
+            final = await conn.execute("SELECT version, moves FROM rec")
+    assert final.rows == [(TASKS * MOVES, TASKS * MOVES)]
+    assert sorted(v for mine in won for v in mine) == list(range(1, TASKS * MOVES + 1))
+
+
+async def test_compare_and_swap_inserts_on_a_pool_lose_and_double_nothing(pg_url):
+    """The next version is a new row; two racers for it meet on the primary key."""
+    async with pg.Pool(pg_url, size=4) as pool:
+        async with pool.connection() as conn:
+            await conn.execute("CREATE TABLE versions (version int8 PRIMARY KEY, writer int)")
+
+        async def attempt(conn: pg.Connection, me: int) -> int | None:
+            (latest,) = (await conn.execute("SELECT max(version) FROM versions")).rows[0]
+            await trio.lowlevel.checkpoint()
+            added = await conn.execute(
+                "INSERT INTO versions SELECT $1 + 1, $2 "
+                "WHERE (SELECT COALESCE(max(version), 0) FROM versions) = $1 "
+                "ON CONFLICT DO NOTHING RETURNING version",
+                [latest or 0, me],
+            )
+            return added.rows[0][0] if added.rows else None
+
+        won = await _race(pool, attempt)
+        async with pool.connection() as conn:
+            rows = (await conn.execute("SELECT version, writer FROM versions")).rows
+    assert sorted(v for v, _ in rows) == list(range(1, TASKS * MOVES + 1))
+    assert sorted(rows) == sorted((v, me) for me, mine in enumerate(won) for v in mine)
 
 
 async def _active(conn: pg.Connection, pid: int) -> list[tuple]:
