@@ -483,7 +483,7 @@ class Connection:
 
     def _lose(self, why: psycopg.Error | str) -> ConnectionLost:
         """Close a connection found broken; the exception to raise."""
-        reason = self._fatal or str(why).strip().splitlines()[0]
+        reason = self._fatal or (str(why).strip().splitlines() or ["no reason given"])[0]
         self._why = f"the connection to PostgreSQL was lost: {reason}"
         self.close()
         return ConnectionLost(self._why)
@@ -494,7 +494,10 @@ class Connection:
             return
         self._closed = True
         if self._pg.status == pq.ConnStatus.OK:  # else libpq has closed the socket itself
-            trio.lowlevel.notify_closing(self._fd)  # wake a task waiting on it
+            try:
+                trio.lowlevel.notify_closing(self._fd)  # wake a task waiting on it
+            except RuntimeError:
+                pass  # outside trio: nobody can be waiting
         self._pg.notice_handler = None
         self._pg.finish()
         self._wake()

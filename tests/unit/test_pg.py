@@ -453,6 +453,11 @@ async def test_connecting_resolves_names_and_says_what_failed_without_the_passwo
     url = postgres_cluster.url()
     async with await pg.connect(url.replace("127.0.0.1", "localhost")) as conn:
         assert (await conn.execute("SELECT 1")).rows == [(1,)]
+    local = (
+        f"host={postgres_cluster.directory} port={postgres_cluster.port} user=swamp dbname=postgres"
+    )
+    async with await pg.connect(local) as conn:  # a Unix socket: nothing to resolve
+        assert (await conn.execute("SELECT current_user")).rows == [("swamp",)]
     secret = url.replace("swamp@", "swamp:s3cret-pw@")
     with pytest.raises(DatabaseUnavailable) as refused:
         await pg.connect(secret.replace(str(postgres_cluster.port), "1"))
