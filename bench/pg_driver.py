@@ -11,9 +11,9 @@ A throwaway server started as the tests start theirs (``tests.postgres.cluster()
 
 For each route and operation: p50/p99 latency over ``--ops`` operations on one connection,
 then operations per second of 4 tasks sharing a pool of 4 connections (``--ops`` in all);
-``--repetitions`` rounds, the median of each figure. psycopg runs as its users run it:
-autocommit, its defaults (it prepares a statement the server has seen 5 times); swamp.store.pg
-sends every statement unprepared. Prints one JSON object.
+``--repetitions`` rounds, the routes alternated, the median of each figure. psycopg runs as
+its users run it: autocommit, its defaults (it prepares a statement the server has seen 5
+times); swamp.store.pg sends every statement unprepared. Prints one JSON object.
 
     /work/main/.venv/bin/python bench/pg_driver.py [--ops 1000] [--repetitions 3]
 """
@@ -165,31 +165,37 @@ async def throughput(op: Op, records: Records, count: int) -> float:
     return count // POOL * POOL / (time.perf_counter() - started)
 
 
-async def measure(url: str, ops: int, repetitions: int, records_count: int) -> dict:
-    out: dict = {}
-    for route_name, route in (("trio_libpq", trio_route), ("psycopg_to_thread", thread_route)):
-        records = Records(records_count)
-        async with await pg.connect(url) as admin:
-            await admin.execute("DROP TABLE IF EXISTS rec")
+ROUTES = {"trio_libpq": trio_route, "psycopg_to_thread": thread_route}
+
+
+async def measure(urls: dict[str, str], ops: int, repetitions: int, records_count: int) -> dict:
+    """Both routes, each on a database of its own, in alternated rounds (a drift of the
+    machine falls on both alike); the median of each figure."""
+    routes = {}
+    for name, route in ROUTES.items():
+        async with await pg.connect(urls[name]) as admin:
             await admin.execute("CREATE TABLE rec (id int PRIMARY KEY, version int8, body text)")
             await admin.execute(
                 "INSERT INTO rec SELECT i, 0, 'body 0' FROM generate_series(0, $1 - 1) AS i",
                 [records_count],
             )
             await admin.execute("VACUUM ANALYZE rec")
-        single, pooled, close = await route(url, records)
-        figures: dict = {}
-        for name in ("cas", "read"):
-            runs = []
-            for _ in range(repetitions):
-                one = await latency(single[name], records, ops)
-                one["pool4_ops_per_s"] = await throughput(pooled[name], records, ops)
-                runs.append(one)
-            figures[name] = {
-                key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]
-            }
+        records = Records(records_count)
+        routes[name] = (records, *await route(urls[name], records))
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(repetitions):
+        for op in ("cas", "read"):
+            for name, (records, single, pooled, _close) in routes.items():
+                one = await latency(single[op], records, ops)
+                one["pool4_ops_per_s"] = await throughput(pooled[op], records, ops)
+                runs.setdefault((name, op), []).append(one)
+    for _records, _single, _pooled, close in routes.values():
         await close()
-        out[route_name] = figures
+    out: dict = {}
+    for (name, op), done in runs.items():
+        out.setdefault(name, {})[op] = {
+            key: round(statistics.median(run[key] for run in done), 3) for key in done[0]
+        }
     return out
 
 
@@ -200,9 +206,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1000)
     args = parser.parse_args()
     with postgres.cluster() as server:
-        url = server.url()
-        figures = trio.run(measure, url, args.ops, args.repetitions, args.records)
-        with psycopg.connect(url) as probe:
+        urls = {name: server.new_database() for name in ROUTES}
+        figures = trio.run(measure, urls, args.ops, args.repetitions, args.records)
+        with psycopg.connect(server.url()) as probe:
             version = probe.info.server_version
     print(
         json.dumps(
