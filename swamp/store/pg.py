@@ -23,9 +23,13 @@ next writes to the socket (a ``pg_sleep(10)`` or a lock wait keeps its backend, 
 a slot of ``max_connections`` for its whole course), and every cancel costs a reconnect. So,
 under a shield with a deadline of ``cancel_grace`` seconds: finish sending, send a cancel
 request (libpq's non-blocking cancel connection) if the statement still runs, read the results
-back to idle. A connection not back within the grace is closed (``conn.closed``). The cancel
-goes out only while the statement runs, and the results are read only after the server took
-the cancel, so it cannot hit the next statement. No task or thread is started here.
+back to idle (a few ms on loopback). A connection not back within the grace, or whose libpq
+is older than 17 (no non-blocking cancel), is closed (``conn.closed``). The cancel goes out
+only while the statement runs, and the results are read only after the server took it, so it
+cannot hit the next statement. Inside :meth:`Connection.transaction` the cancelled statement
+aborts the transaction, which is rolled back. A cancelled write (or COMMIT) may or may not
+have taken effect, as always. No task or thread is started, but for name resolution (trio's
+``getaddrinfo`` thread, which ends with the system resolver's own timeout if abandoned).
 
 **Bounds.** Notifications wait in a queue of ``max_pending``; past it, new ones are dropped and
 ``missed`` is set: NOTIFY is a wake-up hint, the tables are the truth, a caller that missed
