@@ -361,6 +361,18 @@ class StoreBroken(StoreError):
     code = "store_broken"
 
 
+class SqlError(StoreError):
+    """PostgreSQL refused a statement: ``sqlstate`` is the server's five-character code
+    (``23505`` unique_violation, ``40001`` serialization_failure, ``40P01`` deadlock_detected,
+    ``42P01`` undefined_table…), the message is the server's own."""
+
+    code = "sql_error"
+
+    def __init__(self, message: str, *, sqlstate: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate, self.detail = sqlstate, detail
+
+
 class QueryTimeout(SwampError):
     """A query ran past its time budget and was stopped; nothing was changed."""
 
@@ -382,6 +394,26 @@ class ChannelClosed(PeerError):
 
 class CallTimeout(PeerError):
     code = "timeout"
+
+
+class DatabaseUnavailable(PeerError):
+    """No connection to PostgreSQL could be opened: the message says where and why (never a
+    password)."""
+
+    code = "database_unavailable"
+
+
+class ConnectionLost(DatabaseUnavailable):
+    """A connection to PostgreSQL broke (the server ended it, the network dropped it) or was
+    closed: it is not used again. What was in flight may or may not have been committed."""
+
+    code = "connection_lost"
+
+
+class PoolTimeout(CallTimeout):
+    """Every connection of a pool stayed busy for as long as the caller would wait."""
+
+    code = "pool_timeout"
 
 
 class Busy(PeerError):
