@@ -1,0 +1,431 @@
+"""Versioned records in PostgreSQL: the record store of several orchestrators.
+
+The same table as SQLite's (``swamp.store.datastore``: a row per version of an item, its
+attributes as canonical JSON text, its content last) and the same writes, statement for
+statement: a compare-and-swap is one ``INSERT … SELECT … WHERE (the latest version) = expected``
+whose racers meet on the primary key (``ON CONFLICT DO NOTHING``: the loser gets no row, a
+:class:`Conflict`), or one ``UPDATE … WHERE version = expected`` where a spec keeps a single
+version. Both hold under READ COMMITTED, PostgreSQL's default: no lock is taken to decide.
+
+The key's columns sort by their bytes (``COLLATE "C"``), as SQLite's do, whatever the
+database's locale: a range of names and the order of a listing are the same on both.
+
+Every operation is awaited on a connection of a :class:`~swamp.store.pg.Pool` (the event loop
+never blocks on the database); a transaction holds one connection until it ends. A query runs
+in pages of the key's order and stops at its ``limit``; past its ``budget`` it is cancelled
+(its connection is closed, the pool makes another).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+
+import trio
+
+from swamp.domain.query import Predicate
+from swamp.domain.read_scope import ReadScope
+from swamp.errors import Conflict, QueryTimeout, StoreError
+from swamp.store import pg
+from swamp.store.datastore import (
+    _CANONICAL,
+    MAX_CAS_RETRIES,
+    NEWEST_INDEXED,
+    Key,
+    Record,
+    SpecPolicy,
+    iso,
+)
+
+_SCHEMA = (
+    """
+CREATE TABLE IF NOT EXISTS data (
+    model_type  TEXT COLLATE "C" NOT NULL,
+    model_name  TEXT COLLATE "C" NOT NULL,
+    name        TEXT COLLATE "C" NOT NULL,
+    version     BIGINT NOT NULL,
+    spec        TEXT NOT NULL,
+    attributes  TEXT NOT NULL,
+    created_at  TEXT NOT NULL,
+    created_epoch DOUBLE PRECISION NOT NULL,
+    expires_epoch DOUBLE PRECISION,
+    size        BIGINT NOT NULL,
+    content     BYTEA,
+    PRIMARY KEY (model_type, model_name, name, version)
+);
+CREATE INDEX IF NOT EXISTS data_expiry ON data (expires_epoch) WHERE expires_epoch IS NOT NULL;
+CREATE INDEX IF NOT EXISTS data_newest_runs ON data (created_epoch)
+    WHERE model_type = '"""
+    + NEWEST_INDEXED
+    + """';
+"""
+)
+# one orchestrator creates the schema; the others wait for it (CREATE … IF NOT EXISTS races)
+_SCHEMA_LOCK = 0x5357414D  # 'SWAM'
+_COLUMNS = "model_type, model_name, name, version, spec, attributes, content, created_at"
+_META_COLUMNS = "model_type, model_name, name, version, spec, attributes, NULL, created_at, size"
+_IS_LATEST = (
+    "version = (SELECT MAX(version) FROM data m WHERE m.model_type=d.model_type "
+    "AND m.model_name=d.model_name AND m.name=d.name)"
+)
+QUERY_PAGE = 1000  # rows read at a time by a query that filters in Python
+POOL_SIZE = 4
+
+
+def _row(row: tuple) -> Record:
+    return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7])
+
+
+def _meta_row(row: tuple) -> Record:
+    return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), None, row[7], row[8])
+
+
+def _upper(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class _Sql:
+    """Numbered parameters ($1, $2 …) as a statement is put together."""
+
+    def __init__(self) -> None:
+        self.params: list = []
+
+    def __call__(self, value: object) -> str:
+        self.params.append(value)
+        return f"${len(self.params)}"
+
+
+def _scope_sql(scope: ReadScope, p: _Sql) -> str:
+    allowed = [
+        f"(model_type = {p(model_type)} AND model_name = {p(model_name)})"
+        for model_type, model_name in sorted(scope.items)
+    ]
+    for pattern in scope.type_patterns:  # '*' is the only wildcard: LIKE's own are escaped
+        escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        allowed.append(f"model_type LIKE {p(escaped.replace('*', '%'))}")
+    excluded = [p(t) for t in sorted(scope.excluded_types)]
+    not_in = f"model_type NOT IN ({', '.join(excluded)})" if excluded else "TRUE"
+    return f"{not_in} AND ({' OR '.join(allowed) or 'FALSE'})"
+
+
+class _Operations:
+    """The reads and writes of records, each a statement on ``run``'s connection."""
+
+    def __init__(self, run: Callable, clock: Callable[[], float]) -> None:
+        self._run = run
+        self.clock = clock
+
+    async def latest(self, key: Key) -> Record | None:
+        result = await self._run(
+            f"SELECT {_COLUMNS} FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
+            "ORDER BY version DESC LIMIT 1",
+            (key.model_type, key.model_name, key.name),
+        )
+        return _row(result.rows[0]) if result.rows else None
+
+    async def versions(self, key: Key) -> list[int]:
+        result = await self._run(
+            "SELECT version FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
+            "ORDER BY version",
+            (key.model_type, key.model_name, key.name),
+        )
+        return [r[0] for r in result.rows]
+
+    async def write(
+        self,
+        key: Key,
+        attributes: dict,
+        *,
+        policy: SpecPolicy,
+        content: bytes | None = None,
+        expected_version: int | None = None,
+        fresh: bool = False,
+        at: float | None = None,
+    ) -> Record:
+        """As :meth:`Datastore.write`: the next version; with ``expected_version`` (0: must not
+        exist) a compare-and-swap."""
+        now = self.clock() if at is None else at
+        created_at = iso(now)
+        lifetime = policy.lifetime_seconds()
+        item = (key.model_type, key.model_name, key.name)
+        row = (
+            policy.name,
+            _CANONICAL.encode(attributes),
+            created_at,
+            now,
+            None if lifetime is None else now + lifetime,
+            0 if content is None else len(content),
+            content,
+        )
+        replaced = expected_version or 0
+        in_place = replaced > 0 and policy.garbage_collection == 1
+        if in_place:
+            result = await self._run(
+                "UPDATE data SET version=$1, spec=$2, attributes=$3, created_at=$4, "
+                "created_epoch=$5, expires_epoch=$6, size=$7, content=$8 WHERE model_type=$9 "
+                "AND model_name=$10 AND name=$11 AND version=$12 RETURNING version",
+                (replaced + 1, *row, *item, replaced),
+            )
+        elif fresh:
+            result = await self._run(
+                "INSERT INTO data VALUES ($1,$2,$3,1,$4,$5,$6,$7,$8,$9,$10) "
+                "ON CONFLICT DO NOTHING RETURNING version",
+                (*item, *row),
+            )
+        elif expected_version is None:
+            # the next version, whatever it is: a racer that takes the same one first makes
+            # this one try again with the version after it
+            for _ in range(MAX_CAS_RETRIES):
+                result = await self._run(
+                    "INSERT INTO data SELECT $1,$2,$3,COALESCE(MAX(version),0)+1,$4,$5,$6,$7,$8,"
+                    "$9,$10 FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
+                    "ON CONFLICT DO NOTHING RETURNING version",
+                    (*item, *row),
+                )
+                if result.rows:
+                    break
+            else:
+                raise StoreError(f"gave up on {key} after {MAX_CAS_RETRIES} concurrent writes")
+        else:
+            result = await self._run(
+                "INSERT INTO data SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11 WHERE (SELECT "
+                "COALESCE(MAX(version),0) FROM data WHERE model_type=$1 AND model_name=$2 AND "
+                "name=$3)=$12 ON CONFLICT DO NOTHING RETURNING version",
+                (*item, expected_version + 1, *row, expected_version),
+            )
+        if not result.rows:
+            raise Conflict(
+                f"{key.model_type}/{key.model_name}/{key.name} moved past version "
+                f"{expected_version}"
+            )
+        version = result.rows[0][0]
+        if (
+            not in_place
+            and policy.garbage_collection is not None
+            and version > policy.garbage_collection
+        ):
+            await self._run(
+                "DELETE FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
+                "AND version<=$4",
+                (*item, version - policy.garbage_collection),
+            )
+        return Record(*item, version, policy.name, attributes, content, created_at)
+
+    async def _latest(self, where: str, params: tuple) -> list[Record]:
+        result = await self._run(
+            f"SELECT {_COLUMNS} FROM data d WHERE {where} AND {_IS_LATEST} "
+            "ORDER BY model_type, model_name, name",
+            params,
+        )
+        return [_row(r) for r in result.rows]
+
+    async def latest_of_type(
+        self, model_type: str, *, model_name: str | None = None
+    ) -> list[Record]:
+        if model_name is None:
+            return await self._latest("model_type = $1", (model_type,))
+        return await self._latest("model_type = $1 AND model_name = $2", (model_type, model_name))
+
+    async def model_names(self, model_type: str) -> list[str]:
+        result = await self._run(
+            "SELECT DISTINCT model_name FROM data WHERE model_type = $1 ORDER BY model_name",
+            (model_type,),
+        )
+        return [r[0] for r in result.rows]
+
+    async def latest_with_prefix(
+        self, model_type: str, model_name: str, prefix: str
+    ) -> list[Record]:
+        if not prefix:
+            raise ValueError("an empty prefix would read the whole instance")
+        return await self._latest(
+            "model_type = $1 AND model_name = $2 AND name >= $3 AND name < $4",
+            (model_type, model_name, prefix, _upper(prefix)),
+        )
+
+    async def latest_in_range(
+        self, model_type: str, model_name: str, low: str, high: str, *, limit: int
+    ) -> list[Record]:
+        result = await self._run(
+            f"SELECT {_COLUMNS} FROM data d WHERE model_type = $1 AND model_name = $2 AND "
+            f"name >= $3 AND name < $4 AND {_IS_LATEST} ORDER BY name LIMIT $5",
+            (model_type, model_name, low, high, limit),
+        )
+        return [_row(r) for r in result.rows]
+
+    async def delete_items(self, keys: Iterable[Key]) -> int:
+        count = 0
+        for key in keys:
+            result = await self._run(
+                "DELETE FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3",
+                (key.model_type, key.model_name, key.name),
+            )
+            count += result.rowcount
+        return count
+
+    async def delete_instance(self, model_type: str, model_name: str) -> int:
+        result = await self._run(
+            "DELETE FROM data WHERE model_type=$1 AND model_name=$2", (model_type, model_name)
+        )
+        return result.rowcount
+
+
+class PgStore(_Operations):
+    """:class:`~swamp.store.records.Records` on a PostgreSQL database."""
+
+    def __init__(self, pool: pg.Pool, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(self._on_any, clock)
+        self.pool = pool
+
+    def __repr__(self) -> str:
+        return f"<PgStore {self.pool!r}>"
+
+    @classmethod
+    async def open(
+        cls, url: str, *, size: int = POOL_SIZE, clock: Callable[[], float] = time.time
+    ) -> PgStore:
+        """A store on the database ``url``, its table made if it is not there yet."""
+        pool = pg.Pool(url, size=size)
+        store = cls(pool, clock=clock)
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", (_SCHEMA_LOCK,))
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    await conn.execute(statement)
+        except BaseException:
+            await pool.aclose()
+            raise
+        return store
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    async def _on_any(self, sql: str, params: tuple = ()):
+        async with self.pool.connection() as conn:
+            return await conn.execute(sql, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_Operations]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield _Operations(conn.execute, self.clock)
+
+    async def transition(
+        self,
+        key: Key,
+        decide: Callable[[Record | None], dict | None],
+        *,
+        policy: SpecPolicy,
+        current: Record | None = None,
+    ) -> tuple[Record | None, bool]:
+        """As :meth:`Datastore.transition`: read, decide, compare-and-swap; decide again if
+        another writer won."""
+        for attempt in range(MAX_CAS_RETRIES):
+            if attempt or current is None:
+                current = await self.latest(key)
+            attributes = decide(current)
+            if attributes is None:
+                return current, False
+            try:
+                record = await self.write(
+                    key,
+                    attributes,
+                    policy=policy,
+                    expected_version=current.version if current else 0,
+                )
+            except Conflict:
+                continue
+            return record, True
+        raise StoreError(f"gave up on {key} after {MAX_CAS_RETRIES} concurrent updates")
+
+    async def query(
+        self,
+        predicate: Predicate,
+        *,
+        all_versions: bool = False,
+        limit: int | None = None,
+        scope: ReadScope | None = None,
+        budget: float | None = None,
+        newest_first: bool = False,
+    ) -> list[Record]:
+        """As :func:`~swamp.store.datastore.select`: the rows SQL can narrow (scope, equalities),
+        then the predicate over each in Python, read a page at a time until ``limit``."""
+        p = _Sql()
+        clauses = []
+        if scope is not None:
+            clauses.append(_scope_sql(scope, p))
+        for field, column in (
+            ("modelType", "model_type"),
+            ("modelName", "model_name"),
+            ("name", "name"),
+            ("spec", "spec"),
+        ):
+            if field in predicate.equalities:
+                value = predicate.equalities[field]
+                if newest_first and field == "modelType" and value == NEWEST_INDEXED:
+                    clauses.append(f"model_type = '{NEWEST_INDEXED}'")  # as its index says
+                    continue
+                clauses.append(f"{column} = {p(value)}")
+        where = " AND ".join(clauses) or "TRUE"
+        if not all_versions:
+            where += f" AND {_IS_LATEST}"
+        order = (
+            "created_epoch DESC, model_type, model_name, name, version"
+            if newest_first
+            else "model_type, model_name, name, version"
+        )
+        out: list[Record] = []
+        with trio.move_on_after(budget if budget is not None else float("inf")) as timer:
+            offset = 0
+            while True:
+                page = await self._on_any(
+                    f"SELECT {_META_COLUMNS} FROM data d WHERE {where} ORDER BY {order} "
+                    f"LIMIT {QUERY_PAGE} OFFSET {offset}",
+                    tuple(p.params),
+                )
+                for row in page.rows:
+                    record = _meta_row(row)
+                    if predicate.matches(record.to_json()):
+                        out.append(record)
+                        if limit is not None and len(out) >= limit:
+                            return out
+                if len(page.rows) < QUERY_PAGE:
+                    return out
+                offset += QUERY_PAGE
+        assert timer.cancelled_caught
+        raise QueryTimeout(
+            f"the query ran past its budget of {budget:g}s: narrow it (modelType, modelName "
+            "or name ==)"
+        )
+
+    async def delete_with_prefix(
+        self, model_type: str, model_name: str, prefix: str, *, batch: int = 1000
+    ) -> int:
+        if not prefix:
+            raise ValueError("an empty prefix would delete the whole instance")
+        removed = 0
+        while True:
+            result = await self._on_any(
+                "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                "SELECT model_type, model_name, name, version FROM data WHERE "
+                "model_type = $1 AND model_name = $2 AND name >= $3 AND name < $4 LIMIT $5)",
+                (model_type, model_name, prefix, _upper(prefix), batch),
+            )
+            removed += result.rowcount
+            if result.rowcount < batch:
+                return removed
+
+    async def collect_garbage(self, *, batch: int = 500) -> int:
+        now = self.clock()
+        removed = 0
+        while True:
+            result = await self._on_any(
+                "DELETE FROM data WHERE (model_type, model_name, name, version) IN ("
+                "SELECT model_type, model_name, name, version FROM data "
+                "WHERE expires_epoch IS NOT NULL AND expires_epoch < $1 LIMIT $2)",
+                (now, batch),
+            )
+            removed += result.rowcount
+            if result.rowcount < batch:
+                return removed

@@ -1,0 +1,229 @@
+"""The record store's contract, held to every backend behind ``swamp.store.records``: SQLite
+(the default) and PostgreSQL (``tests.postgres`` starts a server; marked ``postgres``). The
+same versions, the same compare-and-swap, the same transactions, the same queries."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from swamp.domain.query import parse
+from swamp.domain.read_scope import ReadScope
+from swamp.errors import Conflict
+from swamp.store.datastore import Datastore, Key, SpecPolicy
+from swamp.store.records import Records, SqliteRecords
+
+KEY = Key("test/model", "inst", "item")
+ITEM = SpecPolicy("item")
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.integration]),
+    ]
+)
+async def records(request, tmp_path):
+    if request.param == "sqlite":
+        store: Records = SqliteRecords(Datastore(tmp_path / "swamp.db", orchestrator=True))
+    else:
+        from swamp.store.pg_store import PgStore
+
+        store = await PgStore.open(request.getfixturevalue("pg_url"))
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def test_writes_are_versions_and_latest_is_the_newest(records):
+    for i in range(3):
+        await records.write(KEY, {"i": i}, policy=ITEM)
+    assert await records.versions(KEY) == [1, 2, 3]
+    latest = await records.latest(KEY)
+    assert latest is not None and latest.attributes == {"i": 2} and latest.version == 3
+    assert await records.latest(Key("test/model", "inst", "other")) is None
+
+
+async def test_content_and_attributes_round_trip(records):
+    content = bytes(range(256)) * 64
+    attributes = {"text": "naïve ✓ \u0000 end", "n": 2**62, "f": 0.5, "list": [1, None, True]}
+    written = await records.write(KEY, attributes, policy=ITEM, content=content)
+    latest = await records.latest(KEY)
+    assert latest is not None and written.version == latest.version == 1
+    assert latest.content == content and latest.attributes == attributes
+    assert latest.created_at == written.created_at and latest.spec == "item"
+    await records.write(KEY, {}, policy=ITEM)
+    again = await records.latest(KEY)
+    assert again is not None and again.content is None
+
+
+async def test_garbage_collection_keeps_n_versions_at_write_time(records):
+    policy = SpecPolicy("item", garbage_collection=2)
+    for i in range(5):
+        await records.write(KEY, {"i": i}, policy=policy)
+    assert await records.versions(KEY) == [4, 5]
+
+
+async def test_a_single_version_spec_is_replaced_in_place_by_compare_and_swap(records):
+    policy = SpecPolicy("item", garbage_collection=1)
+    first = await records.write(KEY, {"i": 0}, policy=policy, expected_version=0)
+    second = await records.write(KEY, {"i": 1}, policy=policy, expected_version=first.version)
+    assert await records.versions(KEY) == [2] and second.version == 2
+    with pytest.raises(Conflict):
+        await records.write(KEY, {"i": 2}, policy=policy, expected_version=first.version)
+    latest = await records.latest(KEY)
+    assert latest is not None and latest.attributes == {"i": 1}
+
+
+async def test_compare_and_swap_refuses_a_moved_latest_and_fresh_refuses_a_clash(records):
+    await records.write(KEY, {"i": 0}, policy=ITEM, expected_version=0)
+    with pytest.raises(Conflict):
+        await records.write(KEY, {"i": 1}, policy=ITEM, expected_version=0)
+    await records.write(KEY, {"i": 1}, policy=ITEM, expected_version=1)
+    with pytest.raises(Conflict):
+        await records.write(KEY, {"i": 2}, policy=ITEM, expected_version=1)
+    fresh = Key("test/model", "inst", "fresh")
+    assert (await records.write(fresh, {}, policy=ITEM, fresh=True)).version == 1
+    with pytest.raises(Conflict):
+        await records.write(fresh, {}, policy=ITEM, fresh=True)
+    assert await records.versions(KEY) == [1, 2]
+
+
+async def test_racing_transitions_never_lose_or_double_an_update(records):
+    """Many tasks add one to a counter by read-decide-CAS: every addition lands once."""
+
+    def add_one(current):
+        return {"n": (current.attributes["n"] if current else 0) + 1}
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(40):
+            nursery.start_soon(lambda: records.transition(KEY, add_one, policy=ITEM))
+    latest = await records.latest(KEY)
+    assert latest is not None and latest.attributes == {"n": 40} and latest.version == 40
+
+
+async def test_transition_writes_nothing_when_decide_says_none_or_raises(records):
+    record, wrote = await records.transition(KEY, lambda current: None, policy=ITEM)
+    assert (record, wrote) == (None, False)
+
+    def refuse(current):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        await records.transition(KEY, refuse, policy=ITEM)
+    assert await records.versions(KEY) == []
+
+
+async def test_a_transaction_commits_all_or_nothing(records):
+    other = Key("test/model", "inst", "other")
+    async with records.transaction() as tx:
+        await tx.write(KEY, {"i": 1}, policy=ITEM)
+        await tx.write(other, {"i": 1}, policy=ITEM)
+        inside = await tx.latest(KEY)
+        assert inside is not None and inside.attributes == {"i": 1}
+    with pytest.raises(RuntimeError):
+        async with records.transaction() as tx:
+            await tx.write(KEY, {"i": 2}, policy=ITEM)
+            await tx.delete_items([other])
+            raise RuntimeError("changed my mind")
+    assert await records.versions(KEY) == [1] and await records.versions(other) == [1]
+
+
+async def test_another_task_never_joins_an_open_transaction(records):
+    """Its write waits until the transaction ends: rolled back, the transaction takes nothing
+    of the other task's with it."""
+    other = Key("test/model", "inst", "other")
+    opened, written = trio.Event(), trio.Event()
+
+    async def outsider() -> None:
+        await opened.wait()
+        await records.write(other, {"by": "outsider"}, policy=ITEM)
+        written.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outsider)
+        with pytest.raises(RuntimeError):
+            async with records.transaction() as tx:
+                await tx.write(KEY, {"i": 1}, policy=ITEM)
+                opened.set()
+                await trio.sleep(0.05)  # the outsider runs meanwhile
+                raise RuntimeError("rolled back")
+        await written.wait()
+    assert await records.versions(KEY) == [] and await records.versions(other) == [1]
+
+
+async def test_reads_of_a_type_an_instance_a_prefix_and_a_range(records):
+    for model_name in ("b", "a"):
+        for name in ("run-1/0000001", "run-1/0000002", "run-2/0000001", "x"):
+            await records.write(Key("t/steps", model_name, name), {"n": name}, policy=ITEM)
+    await records.write(Key("t/steps", "a", "x"), {"n": "x2"}, policy=ITEM)
+    every = await records.latest_of_type("t/steps")
+    assert [(r.model_name, r.name) for r in every][:2] == [
+        ("a", "run-1/0000001"),
+        ("a", "run-1/0000002"),
+    ]
+    assert len(every) == 8
+    assert [r.attributes["n"] for r in await records.latest_of_type("t/steps", model_name="a")][
+        -1
+    ] == "x2"
+    assert await records.model_names("t/steps") == ["a", "b"]
+    prefixed = await records.latest_with_prefix("t/steps", "a", "run-1/")
+    assert [r.name for r in prefixed] == ["run-1/0000001", "run-1/0000002"]
+    ranged = await records.latest_in_range("t/steps", "b", "run-1/0000002", "x", limit=5)
+    assert [r.name for r in ranged] == ["run-1/0000002", "run-2/0000001"]
+
+
+async def test_names_sort_by_their_bytes_not_a_locale(records):
+    """A range of the key and the order of a listing are by code point, on every backend:
+    'Z' before 'a', 'é' after 'z' (a locale's collation would interleave them)."""
+    for name in ("a", "Z", "é", "z", "_", "-"):
+        await records.write(Key("t/m", "i", name), {}, policy=ITEM)
+    listed = [r.name for r in await records.latest_of_type("t/m")]
+    assert listed == sorted(listed) == ["-", "Z", "_", "a", "z", "é"]
+
+
+async def test_queries_latest_all_versions_scope_and_newest_first(records):
+    for i in range(3):
+        await records.write(Key("app/thing", "one", f"n{i}"), {"i": i}, policy=ITEM)
+    await records.write(Key("app/thing", "one", "n0"), {"i": 10}, policy=ITEM)
+    await records.write(Key("app/other", "two", "m"), {"i": 5}, policy=ITEM)
+    await records.write(Key("swamp/worker", "w1", "status"), {"i": 7}, policy=ITEM)
+    found = await records.query(parse('modelType == "app/thing"'))
+    assert sorted(r.attributes["i"] for r in found) == [1, 2, 10]
+    assert all(r.content is None for r in found)  # queries read no content
+    assert len(await records.query(parse('modelType == "app/thing"'), all_versions=True)) == 4
+    big = await records.query(parse("attributes.i >= 5"))
+    assert sorted(r.attributes["i"] for r in big) == [5, 7, 10]
+    assert len(await records.query(parse("attributes.i >= 0"), limit=2)) == 2
+    scope = ReadScope.of("app/thing", "one", type_patterns=["app/*"])
+    scoped = await records.query(parse("attributes.i >= 0"), scope=scope)
+    assert sorted(r.model_type for r in scoped) == [
+        "app/other",
+        "app/thing",
+        "app/thing",
+        "app/thing",
+    ]
+    newest = await records.query(parse('modelType == "app/thing"'), newest_first=True, limit=1)
+    assert [r.attributes["i"] for r in newest] == [10]
+
+
+async def test_deletes_of_items_a_prefix_and_an_instance(records):
+    for i in range(25):
+        await records.write(Key("t/s", "run", f"r1/{i:03d}"), {}, policy=ITEM)
+        await records.write(Key("t/s", "run", f"r2/{i:03d}"), {}, policy=ITEM)
+    assert await records.delete_with_prefix("t/s", "run", "r1/", batch=7) == 25
+    assert len(await records.latest_of_type("t/s")) == 25
+    assert await records.delete_items([Key("t/s", "run", "r2/000"), Key("t/s", "run", "none")]) == 1
+    async with records.transaction() as tx:
+        assert await tx.delete_instance("t/s", "run") == 24
+    assert await records.latest_of_type("t/s") == []
+
+
+async def test_lapsed_lifetimes_are_collected(records):
+    lapsing = SpecPolicy("item", lifetime="1s")
+    await records.write(KEY, {}, policy=lapsing, at=1000.0)
+    kept = Key("test/model", "inst", "kept")
+    await records.write(kept, {}, policy=ITEM, at=1000.0)
+    assert await records.collect_garbage(batch=1) == 1
+    assert await records.versions(KEY) == [] and await records.versions(kept) == [1]
