@@ -42,7 +42,8 @@ def connect(
         None,
         envvar="SWAMP_ORCHESTRATOR_URL",
         show_default=False,
-        help="The orchestrator's ws:// or wss:// URL",
+        help="The orchestrator's ws:// or wss:// URL; or several, comma-separated (orchestrators "
+        "on one database): the first reached is used, the next after a drop",
     ),
     token: str = typer.Option(
         None,

@@ -1,7 +1,7 @@
 """The connect loop: keep a session up for as long as the token lives.
 
 After a drop the worker reconnects with capped exponential backoff (1 s doubling to 30 s) until
-its token's deadline; before its first enrollment it keeps trying for ``connect_timeout`` (a
+its token's deadline — to the next orchestrator of its list, when it was given several; before its first enrollment it keeps trying for ``connect_timeout`` (a
 fleet token whose places are all taken is such a wait: it says so, then waits for a place). A
 permanent rejection (revoked, expired, wrong secret, unknown token, protocol mismatch) stops it at
 once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
@@ -239,6 +239,9 @@ async def _connect_loop(
                 exitCode=EXIT_UNREACHABLE,
             )
             return EXIT_UNREACHABLE
+        # several orchestrators on one database: the next of the list is tried next (any of
+        # them takes any worker); with one, the same again
+        config = config.next_orchestrator()
         reporter.emit("waiting_for_place" if full else "retrying", delaySeconds=delay)
         await trio.sleep(delay)
         if drain.draining:  # signalled while away: there is nothing to finish

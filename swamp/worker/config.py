@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,9 +31,25 @@ def parse_concurrency(text: str | int) -> int:
         ) from None
 
 
+MAX_ORCHESTRATORS = 16  # URLs in one list
+
+
+def orchestrator_urls(text: str) -> tuple[str, ...]:
+    """``SWAMP_ORCHESTRATOR_URL`` / the argument: one URL, or several separated by commas
+    (orchestrators sharing one database: the worker connects to one and moves to the next
+    when it cannot reach it, or loses it). Blanks around commas are ignored; a repeat once."""
+    urls = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if len(urls) > MAX_ORCHESTRATORS:
+        raise UserError(
+            f"the orchestrator URL list (argument or SWAMP_ORCHESTRATOR_URL) has {len(urls)} "
+            f"URLs: at most {MAX_ORCHESTRATORS}"
+        )
+    return urls
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
-    url: str
+    url: str  # the orchestrator connected to now: the first of ``urls``, then each in turn
     token: str = field(repr=False)
     labels: dict[str, str] = field(default_factory=dict)
     cache_dir: Path | None = None
@@ -52,18 +68,25 @@ class WorkerConfig:
     # (None: a token given as it is); token_source names it in messages
     token_again: Callable[[], str] | None = field(default=None, repr=False, compare=False)
     token_source: str = "the token"
+    # every orchestrator it may connect to, in order (from a comma-separated ``url``)
+    urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.urls:
+            urls = orchestrator_urls(self.url)
+            object.__setattr__(self, "urls", urls)
+            object.__setattr__(self, "url", urls[0] if urls else "")
         if not self.url:
             raise UserError(
                 "missing orchestrator URL: pass it as the first argument or set "
                 "SWAMP_ORCHESTRATOR_URL"
             )
-        if not self.url.startswith(("ws://", "wss://")):
-            raise UserError(
-                f"the orchestrator URL (argument or SWAMP_ORCHESTRATOR_URL) must "
-                f"start with ws:// or wss:// (got {redact(self.url)!r})"
-            )
+        for url in self.urls:
+            if not url.startswith(("ws://", "wss://")):
+                raise UserError(
+                    f"the orchestrator URL (argument or SWAMP_ORCHESTRATOR_URL) must "
+                    f"start with ws:// or wss:// (got {redact(url)!r})"
+                )
         if not self.token:
             raise UserError(
                 "missing enrollment token: pass --token or --token-file, or set "
@@ -80,32 +103,43 @@ class WorkerConfig:
             raise UserError(f"--ca-cert {self.ca_cert} does not exist")
         if self.ca_pin is not None:
             check_pin(self.ca_pin)
-            if not self.url.startswith("wss://"):
-                raise UserError(
-                    f"--ca-pin (SWAMP_CA_PIN) goes with a wss:// URL (got {redact(self.url)!r})"
-                )
         if self.data_plane_url and not self.data_plane_url.startswith(("http://", "https://")):
             raise UserError(
                 "the data-plane URL (--data-plane-url or SWAMP_DATA_PLANE_URL) must "
                 f"start with http:// or https:// (got {redact(self.data_plane_url)!r})"
             )
+        for url in self.urls:
+            self._check_sends(url)
+
+    def _check_sends(self, url: str) -> None:
+        """What goes to ``url``: a pin only over TLS, secrets in clear only when allowed."""
+        if self.ca_pin is not None and not url.startswith("wss://"):
+            raise UserError(f"--ca-pin (SWAMP_CA_PIN) goes with a wss:// URL (got {redact(url)!r})")
         if not self.insecure:
-            for what, url in (
-                ("the enrollment token", self.url),
-                ("dispatch credentials", self.data_plane()),
+            for what, where in (
+                ("the enrollment token", url),
+                ("dispatch credentials", self.data_plane(url)),
             ):
-                if sends_in_clear(url):
+                if sends_in_clear(where):
                     raise UserError(
-                        f"refusing to send {what} in clear text to {redact(url)}: use wss:// "
+                        f"refusing to send {what} in clear text to {redact(where)}: use wss:// "
                         "(serve --tls-cert/--tls-key), or pass --insecure (SWAMP_WORKER_INSECURE"
                         "=1) if the network between them is trusted"
                     )
 
-    def data_plane(self) -> str:
+    def next_orchestrator(self) -> WorkerConfig:
+        """The same, connecting to the next orchestrator of the list (the first after the
+        last); itself with one."""
+        if len(self.urls) < 2:
+            return self
+        at = self.urls.index(self.url) if self.url in self.urls else -1
+        return replace(self, url=self.urls[(at + 1) % len(self.urls)])
+
+    def data_plane(self, url: str | None = None) -> str:
         """The HTTP base of the data plane: explicit, or the connect URL's host over HTTP(S)."""
         if self.data_plane_url:
             return self.data_plane_url.rstrip("/")
-        parts = urlsplit(self.url)
+        parts = urlsplit(url or self.url)
         scheme = "https" if parts.scheme == "wss" else "http"
         return urlunsplit((scheme, parts.netloc, "", "", "")).rstrip("/")
 

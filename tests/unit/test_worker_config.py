@@ -113,3 +113,35 @@ def test_concurrency_is_a_number_or_auto_for_the_cpu_count():
     assert parse_concurrency(" AUTO ") == parse_concurrency("auto") == max(1, os.cpu_count() or 1)
     with pytest.raises(UserError, match="SWAMP_WORKER_CONCURRENCY"):
         parse_concurrency("lots")
+
+
+def test_several_orchestrators_are_tried_in_turn():
+    """A comma-separated list: the first is connected to first, then each in turn (the
+    first after the last); blanks and repeats are dropped; one URL is itself again."""
+    config = WorkerConfig(
+        url=" wss://a.example:7420 ,wss://b.example:7420,, wss://a.example:7420", token="t.s"
+    )
+    assert config.urls == ("wss://a.example:7420", "wss://b.example:7420")
+    assert config.url == "wss://a.example:7420"
+    assert config.data_plane() == "https://a.example:7420"
+    second = config.next_orchestrator()
+    assert second.url == "wss://b.example:7420" and second.urls == config.urls
+    assert second.data_plane() == "https://b.example:7420"  # the data plane follows it
+    assert second.next_orchestrator().url == "wss://a.example:7420"
+    one = WorkerConfig(url="wss://a.example:7420", token="t.s")
+    assert one.next_orchestrator() is one
+
+
+@pytest.mark.parametrize(
+    "url,said",
+    [
+        ("wss://a.example:7420,http://b.example", "must start with ws:// or wss://"),
+        ("wss://a.example:7420,ws://b.example:7420", "clear text to ws://b.example:7420"),
+        (",".join(f"wss://h{i}.example" for i in range(17)), "at most 16"),
+        (" , ", "missing orchestrator URL"),
+    ],
+)
+def test_every_orchestrator_of_a_list_is_checked(url, said):
+    with pytest.raises(UserError) as info:
+        WorkerConfig(url=url, token="t.s")
+    assert said in info.value.message
