@@ -1,10 +1,11 @@
 """The connect loop: keep a session up for as long as the token lives.
 
 After a drop the worker reconnects with capped exponential backoff (1 s doubling to 30 s) until
-its token's deadline — to the next orchestrator of its list, when it was given several; before its first enrollment it keeps trying for ``connect_timeout`` (a
-fleet token whose places are all taken is such a wait: it says so, then waits for a place). A
-permanent rejection (revoked, expired, wrong secret, unknown token, protocol mismatch) stops it at
-once with exit status 1 and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
+its token's deadline — to the next orchestrator of its list, when it was given several; before
+its first enrollment it keeps trying for ``connect_timeout`` (a fleet token whose places are
+all taken is such a wait: it says so, then waits for a place). A permanent rejection (revoked,
+expired, wrong secret, unknown token, protocol mismatch) stops it at once with exit status 1
+and a one-line reason. SIGINT/SIGTERM stop it cleanly with exit 0.
 
 A token from a source that can change (a file, a secret store: ``config.token_again``) is asked
 for again when the orchestrator refuses the token in hand for good, or its deadline passes: a
