@@ -514,10 +514,15 @@ async def runs(sources: Sources) -> str:
 def _cancel_form(run_id: str, viewer: Viewer, step: str | None, label: str, cls: str) -> str:
     """A button that cancels the run, or one running step of it (``workflow cancel``)."""
     which = f'<input type="hidden" name="step" value="{text(step)}">' if step else ""
+    what = (
+        "cancel this step alone: it fails, its dependants follow their conditions"
+        if step
+        else "cancel the run: its running steps are stopped, the rest skipped"
+    )
     return (
         f'<form method="post" action="/ui/runs/{path_part(run_id)}/cancel" class="{cls}">'
         f'<input type="hidden" name="csrf" value="{text(viewer.csrf)}">{which}'
-        f'<button type="submit" class="danger">{text(label)}</button></form>'
+        f'<button type="submit" class="danger" title="{what}">{text(label)}</button></form>'
     )
 
 
