@@ -302,6 +302,7 @@ RUN: dict[str, list[Expect]] = {
         Expect("history get", says=(r"workflow fleet-uptime succeeded", r"load average")),
         Expect("swamp logs", says=(r"uptime-pool-[0-9a-f]{8} │ .*load average",)),
         Expect("workflow cancel", exit=1, says=(r"has already ended: succeeded",)),
+        Expect("--step", exit=1, says=(r"has already ended: succeeded",)),
         Expect("workflow validate"),
     ],
     "verify": [
