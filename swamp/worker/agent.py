@@ -32,7 +32,15 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.drain import EXIT_UNREACHABLE, Stage
 from swamp.domain.token_sources import another_token_may_help
 from swamp.domain.urls import redact
-from swamp.errors import FleetFull, PinMismatch, Rejected, SwampError, UserError
+from swamp.errors import (
+    FleetFull,
+    PinMismatch,
+    ProtocolMismatch,
+    Rejected,
+    SwampError,
+    UserError,
+    WrongScheme,
+)
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.worker.config import WorkerConfig
@@ -164,7 +172,11 @@ async def _connect_loop(
     started = time.monotonic()
     token_deadline: float | None = None
     attempt = 0
-    proven = False  # enrolled at least once: what the pin names is this orchestrator
+    proven: set[str] = set()  # orchestrators enrolled at: what the pin names is each of them
+    # with several orchestrators, what refused this worker at each since it last enrolled: a
+    # refusal of one orchestrator's own (its pin, its protocol version, its scheme) moves on
+    # to the next; only when every one refused does the worker stop
+    refused: dict[str, str] = {}
     while True:
         attempt += 1
         reporter.emit("connecting", url=redact(config.url), attempt=attempt)
@@ -182,13 +194,20 @@ async def _connect_loop(
         try:
             reason = await session.run()
         except PinMismatch as exc:
-            if not proven:  # a pin that never let it in: a wrong pin, or not this orchestrator
+            if config.url not in proven and not _another_may_take(config, refused, exc):
+                # a pin that never let it in: a wrong pin, or not this orchestrator
                 reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
                 return 1
-            # The pin has let this worker in before: a CA answer that does not match it now
-            # came from whatever sits on the path (a load balancer's page, an impostor), not
-            # from a wrong pin. Nothing was sent; ask again, as for an orchestrator away.
+            # The pin has let this worker in here before: a CA answer that does not match it
+            # now came from whatever sits on the path (a load balancer's page, an impostor),
+            # not from a wrong pin. Nothing was sent; ask again, as for an orchestrator away.
+            # (Or another orchestrator of the list may take it.)
             reason = exc.message
+        except (ProtocolMismatch, WrongScheme) as exc:
+            if not _another_may_take(config, refused, exc):
+                reporter.emit("stopped", reason=exc.message, code=exc.code, exitCode=1)
+                return 1
+            reason = exc.message  # this orchestrator's own: another of the list may take it
         except (Rejected, UserError) as exc:  # it will never work as presented: stop
             fresh, why = None, exc.message
             if another_token_may_help(exc.code):
@@ -215,7 +234,8 @@ async def _connect_loop(
         if session.enrollment is not None:
             token_deadline = session.enrollment.token_expires_at
             backoff.reset()
-            proven = True
+            proven.add(config.url)
+            refused.clear()
         # the orchestrator's words first (they name the allowance: "… exhausted (3 / 3)")
         reporter.emit("fleet_full" if full else "disconnected", reason=reason)
         delay = backoff.next()
@@ -247,6 +267,13 @@ async def _connect_loop(
         await trio.sleep(delay)
         if drain.draining:  # signalled while away: there is nothing to finish
             return drain.exit_code
+
+
+def _another_may_take(config: WorkerConfig, refused: dict[str, str], exc: SwampError) -> bool:
+    """Whether the worker should go on to the next orchestrator after this one refused it
+    in a way of its own: with a list, until every one has refused since it last enrolled."""
+    refused[config.url] = exc.message
+    return len(config.urls) > 1 and len(refused) < len(config.urls)
 
 
 async def _another_token(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,13 +33,17 @@ def parse_concurrency(text: str | int) -> int:
 
 
 MAX_ORCHESTRATORS = 16  # URLs in one list
+_SEPARATOR = re.compile(r",\s*(?=[a-z][a-z0-9+.-]*://)", re.IGNORECASE)  # before a URL
 
 
 def orchestrator_urls(text: str) -> tuple[str, ...]:
     """``SWAMP_ORCHESTRATOR_URL`` / the argument: one URL, or several separated by commas
     (orchestrators sharing one database: the worker connects to one and moves to the next
-    when it cannot reach it, or loses it). Blanks around commas are ignored; a repeat once."""
-    urls = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    when it cannot reach it, or loses it). A comma separates only before the next URL's
+    ``scheme://`` — one inside a URL (a query, a password) stays in it; blanks and stray
+    commas around are ignored, a repeat counts once."""
+    parts = _SEPARATOR.split(text)
+    urls = tuple(dict.fromkeys(part.strip(" \t,") for part in parts if part.strip(" \t,")))
     if len(urls) > MAX_ORCHESTRATORS:
         raise UserError(
             f"the orchestrator URL list (argument or SWAMP_ORCHESTRATOR_URL) has {len(urls)} "
@@ -81,6 +86,8 @@ class WorkerConfig:
                 "missing orchestrator URL: pass it as the first argument or set "
                 "SWAMP_ORCHESTRATOR_URL"
             )
+        if self.url not in self.urls:  # replace(url=…) by hand: checked as the list's are
+            object.__setattr__(self, "urls", (*self.urls, self.url))
         for url in self.urls:
             if not url.startswith(("ws://", "wss://")):
                 raise UserError(

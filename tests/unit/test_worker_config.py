@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from swamp.domain.labels import merge_labels
@@ -145,3 +147,27 @@ def test_every_orchestrator_of_a_list_is_checked(url, said):
     with pytest.raises(UserError) as info:
         WorkerConfig(url=url, token="t.s")
     assert said in info.value.message
+
+
+@pytest.mark.parametrize(
+    "url,secret",
+    [
+        ("wss://orch.example:7420/?key=s3cr3t,t0p", "t0p"),  # a secret in the query
+        ("wss://bob:pa55,w0rd@orch.example:7420", "w0rd"),  # a password with a comma
+    ],
+)
+def test_a_comma_inside_a_url_keeps_it_whole_and_a_refusal_never_shows_its_secret(url, secret):
+    """A comma inside one URL (a query, a password) does not split it: it is one URL, and
+    when it is refused it is shown redacted, whole."""
+    assert WorkerConfig(url=url, token="t.s").urls == (url,)
+    clear = url.replace("wss://", "ws://")  # refused: the token in clear to another host
+    with pytest.raises(UserError) as info:
+        WorkerConfig(url=f"wss://a.example:7420,{clear}", token="t.s")
+    assert "clear text" in info.value.message and secret not in info.value.message
+
+
+def test_replacing_the_url_is_checked_like_the_first():
+    """replace(config, url=…) points it at a URL outside its list: checked as the list's."""
+    config = WorkerConfig(url="wss://a.example:7420", token="t.s")
+    with pytest.raises(UserError):
+        replace(config, url="ws://plain.example:7420")  # clear text to another host
