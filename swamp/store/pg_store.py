@@ -11,23 +11,32 @@ The key's columns sort by their bytes (``COLLATE "C"``), as SQLite's do, whateve
 database's locale: a range of names and the order of a listing are the same on both.
 
 Every operation is awaited on a connection of a :class:`~swamp.store.pg.Pool` (the event loop
-never blocks on the database); a transaction holds one connection until it ends. A query runs
-in pages of the key's order and stops at its ``limit``; past its ``budget`` it is cancelled
-(its connection is closed, the pool makes another).
+never blocks on the database). A transaction (:meth:`PgStore.transact`) is SERIALIZABLE, as
+SQLite's ``BEGIN IMMEDIATE`` makes one: what it reads cannot change before its writes land,
+or PostgreSQL refuses it (``serialization_failure``, ``deadlock_detected``) and the body is run
+again on a fresh snapshot, up to :data:`TX_ATTEMPTS` times — so a body does nothing but read
+and write through its handle. Inside one, a compare-and-swap that fails is a savepoint rolled
+back, not the transaction: the body sees :class:`Conflict` and goes on. A query reads pages
+by the key (each page starts after the last row of the one before: a row that exists all
+along is read once, whatever is written meanwhile) and stops at its ``limit``; past its
+``budget`` it is cancelled on the server.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import suppress
+from typing import TypeVar
 
 import trio
 
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
-from swamp.errors import Conflict, QueryTimeout, StoreError
+from swamp.errors import Conflict, QueryTimeout, SqlError, StoreError, SwampError
 from swamp.store import pg
 from swamp.store.datastore import (
     _CANONICAL,
@@ -72,6 +81,14 @@ _IS_LATEST = (
 )
 QUERY_PAGE = 1000  # rows read at a time by a query that filters in Python
 POOL_SIZE = 4
+TX_ATTEMPTS = 16  # a serializable transaction run again after a conflict, at most
+_RETRIED = frozenset({pg.SERIALIZATION_FAILURE, pg.DEADLOCK_DETECTED})
+# the task runs a transaction: the store's own operations would wait on its locks (another
+# connection), so they are refused — the transaction's handle is the way
+_IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "swamp_pg_in_transaction", default=False
+)
+T = TypeVar("T")
 
 
 def _row(row: tuple) -> Record:
@@ -111,11 +128,19 @@ def _scope_sql(scope: ReadScope, p: _Sql) -> str:
 
 
 class _Operations:
-    """The reads and writes of records, each a statement on ``run``'s connection."""
+    """The reads and writes of records, each a statement on ``run``'s connection (in a
+    transaction: ``in_transaction``, and the handle is good until it ends)."""
 
-    def __init__(self, run: Callable, clock: Callable[[], float]) -> None:
-        self._run = run
+    def __init__(self, run: Callable, clock: Callable[[], float], *, in_transaction: bool) -> None:
+        self._execute = run
         self.clock = clock
+        self.in_transaction = in_transaction
+        self.ended = False
+
+    async def _run(self, sql: str, params: tuple = ()):
+        if self.ended:
+            raise RuntimeError("this transaction has ended: its handle is no longer good")
+        return await self._execute(sql, params)
 
     async def latest(self, key: Key) -> Record | None:
         result = await self._run(
@@ -162,12 +187,7 @@ class _Operations:
         replaced = expected_version or 0
         in_place = replaced > 0 and policy.garbage_collection == 1
         if in_place:
-            result = await self._run(
-                "UPDATE data SET version=$1, spec=$2, attributes=$3, created_at=$4, "
-                "created_epoch=$5, expires_epoch=$6, size=$7, content=$8 WHERE model_type=$9 "
-                "AND model_name=$10 AND name=$11 AND version=$12 RETURNING version",
-                (replaced + 1, *row, *item, replaced),
-            )
+            result = await self._replace(item, row, replaced)
         elif fresh:
             result = await self._run(
                 "INSERT INTO data VALUES ($1,$2,$3,1,$4,$5,$6,$7,$8,$9,$10) "
@@ -206,12 +226,46 @@ class _Operations:
             and policy.garbage_collection is not None
             and version > policy.garbage_collection
         ):
-            await self._run(
-                "DELETE FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
-                "AND version<=$4",
-                (*item, version - policy.garbage_collection),
-            )
+            await self._trim(item, version - policy.garbage_collection)
         return Record(*item, version, policy.name, attributes, content, created_at)
+
+    async def _replace(self, item: tuple, row: tuple, replaced: int):
+        """One version kept: the next replaces it in place, one UPDATE where it is still the
+        one replaced. A version after it written meanwhile (a plain write not yet trimmed)
+        makes the UPDATE clash on the key: a :class:`Conflict`, as on SQLite — and inside a
+        transaction a savepoint rolled back, so the transaction goes on."""
+        statement = (
+            "UPDATE data SET version=$1, spec=$2, attributes=$3, created_at=$4, "
+            "created_epoch=$5, expires_epoch=$6, size=$7, content=$8 WHERE model_type=$9 "
+            "AND model_name=$10 AND name=$11 AND version=$12 RETURNING version"
+        )
+        params = (replaced + 1, *row, *item, replaced)
+        if self.in_transaction:
+            await self._run("SAVEPOINT swamp_replace")
+        try:
+            result = await self._run(statement, params)
+        except SqlError as exc:
+            if exc.sqlstate != pg.UNIQUE_VIOLATION:
+                raise
+            if self.in_transaction:
+                await self._run("ROLLBACK TO SAVEPOINT swamp_replace")
+            raise Conflict(f"{'/'.join(item)} moved past version {replaced}") from None
+        if self.in_transaction:
+            await self._run("RELEASE SAVEPOINT swamp_replace")
+        return result
+
+    async def _trim(self, item: tuple, through: int) -> None:
+        """Old versions past the spec's count go. Outside a transaction the write has landed
+        already: a trim that fails leaves them for the next write (as on SQLite), it does
+        not fail the write."""
+        statement = (
+            "DELETE FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 AND version<=$4"
+        )
+        if self.in_transaction:
+            await self._run(statement, (*item, through))
+            return
+        with suppress(SwampError):  # a refused statement, a lost connection, a full pool
+            await self._run(statement, (*item, through))
 
     async def _latest(self, where: str, params: tuple) -> list[Record]:
         result = await self._run(
@@ -256,6 +310,8 @@ class _Operations:
         return [_row(r) for r in result.rows]
 
     async def delete_items(self, keys: Iterable[Key]) -> int:
+        """Every version of the given items; all or none (outside a transaction, in one of its
+        own)."""
         count = 0
         for key in keys:
             result = await self._run(
@@ -276,8 +332,9 @@ class PgStore(_Operations):
     """:class:`~swamp.store.records.Records` on a PostgreSQL database."""
 
     def __init__(self, pool: pg.Pool, *, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(self._on_any, clock)
+        super().__init__(self._on_any, clock, in_transaction=False)
         self.pool = pool
+        self.retried = 0  # transactions run again after a serialization failure or deadlock
 
     def __repr__(self) -> str:
         return f"<PgStore {self.pool!r}>"
@@ -303,13 +360,45 @@ class PgStore(_Operations):
         await self.pool.aclose()
 
     async def _on_any(self, sql: str, params: tuple = ()):
+        if _IN_TRANSACTION.get():
+            raise RuntimeError(
+                "the store was used inside this task's own transaction: use the "
+                "transaction's handle (it would wait on the transaction's own locks)"
+            )
         async with self.pool.connection() as conn:
             return await conn.execute(sql, params)
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_Operations]:
-        async with self.pool.connection() as conn, conn.transaction():
-            yield _Operations(conn.execute, self.clock)
+    async def transact(self, body: Callable[[_Operations], Awaitable[T]]) -> T:
+        """Run ``body`` with a handle on one SERIALIZABLE transaction: all of it commits or
+        none; run again (a fresh transaction, a fresh snapshot) when PostgreSQL refuses it as
+        a serialization failure or a deadlock, up to :data:`TX_ATTEMPTS` times."""
+        for attempt in range(TX_ATTEMPTS):
+            token = _IN_TRANSACTION.set(True)
+            try:
+                async with self.pool.connection() as conn:
+                    handle = _Operations(conn.execute, self.clock, in_transaction=True)
+                    try:
+                        async with conn.transaction():
+                            await conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                            return await body(handle)
+                    finally:
+                        handle.ended = True
+            except SqlError as exc:
+                if exc.sqlstate not in _RETRIED or attempt == TX_ATTEMPTS - 1:
+                    raise
+                self.retried += 1
+            finally:
+                _IN_TRANSACTION.reset(token)
+            await trio.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # racers part ways
+        raise AssertionError("unreachable")
+
+    async def delete_items(self, keys: Iterable[Key]) -> int:
+        listed = list(keys)  # read before anything is deleted: an iterator that fails, fails
+
+        async def delete(tx: _Operations) -> int:
+            return await tx.delete_items(listed)
+
+        return await self.transact(delete)
 
     async def transition(
         self,
@@ -370,19 +459,25 @@ class PgStore(_Operations):
         where = " AND ".join(clauses) or "TRUE"
         if not all_versions:
             where += f" AND {_IS_LATEST}"
-        order = (
-            "created_epoch DESC, model_type, model_name, name, version"
-            if newest_first
-            else "model_type, model_name, name, version"
-        )
+        if newest_first:
+            order = "created_epoch DESC, model_type DESC, model_name DESC, name DESC, version DESC"
+            after = "(created_epoch, model_type, model_name, name, version) < "
+        else:
+            order = "model_type, model_name, name, version"
+            after = "(model_type, model_name, name, version) > "
         out: list[Record] = []
+        last: tuple | None = None  # the key of the last row read: the next page starts after it
         with trio.move_on_after(budget if budget is not None else float("inf")) as timer:
-            offset = 0
             while True:
+                page_params = _Sql()
+                page_params.params = list(p.params)
+                page_where = where
+                if last is not None:
+                    page_where += f" AND {after}({', '.join(page_params(v) for v in last)})"
                 page = await self._on_any(
-                    f"SELECT {_META_COLUMNS} FROM data d WHERE {where} ORDER BY {order} "
-                    f"LIMIT {QUERY_PAGE} OFFSET {offset}",
-                    tuple(p.params),
+                    f"SELECT {_META_COLUMNS}, created_epoch FROM data d WHERE {page_where} "
+                    f"ORDER BY {order} LIMIT {QUERY_PAGE}",
+                    tuple(page_params.params),
                 )
                 for row in page.rows:
                     record = _meta_row(row)
@@ -392,7 +487,10 @@ class PgStore(_Operations):
                             return out
                 if len(page.rows) < QUERY_PAGE:
                     return out
-                offset += QUERY_PAGE
+                tail = page.rows[-1]
+                last = (tail[0], tail[1], tail[2], tail[3])
+                if newest_first:
+                    last = (tail[9], *last)
         assert timer.cancelled_caught
         raise QueryTimeout(
             f"the query ran past its budget of {budget:g}s: narrow it (modelType, modelName "

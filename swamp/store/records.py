@@ -7,26 +7,33 @@ socket, so every operation is awaited. :class:`Records` is what both give — th
 the same versions, the same compare-and-swap — and the contract tests
 (``tests/unit/test_store_contract.py``) hold both to it.
 
-A transaction is a handle: ``async with records.transaction() as tx`` gives the operations
-bound to the transaction (on PostgreSQL, one connection of the pool, held for the
-transaction), so a task never joins another's transaction by accident.
+A transaction is a body run with a handle: ``await records.transact(body)`` calls ``body(tx)``
+with the operations bound to one transaction (on PostgreSQL, one connection of the pool), so a
+task never joins another's transaction by accident. It is serializable — what it reads cannot
+change before its writes land, on both backends — and all of it commits or none. On
+PostgreSQL a transaction that would break that is refused and the body run again on a fresh
+snapshot, so a body only reads and writes through its handle (nothing it does elsewhere may
+happen twice). The store's own operations are refused inside the task's own transaction (they
+would wait on it), and a handle is no good once its transaction has ended.
 
 :class:`SqliteRecords` puts the SQLite store behind the seam: each operation is the store's own
 call (nothing waits), and a lock keeps a task's transaction to itself: the operations of other
-tasks wait until it ends, as they would for a server's row locks.
+tasks through the seam wait until it ends. The ``Datastore`` it wraps must be reached through it
+alone: a direct call while a transaction is open would join it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol, TypeVar
 
 import trio
 
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
 from swamp.store.datastore import Datastore, Key, Record, SpecPolicy
+
+T = TypeVar("T")
 
 
 class Operations(Protocol):
@@ -70,7 +77,7 @@ class Operations(Protocol):
 class Records(Operations, Protocol):
     """The whole store: the operations, transactions, and what runs outside any."""
 
-    def transaction(self) -> AbstractAsyncContextManager[Operations]: ...
+    async def transact(self, body: Callable[[Operations], Awaitable[T]]) -> T: ...
 
     async def transition(
         self,
@@ -107,7 +114,13 @@ class _SqliteOperations:
 
     def __init__(self, store: Datastore, turn: Callable[[], Awaitable[None]] | None) -> None:
         self.store = store
-        self._turn = turn or _now
+        self._wait = turn or _now
+        self.ended = False  # a transaction's handle, after it ended
+
+    async def _turn(self) -> None:
+        if self.ended:
+            raise RuntimeError("this transaction has ended: its handle is no longer good")
+        await self._wait()
 
     async def latest(self, key: Key) -> Record | None:
         await self._turn()
@@ -185,15 +198,25 @@ class SqliteRecords(_SqliteOperations):
         return f"<SqliteRecords {self.store.path}>"
 
     async def _wait_turn(self) -> None:
-        if self._lock.locked():  # another task's transaction holds the connection
-            async with self._lock:
+        if self._lock.locked():  # a transaction holds the connection
+            if self._lock.statistics().owner is trio.lowlevel.current_task():
+                raise RuntimeError(
+                    "the store was used inside this task's own transaction: use the "
+                    "transaction's handle"
+                )
+            async with self._lock:  # another task's: wait until it ends
                 pass
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Operations]:
+    async def transact(self, body: Callable[[Operations], Awaitable[T]]) -> T:
+        """``body`` on one transaction (``BEGIN IMMEDIATE``: serializable, as it takes the
+        write lock first; never refused, so run once)."""
         async with self._lock:
-            with self.store.transaction():
-                yield _SqliteOperations(self.store, None)
+            handle = _SqliteOperations(self.store, None)
+            try:
+                with self.store.transaction():
+                    return await body(handle)
+            finally:
+                handle.ended = True
 
     async def transition(
         self,
