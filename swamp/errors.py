@@ -160,6 +160,13 @@ class Conflict(SwampError):
     code = "conflict"
 
 
+class Fenced(Conflict):
+    """A write made for a worker's connection that another connection has replaced since
+    (``swamp.domain.holding``): the orchestrator that made it no longer holds the worker."""
+
+    code = "fenced"
+
+
 class IllegalTransition(Conflict):
     code = "illegal_transition"
 

@@ -26,6 +26,7 @@ INFRASTRUCTURE_TYPES = frozenset(
         "swamp/token-binding",
         "swamp/server-token",
         "swamp/worker",
+        "swamp/worker-holding",
         "swamp/step-lease",
         "swamp/pending-dispatch",
     }

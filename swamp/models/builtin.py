@@ -104,6 +104,14 @@ WORKER = ModelType(
     internal=True,
     resources=(ResourceSpec("state", garbage_collection=20),),
 )
+# which orchestrator holds a worker's socket, since which connection (swamp.domain.holding):
+# one item per worker, replaced in place by compare-and-swap
+WORKER_HOLDING = ModelType(
+    "swamp/worker-holding",
+    methods=(),
+    internal=True,
+    resources=(ResourceSpec("holding", garbage_collection=1),),
+)
 STEP_LEASE = ModelType(
     "swamp/step-lease",
     methods=(),
@@ -141,6 +149,7 @@ BUILTIN_TYPES = (
     TOKEN_BINDING,
     SERVER_TOKEN,
     WORKER,
+    WORKER_HOLDING,
     STEP_LEASE,
     PENDING_DISPATCH,
     WORKFLOW_RUN,
