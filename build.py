@@ -14,6 +14,8 @@
     python3 build.py bench-metrics  # one /metrics scrape at 10,000 workers, by requirements
     python3 build.py bench-workflows  # forEach of 2,500 and 10,000 over 4 workers x 32 slots,
                                       # beside the raw dispatch rate; the store's growth
+    python3 build.py bench-pg  # PostgreSQL from trio (swamp.store.pg) against psycopg in threads
+    python3 build.py bench-records  # the record store's seam: SQLite beside PostgreSQL
     python3 build.py walk      # the dispatch walk: stays, rooms and climbs of one dispatch
     python3 build.py bench-startup  # the pyz: --version, and a worker started to enrolled
     python3 build.py bench-hostile  # memory under a flood before trust; admin calls under a
@@ -372,6 +374,10 @@ def main(argv: list[str]) -> int:
         return run(str(ROOT / "bench" / "fleet.py"), *rest)
     if task == "bench-ui":
         return run(str(ROOT / "bench" / "ui.py"), *rest)
+    if task == "bench-pg":
+        return run(str(ROOT / "bench" / "pg_driver.py"), *rest)
+    if task == "bench-records":
+        return run(str(ROOT / "bench" / "records.py"), *rest)
     if task == "bench-startup":
         if "--pyz" not in rest and build_pyz(ROOT / "dist" / "swamp.pyz") != 0:
             return 1

@@ -15,7 +15,7 @@ then operations per second of 4 tasks sharing a pool of 4 connections (``--ops``
 its users run it: autocommit, its defaults (it prepares a statement the server has seen 5
 times); swamp.store.pg sends every statement unprepared. Prints one JSON object.
 
-    /work/main/.venv/bin/python bench/pg_driver.py [--ops 1000] [--repetitions 3]
+    python3 build.py bench-pg [--ops 1000] [--repetitions 3]
 """
 
 from __future__ import annotations
