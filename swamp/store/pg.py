@@ -11,8 +11,11 @@ the wire, ``consume_input`` whenever the socket is readable until ``is_busy`` is
 a result are taken from libpq after every exchange, so a query in flight loses none.
 
 **Values.** Parameters go as text with the type psycopg would pick (an int as the smallest of
-int2/int4/int8, so ``repeat('x', $1)`` still resolves; a str as ``unknown``, so the server
-casts it to the column's type), bytes as binary ``bytea``. Results come back as text and are
+int2/int4/int8, so ``repeat('x', $1)`` still resolves — and so ``$1 * $2`` of two small ones
+is smallint arithmetic, which overflows: cast such a parameter, ``$1::bigint``; a str as
+``unknown``, so the server casts it to the column's type), bytes as binary ``bytea``. A value
+that cannot be sent (past 64 bits, a NUL or a lone surrogate in text, too many parameters) is
+refused before anything is sent, and the connection goes on. Results come back as text and are
 converted by the column's type OID (:data:`LOADERS`): numeric → ``Decimal`` (exact), json and
 jsonb → ``str`` (parsing is the caller's business), any type not in the table → ``str``.
 
@@ -29,12 +32,16 @@ only while the statement runs, and the results are read only after the server to
 cannot hit the next statement. Inside :meth:`Connection.transaction` the cancelled statement
 aborts the transaction, which is rolled back. A cancelled write (or COMMIT) may or may not
 have taken effect, as always. No task or thread is started, but for name resolution (trio's
-``getaddrinfo`` thread, which ends with the system resolver's own timeout if abandoned).
+``getaddrinfo`` thread, which ends with the system resolver's own timeout if abandoned). A
+statement called in a scope already cancelled sends nothing. The host to resolve comes from
+the URL, else from ``PGHOST``/``PGHOSTADDR`` (which libpq would resolve on the loop); a
+``service=`` URL is refused for the same reason.
 
 **Bounds.** Notifications wait in a queue of ``max_pending``; past it, new ones are dropped and
 ``missed`` is set: NOTIFY is a wake-up hint, the tables are the truth, a caller that missed
 some rescans. A pool waits ``wait`` seconds at most for a free connection. A result is held
-whole in memory, as libpq reads it: a query that may match many rows says LIMIT.
+whole in memory, as libpq reads it, and its rows are converted in one go (half a million rows:
+about a second without a checkpoint): a query that may match many rows says LIMIT.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from __future__ import annotations
 import binascii
 import collections
 import ipaddress
+import os
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -77,6 +85,7 @@ DEADLOCK_DETECTED = "40P01"
 UNDEFINED_TABLE = "42P01"
 QUERY_CANCELED = "57014"
 IN_FAILED_TRANSACTION = "25P02"
+MAX_PARAMETERS = 65535  # the protocol's count of a statement's parameters
 
 # type OIDs (pg_type.oid; fixed for the built-in types)
 BOOL, BYTEA, NAME, INT8, INT2, INT4, TEXT, JSON = 16, 17, 19, 20, 21, 23, 25, 114
@@ -135,7 +144,10 @@ def _dump(value: object) -> tuple[bytes | None, int, int]:
     if isinstance(value, str):
         if "\x00" in value:
             raise UserError("PostgreSQL text cannot hold a NUL character (\\x00); send bytes")
-        return value.encode(), UNKNOWN, 0
+        try:
+            return value.encode(), UNKNOWN, 0
+        except UnicodeEncodeError:
+            raise UserError("a text parameter holds a lone surrogate, not a character") from None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), BYTEA, 1
     raise UserError(
@@ -247,8 +259,20 @@ class Connection:
     async def execute(self, sql: str, params: Sequence[object] = ()) -> Result:
         """Run one statement; ``$1, $2…`` in ``sql`` are ``params``. A refusal raises
         :class:`SqlError`, a broken connection :class:`ConnectionLost`."""
+        # already cancelled: nothing is sent (trio's rule: a cancelled call does nothing)
+        await trio.lowlevel.checkpoint_if_cancelled()
         if "\x00" in sql:
             raise UserError("an SQL statement cannot hold a NUL character (\\x00)")
+        if len(params) > MAX_PARAMETERS:
+            raise UserError(
+                f"a statement takes at most {MAX_PARAMETERS} parameters, got {len(params)}"
+            )
+        try:
+            encoded = sql.encode()
+        except UnicodeEncodeError:
+            raise UserError(
+                "an SQL statement must be valid text (it holds a lone surrogate)"
+            ) from None
         dumped = [_dump(value) for value in params]  # a bad value changes nothing
         values = [d[0] for d in dumped] or None
         types = [d[1] for d in dumped] or None
@@ -261,7 +285,7 @@ class Connection:
             await self._busy.acquire()
         try:
             self._check_open()
-            res = await self._exchange(sql.encode(), values, types, formats)
+            res = await self._exchange(encoded, values, types, formats)
         finally:
             self._collect()
             self._busy.release()
@@ -280,7 +304,12 @@ class Connection:
         statement in it failed (then :class:`SqlError` 25P02). Transactions do not nest."""
         if self.in_transaction:
             raise UserError("a transaction is already open on this connection (they do not nest)")
-        await self.execute("BEGIN")
+        try:
+            await self.execute("BEGIN")
+        except BaseException:
+            if self.in_transaction:  # BEGIN landed, and then the caller was cancelled
+                await self._rollback()
+            raise
         try:
             yield self
         except BaseException:
@@ -566,6 +595,13 @@ def _where(params: dict[str, Any]) -> str:
 async def _resolved(params: dict[str, Any], where: str) -> dict[str, Any]:
     """``params`` with every host name resolved: one ``host``/``hostaddr``/``port`` entry per
     address, which libpq tries in order."""
+    if params.get("service"):  # a service file's host would be resolved inside libpq
+        raise UserError(f"{where}: a service= URL is not taken; give the host in the URL")
+    if not params.get("host") and not params.get("hostaddr"):
+        # libpq would take PGHOST (or PGHOSTADDR) itself, and resolve it on the event loop
+        for name, variable in (("host", "PGHOST"), ("hostaddr", "PGHOSTADDR")):
+            if os.environ.get(variable):
+                params = {**params, name: os.environ[variable]}
     if params.get("hostaddr") or not params.get("host"):
         return params
     hosts = str(params["host"]).split(",")
@@ -652,9 +688,13 @@ class Pool:
         if self._closed:
             raise ConnectionLost("the pool is closed")
         placed = False
-        with trio.move_on_after(wait):
-            await self._places.acquire()
+        try:  # a free place is taken at once, whatever the wait (wait=0: no wait at all)
+            self._places.acquire_nowait()
             placed = True
+        except trio.WouldBlock:
+            with trio.move_on_after(max(wait, 0)):
+                await self._places.acquire()
+                placed = True
         if not placed:
             raise PoolTimeout(
                 f"no connection of the pool ({self._size}) came free within {wait:g}s: "

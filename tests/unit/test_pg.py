@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from decimal import Decimal
 
 import pytest
@@ -468,3 +469,68 @@ async def test_connecting_resolves_names_and_says_what_failed_without_the_passwo
         await pg.connect(secret.replace("127.0.0.1", "no-such-host.invalid"))
     with pytest.raises(UserError, match="not a PostgreSQL URL"):
         await pg.connect("host=x s3cret")
+
+
+# -- what a hostile review found ----------------------------------------------------------------
+
+
+async def test_a_statement_called_in_a_cancelled_scope_sends_nothing(pg_url):
+    async with await pg.connect(pg_url) as conn:
+        await conn.execute("CREATE TABLE t (i int)")
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conn.execute("INSERT INTO t VALUES (1)")
+        assert (await conn.execute("SELECT count(*) FROM t")).rows == [(0,)]
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            async with conn.transaction():
+                pass
+        assert not conn.closed and not conn.in_transaction  # no BEGIN left open
+
+
+async def test_a_value_that_cannot_be_sent_leaves_the_connection_as_it_was(pg_url):
+    async with await pg.connect(pg_url) as conn:
+        with pytest.raises(UserError, match="at most 65535 parameters"):
+            await conn.execute("SELECT 1", [1] * 70000)
+        with pytest.raises(UserError, match="lone surrogate"):
+            await conn.execute("SELECT $1", ["\udc80"])
+        with pytest.raises(UserError, match="lone surrogate"):
+            await conn.execute("SELECT '\udc80'")
+        assert not conn.closed and (await conn.execute("SELECT 1")).rows == [(1,)]
+
+
+async def test_a_pool_asked_without_a_wait_gives_a_free_connection(pg_url):
+    async with pg.Pool(pg_url, size=1) as pool, pool.connection(wait=0) as conn:
+        assert (await conn.execute("SELECT 1")).rows == [(1,)]
+        with pytest.raises(PoolTimeout):
+            async with pool.connection(wait=0):
+                pass
+
+
+async def test_a_cancel_never_reaches_the_next_statement(pg_url):
+    """Statements cancelled at random points of their course, each followed at once by
+    another on the same connection: that one is never the one cancelled, and the pool's
+    count of connections in use comes back to nothing."""
+    chance = random.Random(7)
+    async with pg.Pool(pg_url, size=3) as pool:
+        for _ in range(120):
+            async with pool.connection() as conn:
+                with trio.move_on_after(chance.uniform(0, 0.004)):
+                    await conn.execute("SELECT pg_sleep(0.002)")
+                if not conn.closed:
+                    assert (await conn.execute("SELECT 1")).rows == [(1,)]
+            assert pool.statistics()["in_use"] == 0
+
+
+async def test_a_host_from_the_environment_is_resolved_by_trio_too(pg_url, monkeypatch):
+    """A URL without a host: libpq would take PGHOST and resolve it on the event loop; it is
+    resolved by trio as a URL's host is. A service file's is refused, for the same reason."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(pg_url)
+    monkeypatch.setenv("PGHOST", "localhost")
+    hostless = f"postgresql:///{parts.path.lstrip('/')}?user=swamp&port={parts.port}"
+    async with await pg.connect(hostless) as conn:
+        assert (await conn.execute("SELECT 1")).rows == [(1,)]
+    with pytest.raises(UserError, match="service="):
+        await pg.connect("postgresql:///x?service=elsewhere")
