@@ -417,6 +417,13 @@ class ConnectionLost(DatabaseUnavailable):
     code = "connection_lost"
 
 
+class LockLost(ConnectionLost):
+    """The connection that held a PostgreSQL advisory lock is gone, and the lock with it:
+    whatever ran because it was held must stop (another may hold it now)."""
+
+    code = "lock_lost"
+
+
 class PoolTimeout(CallTimeout):
     """Every connection of a pool stayed busy for as long as the caller would wait."""
 
