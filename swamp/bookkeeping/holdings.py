@@ -4,9 +4,10 @@
 A holding is one record per worker (``swamp/worker-holding``, instance and item the worker's
 name), one version kept and replaced by compare-and-swap: :meth:`HoldingBook.take` is a
 transition, so two orchestrators taking one worker at once get two epochs, never one twice.
-:meth:`HoldingBook.write_fenced` reads the holding and writes in one serializable transaction:
-a write for a holding another connection has replaced is refused (:class:`Fenced`) and
-nothing of it lands; one that commits is ordered before any take that follows it.
+:meth:`HoldingBook.write_fenced` reads the holding, holding it as read, and writes, in one
+serializable transaction: a write for a holding another connection has replaced is refused
+(:class:`Fenced`) and nothing of it lands; a take waits for a fenced write in flight, so one
+that commits lands before the take returns.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class HoldingBook:
         still the worker's: else :class:`Fenced`, and nothing written."""
 
         async def write(tx: Operations) -> Record:
-            why = fence(_holding(await tx.latest(key(held.worker))), held)
+            # held as read: a take waits for this transaction, or refuses it (then run again)
+            why = fence(_holding(await tx.latest(key(held.worker), hold=True)), held)
             if why is not None:
                 raise Fenced(why)
             return await tx.write(

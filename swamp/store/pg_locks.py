@@ -13,7 +13,8 @@ ended it, the network dropped it — the lock is gone with it: the block is canc
 and :class:`LockLost` raised, so nothing goes on believing it holds what another may hold now.
 A holder that vanishes without closing (a partitioned machine) keeps the lock until the server
 notices the dead connection: set the server's TCP keepalives to seconds, and still fence what
-is written (``swamp.domain.holding``).
+is written (``swamp.domain.holding``). The lock's own connection sends keepalives every few
+seconds (:data:`KEEPALIVES`), so a holder cut off learns it in about 15 seconds.
 """
 
 from __future__ import annotations
@@ -23,9 +24,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
+from psycopg.conninfo import make_conninfo
 
 from swamp.errors import ConnectionLost, LockLost
 from swamp.store import pg
+
+# The lock's connection carries no traffic while held: TCP keepalives every few seconds, and a
+# bound on unacknowledged data, so a holder cut off from the server learns of it in seconds
+# (the system's default keepalive starts after two hours), not after the next holder took over.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15000,
+}
 
 
 def lock_key(name: str) -> int:
@@ -36,11 +49,14 @@ def lock_key(name: str) -> int:
 @asynccontextmanager
 async def held(url: str, name: str) -> AsyncIterator[None]:
     """The block runs while this process holds the lock ``name`` (waiting its turn first);
-    losing the lock cancels the block and raises :class:`LockLost`."""
+    losing the lock cancels the block and raises :class:`LockLost`. What the block raises
+    comes out as it is."""
     key = lock_key(name)
-    async with await pg.connect(url) as conn:
+    async with await pg.connect(make_conninfo(url, **KEEPALIVES)) as conn:
         await conn.execute("SELECT pg_advisory_lock($1)", (key,))
         lost: list[str] = []
+        block = trio.CancelScope()
+        raised: BaseException | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -49,13 +65,18 @@ async def held(url: str, name: str) -> AsyncIterator[None]:
                         await conn.wait_notifications()
                 except ConnectionLost as exc:
                     lost.append(exc.message)
-                    nursery.cancel_scope.cancel()
+                    block.cancel()
 
             nursery.start_soon(watch)
             try:
-                yield
+                with block:
+                    yield
+            except BaseException as exc:  # the block's own: raised again, as itself, below
+                raised = exc
             finally:
                 nursery.cancel_scope.cancel()
+        if raised is not None:
+            raise raised
         if lost:
             raise LockLost(f"the advisory lock {name!r} was lost with its connection: {lost[0]}")
         if not conn.closed:

@@ -142,10 +142,15 @@ class _Operations:
             raise RuntimeError("this transaction has ended: its handle is no longer good")
         return await self._execute(sql, params)
 
-    async def latest(self, key: Key) -> Record | None:
+    async def latest(self, key: Key, *, hold: bool = False) -> Record | None:
+        """With ``hold``, in a transaction: ``FOR SHARE`` — a write to the row waits until the
+        transaction ends, and a row written since its snapshot makes PostgreSQL refuse it (it
+        runs again). Serializable checking alone does not see a writer outside a transaction
+        (a compare-and-swap is one): a fenced write needs the row held."""
+        lock = " FOR SHARE" if hold and self.in_transaction else ""
         result = await self._run(
             f"SELECT {_COLUMNS} FROM data WHERE model_type=$1 AND model_name=$2 AND name=$3 "
-            "ORDER BY version DESC LIMIT 1",
+            f"ORDER BY version DESC LIMIT 1{lock}",
             (key.model_type, key.model_name, key.name),
         )
         return _row(result.rows[0]) if result.rows else None

@@ -39,7 +39,10 @@ T = TypeVar("T")
 class Operations(Protocol):
     """Reads and writes of records, in a transaction or each on its own."""
 
-    async def latest(self, key: Key) -> Record | None: ...
+    async def latest(self, key: Key, *, hold: bool = False) -> Record | None:
+        """The latest version; with ``hold`` (in a transaction), kept as read until the
+        transaction ends: a write to it waits, or the transaction is refused."""
+        ...
 
     async def versions(self, key: Key) -> list[int]: ...
 
@@ -122,8 +125,8 @@ class _SqliteOperations:
             raise RuntimeError("this transaction has ended: its handle is no longer good")
         await self._wait()
 
-    async def latest(self, key: Key) -> Record | None:
-        await self._turn()
+    async def latest(self, key: Key, *, hold: bool = False) -> Record | None:
+        await self._turn()  # SQLite: a transaction holds the write lock already
         return self.store.latest(key)
 
     async def versions(self, key: Key) -> list[int]:

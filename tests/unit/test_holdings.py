@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from swamp.bookkeeping.holdings import HoldingBook
 from swamp.domain.holding import Holding, fence, taken
@@ -94,3 +95,73 @@ async def test_writes_racing_a_take_land_only_for_the_holding_they_were_made_for
     assert all(o == "fenced" for o in outcomes[first_fenced:])  # once refused, always
     landed = await records.latest_of_type("t/out")
     assert len(landed) == first_fenced  # what was refused wrote nothing
+
+
+async def test_a_take_waits_for_a_fenced_write_in_flight(records, monkeypatch):  # noqa: F811
+    """The old holder's transaction has read the holding and stalls (a pause, a slow network)
+    while another orchestrator takes the worker. The take waits for it — the holding is held
+    as read (PostgreSQL: FOR SHARE; a serializable check alone does not see a take, which is
+    no transaction) — so the write lands before the take returns, and the new holder sees it:
+    never a write landing behind the new holder's back."""
+    book = HoldingBook(records)
+    old = await book.take("w1", "orch-a")
+    holding_read, finish = trio.Event(), trio.Event()
+    real = records.transact
+
+    async def stalled(body):
+        async def slowed(tx):
+            class Stalling:  # its write waits until told
+                def __getattr__(self, name):
+                    return getattr(tx, name)
+
+                async def write(self, *args, **kw):
+                    holding_read.set()
+                    await finish.wait()
+                    return await tx.write(*args, **kw)
+
+            return await body(Stalling())
+
+        return await real(slowed)
+
+    monkeypatch.setattr(records, "transact", stalled)
+    outcome: list[str] = []
+    after_take: list = []
+
+    async def old_holder() -> None:
+        try:
+            await book.write_fenced(old, LEASE, {"by": "a"}, policy=ONE, expected_version=0)
+            outcome.append("landed")
+        except Fenced:
+            outcome.append("fenced")
+
+    async def new_holder() -> None:
+        after_take.append(await book.take("w1", "orch-b"))
+        after_take.append(await records.latest(LEASE))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(old_holder)
+        await holding_read.wait()
+        nursery.start_soon(new_holder)
+        await _take_waits_or_returns(records, after_take)
+        assert after_take == []  # the take waits on the write in flight
+        finish.set()
+    assert outcome == ["landed"] and after_take[0].epoch == old.epoch + 1
+    assert after_take[1] is not None and after_take[1].attributes == {"by": "a"}
+
+
+async def _take_waits_or_returns(records, after_take: list) -> None:  # noqa: F811
+    """Until the take either returned or waits on the write in flight: SQLite's waits on the
+    store's lock in this process; PostgreSQL's on a row lock in the server, which tells no
+    one — it is asked until it says so (or the take returned, which the caller then sees)."""
+    if type(records).__name__ != "PgStore":
+        await trio.testing.wait_all_tasks_blocked()
+        return
+    with trio.fail_after(30):
+        while not after_take:
+            async with records.pool.connection() as conn:
+                waiting = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                )
+            if waiting.rows[0][0]:
+                return
+            await trio.sleep(0.01)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from swamp.errors import LockLost
+from swamp.errors import Fenced, LockLost
 from swamp.store import pg
 from swamp.store.pg_locks import held, lock_key
 
@@ -127,3 +127,16 @@ async def test_a_holder_whose_connection_is_ended_is_told_and_its_block_cancelle
     assert not reached_end
     async with held(pg_url, "swamp/singletons"):  # free again
         pass
+
+
+async def test_what_the_block_raises_comes_out_as_itself(pg_url):
+    with pytest.raises(Fenced, match="the block's own"):
+        async with held(pg_url, "swamp/x"):
+            raise Fenced("the block's own error")
+    with trio.move_on_after(0.2) as scope:  # cancelled from outside: as itself too
+        async with held(pg_url, "swamp/x"):
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    with trio.fail_after(30):  # and the lock was let go each time
+        async with held(pg_url, "swamp/x"):
+            pass
