@@ -292,6 +292,9 @@ def test_one_running_step_is_cancelled_and_the_run_goes_on(cluster):
     run_id = started["runId"]
     refused = cluster.cli("workflow", "cancel", run_id[:8], "--step", "main.cleanup")
     assert refused.returncode == 1 and "is not running" in refused.stderr
+    bad = cluster.cli("workflow", "cancel", run_id[:8], "--step", "wait")  # no job
+    assert bad.returncode == 2 and "a step is JOB.STEP" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
     one = cluster.cli("workflow", "cancel", run_id[:8], "--step", "main.wait", "--reason", "stuck")
     assert one.returncode == 0, one.stderr
     assert "step main.wait: failed (running)" in one.stdout
