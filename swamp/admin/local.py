@@ -97,6 +97,7 @@ from swamp.protocol.rpc import EventSink, no_events
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.reader import ADMIN_BUDGET
+from swamp.store.records import Records, SqliteRecords
 from swamp.store.retry import retry_busy
 from swamp.store.step_logs import SqliteLogStore
 from swamp.tls import authority
@@ -114,6 +115,7 @@ class RepoAdmin:
         repo: Repo,
         store: Datastore,
         *,
+        db: Records | None = None,
         live_tokens: LiveTokens | None = None,
         pool: Pool | None = None,
         dispatch: DispatchService | None = None,
@@ -134,6 +136,8 @@ class RepoAdmin:
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
         self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
         self.store = store
+        # the books' way in: the orchestrator's one seam, or this store's own on the repo
+        self.db = db if db is not None else SqliteRecords(store)
         self.live_tokens = live_tokens
         self.pool = pool
         self.dispatch = dispatch

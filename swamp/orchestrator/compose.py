@@ -67,6 +67,7 @@ from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 from swamp.store.reader import Reader
+from swamp.store.records import Records, SqliteRecords
 from swamp.store.step_logs import SqliteLogStore
 from swamp.tls.authority import ServerTls
 from swamp.ui.live import Live
@@ -116,6 +117,7 @@ class Orchestrator:
     """The parts, as :func:`compose` made them (for ``serve``, tests and harnesses)."""
 
     store: Datastore
+    db: Records  # the same store, awaited (swamp.store.records): the books' way in
     metrics: Metrics
     pool: Pool
     credentials: Credentials
@@ -182,6 +184,7 @@ def compose(
     own_tls: ServerTls | None = None,
 ) -> Orchestrator:
     """Build every part, each from the ones before it."""
+    db = SqliteRecords(store)  # one seam for every book: its transactions are its own
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
@@ -268,6 +271,7 @@ def compose(
     api = RepoAdmin(
         repo,
         store,
+        db=db,
         live_tokens=live_tokens,
         pool=pool,
         dispatch=dispatch,
@@ -312,6 +316,7 @@ def compose(
     )
     return Orchestrator(
         store=store,
+        db=db,
         metrics=metrics,
         pool=pool,
         credentials=credentials,
