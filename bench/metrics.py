@@ -41,6 +41,7 @@ from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 
 INFO = StepInfo("command/shell", "default", "run")
 RUNNING = 2_000  # steps holding a slot on the fleet while the scrapes run
@@ -78,8 +79,8 @@ def member(n: int, shape: str) -> Member:
 
 async def one(root: Path, workers: int, shape: str, requirements: int, scrapes: int) -> dict:
     store = Datastore(root / f"{shape}-{requirements}.db", orchestrator=True)
-    bookkeeper = Bookkeeper(LeaseBook(store))
-    queue = DispatchQueue(Pool(), store, bookkeeper, clock=time.time)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
+    queue = DispatchQueue(Pool(), store, bookkeeper.leases.db, bookkeeper, clock=time.time)
     metrics = Metrics()
     metrics.watch(queue.pool, queue)
     for n in range(workers):

@@ -231,7 +231,7 @@ class RepoAdmin:
                 for m in self.pool.members.values()
             }
         return WorkerListReply.decode(
-            worker_items(WorkerBook(self.store).all(), live, show_all=request.all)
+            worker_items(await WorkerBook(self.db).all(), live, show_all=request.all)
         )
 
     async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply:
@@ -312,8 +312,8 @@ class RepoAdmin:
             supply = queue.supply
         else:
             now = self.clock()
-            items = [_queue_item(a, now) for a in PendingBook(self.store).waiting()]
-            supply = _record_supply(WorkerBook(self.store).all())
+            items = [_queue_item(a, now) for a in await PendingBook(self.db).waiting()]
+            supply = _record_supply(await WorkerBook(self.db).all())
         return QueueReply(items=items, summary=_summarize(items, supply))
 
     # -- workflows -----------------------------------------------------------------------------

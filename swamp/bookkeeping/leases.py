@@ -10,8 +10,9 @@ from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.domain.query import parse as parse_predicate
 from swamp.models.builtin import STEP_LEASE
-from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.datastore import Key, Record, iso
 from swamp.store.journal import Entry, take_in
+from swamp.store.records import Operations, Records
 
 TYPE = STEP_LEASE.type
 POLICY = STEP_LEASE.resources[0].policy
@@ -40,8 +41,8 @@ def journaled_lease(entry: Entry) -> bool:
 
 
 class LeaseBook:
-    def __init__(self, store: Datastore, *, clock=time.time) -> None:
-        self.store = store
+    def __init__(self, db: Records, *, clock=time.time) -> None:
+        self.db = db
         self.clock = clock
 
     def opened(
@@ -60,21 +61,30 @@ class LeaseBook:
             "createdAt": iso(self.clock()),
         }
 
-    def insert(self, attrs: dict) -> Record:
+    async def insert(self, attrs: dict) -> Record:
         """The lease's first (and often only) row: active, or already ended or write-bearing
         when the dispatch got there before its row was written. Its id is the dispatch's, new."""
-        return self.store.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
+        return await self.db.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
 
     def journaled(self, attrs: dict) -> Entry:
         """The lease's first row as a journal entry (see ``swamp.store.journal``)."""
         return Entry(key(attrs["leaseId"]), POLICY, attrs, self.clock())
 
-    def insert_many(self, many: list[dict], *, journaled: Iterable[Entry] = ()) -> list[Record]:
+    async def insert_many(
+        self, many: list[dict], *, journaled: Iterable[Entry] = ()
+    ) -> list[Record]:
         """Several first rows in one transaction (one commit for all of them), with the
         journaled rows not in the store yet."""
-        with self.store.transaction():
-            take_in(self.store, list(journaled))
-            return [self.insert(attrs) for attrs in many]
+        entries = list(journaled)
+
+        async def insert(tx: Operations) -> list[Record]:
+            await take_in(tx, entries)
+            return [
+                await tx.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
+                for attrs in many
+            ]
+
+        return await self.db.transact(insert)
 
     def ended(self, attrs: dict, state: LeaseState, *, error: str | None = None) -> dict:
         """``attrs`` ended now (nothing is written)."""
@@ -84,8 +94,8 @@ class LeaseBook:
         """``attrs`` marked write-bearing (nothing is written)."""
         return rules.mark_writes(attrs) or attrs
 
-    def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None:
-        record, _ = self.store.transition(
+    async def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None:
+        record, _ = await self.db.transition(
             key(lease_id),
             lambda cur: rules.mark_writes(cur.attributes) if cur else None,
             policy=POLICY,
@@ -93,7 +103,7 @@ class LeaseBook:
         )
         return record
 
-    def end(
+    async def end(
         self,
         lease_id: str,
         state: LeaseState,
@@ -113,23 +123,23 @@ class LeaseBook:
                 attrs = rules.mark_writes(attrs) or attrs
             return rules.end(attrs, state, now_iso=now, error=error)
 
-        record, _ = self.store.transition(key(lease_id), decide, policy=POLICY, current=current)
+        record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY, current=current)
         return record
 
-    def reconcile(self) -> int:
+    async def reconcile(self) -> int:
         """Boot: every lease still active belonged to the previous orchestrator: expire it.
         Only the active ones are held (the store streams the rest past the predicate): a boot
         after a long burst may find hundreds of thousands of ended leases."""
         count = 0
-        for attrs in decoded(self.store.query(_ACTIVE), has_fields("leaseId", "state")):
+        for attrs in decoded(await self.db.query(_ACTIVE), has_fields("leaseId", "state")):
             if attrs["state"] == LeaseState.ACTIVE.value:
-                self.end(attrs["leaseId"], LeaseState.EXPIRED, error="orchestrator restart")
+                await self.end(attrs["leaseId"], LeaseState.EXPIRED, error="orchestrator restart")
                 count += 1
         return count
 
-    def collect(self, *, older_than_seconds: float) -> int:
+    async def collect(self, *, older_than_seconds: float) -> int:
         """Delete ended leases whose end is older than the retention (the store stays bounded)."""
         cutoff = iso(self.clock() - older_than_seconds)
-        return collect_ended(
-            self.store, TYPE, INSTANCE, open_state=LeaseState.ACTIVE.value, cutoff=cutoff
+        return await collect_ended(
+            self.db, TYPE, INSTANCE, open_state=LeaseState.ACTIVE.value, cutoff=cutoff
         )

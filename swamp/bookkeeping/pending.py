@@ -13,7 +13,8 @@ from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import queue as rules
 from swamp.domain.queue import PendingState
 from swamp.models.builtin import PENDING_DISPATCH
-from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.datastore import Key, Record, iso
+from swamp.store.records import Records
 
 TYPE = PENDING_DISPATCH.type
 POLICY = PENDING_DISPATCH.resources[0].policy
@@ -25,16 +26,16 @@ def key(queue_id: str) -> Key:
 
 
 class PendingBook:
-    def __init__(self, store: Datastore, *, clock=time.time) -> None:
-        self.store = store
+    def __init__(self, db: Records, *, clock=time.time) -> None:
+        self.db = db
         self.clock = clock
 
-    def enqueue(self, attrs: dict) -> Record:
+    async def enqueue(self, attrs: dict) -> Record:
         """The ``waiting`` record of a new episode (``attrs`` has its queueId and requirement)."""
         record = dict(attrs, state=PendingState.WAITING.value)
-        return self.store.write(key(attrs["queueId"]), record, policy=POLICY, expected_version=0)
+        return await self.db.write(key(attrs["queueId"]), record, policy=POLICY, expected_version=0)
 
-    def end(
+    async def end(
         self,
         queue_id: str,
         state: PendingState,
@@ -52,15 +53,15 @@ class PendingBook:
                 current.attributes, state, now_iso=now, dispatch_id=dispatch_id, reason=reason
             )
 
-        record, _ = self.store.transition(key(queue_id), decide, policy=POLICY, current=current)
+        record, _ = await self.db.transition(key(queue_id), decide, policy=POLICY, current=current)
         return record
 
-    def waiting(self) -> list[dict]:
+    async def waiting(self) -> list[dict]:
         """Every ``waiting`` episode, oldest first."""
         items = [
             a
             for a in decoded(
-                self.store.latest_of_type(TYPE, model_name=INSTANCE),
+                await self.db.latest_of_type(TYPE, model_name=INSTANCE),
                 has_fields("queueId", "state", "queuedAt"),
             )
             if a["state"] == PendingState.WAITING.value
@@ -68,20 +69,20 @@ class PendingBook:
         items.sort(key=lambda a: a["queuedAt"])
         return items
 
-    def reconcile(self) -> int:
+    async def reconcile(self) -> int:
         """Boot: a wait the previous orchestrator left ``waiting`` has no one waiting any more."""
         count = 0
-        for attrs in self.waiting():
-            if (
-                self.end(attrs["queueId"], PendingState.ORPHANED, reason="orchestrator restart")
-                is not None
-            ):
+        for attrs in await self.waiting():
+            ended = await self.end(
+                attrs["queueId"], PendingState.ORPHANED, reason="orchestrator restart"
+            )
+            if ended is not None:
                 count += 1
         return count
 
-    def collect(self, *, older_than_seconds: float) -> int:
+    async def collect(self, *, older_than_seconds: float) -> int:
         """Delete ended episodes whose end is older than the retention (bounded, like leases)."""
         cutoff = iso(self.clock() - older_than_seconds)
-        return collect_ended(
-            self.store, TYPE, INSTANCE, open_state=PendingState.WAITING.value, cutoff=cutoff
+        return await collect_ended(
+            self.db, TYPE, INSTANCE, open_state=PendingState.WAITING.value, cutoff=cutoff
         )

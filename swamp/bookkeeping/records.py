@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from swamp.domain.text import printable
-from swamp.store.datastore import Datastore, Record
+from swamp.store.datastore import Record
+from swamp.store.records import Records
 
 log = logging.getLogger("swamp.records")
 T = TypeVar("T")
@@ -35,18 +36,18 @@ def decoded(records: Iterable[Record], decode: Callable[[Record], T]) -> Iterato
             )
 
 
-def collect_ended(
-    store: Datastore, model_type: str, instance: str, *, open_state: str, cutoff: str
+async def collect_ended(
+    db: Records, model_type: str, instance: str, *, open_state: str, cutoff: str
 ) -> int:
     """Delete the items of ``model_type``/``instance`` that have ended (their ``state`` is not
     ``open_state``) before ``cutoff`` (an ISO time): leases, queue episodes. The store stays
     bounded; what is still open is never touched."""
     stale = [
         r.key
-        for r in store.latest_of_type(model_type, model_name=instance)
+        for r in await db.latest_of_type(model_type, model_name=instance)
         if r.attributes.get("state") != open_state and r.attributes.get("endedAt", "") < cutoff
     ]
-    return store.delete_items(stale) if stale else 0
+    return await db.delete_items(stale) if stale else 0
 
 
 def has_fields(*names: str) -> Callable[[Record], dict]:

@@ -10,7 +10,8 @@ from swamp import __version__
 from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
-from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.datastore import Key, Record, iso
+from swamp.store.records import Records
 
 TYPE = WORKER.type
 POLICY = WORKER.resources[0].policy
@@ -29,11 +30,11 @@ def key(name: str) -> Key:
 
 
 class WorkerBook:
-    def __init__(self, store: Datastore, *, clock=time.time) -> None:
-        self.store = store
+    def __init__(self, db: Records, *, clock=time.time) -> None:
+        self.db = db
         self.clock = clock
 
-    def enrolled(
+    async def enrolled(
         self,
         *,
         name: str,
@@ -50,7 +51,7 @@ class WorkerBook:
     ) -> Record:
         """A full record for a (re-)enrollment: ``idle``, or ``unverified`` while it is probed."""
         now = iso(self.clock())
-        previous = self.store.latest(key(name))
+        previous = await self.db.latest(key(name))
         attrs: dict[str, Any] = {
             "name": name,
             "instanceId": instance_id,
@@ -71,9 +72,9 @@ class WorkerBook:
         }
         if reason:
             attrs[_REASON_FIELD.get(status, "verifyFailureReason")] = reason
-        return self.store.write(key(name), attrs, policy=POLICY)
+        return await self.db.write(key(name), attrs, policy=POLICY)
 
-    def set_status(
+    async def set_status(
         self,
         name: str,
         status: str,
@@ -109,32 +110,32 @@ class WorkerBook:
                 attrs[_REASON_FIELD[status]] = reason
             return attrs
 
-        record, _ = self.store.transition(key(name), decide, policy=POLICY, current=current)
+        record, _ = await self.db.transition(key(name), decide, policy=POLICY, current=current)
         return record
 
-    def all(self) -> list[dict]:
-        return list(decoded(self.store.latest_of_type(TYPE), has_fields("name", "status")))
+    async def all(self) -> list[dict]:
+        return list(decoded(await self.db.latest_of_type(TYPE), has_fields("name", "status")))
 
-    def stale(self, *, older_than_seconds: float, live: Collection[str]) -> list[dict]:
+    async def stale(self, *, older_than_seconds: float, live: Collection[str]) -> list[dict]:
         """Workers disconnected for longer than the retention and not in the live pool."""
         cutoff = iso(self.clock() - older_than_seconds)
         return [
             a
-            for a in self.all()
+            for a in await self.all()
             if a.get("status") == WorkerStatus.DISCONNECTED.value
             and a["name"] not in live
             and a.get("disconnectedAt", a.get("lastSeenAt", "")) < cutoff
         ]
 
-    def forget(self, names: Collection[str]) -> int:
-        return self.store.delete_items([key(n) for n in names]) if names else 0
+    async def forget(self, names: Collection[str]) -> int:
+        return await self.db.delete_items([key(n) for n in names]) if names else 0
 
-    def reconcile(self) -> int:
+    async def reconcile(self) -> int:
         """Boot: whatever was connected when the last orchestrator died is disconnected now."""
         count = 0
-        for attrs in self.all():
+        for attrs in await self.all():
             if attrs.get("status") != WorkerStatus.DISCONNECTED.value:
-                self.set_status(
+                await self.set_status(
                     attrs["name"], WorkerStatus.DISCONNECTED.value, reason="orchestrator restart"
                 )
                 count += 1

@@ -20,7 +20,8 @@ durable":
   durable before the result goes anywhere.
 - A dispatch that writes data has its row durable, marked write-bearing, *before its first
   write is persisted* (:meth:`mark_writes`); one whose worker says it had an effect is marked
-  in the row still to be written, or at once in the stored one (:meth:`mark_effects`).
+  in the row still to be written, or in the stored one by the task before any other write
+  (:meth:`mark_effects`).
 - At shutdown (:meth:`flush`) the journaled rows go in and rows not written yet go in as
   they are (active), for the next boot to expire. At boot the journal is replayed before
   anything reads the leases (``swamp.store.journal.replay``).
@@ -104,9 +105,11 @@ class LeaseRows(Protocol):
         self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
     ) -> dict: ...
 
-    def insert(self, attrs: dict) -> Record: ...
+    async def insert(self, attrs: dict) -> Record: ...
 
-    def insert_many(self, many: list[dict], *, journaled: Iterable[Entry] = ()) -> list[Record]: ...
+    async def insert_many(
+        self, many: list[dict], *, journaled: Iterable[Entry] = ()
+    ) -> list[Record]: ...
 
     def journaled(self, attrs: dict) -> Entry: ...
 
@@ -114,9 +117,11 @@ class LeaseRows(Protocol):
 
     def write_bearing(self, attrs: dict) -> dict: ...
 
-    def mark_writes(self, lease_id: str, *, current: Record | None = None) -> Record | None: ...
+    async def mark_writes(
+        self, lease_id: str, *, current: Record | None = None
+    ) -> Record | None: ...
 
-    def end(
+    async def end(
         self,
         lease_id: str,
         state: LeaseState,
@@ -138,6 +143,7 @@ class Lease:
     record: Record | None = None
     has_writes: bool = False  # the dispatch had an effect
     writes_stored: bool = False  # the row in the store says so
+    batched: trio.Event | None = None  # set when the transaction that has its row ends
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,8 @@ class Bookkeeper:
         self._idle = {s: _settled() for s in Stream}
         # leases whose row is not written yet, oldest first
         self._unwritten: dict[str, Lease] = {}
+        # leases whose effect the stored row does not say yet (see mark_effects)
+        self._effects: dict[str, Lease] = {}
         # ended rows in the journal and not in the store yet, with when each was journaled
         self._journaled: list[tuple[Entry, float]] = []
         self._journal_failed = False  # said once, until an append works again
@@ -285,6 +293,7 @@ class Bookkeeper:
     async def end_lease(self, lease: Lease, state: LeaseState, error: str | None) -> None:
         """End the lease durably (retried while the database is locked); a lease that cannot be
         ended is expired by the next boot's reconciliation, so the step's outcome stands."""
+        await _out_of_batch(lease)
         if lease.has_writes and lease.opened is not None:
             lease.opened = self.leases.write_bearing(lease.opened)
         if self._journal_end(lease, state, error):
@@ -308,6 +317,7 @@ class Bookkeeper:
     async def mark_writes(self, lease: Lease) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""
         lease.has_writes = True
+        await _out_of_batch(lease)
         if not lease.writes_stored:
             if not await self._insert(lease, self.leases.write_bearing):
                 lease.record = await retry_busy(
@@ -317,19 +327,30 @@ class Bookkeeper:
 
     def mark_effects(self, lease: Lease) -> None:
         """The dispatch had an effect: its lease says so — in the row still to be written, or
-        now in the stored one (a write that cannot be made now is made with the lease's end)."""
+        in the stored one by the task, before any other write (never waits: the worker's
+        events are being read); one that cannot be made is made with the lease's end."""
         lease.has_writes = True
         if lease.writes_stored:
             return
         if lease.id in self._unwritten and lease.opened is not None:
             lease.opened = self.leases.write_bearing(lease.opened)
             return
-        try:
-            lease.record = self.leases.mark_writes(lease.id, current=lease.record)
-        except SwampError as exc:
-            log.info("lease %s: its effect is recorded with its end (%s)", lease.id, exc)
-            return
-        lease.writes_stored = True
+        self._effects[lease.id] = lease
+        self._wake()
+
+    async def _mark_effects(self) -> None:
+        """The stored rows of the dispatches that had an effect say so."""
+        while self._effects:
+            lease = self._effects.pop(next(iter(self._effects)))
+            await _out_of_batch(lease)
+            if lease.writes_stored or lease.id in self._unwritten:
+                continue  # said already; or its row, still to be written, says it (end_lease)
+            try:
+                lease.record = await self.leases.mark_writes(lease.id, current=lease.record)
+            except SwampError as exc:
+                log.info("lease %s: its effect is recorded with its end (%s)", lease.id, exc)
+                continue
+            lease.writes_stored = True
 
     def _journal_end(self, lease: Lease, state: LeaseState, error: str | None) -> bool:
         """A lease whose row is not written yet ends with one append to the journal, if there is
@@ -402,42 +423,57 @@ class Bookkeeper:
             log.info("the leases of dispatches are written again")
             self._pause = 0.0
 
-    def _write_due_leases(self) -> None:
-        """One transaction; nothing changes here unless it commits (then no dispatch can have
-        moved on meanwhile: this does not wait)."""
+    async def _write_due_leases(self) -> None:
+        """The rows due now, in one transaction."""
         now = trio.current_time()
         due = []
         for lease in self._unwritten.values():
             if lease.opened_at + LEASE_WRITE_DELAY > now:
                 break
             due.append(lease)
-        self._written(due, self._insert_with_journaled(due))
+        await self._insert_with_journaled(due)
 
-    def _insert_with_journaled(self, leases: list[Lease]) -> list[Record]:
+    async def _insert_with_journaled(self, leases: list[Lease]) -> None:
         """The rows of ``leases``, as opened, and every journaled row (all of them: the journal
-        is emptied after the commit, so none may stay behind in it), in one transaction."""
+        is emptied after the commit, so none may stay behind in it), in one transaction.
+
+        While it is in flight the leases are out of ``_unwritten``, marked ``batched``: a
+        dispatch that ends or writes meanwhile waits for the commit, then changes the stored
+        row (on SQLite nothing runs meanwhile: the transaction never waits). A transaction
+        that fails puts them back in front, as they were."""
         journaled = [entry for entry, _ in self._journaled]
+        leases = [lease for lease in leases if lease.opened is not None]
         if not leases and not journaled:
-            return []
-        records = self.leases.insert_many(
-            [lease.opened for lease in leases if lease.opened is not None], journaled=journaled
-        )
+            return
+        for lease in leases:
+            del self._unwritten[lease.id]
+            lease.batched = trio.Event()
+        try:
+            records = await self.leases.insert_many(
+                [lease.opened for lease in leases if lease.opened is not None],
+                journaled=journaled,
+            )
+        except BaseException:
+            self._unwritten = {lease.id: lease for lease in leases} | self._unwritten
+            raise
+        else:
+            for lease, record in zip(leases, records, strict=True):
+                lease.record, lease.opened = record, None
+        finally:
+            for lease in leases:
+                if lease.batched is not None:
+                    lease.batched.set()
+                    lease.batched = None
         self.batches += 1
         self.leases_written += len(records) + len(journaled)
-        if journaled and self.journal is not None:
-            self._journaled.clear()
-            try:
+        if journaled:
+            del self._journaled[: len(journaled)]
+        if journaled and self.journal is not None and not self._journaled:
+            try:  # (rows journaled while it was in flight keep the file until the next)
                 self.journal.clear()
                 self._journal_bytes = 0
             except SwampError as exc:  # its rows are in: the next boot skips them
                 log.warning("%s", exc)
-        return records
-
-    def _written(self, leases: list[Lease], records: list[Record]) -> None:
-        """After the commit: these rows are in the store."""
-        for lease, record in zip(leases, records, strict=True):
-            lease.record, lease.opened = record, None
-            del self._unwritten[lease.id]
 
     # -- the one task --------------------------------------------------------------------------
 
@@ -456,6 +492,9 @@ class Bookkeeper:
             if due is not None and trio.current_time() >= due:
                 await self._write_leases()
                 continue
+            if self._effects:
+                await self._mark_effects()
+                continue
             stream = self._oldest()
             if stream is not None:
                 await self._write_next(stream)
@@ -466,13 +505,19 @@ class Bookkeeper:
                 await wakes.wait()
             self._until = -math.inf  # awake: nothing needs to wake it
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """At shutdown: the journaled rows go in, and the rows not written yet go in as they are
         (active), so the next boot finds and expires them, as it does any lease a stopped
         orchestrator left running."""
-        leases = list(self._unwritten.values())
         try:
-            self._written(leases, self._insert_with_journaled(leases))
+            await self._insert_with_journaled(list(self._unwritten.values()))
         except SwampError as exc:
             log.warning("could not write the leases of dispatches: %s", exc)
         self._unwritten.clear()
+
+
+async def _out_of_batch(lease: Lease) -> None:
+    """Wait while the lease's row is in a transaction in flight (it ends written, or back to
+    be written behind)."""
+    while lease.batched is not None:
+        await lease.batched.wait()

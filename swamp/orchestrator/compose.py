@@ -79,6 +79,7 @@ log = logging.getLogger("swamp.serve")
 
 HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
 FENCE_MARGIN = 2.0
+CLOSE_SECONDS = 5.0  # the longest the last lease rows may take to go in at shutdown
 
 
 def fence_seconds(heartbeat: float) -> float:
@@ -165,9 +166,13 @@ class Orchestrator:
         """What was written behind has gone in (the listener has closed every socket)."""
         await self.bookkeeper.settled()  # the last status versions (disconnected) go in
 
-    def close(self) -> None:
-        """After the services stopped: what is still in memory goes to the journal."""
-        self.bookkeeper.flush()  # leases still running go in active: the next boot expires them
+    async def close(self) -> None:
+        """After the services stopped (and when they were cancelled): what is still in memory
+        goes in, within :data:`CLOSE_SECONDS`."""
+        with trio.move_on_after(CLOSE_SECONDS) as scope:
+            scope.shield = True
+            # leases still running go in active: the next boot expires them
+            await self.bookkeeper.flush()
         self.logs.flush()  # the last lines printed
         self.reader.close()
 
@@ -182,9 +187,12 @@ def compose(
     policy: RequestPolicy,
     download: Download | None = None,
     own_tls: ServerTls | None = None,
+    db: Records | None = None,
 ) -> Orchestrator:
-    """Build every part, each from the ones before it."""
-    db = SqliteRecords(store)  # one seam for every book: its transactions are its own
+    """Build every part, each from the ones before it. ``db``: ``store`` behind the seam,
+    when the caller already put it there (serve's boot)."""
+    if db is None:
+        db = SqliteRecords(store)  # one seam for every book: its transactions are its own
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
@@ -200,8 +208,8 @@ def compose(
     # -- write-behind: what is written after the event ---------------------------------------
     # One bookkeeper for all of it: lease rows (through ``journal``, opened by serve before the
     # replay), worker status versions and queue episodes (when each is durable: its docstring).
-    bookkeeper = Bookkeeper(LeaseBook(store), journal)
-    records = WorkerRecords(WorkerBook(store), bookkeeper)
+    bookkeeper = Bookkeeper(LeaseBook(db), journal)
+    records = WorkerRecords(WorkerBook(db), bookkeeper)
     # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
     logs = StepLogs(SqliteLogStore(store), cap=settings.step_log_cap)
 
@@ -242,7 +250,7 @@ def compose(
         live.queue_event(what, value)
 
     queue = DispatchQueue(  # subscribes to the pool
-        pool, store, bookkeeper, aging=settings.queue_aging, observe=observe_queue
+        pool, store, db, bookkeeper, aging=settings.queue_aging, observe=observe_queue
     )
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)

@@ -63,6 +63,7 @@ from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import Datastore, iso
+from swamp.store.records import Records
 
 log = logging.getLogger("swamp.queue")
 ANY = Requirement()  # a ticket's requirement until acquire() sets it
@@ -111,6 +112,7 @@ class DispatchQueue:
         self,
         pool: Pool,
         store: Datastore,
+        db: Records,
         bookkeeper: Bookkeeper,
         *,
         clock=time.time,
@@ -120,7 +122,7 @@ class DispatchQueue:
     ) -> None:
         self.pool = pool
         self.waiting = WaitingQueue()
-        self.pending = PendingBook(store, clock=clock)
+        self.pending = PendingBook(db, clock=clock)
         self.tokens = TokenBook(store, clock=clock)
         self.bookkeeper = bookkeeper  # writes the queue episodes behind
         self.clock = clock

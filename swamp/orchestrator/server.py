@@ -54,6 +54,7 @@ from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
+from swamp.store.records import SqliteRecords
 from swamp.store.retry import retry_busy
 from swamp.store.step_logs import LogStore, SqliteLogStore
 from swamp.tls import authority
@@ -167,15 +168,16 @@ def raise_file_limit() -> None:
         log.info("could not raise the open-file limit: %s", exc)
 
 
-def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float) -> int:
+async def collect_bookkeeping(db: SqliteRecords, pool: Pool, *, worker_retention: float) -> int:
     """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
     retention together with their fleet bindings (which frees their slots on the token)."""
-    removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
-    removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
+    store = db.store
+    removed = await LeaseBook(db).collect(older_than_seconds=LEASE_RETENTION)
+    removed += await PendingBook(db).collect(older_than_seconds=LEASE_RETENTION)
     removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
-    removed += store.collect_garbage()
-    workers = WorkerBook(store)
-    stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
+    removed += await db.collect_garbage()
+    workers = WorkerBook(db)
+    stale = await workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
     tokens = TokenBook(store)
     by_token: dict[str, list[str]] = {}
     for attrs in stale:
@@ -185,7 +187,7 @@ def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float
         token = tokens.get(name) if name else None
         if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
             log.info("released %d stale binding(s) of fleet token %s", len(machine_ids), name)
-    removed += workers.forget([a["name"] for a in stale])
+    removed += await workers.forget([a["name"] for a in stale])
     return removed
 
 
@@ -247,15 +249,16 @@ def collect_step_logs(
 
 
 async def _collect_garbage(
-    store: Datastore, pool: Pool, worker_retention: float, logs: StepLogs
+    db: SqliteRecords, pool: Pool, worker_retention: float, logs: StepLogs
 ) -> None:
+    store = db.store
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
         try:
             runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
             removed = forget_adhoc_runs(store, runs, logs=logs.store)
-            removed += collect_bookkeeping(store, pool, worker_retention=worker_retention)
+            removed += await collect_bookkeeping(db, pool, worker_retention=worker_retention)
             removed += collect_step_logs(store, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
@@ -396,16 +399,17 @@ async def _serve(
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     store.limit_wal()  # the log this connection reuses is kept small (see swamp.store.checkpoints)
+    db = SqliteRecords(store)  # the books' way in, for the boot and every part (compose)
     journal = Journal(repo.journal_path)
     # what the last orchestrator journaled goes in before anything reads the leases
-    journaled = await retry_busy(lambda: replay(store, journal, admit=journaled_lease))
+    journaled = await retry_busy(lambda: replay(db, journal, admit=journaled_lease))
     if journaled:
         log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
     swept = {
         "tokens": await retry_busy(TokenBook(store).migrate),
-        "leases": await retry_busy(LeaseBook(store).reconcile),
-        "workers": await retry_busy(WorkerBook(store).reconcile),
-        "queued": await retry_busy(PendingBook(store).reconcile),
+        "leases": await retry_busy(LeaseBook(db).reconcile),
+        "workers": await retry_busy(WorkerBook(db).reconcile),
+        "queued": await retry_busy(PendingBook(db).reconcile),
         "runs": await retry_busy(RunBook(store).reconcile),
     }
     ended = SqliteLogStore(store).end_open
@@ -454,6 +458,7 @@ async def _serve(
         policy=policy,
         download=download,
         own_tls=own_tls,
+        db=db,
     )
     app = parts.app
 
@@ -502,7 +507,7 @@ async def _serve(
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(
-                    _collect_garbage, store, parts.pool, options.worker_retention, parts.logs
+                    _collect_garbage, db, parts.pool, options.worker_retention, parts.logs
                 )
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
@@ -512,7 +517,7 @@ async def _serve(
             nursery.cancel_scope.cancel()
     finally:
         repo.remove_serve_file()
-        parts.close()
+        await parts.close()
         journal.close()
         try:
             store.checkpoint()

@@ -38,12 +38,12 @@ from pathlib import Path
 from swamp.errors import Conflict, StoreError, SwampError
 from swamp.store.datastore import (
     WAL_TRUNCATE_BYTES,
-    Datastore,
     Key,
     Record,
     SpecPolicy,
     wal_size,
 )
+from swamp.store.records import Operations, SqliteRecords
 
 log = logging.getLogger("swamp.store")
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -241,14 +241,14 @@ class Journal:
         os.close(self._fd)
 
 
-def take_in(store: Datastore, entries: list[Entry]) -> list[Record | None]:
-    """Insert the rows that are not in the store yet; call inside a transaction. A row already
+async def take_in(tx: Operations, entries: list[Entry]) -> list[Record | None]:
+    """Insert the rows that are not in the store yet, in the transaction ``tx``. A row already
     there (taken in before a crash emptied the journal) comes back as ``None``."""
     records: list[Record | None] = []
     for entry in entries:
         try:
             records.append(
-                store.write(
+                await tx.write(
                     entry.key, entry.attributes, policy=entry.policy, fresh=True, at=entry.at
                 )
             )
@@ -257,7 +257,7 @@ def take_in(store: Datastore, entries: list[Entry]) -> list[Record | None]:
     return records
 
 
-def replay(store: Datastore, journal: Journal, *, admit: Callable[[Entry], bool]) -> int:
+async def replay(db: SqliteRecords, journal: Journal, *, admit: Callable[[Entry], bool]) -> int:
     """At boot, before anything reads the store: the rows the last orchestrator journaled go
     in, then the journal is emptied. How many rows were new.
 
@@ -270,11 +270,13 @@ def replay(store: Datastore, journal: Journal, *, admit: Callable[[Entry], bool]
     new = 0
     batch: list[Entry] = []
 
-    def flush() -> None:
+    store = db.store
+
+    async def flush() -> None:
         nonlocal new
         if batch:
-            with store.transaction():
-                new += sum(1 for record in take_in(store, batch) if record is not None)
+            taken = await db.transact(lambda tx: take_in(tx, batch))
+            new += sum(1 for record in taken if record is not None)
             batch.clear()
             if wal_size(store.path) > WAL_TRUNCATE_BYTES:  # at boot nothing else checkpoints
                 with suppress(sqlite3.Error):  # held by a reader: the checkpointer catches up
@@ -286,8 +288,8 @@ def replay(store: Datastore, journal: Journal, *, admit: Callable[[Entry], bool]
             continue
         batch.append(entry)
         if len(batch) >= REPLAY_BATCH_ROWS:
-            flush()
-    flush()
+            await flush()
+    await flush()
     if skipped:
         log.warning("the journal %s: skipped %s", journal.path, skipped.describe())
     journal.clear()

@@ -37,6 +37,7 @@ class Waker:
         self.sent = 0
         self.marked = 0
         self._pending = trio.Event()
+        self._sending = trio.Event()  # set after each notification sent
 
     def __repr__(self) -> str:
         return f"<Waker {self.channel!r} marked={self.marked} sent={self.sent}>"
@@ -45,6 +46,12 @@ class Waker:
         """Something the others watch changed: they are told soon (never waits)."""
         self.marked += 1
         self._pending.set()
+
+    async def sent_at_least(self, count: int) -> None:
+        """Wait until ``count`` notifications have gone (a listener may hear one before its
+        sender has read the reply to its statement)."""
+        while self.sent < count:
+            await self._sending.wait()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -55,6 +62,8 @@ class Waker:
                 async with self.pool.connection() as conn:
                     await conn.execute("SELECT pg_notify($1, $2)", (self.channel, self.sender))
                 self.sent += 1
+                self._sending.set()
+                self._sending = trio.Event()
             except SwampError:
                 # the database is away: the others rescan when their listeners reconnect,
                 # and this mark is sent with the next one

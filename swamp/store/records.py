@@ -212,14 +212,22 @@ class SqliteRecords(_SqliteOperations):
 
     async def transact(self, body: Callable[[Operations], Awaitable[T]]) -> T:
         """``body`` on one transaction (``BEGIN IMMEDIATE``: serializable, as it takes the
-        write lock first; never refused, so run once)."""
-        async with self._lock:
+        write lock first; never refused, so run once). Like every call here it does not yield
+        unless it must (another task's transaction is open, or the body yields): a body of
+        store calls runs from start to commit with nothing else run between."""
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+        try:
             handle = _SqliteOperations(self.store, None)
             try:
                 with self.store.transaction():
                     return await body(handle)
             finally:
                 handle.ended = True
+        finally:
+            self._lock.release()
 
     async def transition(
         self,

@@ -8,8 +8,9 @@ running it again is safe. After :data:`BUSY_DEADLINE` seconds it gives up with o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, overload
 
 import trio
 
@@ -21,13 +22,25 @@ FIRST_PAUSE = 0.005
 LONGEST_PAUSE = 0.25
 
 
-async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADLINE) -> T:
-    """``operation()``, again and again while the database is locked by someone else."""
+@overload
+async def retry_busy(
+    operation: Callable[[], Awaitable[T]], *, deadline: float = BUSY_DEADLINE
+) -> T: ...
+
+
+@overload
+async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADLINE) -> T: ...
+
+
+async def retry_busy(operation, *, deadline=BUSY_DEADLINE):
+    """``operation()`` — a store call, or one awaited through ``swamp.store.records`` — again
+    and again while the database is locked by someone else."""
     pause = FIRST_PAUSE
     give_up = trio.current_time() + deadline
     while True:
         try:
-            return operation()
+            result = operation()
+            return (await result) if inspect.isawaitable(result) else result
         except StoreBusy:
             if trio.current_time() >= give_up:
                 raise StoreError(

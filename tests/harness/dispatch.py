@@ -36,6 +36,7 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel, no_events
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
+from swamp.store.records import SqliteRecords
 from tests.memory_transport import MemoryTransport, pair
 
 
@@ -92,10 +93,10 @@ async def dispatch_harness(
     store = Datastore(tmp / "swamp.db", orchestrator=True)
     journal = Journal(tmp / "swamp.journal")
     pool = Pool()
-    bookkeeper = Bookkeeper(LeaseBook(store), journal)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)), journal)
     episodes = Episodes(bookkeeper, Credentials())
     metrics = Metrics()
-    queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)
+    queue = DispatchQueue(pool, store, bookkeeper.leases.db, bookkeeper, observe=metrics.on_queue)
     service = DispatchService(  # composed as `swamp serve` composes it
         store,
         default_registry(),
@@ -133,6 +134,6 @@ async def dispatch_harness(
             yield harness
             nursery.cancel_scope.cancel()
     finally:
-        bookkeeper.flush()
+        await bookkeeper.flush()
         journal.close()
         store.close()

@@ -42,6 +42,7 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
+from swamp.store.records import SqliteRecords
 from tests.memory_transport import pair as memory_pair
 
 
@@ -95,8 +96,9 @@ async def gateway(
     store = Datastore(path / "swamp.db", orchestrator=True)
     pool = Pool()
     credentials = Credentials()
-    bookkeeper = Bookkeeper(LeaseBook(store))  # no journal: nothing is dispatched here
-    records = WorkerRecords(WorkerBook(store), bookkeeper)
+    db = SqliteRecords(store)
+    bookkeeper = Bookkeeper(LeaseBook(db))  # no journal: nothing is dispatched here
+    records = WorkerRecords(WorkerBook(db), bookkeeper)
     membership = Membership(
         pool,
         credentials,
@@ -165,6 +167,6 @@ async def orchestrator(path: Path, **settings) -> AsyncIterator[OrchestratorHarn
             yield OrchestratorHarness(repo, parts, nursery)
             nursery.cancel_scope.cancel()
     finally:
-        parts.close()
+        await parts.close()
         journal.close()
         store.close()

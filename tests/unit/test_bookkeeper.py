@@ -17,6 +17,7 @@ from swamp.orchestrator.bookkeeper import (
 )
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
+from swamp.store.records import SqliteRecords
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def store(tmp_path):
 
 
 async def test_ordered_writes_go_in_the_order_they_were_queued_and_settle(store):
-    bookkeeper = Bookkeeper(LeaseBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
     done: list[int] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
@@ -41,7 +42,9 @@ async def test_ordered_writes_go_in_the_order_they_were_queued_and_settle(store)
 
 
 async def test_past_the_bound_the_oldest_queued_write_is_dropped_and_said(store, caplog):
-    bookkeeper = Bookkeeper(LeaseBook(store), limits={Stream.WORKERS: 2, Stream.QUEUE: 2})
+    bookkeeper = Bookkeeper(
+        LeaseBook(SqliteRecords(store)), limits={Stream.WORKERS: 2, Stream.QUEUE: 2}
+    )
     done: list[int] = []
     for n in range(3):  # the task is not running: all three wait
         bookkeeper.put(Stream.WORKERS, f"write {n}", lambda n=n: n, done.append)
@@ -55,7 +58,9 @@ async def test_past_the_bound_the_oldest_queued_write_is_dropped_and_said(store,
 
 
 async def test_a_flood_of_one_stream_drops_its_own_oldest_never_another_streams(store, caplog):
-    bookkeeper = Bookkeeper(LeaseBook(store), limits={Stream.WORKERS: 4, Stream.QUEUE: 4})
+    bookkeeper = Bookkeeper(
+        LeaseBook(SqliteRecords(store)), limits={Stream.WORKERS: 4, Stream.QUEUE: 4}
+    )
     done: list[str] = []
     bookkeeper.put(Stream.WORKERS, "w1 as disconnected", lambda: "w1", done.append)
     for n in range(5):  # the task is not running: one more than the queue's bound
@@ -71,7 +76,7 @@ async def test_a_flood_of_one_stream_drops_its_own_oldest_never_another_streams(
 
 async def test_a_stream_settles_without_waiting_for_another(store):
     """Enrollment waits for a worker's last status version, not behind a queue's backlog."""
-    bookkeeper = Bookkeeper(LeaseBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
     for n in range(500):  # the task is not running: these wait
         bookkeeper.put(Stream.QUEUE, f"queue episode {n}", lambda: None)
     settled: list[Stream] = []
@@ -92,7 +97,7 @@ async def test_a_stream_settles_without_waiting_for_another(store):
 
 
 async def test_a_write_the_store_refuses_is_counted_and_the_next_goes_on(store, caplog):
-    bookkeeper = Bookkeeper(LeaseBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
 
     def refuse():
         raise StoreError("the database file was deleted")
@@ -112,7 +117,7 @@ async def test_lease_rows_and_ordered_writes_share_one_task_and_the_statistics_s
     store, tmp_path, autojump_clock
 ):
     journal = Journal(tmp_path / "swamp.journal")
-    bookkeeper = Bookkeeper(LeaseBook(store), journal)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)), journal)
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         lease = bookkeeper.open_lease(
@@ -144,7 +149,7 @@ async def test_lease_rows_and_ordered_writes_share_one_task_and_the_statistics_s
 async def test_a_store_refusing_lease_rows_does_not_hold_the_ordered_writes_back(
     store, autojump_clock
 ):
-    bookkeeper = Bookkeeper(LeaseBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
     attempts = []
     original = bookkeeper.leases.insert_many
 

@@ -37,7 +37,7 @@ async def test_a_worker_socket_enrolls_and_may_then_call_only_worker_verbs(serve
     assert await refused(client.call("worker.enroll", hello(credential))) == "forbidden"
     assert await client.call("worker.drain", {"reason": "signal"}) == {}
     await served.parts.records.settled()
-    [record] = WorkerBook(served.parts.store).all()
+    [record] = await WorkerBook(served.parts.db).all()
     assert record["status"] == "draining"
 
 

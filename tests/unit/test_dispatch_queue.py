@@ -16,6 +16,7 @@ from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 
 
 class Socket:
@@ -50,8 +51,8 @@ async def ignore(event):
 async def queue(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     pool = Pool()
-    bookkeeper = Bookkeeper(LeaseBook(store))
-    service = DispatchQueue(pool, store, bookkeeper)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
+    service = DispatchQueue(pool, store, bookkeeper.leases.db, bookkeeper)
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         yield service
@@ -64,7 +65,7 @@ async def episodes(queue):
     return {
         a["queueId"]: a
         for a in (
-            r.attributes for r in queue.pending.store.latest_of_type("swamp/pending-dispatch")
+            r.attributes for r in queue.pending.db.store.latest_of_type("swamp/pending-dispatch")
         )
     }
 
@@ -144,7 +145,7 @@ async def test_a_cancelled_wait_leaves_the_queue_and_takes_no_slot(queue):
 
 
 async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
-    TokenBook(queue.pending.store).mint("t", duration_seconds=3600)
+    TokenBook(queue.pending.db.store).mint("t", duration_seconds=3600)
     w = member("w", token="t")
     queue.pool.put(w)
     busy = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
@@ -159,27 +160,27 @@ async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
         await trio.testing.wait_all_tasks_blocked()
-        TokenBook(queue.pending.store).revoke("t")
+        TokenBook(queue.pending.db.store).revoke("t")
         w.channel = None  # its socket is cut off
         queue.pool.refresh(w)
     assert failures and "can never return" in failures[0] and "revoked" in failures[0]
     queue.release(w, busy.dispatch_id)
 
 
-def test_ended_episodes_are_collected_and_waiting_ones_orphaned_at_boot(tmp_path):
+async def test_ended_episodes_are_collected_and_waiting_ones_orphaned_at_boot(tmp_path):
     from swamp.bookkeeping.pending import PendingBook
     from swamp.domain.queue import PendingState
 
     store = Datastore(tmp_path / "swamp.db")
     now = [1_000_000.0]
-    book = PendingBook(store, clock=lambda: now[0])
+    book = PendingBook(SqliteRecords(store), clock=lambda: now[0])
     for queue_id in ("old", "new", "still"):
-        book.enqueue({"queueId": queue_id, "queuedAt": "2026-01-01T00:00:00.000Z"})
-    book.end("old", PendingState.DISPATCHED, dispatch_id="d1")
+        await book.enqueue({"queueId": queue_id, "queuedAt": "2026-01-01T00:00:00.000Z"})
+    await book.end("old", PendingState.DISPATCHED, dispatch_id="d1")
     now[0] += 7200
-    book.end("new", PendingState.TIMED_OUT)
-    assert book.collect(older_than_seconds=3600) > 0  # "old" ended two hours ago
-    assert book.reconcile() == 1  # "still" was waiting when the orchestrator died
+    await book.end("new", PendingState.TIMED_OUT)
+    assert await book.collect(older_than_seconds=3600) > 0  # "old" ended two hours ago
+    assert await book.reconcile() == 1  # "still" was waiting when the orchestrator died
     states = {
         a["queueId"]: a["state"]
         for a in (r.attributes for r in store.latest_of_type("swamp/pending-dispatch"))

@@ -26,7 +26,7 @@ async def test_a_dispatch_in_process_succeeds_and_leaves_its_lease(tmp_path):
         result = await harness.run(echo_request())
         assert result.status == "succeeded" and result.worker in ("w0", "w1")
         assert all(not member.active for member in harness.workers)  # its slot came back
-        harness.bookkeeper.flush()
+        await harness.bookkeeper.flush()
         leases = harness.store.query(parse_predicate('modelType == "swamp/step-lease"'))
         assert [r.attributes["state"] for r in leases] == ["completed"]
 

@@ -12,6 +12,7 @@ from swamp.domain.enrollment import VERIFYING, Admit, Present, Refuse, Wait, adm
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import AlreadyConnected, Conflict, FleetFull, SwampError, TokenInvalid
 from swamp.protocol.messages import Verdict
+from swamp.store.records import SqliteRecords
 from tests.harness.orchestrator import gateway, hello
 
 
@@ -92,7 +93,7 @@ async def test_an_admitted_worker_is_recorded_and_joins_the_pool(tmp_path):
         assert g.pool.get(member.name) is member and member.status == "idle"
         assert member.capacity == 2  # what it asked for: the token caps nothing
         await g.records.settled()
-        [record] = WorkerBook(g.store).all()
+        [record] = await WorkerBook(SqliteRecords(g.store)).all()
         assert record["name"] == member.name and record["status"] == "idle"
         assert g.rejections == []
 

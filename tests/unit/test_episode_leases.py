@@ -27,6 +27,7 @@ from swamp.orchestrator.pool import Member
 from swamp.protocol.messages import DispatchResult
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
+from swamp.store.records import SqliteRecords
 
 
 class Worker:
@@ -73,7 +74,7 @@ async def ignore(event):
 @pytest.fixture
 async def episodes(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
-    bookkeeper = Bookkeeper(LeaseBook(store))
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
     service = Episodes(bookkeeper, Credentials())
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
@@ -87,7 +88,7 @@ def rows(episodes) -> list:
     leases = parse_predicate('modelType == "swamp/step-lease"')
     return [
         (r.version, r.attributes["state"], r.attributes["hasWrites"])
-        for r in episodes.bookkeeper.leases.store.query(leases, all_versions=True)
+        for r in episodes.bookkeeper.leases.db.store.query(leases, all_versions=True)
     ]
 
 
@@ -163,7 +164,7 @@ async def test_rows_not_yet_written_go_in_at_shutdown_as_active(episodes):
         nursery.start_soon(episodes.run, member(worker), "d1", WORK, Step("s"), ignore)
         await worker.received.wait()
         assert rows(episodes) == []
-        episodes.bookkeeper.flush()
+        await episodes.bookkeeper.flush()
         assert rows(episodes) == [(1, "active", False)]
         worker.answer.set()
     assert rows(episodes) == [(2, "completed", False)]  # ended in place if it still ends
@@ -199,7 +200,7 @@ async def test_a_store_that_refuses_writes_is_retried_ever_more_slowly_and_said_
 async def journaled(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     journal = Journal(tmp_path / "swamp.journal")
-    bookkeeper = Bookkeeper(LeaseBook(store), journal)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)), journal)
     service = Episodes(bookkeeper, Credentials())
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
@@ -249,6 +250,6 @@ async def test_journaled_rows_go_in_at_shutdown(journaled):
     worker.answer.set()
     await journaled.run(member(worker), "d1", WORK, Step("s"), ignore)
     assert rows(journaled) == []
-    journaled.bookkeeper.flush()
+    await journaled.bookkeeper.flush()
     assert rows(journaled) == [(1, "completed", False)]
     assert journaled.bookkeeper.journal.entries() == []

@@ -1,10 +1,12 @@
 """The journal: rows made durable by an append, taken into a real store later, idempotently;
 only step leases, read as a stream."""
 
+import functools
 import json
 import os
 
 import pytest
+import trio
 
 from swamp.bookkeeping.leases import POLICY, LeaseBook, journaled_lease, key
 from swamp.domain.leases import LeaseState
@@ -12,6 +14,7 @@ from swamp.domain.query import parse as parse_predicate
 from swamp.errors import StoreError
 from swamp.store.datastore import Datastore
 from swamp.store.journal import MAX_LINE_BYTES, Entry, Journal, Skipped, replay
+from swamp.store.records import SqliteRecords
 
 
 def lease_id(n: int) -> str:
@@ -27,7 +30,7 @@ def lease(n: int) -> Entry:
 
 
 def take(store: Datastore, journal: Journal) -> int:
-    return replay(store, journal, admit=journaled_lease)
+    return trio.run(functools.partial(replay, SqliteRecords(store), journal, admit=journaled_lease))
 
 
 def leases_in(store: Datastore) -> list[tuple[str, int, str]]:

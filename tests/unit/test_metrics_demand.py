@@ -26,6 +26,7 @@ from swamp.orchestrator.metrics import Metrics
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 
 KEYS = st.sampled_from(["gpu", "zone", "a", "a-b", "pool"])
 VALUES = st.sampled_from(["true", "eu", "x", "1"])
@@ -156,8 +157,8 @@ async def ignore(event: dict) -> None:
 @pytest.fixture
 async def queue(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
-    bookkeeper = Bookkeeper(LeaseBook(store))
-    service = DispatchQueue(Pool(), store, bookkeeper)
+    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
+    service = DispatchQueue(Pool(), store, bookkeeper.leases.db, bookkeeper)
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         yield service

@@ -37,6 +37,8 @@ async def test_a_burst_of_changes_is_one_or_two_notifications(pg_url):
         for _ in range(1000):  # a thousand steps queued at once
             waker.wake()
         await woken.next()
+        with trio.fail_after(30):  # (heard, maybe before its sender read the reply)
+            await waker.sent_at_least(1)
         await trio.testing.wait_all_tasks_blocked()
         assert waker.marked == 1000 and 1 <= waker.sent <= 2
         nursery.cancel_scope.cancel()
