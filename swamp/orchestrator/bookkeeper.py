@@ -176,6 +176,7 @@ class Bookkeeper:
         self._idle = {s: _settled() for s in Stream}
         # leases whose row is not written yet, oldest first
         self._unwritten: dict[str, Lease] = {}
+        self._batch: list[Lease] = []  # leases whose rows are in the transaction in flight
         # leases whose effect the stored row does not say yet (see mark_effects)
         self._effects: dict[str, Lease] = {}
         # ended rows in the journal and not in the store yet, with when each was journaled
@@ -448,6 +449,7 @@ class Bookkeeper:
         for lease in leases:
             del self._unwritten[lease.id]
             lease.batched = trio.Event()
+        self._batch = leases
         try:
             records = await self.leases.insert_many(
                 [lease.opened for lease in leases if lease.opened is not None],
@@ -460,6 +462,7 @@ class Bookkeeper:
             for lease, record in zip(leases, records, strict=True):
                 lease.record, lease.opened = record, None
         finally:
+            self._batch = []
             for lease in leases:
                 if lease.batched is not None:
                     lease.batched.set()
@@ -509,6 +512,8 @@ class Bookkeeper:
         """At shutdown: the journaled rows go in, and the rows not written yet go in as they are
         (active), so the next boot finds and expires them, as it does any lease a stopped
         orchestrator left running."""
+        for lease in list(self._batch):  # a batch in flight ends first (PostgreSQL)
+            await _out_of_batch(lease)
         try:
             await self._insert_with_journaled(list(self._unwritten.values()))
         except SwampError as exc:
