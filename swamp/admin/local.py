@@ -337,6 +337,7 @@ class RepoAdmin:
             self._engine = Engine(
                 Workflows(self.repo, self.registry),
                 self.store,
+                self.db,
                 host,
                 max_fan_out=self.max_fan_out,
             )
@@ -447,16 +448,16 @@ class RepoAdmin:
     async def workflow_history(self, request: WorkflowRequest) -> WorkflowHistoryReply:
         if request.name is not None:
             check_workflow_name(request.name)
-        return WorkflowHistoryReply(RunBook(self.store).summaries(request.name))
+        return WorkflowHistoryReply(await RunBook(self.db).summaries(request.name))
 
     async def workflow_history_get(self, request: RunRef) -> WorkflowRunReply:
         offset = request.offset or 0
         if offset < 0:
             raise UserError(f"invalid offset {offset}: expected 0 or more")
-        return _paged(*RunBook(self.store).page(request.run, offset))
+        return _paged(*await RunBook(self.db).page(request.run, offset))
 
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
-        header = RunBook(self.store).header(request.run)
+        header = await RunBook(self.db).header(request.run)
         run_id = header["runId"]
         if header["status"] != Status.RUNNING:
             raise Conflict(f"workflow run {run_id[:12]} has already ended: {header['status']}")
@@ -476,7 +477,7 @@ class RepoAdmin:
             )
         with trio.move_on_after(CANCEL_WAIT):  # it saves itself cancelled as it unwinds
             await ended.wait()
-        return _paged(*RunBook(self.store).page(run_id, 0))  # a page: the header and a range
+        return _paged(*await RunBook(self.db).page(run_id, 0))  # a page: the header and a range
 
     async def _cancel_step(self, run_id: str, step: str, reason: str) -> WorkflowRunReply:
         """One running step of a live run: it ends failed with ``reason``, the run goes on."""
@@ -492,7 +493,7 @@ class RepoAdmin:
             )
         with trio.move_on_after(CANCEL_WAIT):  # it saves itself ended as it unwinds
             await saved.wait()
-        return _paged(*RunBook(self.store).page(run_id, 0))
+        return _paged(*await RunBook(self.db).page(run_id, 0))
 
     # -- step logs -------------------------------------------------------------------------------
 
@@ -502,7 +503,7 @@ class RepoAdmin:
         running = set(self.engine.live) if self.dispatch is not None else set()
         return await step_logs.read(
             request,
-            store=self.store,
+            db=self.db,
             logs=self.step_logs.store,
             live=self.live_logs,
             running=running,

@@ -19,7 +19,7 @@ from swamp.domain.step_logs import LogRef, parse_log_ref
 from swamp.errors import NotFound, UserError
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import LogChunkItem, LogItem, LogsPage, LogsRequest
-from swamp.store.datastore import Datastore
+from swamp.store.records import Records
 from swamp.store.step_logs import LogInfo, LogStore, StoredChunk
 
 PAGE_BYTES = 512 * 1024  # of line text (a page's frame stays under the 4 MiB frame limit)
@@ -29,7 +29,7 @@ WAIT_MAX = 60.0
 async def read(
     request: LogsRequest,
     *,
-    store: Datastore,
+    db: Records,
     logs: LogStore,
     live: StepLogs | None,
     running: frozenset[str] | set[str] = frozenset(),
@@ -43,7 +43,7 @@ async def read(
         await live.caught_up()
     deadline = trio.current_time() + wait
     while True:
-        page = _page(ref, request, store=store, logs=logs, live=live, running=running)
+        page = await _page(ref, request, db=db, logs=logs, live=live, running=running)
         now = trio.current_time()
         if page.chunks or not page.live or not request.chunks or live is None or now >= deadline:
             return page
@@ -51,18 +51,18 @@ async def read(
             await live.written()
 
 
-def _page(
+async def _page(
     ref: LogRef,
     request: LogsRequest,
     *,
-    store: Datastore,
+    db: Records,
     logs: LogStore,
     live: StepLogs | None,
     running: frozenset[str] | set[str],
 ) -> LogsPage:
     """A page costs the page: the run is known by its header, its logs by the index, and
     only the logs of the page's chunks are listed in it."""
-    header, infos = _resolve(ref, store, logs)
+    header, infos = await _resolve(ref, db, logs)
     after = max(0, request.after)
     run_id: str | None = header["runId"] if header is not None else None
     if run_id is not None:
@@ -124,8 +124,8 @@ def _page(
     )
 
 
-def _resolve(
-    ref: LogRef, store: Datastore, logs: LogStore
+async def _resolve(
+    ref: LogRef, db: Records, logs: LogStore
 ) -> tuple[dict | None, list[LogInfo] | None]:
     """(the run's header, None: every log of it), (its header, the logs of its step), or
     (None, the one dispatch's log). Only the header of a run is read, never its steps."""
@@ -133,7 +133,7 @@ def _resolve(
     if len(ref.id) == 32:  # a whole id: found by its key, not by a scan of the runs
         workflow = logs.run_workflow(ref.id)
         if workflow:
-            record = store.latest(run_key(workflow, ref.id))
+            record = await db.latest(run_key(workflow, ref.id))
             header = dict(record.attributes) if record is not None else None
         if header is None:
             exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
@@ -141,11 +141,13 @@ def _resolve(
                 return None, exact
     if header is None:
         try:
-            header = RunBook(store).header(ref.id)
+            header = await RunBook(db).header(ref.id)
         except NotFound:
             header = None
     if header is not None:
-        return header, None if ref.step is None else _of_step(store, logs, header, ref.step)
+        if ref.step is None:
+            return header, None
+        return header, await _of_step(db, logs, header, ref.step)
     if ref.step is not None:
         raise NotFound(f"no workflow run {ref.id!r}: see 'swamp workflow history'")
     found = logs.logs_with_prefix(ref.id)
@@ -160,14 +162,14 @@ def _resolve(
     return None, found
 
 
-def _of_step(store: Datastore, logs: LogStore, header: dict, step: str) -> list[LogInfo]:
+async def _of_step(db: Records, logs: LogStore, header: dict, step: str) -> list[LogInfo]:
     """The logs of ``step`` (``STEP`` or ``JOB.STEP``) of the run: none yet is fine for a
     step of the run; a name the run does not have is an error that lists its steps. The
     run's steps are read only when the step has no log yet."""
     found = logs.logs_of_step(header["runId"], step)
     if found:
         return found
-    run = RunBook(store).get(header["runId"])
+    run = await RunBook(db).get(header["runId"])
     names = {(j.name, s.name) for j in run.jobs for s in j.steps}
     if not any(step in (s, f"{j}.{s}") for j, s in names):
         shown = ", ".join(sorted(f"{j}.{s}" for j, s in names)[:20])

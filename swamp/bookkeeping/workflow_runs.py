@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import trio
+
 from swamp.bookkeeping.records import decoded, has_fields
 from swamp.domain.run_record import (
     STEPS_APART,
@@ -33,7 +35,8 @@ from swamp.domain.run_record import (
 )
 from swamp.errors import Conflict, NotFound, UserError
 from swamp.models.builtin import WORKFLOW_RUN, WORKFLOW_STEP
-from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.datastore import Key, Record, iso
+from swamp.store.records import Operations, Records
 
 TYPE = WORKFLOW_RUN.type
 POLICY = WORKFLOW_RUN.resources[0].policy
@@ -68,17 +71,26 @@ class RunWriter:
     """One run's records as its engine changes them. :meth:`add` gives a step its place,
     :meth:`changed` and :meth:`header_changed` say what to write, :meth:`flush` writes it —
     every changed step once, with its state now, and the header with its counts — in one
-    transaction. Only the run's own engine writes its records (one orchestrator per repo)."""
+    transaction. Only the run's own engine writes its records (one orchestrator per repo).
 
-    def __init__(self, store: Datastore, run: RunRecord) -> None:
-        self.store = store
+    What a flush writes is taken when it begins; on a store that waits (PostgreSQL) the engine
+    goes on meanwhile, and a change made then is written by the next flush (each change is
+    numbered: a place is clean only if nothing changed it since its state was taken). One
+    flush at a time."""
+
+    def __init__(self, db: Records, run: RunRecord) -> None:
+        self.db = db
         self.run = run
         self.steps: list[StepRecord] = []  # by place
         self.jobs: list[str] = []  # the job of each place
         self.versions: list[int] = []  # the stored version of each place (0: not yet)
         self.stored: list[str | None] = []  # the status stored at each place (counted)
-        self.dirty: dict[int, None] = {}  # places to write, oldest change first
+        self.dirty: dict[int, int] = {}  # places to write, oldest change first: its change
+        self.changes = 0  # changes numbered (the header's too)
+        self.header_change = 0  # the header's latest
         self.dropped: list[int] = []  # places to delete
+        self.gone: set[int] = set()  # places dropped (written meanwhile: deleted next)
+        self._flushing: trio.Event | None = None  # set when the flush in flight ends
         self.counts: dict[str, Counter[str]] = {}  # job → status → stored steps
         self.header_version = 0
         self.header_dirty = True
@@ -94,28 +106,34 @@ class RunWriter:
     def pending(self) -> bool:
         return self.header_dirty or bool(self.dirty) or bool(self.dropped)
 
+    def _change(self) -> int:
+        self.changes += 1
+        return self.changes
+
     def add(self, job: str, step: StepRecord) -> None:
         step.seq = len(self.steps)
         self.steps.append(step)
         self.jobs.append(job)
         self.versions.append(0)
         self.stored.append(None)
-        self.dirty[step.seq] = None
+        self.dirty[step.seq] = self._change()
 
     def changed(self, step: StepRecord) -> None:
-        self.dirty[step.seq] = None
+        self.dirty[step.seq] = self._change()
 
     def header_changed(self) -> None:
         self.header_dirty = True
+        self.header_change = self._change()
 
     def drop(self, step: StepRecord) -> None:
         """The step is no longer part of the run (a ``forEach`` step replaced by its
         expansions): its record goes."""
         self.dirty.pop(step.seq, None)
+        self.gone.add(step.seq)
         if self.versions[step.seq]:
             self.dropped.append(step.seq)
 
-    def flush(self, *, limit: int | None = None) -> int:
+    async def flush(self, *, limit: int | None = None) -> int:
         """Write what changed (at most ``limit`` steps, oldest change first) and the header, in
         one transaction; the places written. Nothing is marked written unless it committed.
 
@@ -123,7 +141,19 @@ class RunWriter:
         (steps first, header last): until then the stored header still says ``running``, so a
         crash between the chunks of the final save leaves a run the next start reconciles,
         not steps ``running`` under an ended header."""
+        while self._flushing is not None:  # (never, where the store does not wait)
+            await self._flushing.wait()
+        self._flushing = trio.Event()
+        try:
+            return await self._flush(limit)
+        finally:
+            self._flushing.set()
+            self._flushing = None
+
+    async def _flush(self, limit: int | None) -> int:
         places = list(self.dirty)[:limit] if limit else list(self.dirty)
+        taken = {seq: self.dirty[seq] for seq in places}
+        header_change = self.header_change
         with_header = self.run.status == Status.RUNNING or len(places) == len(self.dirty)
         dropped = list(self.dropped)
         versions: dict[int, int] = {}
@@ -138,38 +168,54 @@ class RunWriter:
             if self.stored[seq] is not None:
                 job_counts[self.stored[seq] or ""] -= 1
             job_counts[status] += 1
-        with self.store.transaction():
-            for seq in places:
-                step, version = self.steps[seq], self.versions[seq]
-                record = self.store.write(
+        rows = [
+            (seq, self.versions[seq], step_json(run_id, self.jobs[seq], self.steps[seq]))
+            for seq in places
+        ]
+        statuses = {seq: str(self.steps[seq].status) for seq in places}
+        header = (
+            header_json(
+                self.run,
+                {job: {s: n for s, n in c.items() if n > 0} for job, c in counts.items()},
+            )
+            if with_header
+            else None
+        )
+        header_version = self.header_version
+
+        async def write(tx: Operations) -> tuple[dict[int, int], Record | None]:
+            versions: dict[int, int] = {}
+            for seq, version, row in rows:
+                record = await tx.write(
                     step_key(workflow, run_id, seq),
-                    step_json(run_id, self.jobs[seq], step),
+                    row,
                     policy=STEP_POLICY,
                     expected_version=version,
                     fresh=version == 0,
                 )
                 versions[seq] = record.version
             if dropped:
-                self.store.delete_items(step_key(workflow, run_id, seq) for seq in dropped)
-            if with_header:
-                header = header_json(
-                    self.run,
-                    {job: {s: n for s, n in c.items() if n > 0} for job, c in counts.items()},
+                await tx.delete_items(step_key(workflow, run_id, seq) for seq in dropped)
+            written = None
+            if header is not None:
+                written = await tx.write(
+                    key(workflow, run_id), header, policy=POLICY, expected_version=header_version
                 )
-                written = self.store.write(
-                    key(workflow, run_id),
-                    header,
-                    policy=POLICY,
-                    expected_version=self.header_version,
-                )
-        if with_header:
+            return versions, written
+
+        versions, written = await self.db.transact(write)
+        if written is not None:
             self.header_version = written.version
-            self.header_dirty = False
+            if self.header_change == header_change:  # else it changed meanwhile: again
+                self.header_dirty = False
         self.counts = counts
         for seq, version in versions.items():
             self.versions[seq] = version
-            self.stored[seq] = str(self.steps[seq].status)
-            self.dirty.pop(seq, None)
+            self.stored[seq] = statuses[seq]
+            if self.dirty.get(seq) == taken[seq]:
+                self.dirty.pop(seq)
+            if seq in self.gone and seq not in self.dropped:  # dropped while it was written
+                self.dropped.append(seq)
         for seq in dropped:
             self.stored[seq] = None
         del self.dropped[: len(dropped)]
@@ -199,38 +245,39 @@ def headers_of(records: list[Record]) -> list[dict]:
 
 
 class RunBook:
-    def __init__(self, store: Datastore, *, clock=time.time) -> None:
-        self.store = store
+    def __init__(self, db: Records, *, clock=time.time) -> None:
+        self.db = db
         self.clock = clock
 
-    def save_whole(self, run: RunRecord) -> Record:
+    async def save_whole(self, run: RunRecord) -> Record:
         """A run as earlier versions stored it, the tree in one record (what reconciling such a
         record writes back)."""
-        return self.store.write(key(run.workflow, run.run_id), run.to_json(), policy=POLICY)
+        return await self.db.write(key(run.workflow, run.run_id), run.to_json(), policy=POLICY)
 
-    def headers(self, workflow: str | None = None) -> list[dict]:
+    async def headers(self, workflow: str | None = None) -> list[dict]:
         """Every run's header (attributes), newest first."""
-        found = list(decoded(self.store.latest_of_type(TYPE, model_name=workflow), _RUN_FIELDS))
+        stored = await self.db.latest_of_type(TYPE, model_name=workflow)
+        found = list(decoded(stored, _RUN_FIELDS))
         found.sort(key=lambda h: h["startedAt"], reverse=True)
         return found
 
-    def summaries(self, workflow: str | None = None) -> list[dict]:
+    async def summaries(self, workflow: str | None = None) -> list[dict]:
         """What ``workflow history`` lists of each run, newest first, from the headers alone."""
-        return [summary(header) for header in self.headers(workflow)]
+        return [summary(header) for header in await self.headers(workflow)]
 
-    def get(self, ref: str) -> RunRecord:
+    async def get(self, ref: str) -> RunRecord:
         """A run by its id or an unambiguous prefix of it (at least 4 characters), every job
         and step."""
-        return self._whole(self.header(ref))
+        return await self._whole(await self.header(ref))
 
-    def exact(self, workflow: str, run_id: str) -> RunRecord | None:
+    async def exact(self, workflow: str, run_id: str) -> RunRecord | None:
         """A run by its workflow and whole id, read by its key (no scan of the runs)."""
-        found = self.store.latest(key(workflow, run_id))
+        found = await self.db.latest(key(workflow, run_id))
         if found is None:
             return None
-        return self._whole(_RUN_FIELDS(found))
+        return await self._whole(_RUN_FIELDS(found))
 
-    def header(self, ref: str) -> dict:
+    async def header(self, ref: str) -> dict:
         """A run's header (its steps not read) by its id or an unambiguous prefix of it."""
         if len(ref) < 4:
             raise UserError(f"a run id prefix needs at least 4 characters, got {ref!r}")
@@ -238,9 +285,9 @@ class RunBook:
         # (a page of a run, its cancel, the web pages' run page at a week of runs)
         found = [
             header
-            for workflow in self.store.model_names(TYPE)
+            for workflow in await self.db.model_names(TYPE)
             for header in decoded(
-                self.store.latest_with_prefix(TYPE, workflow, f"run-{ref}"), _RUN_FIELDS
+                await self.db.latest_with_prefix(TYPE, workflow, f"run-{ref}"), _RUN_FIELDS
             )
             if header["runId"].startswith(ref)
         ]
@@ -251,15 +298,15 @@ class RunBook:
             raise UserError(f"run id {ref!r} is ambiguous ({ids}…): give more of it")
         return found[0]
 
-    def page(self, ref: str, offset: int) -> tuple[dict, int | None]:
+    async def page(self, ref: str, offset: int) -> tuple[dict, int | None]:
         """A page of a run (see :func:`~swamp.domain.run_record.page`): its steps from place
         ``offset`` on, read from the store as a range of at most :data:`PAGE_ROWS` steps — a
         page costs the page, not the run."""
-        header = self.header(ref)
+        header = await self.header(ref)
         if header.get("layout") != STEPS_APART:
-            return page(self._whole(header), offset)
+            return page(await self._whole(header), offset)
         run_id = header["runId"]
-        rows = self.store.latest_in_range(
+        rows = await self.db.latest_in_range(
             STEP_TYPE,
             header["workflow"],
             step_key(header["workflow"], run_id, max(offset, 0)).name,
@@ -272,24 +319,24 @@ class RunBook:
             more = max(p for p in places if isinstance(p, int)) + 1
         return shown, more
 
-    def status(self, run_id: str) -> str | None:
+    async def status(self, run_id: str) -> str | None:
         """A run's status as its header says (``None``: no such run)."""
-        for header in self.headers():
+        for header in await self.headers():
             if header["runId"] == run_id:
                 return str(header["status"])
         return None
 
-    def _steps(self, header: dict) -> list[Record]:
+    async def _steps(self, header: dict) -> list[Record]:
         if header.get("layout") != STEPS_APART:
             return []
-        return self.store.latest_with_prefix(
+        return await self.db.latest_with_prefix(
             STEP_TYPE, header["workflow"], step_prefix(header["runId"])
         )
 
-    def _whole(self, header: dict) -> RunRecord:
-        return assemble(header, [r.attributes for r in self._steps(header)])
+    async def _whole(self, header: dict) -> RunRecord:
+        return assemble(header, [r.attributes for r in await self._steps(header)])
 
-    def reconcile(self) -> int:
+    async def reconcile(self) -> int:
         """Boot: a run the previous orchestrator left running ended with it — the run, its
         running jobs and every step of it that had not ended are failed (``interrupted``): a
         step stored ``pending`` may have started in the last batch window, which the crash
@@ -299,14 +346,14 @@ class RunBook:
         status; those steps are failed the same way. The count of runs changed."""
         now = iso(self.clock())
         count = 0
-        for header in self.headers():
+        for header in await self.headers():
             if header["status"] != Status.RUNNING:
                 if header.get("layout") == STEPS_APART and _unended(header):
-                    self._interrupt(header, now, run_ended=True)
+                    await self._interrupt(header, now, run_ended=True)
                     count += 1
                 continue
             if header.get("layout") == STEPS_APART:
-                self._interrupt(header, now)
+                await self._interrupt(header, now)
             else:
                 run = RunRecord.from_json(header)
                 for job in run.jobs:
@@ -320,15 +367,15 @@ class RunBook:
                     if job.status == Status.RUNNING:
                         job.status, job.ended_at = Status.FAILED, now
                 run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
-                self.save_whole(run)
+                await self.save_whole(run)
             count += 1
         return count
 
-    def _interrupt(self, header: dict, now: str, *, run_ended: bool = False) -> None:
-        stored = self._steps(header)
+    async def _interrupt(self, header: dict, now: str, *, run_ended: bool = False) -> None:
+        stored = await self._steps(header)
         run = assemble(header, [r.attributes for r in stored])
         versions = {r.attributes.get("seq"): r.version for r in stored}
-        writer = RunWriter(self.store, run)
+        writer = RunWriter(self.db, run)
         for job in run.jobs:
             for step in job.steps:
                 seq = step.seq
@@ -349,26 +396,26 @@ class RunBook:
                 job.status, job.ended_at = Status.FAILED, now
         if not run_ended:
             run.status, run.error, run.ended_at = Status.FAILED, INTERRUPTED, now
-        writer.header_version = self._header_version(run)
+        writer.header_version = await self._header_version(run)
         while writer.pending:  # a transaction per thousand steps, not one for them all
-            writer.flush(limit=1000)
+            await writer.flush(limit=1000)
 
-    def _header_version(self, run: RunRecord) -> int:
-        record = self.store.latest(key(run.workflow, run.run_id))
+    async def _header_version(self, run: RunRecord) -> int:
+        record = await self.db.latest(key(run.workflow, run.run_id))
         if record is None:
             raise Conflict(f"workflow run {run.run_id} was removed while reconciling")
         return record.version
 
-    def collect(self, *, older_than_seconds: float) -> int:
+    async def collect(self, *, older_than_seconds: float) -> int:
         """Forget runs that ended before the retention, their steps with them; a running
         run is never touched."""
         cutoff = iso(self.clock() - older_than_seconds)
         removed = 0
-        for header in self.headers():
+        for header in await self.headers():
             ended = header.get("endedAt")
             if header["status"] == Status.RUNNING or not isinstance(ended, str) or ended >= cutoff:
                 continue
             workflow, run_id = header["workflow"], header["runId"]
-            removed += self.store.delete_with_prefix(STEP_TYPE, workflow, step_prefix(run_id))
-            removed += self.store.delete_items([key(workflow, run_id)])
+            removed += await self.db.delete_with_prefix(STEP_TYPE, workflow, step_prefix(run_id))
+            removed += await self.db.delete_items([key(workflow, run_id)])
         return removed

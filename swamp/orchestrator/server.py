@@ -174,7 +174,7 @@ async def collect_bookkeeping(db: SqliteRecords, pool: Pool, *, worker_retention
     store = db.store
     removed = await LeaseBook(db).collect(older_than_seconds=LEASE_RETENTION)
     removed += await PendingBook(db).collect(older_than_seconds=LEASE_RETENTION)
-    removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
+    removed += await RunBook(db).collect(older_than_seconds=RUN_RETENTION)
     removed += await db.collect_garbage()
     workers = WorkerBook(db)
     stale = await workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
@@ -410,7 +410,7 @@ async def _serve(
         "leases": await retry_busy(LeaseBook(db).reconcile),
         "workers": await retry_busy(WorkerBook(db).reconcile),
         "queued": await retry_busy(PendingBook(db).reconcile),
-        "runs": await retry_busy(RunBook(store).reconcile),
+        "runs": await retry_busy(RunBook(db).reconcile),
     }
     ended = SqliteLogStore(store).end_open
     await retry_busy(lambda: ended(store.clock()))  # the logs it left open ended with it

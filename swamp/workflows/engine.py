@@ -64,6 +64,7 @@ from swamp.protocol.messages import (
     decode_event,
 )
 from swamp.store.datastore import Datastore, iso
+from swamp.store.records import Records
 from swamp.store.retry import retry_busy
 from swamp.workflows.loader import Workflows
 
@@ -145,6 +146,7 @@ class Engine:
         self,
         workflows: Workflows,
         store: Datastore,
+        db: Records,
         host: Host,
         *,
         clock=time.time,
@@ -152,7 +154,8 @@ class Engine:
     ) -> None:
         self.workflows = workflows
         self.store = store
-        self.runs = RunBook(store, clock=clock)
+        self.db = db  # the runs' records go through the seam (swamp.store.records)
+        self.runs = RunBook(db, clock=clock)
         self.host = host
         self.clock = clock
         self.max_fan_out = max_fan_out  # serve's --max-fan-out
@@ -253,7 +256,7 @@ class _Run:
             ],
         )
         self.jobs = {j.name: j for j in self.record.jobs}
-        self.writer = RunWriter(engine.store, self.record)
+        self.writer = RunWriter(engine.db, self.record)
         for job_record in self.record.jobs:
             for entry in job_record.steps:
                 self.writer.add(job_record.name, entry)

@@ -25,6 +25,7 @@ from swamp.plugins import default_registry
 from swamp.protocol.messages import Dispatched, RunResult
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 from swamp.workflows.engine import Emit, Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
 
@@ -163,7 +164,7 @@ class Rig:
         """Run workflow ``name`` to its end; its record as the store keeps it (JSON)."""
         workflow = self.engine.workflows.checked(name)
         record = await self.engine.run(workflow, check_inputs(workflow, inputs or {}), self.emit)
-        assert self.engine.runs.get(record.run_id) == record  # saved as it ended
+        assert await self.engine.runs.get(record.run_id) == record  # saved as it ended
         return record.to_json()
 
     async def emit(self, event: dict) -> None:
@@ -193,7 +194,7 @@ async def open_rig(root: Path, *workers: Worker) -> AsyncIterator[Rig]:
     try:
         fleet = Fleet(store, *workers)
         host = Host(run_step=fleet.run_step, workers_connected=fleet.connected)
-        engine = Engine(Workflows(repo, fleet.registry), store, host)
+        engine = Engine(Workflows(repo, fleet.registry), store, SqliteRecords(store), host)
         yield Rig(repo, store, fleet, engine)
     finally:
         store.close()

@@ -1,7 +1,7 @@
-"""The bookkeeper and its books on both backends of the record store (the contract tests'
-``records`` fixture). On PostgreSQL a batch of lease rows is a transaction in flight while
-dispatches go on: one that ends, writes or has an effect meanwhile must change the row the
-batch wrote — never insert it twice, never lose its end."""
+"""The bookkeeper, its books and a workflow run's writer on both backends of the record store
+(the contract tests' ``records`` fixture). On PostgreSQL a batch of lease rows is a
+transaction in flight while dispatches go on: one that ends, writes or has an effect meanwhile
+must change the row the batch wrote — never insert it twice, never lose its end."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.leases import key as lease_key
 from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.workers import WorkerBook
+from swamp.bookkeeping.workflow_runs import RunBook, RunWriter
 from swamp.domain.leases import LeaseState
 from swamp.domain.queue import PendingState
+from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord, step_counts
 from swamp.orchestrator.bookkeeper import LEASE_WRITE_DELAY, Bookkeeper
 from tests.unit.test_store_contract import records  # noqa: F401 - the fixture
 
@@ -102,3 +104,39 @@ async def test_worker_versions_and_queue_episodes(records):  # noqa: F811
     assert await pending.reconcile() == 1
     assert await pending.collect(older_than_seconds=-60) == 4  # both, two versions each
     assert await pending.waiting() == []
+
+
+async def test_a_run_changed_while_its_flush_is_in_flight_is_stored_as_it_ended(records):  # noqa: F811
+    """On PostgreSQL the engine goes on while a flush waits on the server: a step changed,
+    the header changed and a step dropped meanwhile are written by the next flush, and two
+    flushes never run at once."""
+    run = RunRecord(
+        "ab" * 16,
+        "wf",
+        "2026-01-01T00:00:00.000Z",
+        status=Status.RUNNING,
+        jobs=[JobRecord("j", Status.RUNNING, steps=[StepRecord(f"s{i}") for i in range(40)])],
+    )
+    writer = RunWriter(records, run)
+    for step in run.jobs[0].steps:
+        writer.add("j", step)
+    steps = run.jobs[0].steps
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.flush)
+        nursery.start_soon(writer.flush)  # a second save at once: it waits for the first
+        await trio.testing.wait_all_tasks_blocked()  # the first waits on the server
+        for step in steps[:10]:  # (on SQLite the first flush has committed by now)
+            step.status = Status.SUCCEEDED
+            writer.changed(step)
+        writer.drop(steps[39])
+        run.status = Status.SUCCEEDED
+        writer.header_changed()
+    while writer.pending:
+        await writer.flush()
+    stored = await RunBook(records).get(run.run_id)
+    assert stored.status == Status.SUCCEEDED
+    by_name = {s.name: s.status for s in stored.jobs[0].steps}
+    assert [by_name[f"s{i}"] for i in range(10)] == [Status.SUCCEEDED] * 10
+    assert by_name["s10"] == Status.PENDING and "s39" not in by_name
+    header = await RunBook(records).header(run.run_id)
+    assert step_counts(header) == {"succeeded": 10, "pending": 29}

@@ -5,6 +5,8 @@ from swamp.bookkeeping.workflow_runs import INTERRUPTED, RunBook, key
 from swamp.domain.run_record import JobRecord, RunRecord, Status, StepRecord
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
+from tests.harness.synced import Synced
 
 # as the engine of the previous version saved one: a job that ran a fan-out step on a worker,
 # one skipped, and a run still running when its orchestrator died
@@ -91,7 +93,7 @@ def test_a_restart_marks_a_saved_running_run_failed_and_keeps_the_rest(tmp_path)
     try:
         policy = WORKFLOW_RUN.resources[0].policy
         store.write(key("deploy", SAVED["runId"]), SAVED, policy=policy)
-        book = RunBook(store, clock=lambda: 1767323045.0)
+        book = Synced(RunBook(SqliteRecords(store), clock=lambda: 1767323045.0))
         assert book.reconcile() == 1
         raw = store.latest(key("deploy", SAVED["runId"])).attributes
         assert raw["status"] == "failed" and raw["error"] == INTERRUPTED

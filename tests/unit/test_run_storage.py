@@ -23,9 +23,11 @@ from swamp.errors import NotFound, QueueTimeout, UserError
 from swamp.models.builtin import WORKFLOW_RUN
 from swamp.protocol.messages import RunRef, WorkflowRunRequest
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 from swamp.workflows import engine as engine_module
 from swamp.workflows.engine import FEED_FLOOR, FLUSH_CHUNK, Engine, Host
 from swamp.workflows.loader import Workflows
+from tests.harness.synced import Synced
 from tests.unit.engine_harness import Worker, open_rig
 
 NOW = 1767323045.0
@@ -44,8 +46,16 @@ def _run(steps: int, run_id: str = "ab12cd34ef56") -> RunRecord:
     )
 
 
-def _writer(store: Datastore, run: RunRecord) -> RunWriter:
-    writer = RunWriter(store, run)
+def run_book(store: Datastore, **kwargs) -> Synced:
+    return Synced(RunBook(SqliteRecords(store), **kwargs))
+
+
+def run_writer(store: Datastore, run: RunRecord) -> Synced:
+    return Synced(RunWriter(SqliteRecords(store), run))
+
+
+def _writer(store: Datastore, run: RunRecord) -> Synced:
+    writer = run_writer(store, run)
     for job in run.jobs:
         for step in job.steps:
             writer.add(job.name, step)
@@ -77,7 +87,7 @@ def test_a_run_is_a_small_header_and_a_record_per_step_and_reads_back_whole(tmp_
             "job": "build",
             "seq": 0,
         }
-        book = RunBook(store)
+        book = run_book(store)
         assert book.get(run.run_id[:6]) == run  # the whole tree, in its order
         assert book.get(run.run_id).to_json() == run.to_json()
         [summary] = book.summaries()
@@ -138,7 +148,7 @@ def test_a_restart_fails_a_running_run_and_every_step_that_had_not_ended(tmp_pat
         writer.changed(done)
         writer.changed(running)
         writer.flush()
-        book = RunBook(store, clock=lambda: NOW)
+        book = run_book(store, clock=lambda: NOW)
         assert book.reconcile() == 1
         again = book.get(run.run_id)
         assert (again.status, again.error) == (Status.FAILED, INTERRUPTED)
@@ -178,7 +188,7 @@ def test_a_crash_during_the_final_save_leaves_no_step_running_under_an_ended_run
                 )
             ],
         )
-        writer = RunWriter(store, run)
+        writer = run_writer(store, run)
         for step in run.jobs[0].steps:
             writer.add("j", step)
         while writer.pending:
@@ -189,7 +199,7 @@ def test_a_crash_during_the_final_save_leaves_no_step_running_under_an_ended_run
         run.status = run.jobs[0].status = Status.CANCELLED
         writer.header_changed()
         writer.flush(limit=FLUSH_CHUNK)  # the first of three transactions; then the crash
-        book = RunBook(store, clock=lambda: NOW)
+        book = run_book(store, clock=lambda: NOW)
         assert book.header(run.run_id)["status"] == "running"
         assert book.reconcile() == 1  # the next start
         stored = book.get(run.run_id)
@@ -220,7 +230,7 @@ def test_a_restart_fails_steps_left_unended_under_a_run_that_ended(tmp_path):
         run.error = "cancelled"
         writer.header_changed()
         writer.flush()  # an ended header over two running steps and a pending one
-        book = RunBook(store, clock=lambda: NOW)
+        book = run_book(store, clock=lambda: NOW)
         assert book.reconcile() == 1
         again = book.get(run.run_id)
         assert (again.status, again.error) == (Status.CANCELLED, "cancelled")
@@ -246,7 +256,7 @@ def test_collecting_a_run_takes_its_steps_and_never_a_running_run(tmp_path):
         whole = _run(1, "wh01ewh01ewh").to_json()  # as earlier versions stored runs
         whole.update(status="failed", endedAt="2026-01-01T00:00:00.000Z")
         store.write(key("deploy", whole["runId"]), whole, policy=policy)
-        book = RunBook(store, clock=lambda: NOW + 30 * 86400)
+        book = run_book(store, clock=lambda: NOW + 30 * 86400)
         assert book.collect(older_than_seconds=7 * 86400) == 1501 + 1 + 1  # steps, headers
         assert [h["runId"] for h in book.headers()] == [running.run_id]
         assert len(store.latest_of_type(STEP_TYPE)) == 3  # the running run's
@@ -262,7 +272,7 @@ def test_a_whole_run_stored_by_an_earlier_version_is_listed_and_read(tmp_path):
         run.jobs[0].steps[0].status = Status.SUCCEEDED
         policy = WORKFLOW_RUN.resources[0].policy
         store.write(key("deploy", run.run_id), run.to_json(), policy=policy)
-        book = RunBook(store)
+        book = run_book(store)
         assert book.get(run.run_id) == run
         [summary] = book.summaries("deploy")
         assert (summary["steps"], summary["succeeded"]) == (3, 1)
@@ -326,7 +336,13 @@ async def test_more_items_than_the_orchestrator_allows_fail_the_job_naming_the_s
     async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
         rig.workflow("wide", WIDE)
         host = Host(run_step=rig.fleet.run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host, max_fan_out=3)
+        rig.engine = Engine(
+            Workflows(rig.repo, rig.fleet.registry),
+            rig.store,
+            SqliteRecords(rig.store),
+            host,
+            max_fan_out=3,
+        )
         record = await rig.run("wide", {"items": [1, 2, 3]})
         assert record["status"] == "succeeded"
         record = await rig.run("wide", {"items": [1, 2, 3, 4]})
@@ -348,7 +364,7 @@ def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it(tmp_pa
         whole = run.to_json()
         for read in (
             lambda offset: page(run, offset, budget=8000),  # the live run's
-            lambda offset: RunBook(store).page(run.run_id, offset),
+            lambda offset: run_book(store).page(run.run_id, offset),
         ):  # the stored
             first, offset = read(0)
             pages = 1
@@ -358,7 +374,7 @@ def test_a_run_larger_than_a_frame_holds_comes_in_pages_that_add_up_to_it(tmp_pa
                 pages += 1
             assert first == whole
         # a page from the store is a range of at most PAGE_ROWS steps
-        shown, offset = RunBook(store).page(run.run_id[:6], 0)
+        shown, offset = run_book(store).page(run.run_id[:6], 0)
         assert offset is None and shown == whole
         first, offset = page(run, 0, budget=8000)
         assert offset is not None and 0 < len(first["jobs"][0]["steps"]) < 1000
@@ -380,7 +396,7 @@ def test_pages_of_a_stored_run_are_read_a_range_at_a_time(tmp_path, monkeypatch)
     try:
         run = _run(30)
         _writer(store, run)
-        book = RunBook(store)
+        book = run_book(store)
         first, offset = book.page(run.run_id, 0)
         assert offset == 7 and len(first["jobs"][0]["steps"]) == 7
         reads = 1
@@ -415,7 +431,9 @@ async def test_an_item_fed_late_in_a_long_fan_out_gets_its_whole_queue_timeout(
             return await rig.fleet.run_step(request, emit)
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        rig.engine = Engine(
+            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
+        )
         window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
@@ -456,7 +474,9 @@ async def test_a_fan_out_over_workers_that_never_come_ends_after_one_queue_timeo
             )
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        rig.engine = Engine(
+            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
+        )
         began = trio.current_time()
         record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 4))})
         assert trio.current_time() - began < 61
@@ -487,7 +507,9 @@ async def test_a_fan_out_on_a_busy_fleet_keeps_feeding_after_an_item_times_out(
             return await rig.fleet.run_step(request, emit)
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), rig.store, host)
+        rig.engine = Engine(
+            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
+        )
         record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 2))})
         steps = rig.steps(record)
         assert steps["each-0"]["status"] == "failed"
@@ -531,9 +553,9 @@ async def test_workflow_cancel_waits_for_the_run_to_end_and_answers_a_page(tmp_p
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run)
             await rig.fleet.started("s")
-            run_id = RunBook(rig.store).headers()[0]["runId"]
+            run_id = (await RunBook(SqliteRecords(rig.store)).headers())[0]["runId"]
 
-            def whole(*_args, **_kw):
+            async def whole(*_args, **_kw):
                 raise AssertionError("read whole")
 
             monkeypatch.setattr(RunBook, "get", whole)
@@ -572,7 +594,7 @@ def test_a_run_is_found_by_its_id_without_reading_every_run(tmp_path):
         other = _run(1, run_id="99bb00000000")
         other.workflow = "release"
         _writer(store, other)
-        book = RunBook(store)
+        book = run_book(store)
         calls = []
         every = store.latest_of_type
         store.latest_of_type = lambda *a, **k: calls.append(a) or every(*a, **k)  # type: ignore[method-assign]

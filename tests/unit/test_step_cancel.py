@@ -118,7 +118,7 @@ task = { type = "workflow", workflowIdOrName = "child" }
                 await saved.wait()
         [record] = out
         sub = rig.steps(record)["sub"]
-        child = rig.engine.runs.get(child_id).to_json()
+        child = (await rig.engine.runs.get(child_id)).to_json()
         assert (sub["status"], sub["error"]) == ("failed", "operator: stuck")
         assert (child["status"], child.get("error")) == ("cancelled", "operator: stuck")
         assert sub.get("childRunId") == child_id

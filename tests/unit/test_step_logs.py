@@ -18,6 +18,7 @@ from swamp.errors import NotFound, UserError
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import LogsRequest
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 from swamp.store.step_logs import SqliteLogStore
 
 OWNER = LogOwner("command/shell", "printer", "run", run_id=None)
@@ -173,7 +174,7 @@ async def test_a_dispatch_is_found_by_a_prefix_and_read_a_page_at_a_time(store):
     cursor, seen, rounds = 0, 0, 0
     while True:
         page = await pages.read(
-            LogsRequest(ref="ee01", after=cursor), store=store, logs=logs, live=None
+            LogsRequest(ref="ee01", after=cursor), db=SqliteRecords(store), logs=logs, live=None
         )
         assert page.kind == "dispatch" and page.id == "ee0123456789" and not page.live
         seen += sum(len(c.lines) for c in page.chunks)
@@ -182,7 +183,7 @@ async def test_a_dispatch_is_found_by_a_prefix_and_read_a_page_at_a_time(store):
             break
     assert seen == 20_000 and rounds > 1
     with pytest.raises(NotFound):
-        await pages.read(LogsRequest(ref="ffff"), store=store, logs=logs, live=None)
+        await pages.read(LogsRequest(ref="ffff"), db=SqliteRecords(store), logs=logs, live=None)
 
 
 def test_logs_are_forgotten_with_their_run_or_instance(store):
@@ -216,12 +217,14 @@ def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     from swamp.bookkeeping.workflow_runs import RunBook
     from swamp.domain.run_record import RunRecord, Status
     from swamp.orchestrator.server import RUN_RETENTION, collect_step_logs
+    from swamp.store.records import SqliteRecords
+    from tests.harness.synced import Synced
 
     logs = SqliteLogStore(store)
     sink = StepLogs(logs)
     old, kept = "a1" * 16, "b2" * 16
     for run_id in (old, kept):
-        RunBook(store).save_whole(
+        Synced(RunBook(SqliteRecords(store))).save_whole(
             RunRecord(
                 run_id,
                 "wf",
@@ -239,7 +242,9 @@ def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     sink.close("ac40")
     store.db.execute("UPDATE step_log SET ended_epoch = 0 WHERE log_id = 'ac40'")
     assert collect_step_logs(store, logs) == 1  # the ad-hoc one: both runs are recorded
-    assert RunBook(store).collect(older_than_seconds=RUN_RETENTION) == 1  # the old run goes
+    assert (
+        Synced(RunBook(SqliteRecords(store))).collect(older_than_seconds=RUN_RETENTION) == 1
+    )  # the old run goes
     assert collect_step_logs(store, logs) == 1  # and its logs with it
     assert [i.log_id for i in logs.logs_with_prefix("b2")] == ["b230"]
     assert logs.logs_with_prefix("a1") == [] and logs.logs_with_prefix("ac") == []
