@@ -372,7 +372,7 @@ class RepoAdmin:
         logs, log_id = self.step_logs, ordered_id()
         with logs.opened(log_id, run.owner(model_type.type), worker=None):
             outcome = await run_here(
-                self.store, model_type, run, args, logs.capture(log_id, emit), env=dict(os.environ)
+                self.db, model_type, run, args, logs.capture(log_id, emit), env=dict(os.environ)
             )
         return RunResult(
             status=outcome.status,

@@ -19,7 +19,8 @@ from swamp.domain.query import parse as parse_predicate
 from swamp.errors import SwampError, UserError
 from swamp.models.framework import ModelType, ProcessResult
 from swamp.protocol.messages import LogLine, LogStream
-from swamp.store.datastore import Datastore, Key, Record
+from swamp.store.datastore import Key, Record
+from swamp.store.records import Operations, Records
 
 
 class Command(abc.ABC):
@@ -231,9 +232,9 @@ class ContextBase(abc.ABC):
 class LocalContext(ContextBase):
     """The context of a method run in the orchestrator's (or the CLI's) own process."""
 
-    def __init__(self, *, store: Datastore, emit, **kwargs: Any) -> None:
+    def __init__(self, *, db: Records, emit, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.store = store
+        self.db = db
         self.emit = emit
 
     async def log(self, line: str, *, stream: LogStream = "log") -> None:
@@ -241,12 +242,12 @@ class LocalContext(ContextBase):
 
     async def query_data(self, predicate: str) -> list[dict]:
         parsed = parse_predicate(predicate)
-        return [r.to_json() for r in self.store.query(parsed)]
+        return [r.to_json() for r in await self.db.query(parsed)]
 
     async def write_resource(self, spec: str, name: str, value: Any) -> dict:
         self._check_write(spec, name)
-        record = write_value(
-            self.store,
+        record = await write_value(
+            self.db,
             Key(self.model_type, self.model_name, name),
             self.model.resource(spec).policy,
             value,
@@ -257,16 +258,16 @@ class LocalContext(ContextBase):
 
     async def read_resource(self, name: str) -> Any:
         check_data_name(name)
-        record = self.store.latest(Key(self.model_type, self.model_name, name))
+        record = await self.db.latest(Key(self.model_type, self.model_name, name))
         return read_value(record)
 
 
-def write_value(store: Datastore, key: Key, policy, value: Any):
+async def write_value(db: Operations, key: Key, policy, value: Any) -> Record:
     if isinstance(value, (bytes, bytearray)):
-        return store.write(key, {}, policy=policy, content=bytes(value))
+        return await db.write(key, {}, policy=policy, content=bytes(value))
     if not isinstance(value, dict):
         raise UserError("a resource value must be an object (dict) or bytes")
-    return store.write(key, value, policy=policy)
+    return await db.write(key, value, policy=policy)
 
 
 def read_value(record: Record | None) -> Any:

@@ -256,6 +256,7 @@ def compose(
     metrics.watch(pool, queue)
     dispatch = DispatchService(
         store,
+        db,
         registry,
         pool,
         episodes,

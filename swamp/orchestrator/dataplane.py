@@ -399,7 +399,7 @@ class DataPlane:
         try:
             await self.dispatch.episodes.record_write(active)
             key = Key(active.model_type.type, active.model_name, name)
-            record = await retry_busy(lambda: write_value(self.dispatch.store, key, policy, value))
+            record = await retry_busy(lambda: write_value(self.dispatch.db, key, policy, value))
         except BaseException:
             active.written_bytes -= len(body)
             active.written_records -= 1
@@ -410,7 +410,7 @@ class DataPlane:
 
     async def _read(self, active, name: str, send) -> None:
         check_data_name(name)
-        record = self.dispatch.store.latest(Key(active.model_type.type, active.model_name, name))
+        record = await self.dispatch.db.latest(Key(active.model_type.type, active.model_name, name))
         value = read_value(record)
         if record is None or value is None:
             raise NotFound(f"no data named {name!r} for this model yet")

@@ -45,6 +45,7 @@ from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Sta
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record, iso
 from swamp.store.reader import Reader
+from swamp.store.records import Records
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
@@ -111,6 +112,7 @@ class DispatchService:
     def __init__(
         self,
         store: Datastore,
+        db: Records,
         registry: ModelRegistry,
         pool: Pool,
         episodes: Episodes,
@@ -127,6 +129,7 @@ class DispatchService:
         clock=time.time,
     ) -> None:
         self.store = store
+        self.db = db  # the same store, awaited: method data goes through it
         self.logs = logs  # where the lines of a method run here are kept (a worker's: episodes)
         self.reader = reader  # queries off the event loop; None: on it (tests, the CLI)
         # serve --default-timeout: how long a dispatch may run when neither its run nor its
@@ -179,7 +182,7 @@ class DispatchService:
                 peer=peer,
                 newest_first=newest_first,
             )
-        return self.store.query(
+        return await self.db.query(
             predicate,
             budget=budget,
             all_versions=all_versions,
@@ -213,7 +216,7 @@ class DispatchService:
                 log_id = ordered_id()
                 with self.logs.opened(log_id, request.owner(model_type.type), worker=None):
                     result = await run_here(
-                        self.store,
+                        self.db,
                         model_type,
                         request,
                         args,
@@ -221,9 +224,7 @@ class DispatchService:
                         env=self.environ,
                     )
             else:
-                result = await run_here(
-                    self.store, model_type, request, args, emit, env=self.environ
-                )
+                result = await run_here(self.db, model_type, request, args, emit, env=self.environ)
         else:
             try:
                 result, worker, dispatch_id = await self._run_remote(request, plan, emit)
@@ -336,7 +337,7 @@ class DispatchService:
 
 
 async def run_here(
-    store: Datastore,
+    db: Records,
     model_type: ModelType,
     request: RunRequest,
     args: dict,
@@ -346,7 +347,7 @@ async def run_here(
 ) -> DispatchResult:
     """Run a method in this process (the orchestrator's, or the CLI's on a repo)."""
     ctx = LocalContext(
-        store=store,
+        db=db,
         emit=emit,
         model_type=model_type,
         model_name=request.model.name,

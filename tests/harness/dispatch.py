@@ -99,6 +99,7 @@ async def dispatch_harness(
     queue = DispatchQueue(pool, store, bookkeeper.leases.db, bookkeeper, observe=metrics.on_queue)
     service = DispatchService(  # composed as `swamp serve` composes it
         store,
+        bookkeeper.leases.db,
         default_registry(),
         pool,
         episodes,

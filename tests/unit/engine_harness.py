@@ -130,7 +130,7 @@ class Fleet:
                 {**request.model.args, **request.args}
             )
             outcome = await run_here(
-                self.store, model_type, request, args, emit, env=dict(os.environ)
+                SqliteRecords(self.store), model_type, request, args, emit, env=dict(os.environ)
             )
             result = RunResult(
                 status=outcome.status,

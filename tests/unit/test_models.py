@@ -9,6 +9,7 @@ from swamp.models.framework import Arg
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry, plugin_manager
 from swamp.store.datastore import Datastore, Key
+from swamp.store.records import SqliteRecords
 
 
 def test_builtins_register_through_the_hook():
@@ -73,7 +74,7 @@ def context(tmp_path):
         events.append(event)
 
     ctx = LocalContext(
-        store=store,
+        db=SqliteRecords(store),
         emit=emit,
         model_type=SHELL,
         model_name="t",
