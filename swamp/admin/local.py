@@ -99,7 +99,7 @@ from swamp.store.datastore import Datastore, iso, parse_iso
 from swamp.store.reader import ADMIN_BUDGET
 from swamp.store.records import Records, SqliteRecords
 from swamp.store.retry import retry_busy
-from swamp.store.step_logs import SqliteLogStore
+from swamp.store.step_logs import SqliteLogs, SqliteLogStore
 from swamp.tls import authority
 from swamp.workflows.engine import Engine, Host, check_inputs
 from swamp.workflows.loader import Workflows
@@ -155,7 +155,7 @@ class RepoAdmin:
         """Where the lines of what runs here are kept: the orchestrator's, or (on the repo)
         one that writes them in this process as they come."""
         if self._step_logs is None:
-            self._step_logs = StepLogs(SqliteLogStore(self.store))
+            self._step_logs = StepLogs(SqliteLogs(SqliteLogStore(self.store)))
         return self._step_logs
 
     @property
@@ -370,7 +370,7 @@ class RepoAdmin:
         model_type = self.registry.runnable(run.model.type)
         args = model_type.method(run.method).validate({**run.model.args, **run.args})
         logs, log_id = self.step_logs, ordered_id()
-        with logs.opened(log_id, run.owner(model_type.type), worker=None):
+        async with logs.opened(log_id, run.owner(model_type.type), worker=None):
             outcome = await run_here(
                 self.db, model_type, run, args, logs.capture(log_id, emit), env=dict(os.environ)
             )

@@ -75,25 +75,25 @@ async def _page(
     more = False
     if request.chunks:
         if request.log is not None:  # one log of the ref
-            pool = infos if infos is not None else logs.logs_by_id([request.log])
+            pool = infos if infos is not None else await logs.logs_by_id([request.log])
             ids = [
                 i.log_id
                 for i in pool
                 if i.log_id == request.log and run_id in (None, i.owner.run_id)
             ]
-            chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
+            chunks, more = await logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
         elif infos is None and run_id is not None:  # every log of the run: one cursor
-            chunks, more = logs.chunks_of_run(run_id, after=after, limit_bytes=PAGE_BYTES)
+            chunks, more = await logs.chunks_of_run(run_id, after=after, limit_bytes=PAGE_BYTES)
         else:
             ids = [i.log_id for i in infos or []]
-            chunks, more = logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
+            chunks, more = await logs.chunks(ids, after=after, limit_bytes=PAGE_BYTES)
     if header is not None:
         count, still_open = (
-            logs.run_counts(header["runId"])
+            await logs.run_counts(header["runId"])
             if infos is None
             else (len(infos), sum(1 for i in infos if i.ended_at is None))
         )
-        shown = logs.logs_by_id(sorted({c.log_id for c in chunks}))
+        shown = await logs.logs_by_id(sorted({c.log_id for c in chunks}))
     else:
         shown = list(infos or [])
         count, still_open = len(shown), sum(1 for i in shown if i.ended_at is None)
@@ -131,12 +131,12 @@ async def _resolve(
     (None, the one dispatch's log). Only the header of a run is read, never its steps."""
     header: dict | None = None
     if len(ref.id) == 32:  # a whole id: found by its key, not by a scan of the runs
-        workflow = logs.run_workflow(ref.id)
+        workflow = await logs.run_workflow(ref.id)
         if workflow:
             record = await db.latest(run_key(workflow, ref.id))
             header = dict(record.attributes) if record is not None else None
         if header is None:
-            exact = [i for i in logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
+            exact = [i for i in await logs.logs_with_prefix(ref.id) if i.log_id == ref.id]
             if exact and ref.step is None:
                 return None, exact
     if header is None:
@@ -150,7 +150,7 @@ async def _resolve(
         return header, await _of_step(db, logs, header, ref.step)
     if ref.step is not None:
         raise NotFound(f"no workflow run {ref.id!r}: see 'swamp workflow history'")
-    found = logs.logs_with_prefix(ref.id)
+    found = await logs.logs_with_prefix(ref.id)
     if not found:
         raise NotFound(
             f"no workflow run or dispatch {ref.id!r} with stored output: see 'swamp workflow "
@@ -166,7 +166,7 @@ async def _of_step(db: Records, logs: LogStore, header: dict, step: str) -> list
     """The logs of ``step`` (``STEP`` or ``JOB.STEP``) of the run: none yet is fine for a
     step of the run; a name the run does not have is an error that lists its steps. The
     run's steps are read only when the step has no log yet."""
-    found = logs.logs_of_step(header["runId"], step)
+    found = await logs.logs_of_step(header["runId"], step)
     if found:
         return found
     run = await RunBook(db).get(header["runId"])

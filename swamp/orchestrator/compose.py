@@ -68,7 +68,7 @@ from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 from swamp.store.reader import Reader
 from swamp.store.records import Records, SqliteRecords
-from swamp.store.step_logs import SqliteLogStore
+from swamp.store.step_logs import SqliteLogs, SqliteLogStore
 from swamp.tls.authority import ServerTls
 from swamp.ui.live import Live
 from swamp.ui.routes import Pages, cookie_name
@@ -173,7 +173,7 @@ class Orchestrator:
             scope.shield = True
             # leases still running go in active: the next boot expires them
             await self.bookkeeper.flush()
-        self.logs.flush()  # the last lines printed
+            await self.logs.flush()  # the last lines printed
         self.reader.close()
 
 
@@ -211,7 +211,7 @@ def compose(
     bookkeeper = Bookkeeper(LeaseBook(db), journal)
     records = WorkerRecords(WorkerBook(db), bookkeeper)
     # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
-    logs = StepLogs(SqliteLogStore(store), cap=settings.step_log_cap)
+    logs = StepLogs(SqliteLogs(SqliteLogStore(store)), cap=settings.step_log_cap)
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
     membership = Membership(

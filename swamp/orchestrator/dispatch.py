@@ -214,7 +214,7 @@ class DispatchService:
         if not request.placement.is_remote():
             if self.logs is not None:
                 log_id = ordered_id()
-                with self.logs.opened(log_id, request.owner(model_type.type), worker=None):
+                async with self.logs.opened(log_id, request.owner(model_type.type), worker=None):
                     result = await run_here(
                         self.db,
                         model_type,

@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import ssl
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,9 +55,9 @@ from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
-from swamp.store.records import SqliteRecords
+from swamp.store.records import Records, SqliteRecords
 from swamp.store.retry import retry_busy
-from swamp.store.step_logs import LogStore, SqliteLogStore
+from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
 from swamp.tls import authority
 from swamp.tls.authority import ServerTls
 
@@ -201,7 +202,7 @@ def scan_adhoc_runs(path: Path) -> list[tuple[str, str, float]]:
         db.close()
 
 
-def forget_adhoc_runs(
+async def forget_adhoc_runs(
     store: Datastore,
     runs: list[tuple[str, str, float]],
     *,
@@ -217,12 +218,16 @@ def forget_adhoc_runs(
             for model_type, name in forget[at : at + batch]:
                 removed += store.delete_instance(model_type, name)
     if logs is not None:
-        removed += logs.forget_instances(forget)
+        removed += await logs.forget_instances(forget)
     return removed
 
 
-def collect_step_logs(
-    store: Datastore, logs: LogStore, *, live: Callable[[str], bool] = lambda run_id: False
+async def collect_step_logs(
+    db: Records,
+    logs: LogStore,
+    *,
+    live: Callable[[str], bool] = lambda run_id: False,
+    clock: Callable[[], float] = time.time,
 ) -> int:
     """Step output goes with what it belongs to: the logs of workflow runs that are no
     longer recorded (collected, or deleted) — unless ``live`` says the run is still printing
@@ -231,20 +236,20 @@ def collect_step_logs(
     whose data was forgotten has its logs forgotten with it (:func:`forget_adhoc_runs`)."""
     gone = [
         run_id
-        for run_id, workflow in logs.runs()
-        if store.latest(run_key(workflow, run_id)) is None and not live(run_id)
+        for run_id, workflow in await logs.runs()
+        if await db.latest(run_key(workflow, run_id)) is None and not live(run_id)
     ]
-    removed = logs.forget_runs(gone)
+    removed = await logs.forget_runs(gone)
     # ad-hoc runs' logs are kept as ad-hoc runs are, the newest of each type; a named
     # instance's apart, the newest of that instance (a thousand quick ad-hoc runs never
     # push out a long build's); a log still being written is never among them
     others = [
         (model_type if is_adhoc_instance(name) else f"{model_type} {name}", log_id, last)
-        for model_type, name, log_id, last in logs.others()
+        for model_type, name, log_id, last in await logs.others()
     ]
-    forget = runs_to_forget(others, now=store.clock())
-    removed += logs.forget_logs(log_id for _, log_id in forget)
-    removed += logs.forget_orphans()
+    forget = runs_to_forget(others, now=clock())
+    removed += await logs.forget_logs(log_id for _, log_id in forget)
+    removed += await logs.forget_orphans()
     return removed
 
 
@@ -257,9 +262,11 @@ async def _collect_garbage(
         await trio.sleep(interval)
         try:
             runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
-            removed = forget_adhoc_runs(store, runs, logs=logs.store)
+            removed = await forget_adhoc_runs(store, runs, logs=logs.store)
             removed += await collect_bookkeeping(db, pool, worker_retention=worker_retention)
-            removed += collect_step_logs(store, logs.store, live=logs.live_run)
+            removed += await collect_step_logs(
+                db, logs.store, live=logs.live_run, clock=store.clock
+            )
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
@@ -412,7 +419,7 @@ async def _serve(
         "queued": await retry_busy(PendingBook(db).reconcile),
         "runs": await retry_busy(RunBook(db).reconcile),
     }
-    ended = SqliteLogStore(store).end_open
+    ended = SqliteLogs(SqliteLogStore(store)).end_open
     await retry_busy(lambda: ended(store.clock()))  # the logs it left open ended with it
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()

@@ -18,7 +18,8 @@ chunks of any log go, the same way. Nothing is dropped silently: the gap is prin
 is.
 
 Without a running writer (the CLI straight on a repo, where nothing else shares the process)
-a batch is written in the caller when it is full, and the rest when its log closes.
+a batch is written by the caller when it is full (:meth:`capture` awaits it), and the rest when
+its log closes (:meth:`opened`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -49,6 +50,7 @@ from swamp.store.step_logs import Chunk, LogEnd, LogStart, LogStore
 log = logging.getLogger("swamp.logs")
 LINGER = 0.2  # seconds lines gather before a batch is written (how far --follow lags)
 SETTLE_WAIT = 5.0  # the most a reader waits for the lines of logs already ended to be stored
+CLOSE_WAIT = 5.0  # the most a log's last lines may take to be written when it closes
 BATCH_BYTES = 4 * 1024 * 1024  # one transaction holds at most about this much text
 Emit = Callable[[dict], Awaitable[None]]
 
@@ -169,9 +171,12 @@ class StepLogs:
             self._dirty[entry.id] = entry
         if len(entry.lines) >= CHUNK_LINES or entry.size >= CHUNK_BYTES:
             self._seal(entry)
-            if not self.writing and self.pending_bytes >= BATCH_BYTES:
-                self.flush()
         self._poke()
+
+    @property
+    def batch_due(self) -> bool:
+        """Without a writer, a full batch waits for its caller to write it (:meth:`flush`)."""
+        return not self.writing and self.pending_bytes >= BATCH_BYTES
 
     def close(self, log_id: str) -> None:
         entry = self._open.pop(log_id, None)
@@ -184,19 +189,23 @@ class StepLogs:
         self._dirty[entry.id] = entry
         self._ended.append(LogEnd(log_id, self.clock(), entry.first_line, entry.first_byte))
         self._ends += 1
-        if not self.writing:
-            self.flush()
         self._poke()
 
-    @contextmanager
-    def opened(
+    @asynccontextmanager
+    async def opened(
         self, log_id: str, owner: LogOwner, *, worker: str | None, attempt: int = 1
-    ) -> Iterator[None]:
+    ) -> AsyncIterator[None]:
+        """The log open while the block runs; without a writer, written when it ends (within
+        :data:`CLOSE_WAIT`, even when the block was cancelled)."""
         self.open(log_id, owner, worker=worker, attempt=attempt)
         try:
             yield
         finally:
             self.close(log_id)
+            if not self.writing:
+                with trio.move_on_after(CLOSE_WAIT) as scope:
+                    scope.shield = True
+                    await self.flush()
 
     def capture(self, log_id: str, emit: Emit) -> Emit:
         """``emit``, keeping the lines of the log events it passes on (a method run in this
@@ -206,6 +215,8 @@ class StepLogs:
             if event.get("kind") == "log" and isinstance(event.get("line"), str):
                 stream = event.get("stream")
                 self.append(log_id, event["line"], stream if isinstance(stream, str) else None)
+                if self.batch_due:
+                    await self.flush()
             await emit(event)
 
         return relay
@@ -316,12 +327,12 @@ class StepLogs:
         self._written = trio.Event()
         return True
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Write everything now, in this task (the CLI; and serve's close)."""
         while self._started or self._ended or self._dirty:
             started, chunks, ended = self._take()
             try:
-                self.store.write(started, chunks, ended, cap=self.cap)
+                await self.store.write(started, chunks, ended, cap=self.cap)
             except StoreError as exc:
                 self.lost_batches += 1
                 log.warning("could not store step output: %s", exc.message)

@@ -1,8 +1,9 @@
 """Step logs on disk: every line a dispatch printed, in chunks, beside the data it belongs to.
 
-:class:`LogStore` is the seam (a PostgreSQL store implements the same few methods);
-:class:`SqliteLogStore` keeps two tables of its own in the repo's database, on the store's
-connection: ``step_log``, one row per log (a dispatch: its owner, worker, times and how much it
+:class:`LogStore` is the seam, awaited (a PostgreSQL store implements the same few methods:
+``swamp.store.pg_step_logs``); :class:`SqliteLogStore` keeps two tables of its own in the repo's
+database, on the store's connection (its calls do not wait; :class:`SqliteLogs` puts it behind
+the seam): ``step_log``, one row per log (a dispatch: its owner, worker, times and how much it
 printed), and ``step_log_chunk``, the lines, many to a row (``swamp.domain.step_logs``). A
 chunk's id only grows (``AUTOINCREMENT``: never reused after a delete), so it is a reader's
 cursor. Writes come in batches from the orchestrator's writer (``swamp.orchestrator.step_logs``),
@@ -122,9 +123,9 @@ class LogInfo:
 
 
 class LogStore(Protocol):
-    """What the step logs need of a database (SQLite today)."""
+    """What the step logs need of a database, awaited (a server is a round trip away)."""
 
-    def write(
+    async def write(
         self,
         started: Sequence[LogStart],
         chunks: Sequence[Chunk],
@@ -133,39 +134,39 @@ class LogStore(Protocol):
         cap: int,
     ) -> None: ...
 
-    def logs_of_run(self, run_id: str) -> list[LogInfo]: ...
+    async def logs_of_run(self, run_id: str) -> list[LogInfo]: ...
 
-    def logs_with_prefix(self, prefix: str) -> list[LogInfo]: ...
+    async def logs_with_prefix(self, prefix: str) -> list[LogInfo]: ...
 
-    def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]: ...
+    async def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]: ...
 
-    def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]: ...
+    async def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]: ...
 
-    def run_workflow(self, run_id: str) -> str | None: ...
+    async def run_workflow(self, run_id: str) -> str | None: ...
 
-    def run_counts(self, run_id: str) -> tuple[int, int]: ...
+    async def run_counts(self, run_id: str) -> tuple[int, int]: ...
 
-    def chunks(
+    async def chunks(
         self, log_ids: Sequence[str], *, after: int, limit_bytes: int
     ) -> tuple[list[StoredChunk], bool]: ...
 
-    def chunks_of_run(
+    async def chunks_of_run(
         self, run_id: str, *, after: int, limit_bytes: int
     ) -> tuple[list[StoredChunk], bool]: ...
 
-    def runs(self) -> list[tuple[str, str]]: ...
+    async def runs(self) -> list[tuple[str, str]]: ...
 
-    def others(self) -> list[tuple[str, str, str, float]]: ...
+    async def others(self) -> list[tuple[str, str, str, float]]: ...
 
-    def forget_runs(self, run_ids: Iterable[str]) -> int: ...
+    async def forget_runs(self, run_ids: Iterable[str]) -> int: ...
 
-    def forget_logs(self, log_ids: Iterable[str]) -> int: ...
+    async def forget_logs(self, log_ids: Iterable[str]) -> int: ...
 
-    def forget_orphans(self, *, limit: int = 100) -> int: ...
+    async def forget_orphans(self, *, limit: int = 100) -> int: ...
 
-    def forget_instances(self, instances: Iterable[tuple[str, str]]) -> int: ...
+    async def forget_instances(self, instances: Iterable[tuple[str, str]]) -> int: ...
 
-    def end_open(self, now: float) -> int: ...
+    async def end_open(self, now: float) -> int: ...
 
 
 class SqliteLogStore:
@@ -487,6 +488,76 @@ class SqliteLogStore:
         return removed
 
 
+class SqliteLogs:
+    """:class:`SqliteLogStore` behind the :class:`LogStore` seam: each call is the store's
+    own (nothing waits), awaited."""
+
+    def __init__(self, tables: SqliteLogStore) -> None:
+        self.tables = tables
+
+    def __repr__(self) -> str:
+        return f"<SqliteLogs {self.tables!r}>"
+
+    async def write(
+        self,
+        started: Sequence[LogStart],
+        chunks: Sequence[Chunk],
+        ended: Sequence[LogEnd],
+        *,
+        cap: int,
+    ) -> None:
+        self.tables.write(started, chunks, ended, cap=cap)
+
+    async def logs_of_run(self, run_id: str) -> list[LogInfo]:
+        return self.tables.logs_of_run(run_id)
+
+    async def logs_with_prefix(self, prefix: str) -> list[LogInfo]:
+        return self.tables.logs_with_prefix(prefix)
+
+    async def logs_by_id(self, log_ids: Sequence[str]) -> list[LogInfo]:
+        return self.tables.logs_by_id(log_ids)
+
+    async def logs_of_step(self, run_id: str, step: str) -> list[LogInfo]:
+        return self.tables.logs_of_step(run_id, step)
+
+    async def run_workflow(self, run_id: str) -> str | None:
+        return self.tables.run_workflow(run_id)
+
+    async def run_counts(self, run_id: str) -> tuple[int, int]:
+        return self.tables.run_counts(run_id)
+
+    async def chunks(
+        self, log_ids: Sequence[str], *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
+        return self.tables.chunks(log_ids, after=after, limit_bytes=limit_bytes)
+
+    async def chunks_of_run(
+        self, run_id: str, *, after: int, limit_bytes: int
+    ) -> tuple[list[StoredChunk], bool]:
+        return self.tables.chunks_of_run(run_id, after=after, limit_bytes=limit_bytes)
+
+    async def runs(self) -> list[tuple[str, str]]:
+        return self.tables.runs()
+
+    async def others(self) -> list[tuple[str, str, str, float]]:
+        return self.tables.others()
+
+    async def forget_runs(self, run_ids: Iterable[str]) -> int:
+        return self.tables.forget_runs(run_ids)
+
+    async def forget_logs(self, log_ids: Iterable[str]) -> int:
+        return self.tables.forget_logs(log_ids)
+
+    async def forget_orphans(self, *, limit: int = 100) -> int:
+        return self.tables.forget_orphans(limit=limit)
+
+    async def forget_instances(self, instances: Iterable[tuple[str, str]]) -> int:
+        return self.tables.forget_instances(instances)
+
+    async def end_open(self, now: float) -> int:
+        return self.tables.end_open(now)
+
+
 def _lines(body: str) -> list[str]:
     try:
         lines = json.loads(body)
@@ -504,5 +575,6 @@ __all__ = [
     "LogStart",
     "LogStore",
     "SqliteLogStore",
+    "SqliteLogs",
     "StoredChunk",
 ]

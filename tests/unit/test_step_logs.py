@@ -2,6 +2,8 @@
 line), kept in order, cut at the per-step cap with the gap said where it is, bounded in
 memory while the writer is behind, read a page at a time, and forgotten with their owner."""
 
+import functools
+
 import pytest
 import trio
 
@@ -19,7 +21,7 @@ from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import LogsRequest
 from swamp.store.datastore import Datastore
 from swamp.store.records import SqliteRecords
-from swamp.store.step_logs import SqliteLogStore
+from swamp.store.step_logs import SqliteLogs, SqliteLogStore
 
 OWNER = LogOwner("command/shell", "printer", "run", run_id=None)
 
@@ -86,7 +88,7 @@ async def test_lines_go_in_batches_of_chunks_in_order_and_the_writer_never_block
     store,
 ):
     logs = CountingStore(store)
-    sink = StepLogs(logs, linger=0.05)
+    sink = StepLogs(SqliteLogs(logs), linger=0.05)
     count = 3 * CHUNK_LINES + 17
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.run)
@@ -109,11 +111,12 @@ async def test_lines_go_in_batches_of_chunks_in_order_and_the_writer_never_block
 
 async def test_streams_are_kept_per_line(store):
     logs = SqliteLogStore(store)
-    sink = StepLogs(logs)  # no writer: the caller writes (the CLI on a repo)
+    sink = StepLogs(SqliteLogs(logs))  # no writer: the caller writes (the CLI on a repo)
     sink.open("bb01", OWNER, worker=None)
     for stream in ("stdout", "stderr", "log", None):
         sink.append("bb01", "x", stream)
     sink.close("bb01")
+    await sink.flush()
     chunks, _ = logs.chunks(["bb01"], after=0, limit_bytes=1 << 20)
     assert "".join(c.streams for c in chunks) == "oell"
 
@@ -124,14 +127,15 @@ async def test_streams_are_kept_per_line(store):
 def test_past_the_cap_the_oldest_part_goes_and_the_gap_is_known(store):
     logs = SqliteLogStore(store)
     cap = 64 * 1024
-    sink = StepLogs(logs, cap=cap)
+    sink = StepLogs(SqliteLogs(logs), cap=cap)
     sink.open("cc01", OWNER, worker="w1")
     line = "x" * 99  # 100 bytes with its newline
     for n in range(5000):  # 500 kB: several times the cap
         sink.append("cc01", f"{n:06d}{line[6:]}", "stdout")
         if n % 700 == 0:
-            sink.flush()  # written in several batches: the store cuts what it holds
+            trio.run(sink.flush)  # written in several batches: the store cuts what it holds
     sink.close("cc01")
+    trio.run(sink.flush)
     lines, _ = _all_lines(logs, "cc01")
     [info] = logs.logs_with_prefix("cc01")
     assert info.lines == 5000 and info.bytes == 5000 * 100
@@ -146,7 +150,7 @@ def test_past_the_cap_the_oldest_part_goes_and_the_gap_is_known(store):
 def test_while_the_writer_is_behind_memory_holds_at_most_the_cap_per_step(store):
     logs = SqliteLogStore(store)
     cap = 300 * 1024
-    sink = StepLogs(logs, cap=cap)
+    sink = StepLogs(SqliteLogs(logs), cap=cap)
     sink.writing = True  # a writer that never gets to write (the database locked, say)
     sink.open("dd01", OWNER, worker="w1")
     for n in range(40_000):
@@ -154,7 +158,8 @@ def test_while_the_writer_is_behind_memory_holds_at_most_the_cap_per_step(store)
     assert sink.pending_bytes <= cap + 256 * 1024
     assert sink.dropped_lines > 0
     sink.writing = False
-    sink.close("dd01")  # written now
+    sink.close("dd01")
+    trio.run(sink.flush)  # written now
     lines, _ = _all_lines(logs, "dd01")
     [info] = logs.logs_with_prefix("dd01")
     assert lines[-1].startswith("0039999")
@@ -166,15 +171,19 @@ def test_while_the_writer_is_behind_memory_holds_at_most_the_cap_per_step(store)
 
 async def test_a_dispatch_is_found_by_a_prefix_and_read_a_page_at_a_time(store):
     logs = SqliteLogStore(store)
-    sink = StepLogs(logs)
+    sink = StepLogs(SqliteLogs(logs))
     sink.open("ee0123456789", OWNER, worker="w1")
     for n in range(20_000):
         sink.append("ee0123456789", f"{n}" + "z" * 60, "stdout")
     sink.close("ee0123456789")
+    await sink.flush()
     cursor, seen, rounds = 0, 0, 0
     while True:
         page = await pages.read(
-            LogsRequest(ref="ee01", after=cursor), db=SqliteRecords(store), logs=logs, live=None
+            LogsRequest(ref="ee01", after=cursor),
+            db=SqliteRecords(store),
+            logs=SqliteLogs(logs),
+            live=None,
         )
         assert page.kind == "dispatch" and page.id == "ee0123456789" and not page.live
         seen += sum(len(c.lines) for c in page.chunks)
@@ -183,17 +192,20 @@ async def test_a_dispatch_is_found_by_a_prefix_and_read_a_page_at_a_time(store):
             break
     assert seen == 20_000 and rounds > 1
     with pytest.raises(NotFound):
-        await pages.read(LogsRequest(ref="ffff"), db=SqliteRecords(store), logs=logs, live=None)
+        await pages.read(
+            LogsRequest(ref="ffff"), db=SqliteRecords(store), logs=SqliteLogs(logs), live=None
+        )
 
 
 def test_logs_are_forgotten_with_their_run_or_instance(store):
     logs = SqliteLogStore(store)
-    sink = StepLogs(logs)
+    sink = StepLogs(SqliteLogs(logs))
     run_owner = LogOwner("swamp/echo", "e", "echo", run_id="ab" * 16, workflow="wf", step="s")
     for log_id, owner in (("aa10", run_owner), ("aa11", OWNER)):
         sink.open(log_id, owner, worker=None)
         sink.append(log_id, "hello", "log")
         sink.close(log_id)
+    trio.run(sink.flush)
     assert logs.runs() == [("ab" * 16, "wf")]
     assert logs.forget_runs(["ab" * 16]) == 1
     assert logs.forget_instances([("command/shell", "printer")]) == 1
@@ -204,7 +216,7 @@ def test_logs_are_forgotten_with_their_run_or_instance(store):
 
 def test_a_dispatch_that_prints_nothing_costs_no_row(store):
     logs = CountingStore(store)
-    sink = StepLogs(logs)
+    sink = StepLogs(SqliteLogs(logs))
     owner = LogOwner("swamp/echo", "e", "echo", run_id="cd" * 16, workflow="wf", step="s")
     sink.open("ab20", owner, worker="w1")
     assert sink.live("ab20") and sink.live_run("cd" * 16)
@@ -216,12 +228,13 @@ def test_a_dispatch_that_prints_nothing_costs_no_row(store):
 def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     from swamp.bookkeeping.workflow_runs import RunBook
     from swamp.domain.run_record import RunRecord, Status
-    from swamp.orchestrator.server import RUN_RETENTION, collect_step_logs
+    from swamp.orchestrator.server import RUN_RETENTION
+    from swamp.orchestrator.server import collect_step_logs as collect
     from swamp.store.records import SqliteRecords
     from tests.harness.synced import Synced
 
     logs = SqliteLogStore(store)
-    sink = StepLogs(logs)
+    sink = StepLogs(SqliteLogs(logs))
     old, kept = "a1" * 16, "b2" * 16
     for run_id in (old, kept):
         Synced(RunBook(SqliteRecords(store))).save_whole(
@@ -240,6 +253,13 @@ def test_a_collected_run_takes_its_logs_and_old_ad_hoc_logs_go_too(store):
     sink.open("ac40", OWNER, worker=None)  # an ad-hoc run's, long ago
     sink.append("ac40", "hi", "stdout")
     sink.close("ac40")
+    trio.run(sink.flush)
+
+    def collect_step_logs(store, logs, **kwargs):
+        return trio.run(
+            functools.partial(collect, SqliteRecords(store), SqliteLogs(logs), **kwargs)
+        )
+
     store.db.execute("UPDATE step_log SET ended_epoch = 0 WHERE log_id = 'ac40'")
     assert collect_step_logs(store, logs) == 1  # the ad-hoc one: both runs are recorded
     assert (
@@ -287,7 +307,7 @@ def test_the_cli_says_where_lines_are_missing_and_escapes_what_it_prints():
 
 async def test_a_reader_right_after_a_log_ends_finds_its_last_lines_stored(store):
     logs = SqliteLogStore(store)
-    sink = StepLogs(logs, linger=60)  # a writer that would otherwise wait a minute
+    sink = StepLogs(SqliteLogs(logs), linger=60)  # a writer that would otherwise wait a minute
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.run)
         sink.open("ad50", OWNER, worker="w1")
@@ -309,8 +329,13 @@ async def test_a_reader_right_after_a_log_ends_finds_its_last_lines_stored(store
 def test_a_log_still_being_written_is_never_collected_nor_its_chunks_orphaned(store):
     import time
 
-    from swamp.orchestrator.server import collect_step_logs
+    from swamp.orchestrator.server import collect_step_logs as collect
     from swamp.store.step_logs import Chunk, LogEnd, LogStart
+
+    def collect_step_logs(store, logs, **kwargs):
+        return trio.run(
+            functools.partial(collect, SqliteRecords(store), SqliteLogs(logs), **kwargs)
+        )
 
     logs = SqliteLogStore(store)
     now = time.time()
@@ -362,12 +387,13 @@ def test_a_lost_batch_loses_lines_but_never_its_logs_start_or_end(store):
             super().write(started, chunks, ended, cap=cap)
 
     logs = FailingOnce(store)
-    sink = StepLogs(logs)
+    sink = StepLogs(SqliteLogs(logs))
     sink.open("fa01", OWNER, worker="w1")
     sink.append("fa01", "first", "stdout")
-    sink.close("fa01")  # written in the caller: refused
+    sink.close("fa01")
+    trio.run(sink.flush)  # written in the caller: refused
     assert sink.lost_batches == 1 and sink.live("fa01")
-    sink.flush()  # the next batch carries its start and end
+    trio.run(sink.flush)  # the next batch carries its start and end
     [info] = logs.logs_with_prefix("fa01")
     assert info.ended_at is not None and info.lines == 1 and not sink.live("fa01")
 
@@ -375,7 +401,7 @@ def test_a_lost_batch_loses_lines_but_never_its_logs_start_or_end(store):
 def test_while_the_writer_is_behind_memory_holds_at_most_the_total_cap_across_steps(store):
     logs = SqliteLogStore(store)
     cap, total = 300 * 1024, 1024 * 1024
-    sink = StepLogs(logs, cap=cap, total_cap=total)
+    sink = StepLogs(SqliteLogs(logs), cap=cap, total_cap=total)
     sink.writing = True  # a writer that never gets to write (the database locked, say)
     ids = [f"dd{n:02d}" for n in range(20)]  # 20 busy steps: 20 caps would be 6 MB
     for log_id in ids:
@@ -385,8 +411,9 @@ def test_while_the_writer_is_behind_memory_holds_at_most_the_total_cap_across_st
             sink.append(log_id, f"{n:07d}" + "y" * 92, "stdout")  # 100 bytes
         assert sink.pending_bytes <= total + 256 * 1024
     sink.writing = False
-    for log_id in ids:
+    for log_id in ids:  # each written as it closes (StepLogs.opened, without a writer)
         sink.close(log_id)
+        trio.run(sink.flush)
     for log_id in ids:  # each says what went, and keeps its newest lines
         lines, _ = _all_lines(logs, log_id)
         [info] = logs.logs_with_prefix(log_id)

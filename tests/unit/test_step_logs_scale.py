@@ -13,7 +13,7 @@ from swamp.protocol.frames import MAX_FRAME_BYTES
 from swamp.protocol.messages import LogsRequest
 from swamp.store.datastore import Datastore
 from swamp.store.records import SqliteRecords
-from swamp.store.step_logs import Chunk, LogEnd, LogStart, SqliteLogStore
+from swamp.store.step_logs import Chunk, LogEnd, LogStart, SqliteLogs, SqliteLogStore
 from tests.harness.synced import Synced
 
 N = 10_000
@@ -76,7 +76,9 @@ def test_a_logs_page_of_a_10000_step_run_fits_in_a_frame(tmp_path):
     store, logs = _setup(tmp_path)
     for request in (LogsRequest(ref=RUN_ID, chunks=False), LogsRequest(ref=RUN_ID)):
         page = trio.run(
-            lambda r=request: pages.read(r, db=SqliteRecords(store), logs=logs, live=None)
+            lambda r=request: pages.read(
+                r, db=SqliteRecords(store), logs=SqliteLogs(logs), live=None
+            )
         )
         assert _frame_bytes(page) < MAX_FRAME_BYTES // 2
     assert page.log_count == N and page.open_logs == 0 and page.status == "succeeded"
@@ -92,7 +94,9 @@ class CountingAdmin:
 
     async def logs_read(self, request):
         self.requests += 1
-        page = await pages.read(request, db=SqliteRecords(self.store), logs=self.logs, live=None)
+        page = await pages.read(
+            request, db=SqliteRecords(self.store), logs=SqliteLogs(self.logs), live=None
+        )
         self.largest = max(self.largest, _frame_bytes(page))
         return page
 
@@ -121,7 +125,10 @@ def test_one_log_of_a_run_is_read_by_its_id_and_a_log_of_another_run_is_not(tmp_
     five = f"{RUN_ID[:8]}{5:024x}"
     page = trio.run(
         lambda: pages.read(
-            LogsRequest(ref=RUN_ID, log=five), db=SqliteRecords(store), logs=logs, live=None
+            LogsRequest(ref=RUN_ID, log=five),
+            db=SqliteRecords(store),
+            logs=SqliteLogs(logs),
+            live=None,
         )
     )
     assert [c.log for c in page.chunks] == [five] and [i.id for i in page.logs] == [five]
@@ -129,7 +136,10 @@ def test_one_log_of_a_run_is_read_by_its_id_and_a_log_of_another_run_is_not(tmp_
     other = "f" * 32
     page = trio.run(
         lambda: pages.read(
-            LogsRequest(ref=RUN_ID, log=other), db=SqliteRecords(store), logs=logs, live=None
+            LogsRequest(ref=RUN_ID, log=other),
+            db=SqliteRecords(store),
+            logs=SqliteLogs(logs),
+            live=None,
         )
     )
     assert page.chunks == [] and page.logs == []

@@ -380,6 +380,8 @@ async def test_the_reader_queries_in_a_thread_while_the_loop_goes_on(tmp_path):
 
 
 def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_a_type(tmp_path):
+    import trio
+
     from swamp.domain.adhoc_runs import runs_to_forget
     from swamp.orchestrator.server import forget_adhoc_runs, scan_adhoc_runs
 
@@ -401,9 +403,9 @@ def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_
         # a token, a worker and a workflow may be named so too: never taken for ad-hoc runs
         for kind in ("swamp/enrollment-token", "swamp/worker", "swamp/workflow-run"):
             store.write(Key(kind, "run-0123456789abcdef", "state"), {}, policy=policy)
-        assert forget_adhoc_runs(store, scan_adhoc_runs(store.path)) == 0  # young: kept
+        assert trio.run(forget_adhoc_runs, store, scan_adhoc_runs(store.path)) == 0  # young: kept
         clock[0] = now + 8 * 86400
-        assert forget_adhoc_runs(store, scan_adhoc_runs(store.path)) == 1
+        assert trio.run(forget_adhoc_runs, store, scan_adhoc_runs(store.path)) == 1
         left = {r.model_name for r in store.query(parse("modelType == 'command/shell'"))}
         assert left == {"named", "run-not-hex-at-all"}
         kept = {r.model_type for r in store.query(parse("modelName == 'run-0123456789abcdef'"))}
