@@ -4,12 +4,17 @@ The orchestrator's connection fails a contended write at once (:class:`StoreBusy
 it with growing pauses that yield to trio, so heartbeats, ``/health`` and every socket carry on
 while, say, a CLI holds a long transaction. A write is a compare-and-swap or an insert, so
 running it again is safe. After :data:`BUSY_DEADLINE` seconds it gives up with one line.
+
+The operation may be a plain call on the store or one awaited through the record store's seam
+(``swamp.store.records``): a transaction refused as busy has rolled back whole, so its body is
+run again from the start, as a plain call is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, overload
 
 import trio
 
@@ -21,13 +26,27 @@ FIRST_PAUSE = 0.005
 LONGEST_PAUSE = 0.25
 
 
-async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADLINE) -> T:
-    """``operation()``, again and again while the database is locked by someone else."""
+@overload
+async def retry_busy(
+    operation: Callable[[], Awaitable[T]], *, deadline: float = BUSY_DEADLINE
+) -> T: ...
+
+
+@overload
+async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADLINE) -> T: ...
+
+
+async def retry_busy(operation, *, deadline=BUSY_DEADLINE):
+    """``operation()`` (awaited, when it gives an awaitable), again and again while the
+    database is locked by someone else."""
     pause = FIRST_PAUSE
     give_up = trio.current_time() + deadline
     while True:
         try:
-            return operation()
+            result = operation()
+            if inspect.isawaitable(result):
+                result = await result
+            return result
         except StoreBusy:
             if trio.current_time() >= give_up:
                 raise StoreError(

@@ -4,12 +4,15 @@ import multiprocessing
 import sqlite3
 
 import pytest
+import trio
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.query import parse
 from swamp.domain.read_scope import ReadScope, parse_reads
 from swamp.errors import Conflict, FleetFull, Rejected, UserError
 from swamp.store.datastore import Datastore, Key, SpecPolicy
+from swamp.store.records import Operations, SqliteRecords
+from swamp.store.retry import retry_busy
 
 
 @pytest.fixture
@@ -242,6 +245,37 @@ def test_an_unknown_token_name_writes_nothing(tmp_path):
     assert info.value.code == "token_invalid"
     rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM data").fetchone()[0]
     assert rows == 0
+
+
+async def test_a_transaction_refused_as_busy_is_retried_until_the_other_process_commits(tmp_path):
+    """``retry_busy`` awaits an operation through the seam as it calls a plain one: the
+    orchestrator's connection is refused at once while another holds the lock, and tries again
+    until it is free."""
+    path = tmp_path / "swamp.db"
+    db = SqliteRecords(Datastore(path, orchestrator=True))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    attempts = []
+
+    async def body(tx: Operations):
+        return await tx.write(KEY, {"n": 1}, policy=SpecPolicy("item"))
+
+    async def transact():
+        attempts.append(trio.current_time())
+        return await db.transact(body)
+
+    async def commit_later():
+        await trio.sleep(0.05)
+        other.execute("COMMIT")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit_later)
+        written = await retry_busy(transact)
+    assert len(attempts) > 1 and written.version == 1
+    latest = await db.latest(KEY)
+    assert latest is not None and latest.attributes == {"n": 1}
+    other.close()
+    await db.aclose()
 
 
 def test_wal_and_synchronous_settings(store):
