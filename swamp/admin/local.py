@@ -180,6 +180,7 @@ class RepoAdmin:
             )
         )
         if self.live_tokens is not None:
+            await self.live_tokens.reread(token.name)
             self.live_tokens.arm_token_deadline(token)
         item = token_item(token, self.clock(), self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, token=credential, caPin=self.ca_pin))
@@ -196,6 +197,7 @@ class RepoAdmin:
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
         token, revoked = await retry_busy(lambda: self.tokens.revoke(request.name))
         if self.live_tokens is not None:
+            await self.live_tokens.reread(request.name)  # before its members go: dead
             await self.live_tokens.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
             )

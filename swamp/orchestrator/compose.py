@@ -241,8 +241,13 @@ def compose(
         metrics.on_queue(what, value)
         live.queue_event(what, value)
 
-    queue = DispatchQueue(  # subscribes to the pool
-        pool, store, bookkeeper, aging=settings.queue_aging, observe=observe_queue
+    queue = DispatchQueue(  # subscribes to the pool; asks the live tokens of a dead target
+        pool,
+        store,
+        bookkeeper,
+        tokens=live_tokens.token,
+        aging=settings.queue_aging,
+        observe=observe_queue,
     )
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)

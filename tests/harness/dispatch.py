@@ -95,7 +95,10 @@ async def dispatch_harness(
     bookkeeper = Bookkeeper(LeaseBook(store), journal)
     episodes = Episodes(bookkeeper, Credentials())
     metrics = Metrics()
-    queue = DispatchQueue(pool, store, bookkeeper, observe=metrics.on_queue)
+    # what the queue knows of tokens: none is minted here
+    queue = DispatchQueue(
+        pool, store, bookkeeper, tokens=lambda name: None, observe=metrics.on_queue
+    )
     service = DispatchService(  # composed as `swamp serve` composes it
         store,
         default_registry(),

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import trio
 import trio.testing
 
+from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain.enrollment import VERIFYING, Admit, Present, Refuse, Wait, admit, instance_clash
+from swamp.domain.tokens import TokenState
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import AlreadyConnected, Conflict, FleetFull, SwampError, TokenInvalid
 from swamp.protocol.messages import Verdict
+from swamp.store.datastore import Datastore
 from tests.harness.orchestrator import gateway, hello
 
 
@@ -179,3 +182,18 @@ async def test_a_revoked_token_cuts_its_workers_off(tmp_path):
         g.tokens.revoke("t")
         await g.live_tokens.token_changed("t")
         assert socket.closed and socket.close_reason == "token 't' has been revoked"
+
+
+async def test_the_live_tokens_answer_with_what_was_last_read(tmp_path):
+    """What a decision asks without waiting on the store (the queue: is a target's token still
+    live?) is the token as this process last read it: after its own writes, and after another
+    process's commit, which the repo watcher notices."""
+    async with gateway(tmp_path) as g:
+        credential = g.mint("t")  # written here after the first read, and not told: unknown
+        assert g.live_tokens.token("t") is None
+        await g.enrollment.enroll(g.socket(), hello(credential))
+        assert g.live_tokens.token("t").state is TokenState.ENROLLED  # its redemption, read
+        TokenBook(Datastore(g.store.path)).revoke("t")  # the CLI, on the repo
+        with trio.fail_after(5):
+            while g.live_tokens.token("t").state is not TokenState.REVOKED:  # noqa: ASYNC110
+                await trio.sleep(0.05)

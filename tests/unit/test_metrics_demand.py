@@ -157,7 +157,7 @@ async def ignore(event: dict) -> None:
 async def queue(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     bookkeeper = Bookkeeper(LeaseBook(store))
-    service = DispatchQueue(Pool(), store, bookkeeper)
+    service = DispatchQueue(Pool(), store, bookkeeper, tokens=lambda name: None)
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         yield service
