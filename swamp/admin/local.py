@@ -144,7 +144,7 @@ class RepoAdmin:
         self.verifier = verifier
         self._engine: Engine | None = None
         self._registry = registry
-        self.tokens = TokenBook(store, clock=clock)
+        self.tokens = TokenBook(self.db, clock=clock)
         self.clock = clock
 
     def __repr__(self) -> str:
@@ -182,15 +182,15 @@ class RepoAdmin:
         if self.live_tokens is not None:
             await self.live_tokens.reread(token.name)
             self.live_tokens.arm_token_deadline(token)
-        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        item = token_item(token, self.clock(), await self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, token=credential, caPin=self.ca_pin))
 
     async def token_list(self, request: Empty = Empty()) -> TokenListReply:
         now = self.clock()
         return TokenListReply(
             [
-                TokenItem.decode(token_item(t, now, self.tokens.bindings(t.name)))
-                for t in self.tokens.all()
+                TokenItem.decode(token_item(t, now, await self.tokens.bindings(t.name)))
+                for t in await self.tokens.all()
             ]
         )
 
@@ -201,7 +201,7 @@ class RepoAdmin:
             await self.live_tokens.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
             )
-        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        item = token_item(token, self.clock(), await self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, alreadyRevoked=not revoked))
 
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)

@@ -179,12 +179,16 @@ def compose(
     registry: ModelRegistry,
     settings: Settings,
     *,
+    db: Records | None = None,
     policy: RequestPolicy,
     download: Download | None = None,
     own_tls: ServerTls | None = None,
 ) -> Orchestrator:
-    """Build every part, each from the ones before it."""
-    db = SqliteRecords(store)  # one seam for every book: its transactions are its own
+    """Build every part, each from the ones before it. ``db`` is ``store`` behind the record
+    store's seam, if the caller made it already (serve, for its boot): one for the whole
+    orchestrator, its transactions its own."""
+    if db is None:
+        db = SqliteRecords(store)
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
@@ -214,7 +218,7 @@ def compose(
         heartbeat_seconds=settings.heartbeat_seconds,
         verify_on_enroll=settings.verify_on_enroll,
     )
-    tokens = TokenBook(store)
+    tokens = TokenBook(db)
     # the web pages' login codes and sessions (in memory only); a session ended early ends the
     # event streams of its open pages
     logins = Logins(on_end=live.sessions_ended)

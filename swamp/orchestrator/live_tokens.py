@@ -74,7 +74,7 @@ class LiveTokens:
     async def reread(self, name: str) -> Token | None:
         """Read one token again, after this process wrote it (the repo watcher sees only the
         writes of others)."""
-        token = self.tokens.get(name)
+        token = await self.tokens.get(name)
         if token is None:
             self.known.pop(name, None)
         else:
@@ -85,7 +85,7 @@ class LiveTokens:
         """Read every token again, and arm the deadline of each live one, so each is stored
         ``expired`` when it lapses, whether or not a worker ever used it (tokens may be
         minted by the CLI on the repo)."""
-        every = self.tokens.all()
+        every = await self.tokens.all()
         self.known = {token.name: token for token in every}
         for token in every:
             if (

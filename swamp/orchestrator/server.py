@@ -54,6 +54,7 @@ from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal, replay
+from swamp.store.records import Records, SqliteRecords
 from swamp.store.retry import retry_busy
 from swamp.store.step_logs import LogStore, SqliteLogStore
 from swamp.tls import authority
@@ -167,23 +168,26 @@ def raise_file_limit() -> None:
         log.info("could not raise the open-file limit: %s", exc)
 
 
-def collect_bookkeeping(store: Datastore, pool: Pool, *, worker_retention: float) -> int:
+async def collect_bookkeeping(
+    store: Datastore, db: Records, pool: Pool, *, worker_retention: float
+) -> int:
     """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
-    retention together with their fleet bindings (which frees their slots on the token)."""
+    retention together with their fleet bindings (which frees their slots on the token; the
+    tokens through ``db``, the same store awaited)."""
     removed = LeaseBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += PendingBook(store).collect(older_than_seconds=LEASE_RETENTION)
     removed += RunBook(store).collect(older_than_seconds=RUN_RETENTION)
     removed += store.collect_garbage()
     workers = WorkerBook(store)
     stale = workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
-    tokens = TokenBook(store)
+    tokens = TokenBook(db)
     by_token: dict[str, list[str]] = {}
     for attrs in stale:
         if isinstance(attrs.get("machineId"), str):
             by_token.setdefault(attrs.get("tokenName", ""), []).append(attrs["machineId"])
     for name, machine_ids in by_token.items():
-        token = tokens.get(name) if name else None
-        if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
+        token = await tokens.get(name) if name else None
+        if token is not None and is_fleet(token) and await tokens.prune(name, machine_ids):
             log.info("released %d stale binding(s) of fleet token %s", len(machine_ids), name)
     removed += workers.forget([a["name"] for a in stale])
     return removed
@@ -247,7 +251,7 @@ def collect_step_logs(
 
 
 async def _collect_garbage(
-    store: Datastore, pool: Pool, worker_retention: float, logs: StepLogs
+    store: Datastore, db: Records, pool: Pool, worker_retention: float, logs: StepLogs
 ) -> None:
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
@@ -255,7 +259,7 @@ async def _collect_garbage(
         try:
             runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
             removed = forget_adhoc_runs(store, runs, logs=logs.store)
-            removed += collect_bookkeeping(store, pool, worker_retention=worker_retention)
+            removed += await collect_bookkeeping(store, db, pool, worker_retention=worker_retention)
             removed += collect_step_logs(store, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
@@ -397,12 +401,13 @@ async def _serve(
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     store.limit_wal()  # the log this connection reuses is kept small (see swamp.store.checkpoints)
     journal = Journal(repo.journal_path)
+    db = SqliteRecords(store)  # the one seam of this orchestrator: its boot's, then compose's
     # what the last orchestrator journaled goes in before anything reads the leases
     journaled = await retry_busy(lambda: replay(store, journal, admit=journaled_lease))
     if journaled:
         log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
     swept = {
-        "tokens": await retry_busy(TokenBook(store).migrate),
+        "tokens": await retry_busy(TokenBook(db).migrate),
         "leases": await retry_busy(LeaseBook(store).reconcile),
         "workers": await retry_busy(WorkerBook(store).reconcile),
         "queued": await retry_busy(PendingBook(store).reconcile),
@@ -451,6 +456,7 @@ async def _serve(
             step_log_cap=options.step_log_cap,
             tls=bool(options.tls_cert),
         ),
+        db=db,
         policy=policy,
         download=download,
         own_tls=own_tls,
@@ -502,7 +508,12 @@ async def _serve(
                 _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
                 nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(
-                    _collect_garbage, store, parts.pool, options.worker_retention, parts.logs
+                    _collect_garbage,
+                    store,
+                    parts.db,
+                    parts.pool,
+                    options.worker_retention,
+                    parts.logs,
                 )
                 server.start_soon(stop_on_signal)
                 task_status.started(url)

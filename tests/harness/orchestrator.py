@@ -42,6 +42,7 @@ from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
+from swamp.store.records import SqliteRecords
 from tests.memory_transport import pair as memory_pair
 
 
@@ -77,9 +78,14 @@ class GatewayHarness:
     enrollment: Enrollment
     rejections: list[str] = field(default_factory=list)
 
-    def mint(self, name: str = "t", *, max_enrollments: int | str = 1, seconds: int = 3600) -> str:
+    async def mint(
+        self, name: str = "t", *, max_enrollments: int | str = 1, seconds: int = 3600
+    ) -> str:
         """A token; its credential."""
-        return self.tokens.mint(name, duration_seconds=seconds, max_enrollments=max_enrollments)[1]
+        _, credential = await self.tokens.mint(
+            name, duration_seconds=seconds, max_enrollments=max_enrollments
+        )
+        return credential
 
     def socket(self) -> RpcChannel:
         """The orchestrator's end of a worker socket (not served: enrollment only sets it up)."""
@@ -105,7 +111,7 @@ async def gateway(
         heartbeat_seconds=5,
         verify_on_enroll=verify_on_enroll,
     )
-    tokens = TokenBook(store)
+    tokens = TokenBook(SqliteRecords(store))  # the gateway's one seam, as compose makes it
     live_tokens = LiveTokens(store, pool, tokens)
     rejections: list[str] = []
     enrollment = Enrollment(

@@ -28,7 +28,7 @@ async def served(tmp_path):
 
 
 async def test_a_worker_socket_enrolls_and_may_then_call_only_worker_verbs(served):
-    credential = TokenBook(served.parts.store).mint("t", duration_seconds=3600)[1]
+    _, credential = await TokenBook(served.parts.db).mint("t", duration_seconds=3600)
     client, connection = await served.connect()
     reply = await client.call("worker.enroll", hello(credential))
     assert connection.role == "worker" and connection.member.name == reply["workerName"]

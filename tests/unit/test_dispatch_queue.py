@@ -17,6 +17,7 @@ from swamp.orchestrator.live_tokens import LiveTokens
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
+from swamp.store.records import SqliteRecords
 
 
 class Socket:
@@ -57,7 +58,7 @@ def store(tmp_path):
 @pytest.fixture
 def live_tokens(store):
     """What the queue knows of tokens (told of a write by the test, as by the admin)."""
-    return LiveTokens(store, Pool(), TokenBook(store))
+    return LiveTokens(store, Pool(), TokenBook(SqliteRecords(store)))
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ async def test_a_cancelled_wait_leaves_the_queue_and_takes_no_slot(queue):
 
 
 async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue, live_tokens):
-    TokenBook(queue.pending.store).mint("t", duration_seconds=3600)
+    await live_tokens.tokens.mint("t", duration_seconds=3600)
     await live_tokens.reread("t")
     w = member("w", token="t")
     queue.pool.put(w)
@@ -171,7 +172,7 @@ async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue, l
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
         await trio.testing.wait_all_tasks_blocked()
-        TokenBook(queue.pending.store).revoke("t")
+        await live_tokens.tokens.revoke("t")
         await live_tokens.reread("t")  # as the admin's revoke does, before disconnecting
         w.channel = None  # its socket is cut off
         queue.pool.refresh(w)
