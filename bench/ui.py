@@ -214,7 +214,7 @@ async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict
     )
     # the many open pages: read tokens of their own (one credential opens at most 16)
     readers = [
-        ServerTokenBook(store).create(f"viewer-{i}", Scope.READ)[1]
+        (await ServerTokenBook(SqliteRecords(store)).create(f"viewer-{i}", Scope.READ))[1]
         for i in range(-(-args.viewers // PAGES_PER_CREDENTIAL))
     ]
     store.close()

@@ -145,6 +145,7 @@ class RepoAdmin:
         self._engine: Engine | None = None
         self._registry = registry
         self.tokens = TokenBook(self.db, clock=clock)
+        self.server_tokens = ServerTokenBook(self.db)
         self.clock = clock
 
     def __repr__(self) -> str:
@@ -208,18 +209,14 @@ class RepoAdmin:
 
     async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
         scope = parse_scope(request.scope)
-        held, credential = await retry_busy(
-            lambda: ServerTokenBook(self.store).create(request.name, scope)
-        )
+        held, credential = await retry_busy(lambda: self.server_tokens.create(request.name, scope))
         return _server_token_item(held, token=credential)
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
-        return ServerTokenListReply(
-            [_server_token_item(a) for a in ServerTokenBook(self.store).all()]
-        )
+        return ServerTokenListReply([_server_token_item(a) for a in await self.server_tokens.all()])
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
-        held = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
+        held = await retry_busy(lambda: self.server_tokens.revoke(request.name))
         return _server_token_item(held)
 
     # -- workers -------------------------------------------------------------------------------

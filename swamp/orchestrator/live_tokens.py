@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -44,7 +44,7 @@ class LiveTokens:
         pool: Pool,
         tokens: TokenBook,
         *,
-        on_repo_change: Sequence[Callable[[], None]] = (),
+        on_repo_change: Sequence[Callable[[], Awaitable[None]]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -151,7 +151,7 @@ class LiveTokens:
                 for name in {m.token_name for m in self.pool.members.values() if m.connected}:
                     await self.token_changed(name)
                 for listener in self.on_repo_change:
-                    listener()
+                    await listener()
             except SwampError as exc:  # e.g. the database is locked: try again next tick
                 log.warning("could not re-check the repo after a change: %s", exc)
                 seen = None

@@ -147,7 +147,7 @@ class OrchestratorHarness:
         header its upgrade sent); the client's channel on the other end, served too."""
         ours, theirs = memory_pair()
         headers = {"authorization": authorization} if authorization else {}
-        connection = self.parts.app.connection(ours, headers, peer="memory:1")
+        connection = await self.parts.app.connection(ours, headers, peer="memory:1")
         client = RpcChannel(theirs, handler, heartbeat=5, name="client")
         self.nursery.start_soon(connection.serve)
         self.nursery.start_soon(client.serve)

@@ -1,7 +1,8 @@
-"""Enrollment tokens in the record store (``swamp.bookkeeping.tokens``) on both backends of the
-seam (the contract tests' ``records`` fixture): minted, redeemed, revoked, pruned; names that
-avoid every other machine's and token's; and enrollments racing for the last places, never
-more bound than the token allows."""
+"""Tokens in the record store on both backends of the seam (the contract tests' ``records``
+fixture). Enrollment tokens (``swamp.bookkeeping.tokens``): minted, redeemed, revoked, pruned;
+names that avoid every other machine's and token's; enrollments racing for the last places,
+never more bound than the token allows. Server tokens (``swamp.bookkeeping.server_tokens``):
+created, accepted, revoked."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 import trio
 
 from swamp.bookkeeping import tokens as book_module
+from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.scopes import Scope
 from swamp.domain.tokens import TokenState
-from swamp.errors import AlreadyExists, FleetFull, NotFound, Rejected
+from swamp.errors import AlreadyExists, FleetFull, NotFound, Rejected, Unauthorized
 from tests.unit.test_store_contract import records  # noqa: F401 - the fixture
 
 
@@ -148,3 +151,25 @@ async def test_inline_bindings_of_older_records_move_to_records_of_their_own(rec
     migrated = await book.get("old")
     assert migrated is not None and migrated.legacy_bindings == () and migrated.enrollments == 1
     assert [b.worker_name for b in await book.bindings("old")] == ["old-1"]
+
+
+async def test_server_tokens_are_created_accepted_and_revoked(records):  # noqa: F811
+    book = ServerTokenBook(records)
+    held, credential = await book.create("ops", Scope.READ)
+    assert held.active and (await book.authenticate(credential)).scope is Scope.READ
+    with pytest.raises(AlreadyExists, match="already exists"):
+        await book.create("ops")
+    for wrong in (f"ops.{'0' * 64}", f"ghost.{'0' * 64}"):  # the same words for both
+        with pytest.raises(Unauthorized, match="its name is unknown or its secret"):
+            await book.authenticate(wrong)
+    revoked = await book.revoke("ops")
+    assert not revoked.active and (await book.revoke("ops")).revoked_at == revoked.revoked_at
+    with pytest.raises(Unauthorized, match="has been revoked"):
+        await book.authenticate(credential)
+    with pytest.raises(NotFound):
+        await book.revoke("ghost")
+    _, again = await book.create("ops")  # revoked: the name may be minted again
+    assert (await book.authenticate(again)).scope is Scope.ADMIN
+    assert [t.name for t in await book.all()] == ["ops"]
+    stored = await book.get("ops")
+    assert stored is not None and stored.active
