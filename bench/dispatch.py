@@ -43,6 +43,7 @@ from swamp.processes import (
     wait_enrolled_text,
 )
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,7 +68,9 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
         store = repo.open_store()
         readers = [serve_lines]
         for i in range(workers):
-            _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
+            _, credential = await TokenBook(SqliteRecords(store)).mint(
+                f"bench-{i}", duration_seconds=3600
+            )
             worker, reader = await start_worker(
                 url,
                 credential,

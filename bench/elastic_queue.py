@@ -53,6 +53,7 @@ from swamp.protocol.messages import DispatchResult
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import open_websocket
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 # -- the decision ---------------------------------------------------------------------------------
 
@@ -310,7 +311,7 @@ async def _measure(root: Path, result: dict, args, log) -> dict:
         )
         procs.append(serve)
         store = repo.open_store()
-        _, token = TokenBook(store).mint(
+        _, token = await TokenBook(SqliteRecords(store)).mint(
             "bench", duration_seconds=3600, max_enrollments="unlimited"
         )
         store.close()

@@ -42,6 +42,7 @@ from swamp import client
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 
 def store_bytes(repo: Path) -> dict:
@@ -127,7 +128,9 @@ async def _fleet(root: Path, args) -> dict:
 
 async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
     store = repo.open_store()
-    _, token = TokenBook(store).mint("fleet", duration_seconds=3600, max_enrollments=args.workers)
+    _, token = await TokenBook(SqliteRecords(store)).mint(
+        "fleet", duration_seconds=3600, max_enrollments=args.workers
+    )
     store.close()
     await trio.sleep(1)
     rss_empty = rss_kib(serve.pid)

@@ -36,6 +36,7 @@ from swamp import client
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, start_worker, stop_all, wait_enrolled
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGE = 4 * 1024 * 1024 - 1
@@ -171,7 +172,9 @@ async def measure_queries(
         store = Repo(repo).open_store()
         try:
             for name in ("hostile", "innocent"):
-                tokens[name] = TokenBook(store).mint(name, duration_seconds=3600)[1]
+                _, tokens[name] = await TokenBook(SqliteRecords(store)).mint(
+                    name, duration_seconds=3600
+                )
         finally:
             store.close()
         readers = []

@@ -80,7 +80,9 @@ def member(n: int, shape: str) -> Member:
 async def one(root: Path, workers: int, shape: str, requirements: int, scrapes: int) -> dict:
     store = Datastore(root / f"{shape}-{requirements}.db", orchestrator=True)
     bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
-    queue = DispatchQueue(Pool(), store, bookkeeper.leases.db, bookkeeper, clock=time.time)
+    queue = DispatchQueue(
+        Pool(), store, bookkeeper.leases.db, bookkeeper, tokens=lambda name: None, clock=time.time
+    )
     metrics = Metrics()
     metrics.watch(queue.pool, queue)
     for n in range(workers):

@@ -35,6 +35,7 @@ from swamp.errors import SwampError
 from swamp.processes import start_serve, start_worker, stop_all
 from swamp.protocol.messages import MethodRunRequest, PlacementSpec
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 
 async def main(args) -> dict:
@@ -53,7 +54,7 @@ async def _soak(root: Path, args) -> dict:
         state["serve"] = serve
         port = int(url.rsplit(":", 1)[1])
         store = repo.open_store()
-        _, token = TokenBook(store).mint(
+        _, token = await TokenBook(SqliteRecords(store)).mint(
             "soak", duration_seconds=6 * 3600, max_enrollments="unlimited"
         )
         store.close()

@@ -46,6 +46,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.scopes import Scope
 from swamp.processes import start_serve, stop_all, swamp_argv
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 from swamp.ui.live import MAX_PER_CREDENTIAL as PAGES_PER_CREDENTIAL
 
 
@@ -208,10 +209,12 @@ async def with_page(serve, http, seconds: float, viewers: int = 1) -> tuple[floa
 async def measure(serve, repo: Repo, url: str, env: dict, args, nursery) -> dict:
     store = repo.open_store()
     total = args.workers + args.churners
-    _, token = TokenBook(store).mint("fleet", duration_seconds=7200, max_enrollments=total)
+    _, token = await TokenBook(SqliteRecords(store)).mint(
+        "fleet", duration_seconds=7200, max_enrollments=total
+    )
     # the many open pages: read tokens of their own (one credential opens at most 16)
     readers = [
-        ServerTokenBook(store).create(f"viewer-{i}", Scope.READ)[1]
+        (await ServerTokenBook(SqliteRecords(store)).create(f"viewer-{i}", Scope.READ))[1]
         for i in range(-(-args.viewers // PAGES_PER_CREDENTIAL))
     ]
     store.close()

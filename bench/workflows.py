@@ -45,6 +45,7 @@ from swamp.processes import (
     wait_enrolled_text,
 )
 from swamp.repo import Repo
+from swamp.store.records import SqliteRecords
 
 FAN = """\
     name = "fan"
@@ -207,7 +208,9 @@ async def main(args) -> dict:
             readers = [serve_lines]
             store = repo.open_store()
             for i in range(args.workers):
-                _, credential = TokenBook(store).mint(f"bench-{i}", duration_seconds=3600)
+                _, credential = await TokenBook(SqliteRecords(store)).mint(
+                    f"bench-{i}", duration_seconds=3600
+                )
                 worker, reader = await start_worker(
                     url,
                     credential,

@@ -142,12 +142,15 @@ async def _orchestrator(demo: Demo, nursery: trio.Nursery, count: int) -> tuple[
     demo.say(f"   swamp serve, in a temporary repo {repo.root}: listening on {url}")
 
     from swamp.bookkeeping.tokens import TokenBook
+    from swamp.store.records import SqliteRecords
 
-    store = repo.open_store()
+    db = SqliteRecords(repo.open_store())  # as the CLI on the repo writes it
     try:
-        _, credential = TokenBook(store).mint(FLEET, duration_seconds=3600, max_enrollments=count)
+        _, credential = await TokenBook(db).mint(
+            FLEET, duration_seconds=3600, max_enrollments=count
+        )
     finally:
-        store.close()
+        await db.aclose()
     demo.say(
         f"   a fleet token '{FLEET}' for {count} machines (its secret is shown once; only a hash"
     )

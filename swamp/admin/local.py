@@ -144,7 +144,8 @@ class RepoAdmin:
         self.verifier = verifier
         self._engine: Engine | None = None
         self._registry = registry
-        self.tokens = TokenBook(store, clock=clock)
+        self.tokens = TokenBook(self.db, clock=clock)
+        self.server_tokens = ServerTokenBook(self.db)
         self.clock = clock
 
     def __repr__(self) -> str:
@@ -180,44 +181,42 @@ class RepoAdmin:
             )
         )
         if self.live_tokens is not None:
+            await self.live_tokens.reread(token.name)
             self.live_tokens.arm_token_deadline(token)
-        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        item = token_item(token, self.clock(), await self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, token=credential, caPin=self.ca_pin))
 
     async def token_list(self, request: Empty = Empty()) -> TokenListReply:
         now = self.clock()
         return TokenListReply(
             [
-                TokenItem.decode(token_item(t, now, self.tokens.bindings(t.name)))
-                for t in self.tokens.all()
+                TokenItem.decode(token_item(t, now, await self.tokens.bindings(t.name)))
+                for t in await self.tokens.all()
             ]
         )
 
     async def token_revoke(self, request: TokenRevokeRequest) -> TokenItem:
         token, revoked = await retry_busy(lambda: self.tokens.revoke(request.name))
         if self.live_tokens is not None:
+            await self.live_tokens.reread(request.name)  # before its members go: dead
             await self.live_tokens.disconnect_token(
                 request.name, CLOSE_REVOKED, f"token {request.name!r} has been revoked"
             )
-        item = token_item(token, self.clock(), self.tokens.bindings(token.name))
+        item = token_item(token, self.clock(), await self.tokens.bindings(token.name))
         return TokenItem.decode(dict(item, alreadyRevoked=not revoked))
 
     # -- admin server tokens: on the repo only (whoever manages admin credentials owns the repo)
 
     async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
         scope = parse_scope(request.scope)
-        held, credential = await retry_busy(
-            lambda: ServerTokenBook(self.store).create(request.name, scope)
-        )
+        held, credential = await retry_busy(lambda: self.server_tokens.create(request.name, scope))
         return _server_token_item(held, token=credential)
 
     async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
-        return ServerTokenListReply(
-            [_server_token_item(a) for a in ServerTokenBook(self.store).all()]
-        )
+        return ServerTokenListReply([_server_token_item(a) for a in await self.server_tokens.all()])
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
-        held = await retry_busy(lambda: ServerTokenBook(self.store).revoke(request.name))
+        held = await retry_busy(lambda: self.server_tokens.revoke(request.name))
         return _server_token_item(held)
 
     # -- workers -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Admin server tokens (``swamp/server-token``): ``<name>.<secret>``, stored only as a hash,
-each with its scope (``swamp.domain.scopes``: ``metrics``, ``read`` or ``admin``)."""
+each with its scope (``swamp.domain.scopes``: ``metrics``, ``read`` or ``admin``); read and
+written through the record store's seam (``swamp.store.records``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from swamp.domain.scopes import DEFAULT, Scope, stored_scope
 from swamp.domain.tokens import hash_secret, secret_matches, split_credential
 from swamp.errors import AlreadyExists, NotFound, Rejected, Unauthorized
 from swamp.models.builtin import SERVER_TOKEN
-from swamp.store.datastore import Datastore, Key, Record, iso
+from swamp.store.datastore import Key, Record, iso
+from swamp.store.records import Records
 
 TYPE = SERVER_TOKEN.type
 _NO_SUCH_TOKEN_HASH = hash_secret("no such token")
@@ -52,11 +54,11 @@ class ServerToken:
 
 
 class ServerTokenBook:
-    def __init__(self, store: Datastore, *, clock=time.time) -> None:
-        self.store = store
+    def __init__(self, db: Records, *, clock=time.time) -> None:
+        self.db = db
         self.clock = clock
 
-    def create(self, name: str, scope: Scope = DEFAULT) -> tuple[ServerToken, str]:
+    async def create(self, name: str, scope: Scope = DEFAULT) -> tuple[ServerToken, str]:
         check_name(name, what="server token name")
         secret = secrets.token_hex(32)
         now = iso(self.clock())
@@ -74,11 +76,11 @@ class ServerTokenBook:
                 "secretHash": hash_secret(secret),
             }
 
-        record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        record, _ = await self.db.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
         assert record is not None  # decide always writes
         return ServerToken.from_record(record), f"{name}.{secret}"
 
-    def revoke(self, name: str) -> ServerToken:
+    async def revoke(self, name: str) -> ServerToken:
         now = iso(self.clock())
 
         def decide(current):
@@ -88,19 +90,19 @@ class ServerTokenBook:
                 return None
             return dict(current.attributes, state="revoked", revokedAt=now)
 
-        record, _ = self.store.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
+        record, _ = await self.db.transition(Key(TYPE, name, "token"), decide, policy=POLICY)
         if record is None:  # (decide refuses a missing token first)
             raise NotFound(f"no server token named {name!r}")
         return ServerToken.from_record(record)
 
-    def all(self) -> list[ServerToken]:
-        return list(decoded(self.store.latest_of_type(TYPE), ServerToken.from_record))
+    async def all(self) -> list[ServerToken]:
+        return list(decoded(await self.db.latest_of_type(TYPE), ServerToken.from_record))
 
-    def get(self, name: str) -> ServerToken | None:
-        record = self.store.latest(Key(TYPE, name, "token"))
+    async def get(self, name: str) -> ServerToken | None:
+        record = await self.db.latest(Key(TYPE, name, "token"))
         return ServerToken.from_record(record) if record else None
 
-    def authenticate(self, credential: str) -> ServerToken:
+    async def authenticate(self, credential: str) -> ServerToken:
         """The token if the credential is a live server token, else ``Unauthorized``.
 
         An unknown name and a wrong secret get the same answer (and both cost a hash
@@ -113,7 +115,7 @@ class ServerTokenBook:
                 "the server token must have the form <name>.<secret> (as printed "
                 "by 'swamp server token create')"
             ) from None
-        record = self.store.latest(Key(TYPE, name, "token"))
+        record = await self.db.latest(Key(TYPE, name, "token"))
         stored = record.attributes["secretHash"] if record else _NO_SUCH_TOKEN_HASH
         if not secret_matches(secret, stored) or record is None:
             raise Unauthorized(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from swamp.domain.tokens import Token
 
@@ -28,17 +28,25 @@ def is_fleet(token: Token) -> bool:
     return token.max_enrollments != 1
 
 
+def name_candidates(token: Token, machine_id: str) -> Iterator[str]:
+    """A fleet member's names, in the order they are tried: ``<token>-<suffix>``, the suffix
+    one hex digit longer each time. The first nobody else uses is its name (the shell, whose
+    questions may be awaited, walks them as :func:`worker_name_for` does)."""
+    digest = machine_digest(machine_id)
+    for length in range(SUFFIX_LENGTH, len(digest) + 1):
+        yield f"{token.name}-{digest[:length]}"
+
+
 def worker_name_for(
     token: Token, machine_id: str, taken: Callable[[str], bool] = lambda name: False
 ) -> str:
     """The name a *new* binding gets. ``taken(name)``: is that name used by another machine
     (of this token or another) or by another token? The shell answers with indexed lookups,
-    never a scan of the fleet."""
+    never a scan of the fleet. A single-machine token's worker is named after it: nothing is
+    asked."""
     if not is_fleet(token):
         return token.name
-    digest = machine_digest(machine_id)
-    for length in range(SUFFIX_LENGTH, len(digest) + 1):
-        candidate = f"{token.name}-{digest[:length]}"
+    for candidate in name_candidates(token, machine_id):
         if not taken(candidate):
             return candidate
     # 64 hex digits of SHA-256 equal means the same machine id: unreachable for two machines.

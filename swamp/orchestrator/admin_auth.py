@@ -13,15 +13,22 @@ server tokens exist. Only the holder of the secret learns that it was revoked.
 An accepted credential has a scope (``swamp.domain.scopes``): the local credential and
 ``--auth none`` are ``admin``, a server token has the scope it was minted with. :meth:`authorize`
 is the one check of a principal against a verb, for admin frames and HTTP routes alike.
+
+A credential is checked as it comes, awaited (a server token is read from the store; every
+caller is a request's or a socket's task). After another process changed the repo, the
+principals already admitted are judged all at once, in plain calls over the sockets and
+sessions they hold: :meth:`AdminAuth.validity` reads the server tokens once and answers each
+from that read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from swamp.bookkeeping.server_tokens import ServerTokenBook
+from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
 from swamp.domain.scopes import Scope, refusal
 from swamp.errors import ScopeTooNarrow, SwampError, Unauthorized
 
@@ -73,7 +80,7 @@ class AdminAuth:
         self.server_tokens = server_tokens
         self._local = _digest(local_credential) if local_credential else None
 
-    def identify(self, authorization: str | None) -> Principal | Unauthorized:
+    async def identify(self, authorization: str | None) -> Principal | Unauthorized:
         """The principal of an ``Authorization`` header, or why it is not one (never raises)."""
         if self.mode == "none":
             return Principal("anyone", "anyone")
@@ -90,32 +97,40 @@ class AdminAuth:
         if self._local is not None and secrets.compare_digest(_digest(credential), self._local):
             return Principal("local", LOCAL)
         try:
-            token = self.server_tokens.authenticate(credential)
+            token = await self.server_tokens.authenticate(credential)
         except SwampError as exc:
             return Unauthorized(exc.message)
         return Principal("server-token", token.name, token.scope, token.secret_hash)
 
-    def admit(self, scope: dict, verb: str) -> None:
+    async def admit(self, scope: dict, verb: str) -> None:
         """Raise unless the HTTP request's credential may call ``verb``: ``Unauthorized``
         (missing or not accepted) or ``ScopeTooNarrow`` — the same check and words as an admin
         frame's (the data plane asks this of its admin routes)."""
-        identity = self.identify(_authorization(scope))
+        identity = await self.identify(_authorization(scope))
         if isinstance(identity, Unauthorized):
             raise identity
         authorize(identity, verb)
 
-    def still_valid(self, principal: Principal) -> bool:
-        """Re-check a server token after the repo changed: revoked (or revoked and minted
-        again under its name, perhaps with another scope) closes what it opened."""
-        if principal.kind != "server-token":
-            return True
-        token = self.server_tokens.get(principal.name)
-        return (
-            token is not None
-            and token.active
-            and token.secret_hash == principal.minted
-            and token.scope == principal.scope
-        )
+    async def validity(self) -> Callable[[Principal], bool]:
+        """The server tokens as they are now (one read), as a check of a principal: is it still
+        valid? For the plain calls that close what revoked tokens opened, after the repo
+        changed."""
+        tokens = {token.name: token for token in await self.server_tokens.all()}
+        return lambda principal: still_valid(principal, tokens.get(principal.name))
+
+
+def still_valid(principal: Principal, token: ServerToken | None) -> bool:
+    """Is ``principal`` still accepted, ``token`` being its server token as stored now? One
+    revoked (or revoked and minted again under its name, perhaps with another scope) closes
+    what it opened; the local credential and ``--auth none`` always hold."""
+    if principal.kind != "server-token":
+        return True
+    return (
+        token is not None
+        and token.active
+        and token.secret_hash == principal.minted
+        and token.scope == principal.scope
+    )
 
 
 def _authorization(scope: dict) -> str | None:

@@ -106,7 +106,10 @@ class App:
             client[0],
         )
         transport = AsgiTransport(receive, send)
-        await self.connection(transport, _headers(scope), peer=f"{client[0]}:{client[1]}").serve()
+        connection = await self.connection(
+            transport, _headers(scope), peer=f"{client[0]}:{client[1]}"
+        )
+        await connection.serve()
 
     async def websocket(self, upgrade: Upgrade) -> Callable[[], Awaitable[None]] | None:
         """An upgrade from the listener: the same policy as every request; accepted, it is
@@ -118,13 +121,13 @@ class App:
             await upgrade.request.reject(403, extra_headers=content_headers, body=body)
             return None
         transport = await upgrade.request.accept()  # drains on close (it knows the idle time)
-        return self.connection(transport, upgrade.headers, peer=upgrade.peer).serve
+        return (await self.connection(transport, upgrade.headers, peer=upgrade.peer)).serve
 
-    def connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
+    async def connection(self, transport, headers: dict[str, str], *, peer: str) -> Connection:
         """The connection that serves an accepted socket: identified once, by its upgrade's
         ``Authorization`` header."""
         authorization = headers.get("authorization")
-        identity = self.auth.identify(authorization)
+        identity = await self.auth.identify(authorization)
         if authorization and isinstance(identity, Unauthorized):
             log.info("refused an admin credential: %s", printable(identity.message))
         return Connection(

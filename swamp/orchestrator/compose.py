@@ -9,8 +9,9 @@ broken here and said so:
 - membership probes workers under ``--verify-on-enroll`` through the verifier, which dispatches
   through the episodes, which report an unresponsive worker to membership: the probe is handed
   to membership's task when it starts (:meth:`Orchestrator.run`), not to its constructor;
-- a change another process made to the repo (a revoked server token) closes admin sockets: the
-  live tokens' repo watcher is given that action (admission's) as a plain callable;
+- a change another process made to the repo (a revoked server token) closes admin sockets and
+  web sessions: the live tokens' repo watcher is given that action (one read of the server
+  tokens, then admission's and the logins' plain calls) as a callable it awaits;
 - the web pages (``swamp.ui``) read the pool, the queue and the admin API, and are told what
   changed by them: the pool's watcher, the queue's observer and the engine's saves mark the
   pages' topics out of date (``Live``: plain calls that never wait), and the data plane hands
@@ -184,22 +185,23 @@ def compose(
     registry: ModelRegistry,
     settings: Settings,
     *,
+    db: Records | None = None,
     policy: RequestPolicy,
     download: Download | None = None,
     own_tls: ServerTls | None = None,
-    db: Records | None = None,
 ) -> Orchestrator:
-    """Build every part, each from the ones before it. ``db``: ``store`` behind the seam,
-    when the caller already put it there (serve's boot)."""
+    """Build every part, each from the ones before it. ``db`` is ``store`` behind the record
+    store's seam, if the caller made it already (serve, for its boot): one for the whole
+    orchestrator, its transactions its own."""
     if db is None:
-        db = SqliteRecords(store)  # one seam for every book: its transactions are its own
+        db = SqliteRecords(store)
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
     sweeper = SilenceSweeper(tick=min(1.0, settings.heartbeat_seconds / 2))
     auth = AdminAuth(
         mode=settings.auth,
-        server_tokens=ServerTokenBook(store),
+        server_tokens=ServerTokenBook(db),
         local_credential=settings.local_credential,
     )
     admission = Admission()
@@ -222,19 +224,19 @@ def compose(
         heartbeat_seconds=settings.heartbeat_seconds,
         verify_on_enroll=settings.verify_on_enroll,
     )
-    tokens = TokenBook(store)
+    tokens = TokenBook(db)
     # the web pages' login codes and sessions (in memory only); a session ended early ends the
     # event streams of its open pages
     logins = Logins(on_end=live.sessions_ended)
-    live_tokens = LiveTokens(
-        store,
-        pool,
-        tokens,
-        on_repo_change=[
-            functools.partial(admission.close_revoked_admins, auth.still_valid),
-            functools.partial(logins.end_revoked, auth.still_valid),  # and their web sessions
-        ],
-    )
+
+    async def close_revoked() -> None:
+        """The admin sockets of server tokens revoked meanwhile close, and their web sessions
+        end: judged against one read of the server tokens, then plain calls."""
+        still_valid = await auth.validity()
+        admission.close_revoked_admins(still_valid)
+        logins.end_revoked(still_valid)
+
+    live_tokens = LiveTokens(store, pool, tokens, on_repo_change=[close_revoked])
     enrollment = Enrollment(
         pool, tokens, records, membership, live_tokens, on_rejection=metrics.on_rejection
     )
@@ -249,8 +251,14 @@ def compose(
         metrics.on_queue(what, value)
         live.queue_event(what, value)
 
-    queue = DispatchQueue(  # subscribes to the pool
-        pool, store, db, bookkeeper, aging=settings.queue_aging, observe=observe_queue
+    queue = DispatchQueue(  # subscribes to the pool; asks the live tokens of a dead target
+        pool,
+        store,
+        db,
+        bookkeeper,
+        tokens=live_tokens.token,
+        aging=settings.queue_aging,
+        observe=observe_queue,
     )
     reader = Reader(repo.db_path)
     metrics.watch(pool, queue)

@@ -73,7 +73,7 @@ _STATUS = (
 )
 
 
-def _nobody(scope, verb: str) -> None:
+async def _nobody(scope, verb: str) -> None:
     raise Unauthorized("this data plane accepts no admin credential")
 
 
@@ -194,7 +194,7 @@ class DataPlane:
         private_downloads: bool = False,
         quota: WriteQuota = WriteQuota(),
         ca_pem: str | None = None,
-        admit: Callable[[dict, str], None] | None = None,
+        admit: Callable[[dict, str], Awaitable[None]] | None = None,
         pages: Asgi | None = None,
     ) -> None:
         self.dispatch = dispatch
@@ -208,21 +208,21 @@ class DataPlane:
         self.download = download
         self.private_downloads = private_downloads
         # Raise unless the request's admin credential may call the verb (``AdminAuth.admit``).
-        self.admit: Callable[[dict, str], None] = admit if admit is not None else _nobody
+        self.admit: Callable[[dict, str], Awaitable[None]] = admit if admit is not None else _nobody
 
-    def _admitted(self, scope, verb: str, *, missing: str) -> None:
+    async def _admitted(self, scope, verb: str, *, missing: str) -> None:
         """``admit``, with this route's own words for a request that sent no credential."""
         if b"authorization" not in dict(scope.get("headers") or []):
             try:
-                self.admit(scope, verb)  # --auth none admits anyone
+                await self.admit(scope, verb)  # --auth none admits anyone
             except Unauthorized:
                 raise Unauthorized(missing) from None
             return
-        self.admit(scope, verb)
+        await self.admit(scope, verb)
 
-    def _may(self, scope, verb: str) -> bool:
+    async def _may(self, scope, verb: str) -> bool:
         try:
-            self.admit(scope, verb)
+            await self.admit(scope, verb)
         except Forbidden:  # Unauthorized and ScopeTooNarrow alike
             return False
         return True
@@ -243,7 +243,7 @@ class DataPlane:
             # credential learns what it runs, how big it is and why.
             broken = self.dispatch.store.broken
             body: dict = {"status": "degraded" if broken else "ok"}
-            if self._may(scope, "GET /health (details)"):
+            if await self._may(scope, "GET /health (details)"):
                 body.update(
                     version=__version__,
                     protocolVersion=PROTOCOL_VERSION,
@@ -259,7 +259,7 @@ class DataPlane:
             await self._send_pyz(scope, send, checksum_only=path.endswith(".sha256"))
             return
         if path == "/metrics" and self.metrics is not None:
-            self._admitted(
+            await self._admitted(
                 scope,
                 "GET /metrics",
                 missing="/metrics needs a credential: Authorization: Bearer <server token> "
@@ -289,7 +289,7 @@ class DataPlane:
         """The orchestrator's own build, for machines to run (it holds no secret: open unless
         ``--private-downloads``)."""
         if self.private_downloads:
-            self._admitted(
+            await self._admitted(
                 scope,
                 "GET /swamp.pyz (private downloads)",
                 missing="downloads are private here (--private-downloads): send a read or "

@@ -3,13 +3,21 @@
 When a token's deadline passes its workers are disconnected and it is stored ``expired``; when
 it is revoked (through this server, or by the CLI writing straight to the repo, which the repo
 watcher notices) its workers are disconnected at once.
+
+It also keeps every token in memory, as last read: all of them at the start and after each
+commit of another process (the repo watcher), one after each write this process makes to it
+(:meth:`LiveTokens.reread`: a mint, a redemption, a revocation, an expiry). A decision made
+without waiting asks :meth:`LiveTokens.token` — the queue, whether a disconnected target's
+token is still live — instead of a read on the store in its middle. What it answers is
+whether a token is live (its state and deadline); the count of its machines, which the
+garbage collector lowers as it prunes, may be older.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -36,7 +44,7 @@ class LiveTokens:
         pool: Pool,
         tokens: TokenBook,
         *,
-        on_repo_change: Sequence[Callable[[], None]] = (),
+        on_repo_change: Sequence[Callable[[], Awaitable[None]]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -46,6 +54,7 @@ class LiveTokens:
         self.on_repo_change = tuple(on_repo_change)
         self.clock = clock
         self.token_deadlines = Deadlines("token deadlines")
+        self.known: dict[str, Token] = {}  # every token, by name, as last read
 
     def __repr__(self) -> str:
         return f"<LiveTokens {self.token_deadlines!r}>"
@@ -57,10 +66,28 @@ class LiveTokens:
         """Store the token ``expired`` (and cut off its workers) when its deadline passes."""
         self.token_deadlines.set(token.name, self._trio_time(token.expires_at_epoch))
 
-    def arm_token_deadlines(self) -> None:
-        """Arm the deadline of every live token, so each is stored ``expired`` when it lapses,
-        whether or not a worker ever used it (tokens may be minted by the CLI on the repo)."""
-        for token in self.tokens.all():
+    def token(self, name: str) -> Token | None:
+        """The token as last read (``None``: there was none), for a decision that does not
+        wait on the store."""
+        return self.known.get(name)
+
+    async def reread(self, name: str) -> Token | None:
+        """Read one token again, after this process wrote it (the repo watcher sees only the
+        writes of others)."""
+        token = await self.tokens.get(name)
+        if token is None:
+            self.known.pop(name, None)
+        else:
+            self.known[name] = token
+        return token
+
+    async def refresh(self) -> None:
+        """Read every token again, and arm the deadline of each live one, so each is stored
+        ``expired`` when it lapses, whether or not a worker ever used it (tokens may be
+        minted by the CLI on the repo)."""
+        every = await self.tokens.all()
+        self.known = {token.name: token for token in every}
+        for token in every:
             if (
                 token.state in (TokenState.UNUSED, TokenState.ENROLLED)
                 and token.name not in self.token_deadlines
@@ -68,7 +95,7 @@ class LiveTokens:
                 self.arm_token_deadline(token)
 
     async def _token_deadline(self, name: str) -> None:
-        token = self.tokens.get(name)
+        token = await self.reread(name)
         if token is None:
             return
         if token.expires_at_epoch > self.clock():  # re-minted with a later deadline
@@ -76,6 +103,7 @@ class LiveTokens:
             return
         if await retry_busy(lambda: self.tokens.expire(name)):
             log.info("token %s expired", name)
+            await self.reread(name)
         await self.disconnect_token(name, CLOSE_EXPIRED, f"token {name!r} has expired")
 
     async def disconnect_token(self, name: str, code: int, reason: str) -> int:
@@ -90,7 +118,7 @@ class LiveTokens:
 
     async def token_changed(self, name: str) -> None:
         """Re-check one token (after a revoke): disconnect its workers if it is no longer live."""
-        token = self.tokens.get(name)
+        token = await self.reread(name)
         now = self.clock()
         if token is None or not token.live(now):
             state = token.effective_state(now).value if token else "deleted"
@@ -119,11 +147,11 @@ class LiveTokens:
                 if current == seen:
                     continue
                 seen = current
-                self.arm_token_deadlines()
+                await self.refresh()
                 for name in {m.token_name for m in self.pool.members.values() if m.connected}:
                     await self.token_changed(name)
                 for listener in self.on_repo_change:
-                    listener()
+                    await listener()
             except SwampError as exc:  # e.g. the database is locked: try again next tick
                 log.warning("could not re-check the repo after a change: %s", exc)
                 seen = None
@@ -132,7 +160,7 @@ class LiveTokens:
                 seen = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self.arm_token_deadlines()
+        await self.refresh()  # before anything is asked: every token, before the first worker
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.token_deadlines.run, self._token_deadline)
             await nursery.start(self._watch_repo)

@@ -35,7 +35,6 @@ from typing import NamedTuple
 import trio
 
 from swamp.bookkeeping.pending import PendingBook
-from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.demand import Demand
 from swamp.domain.placement import Placement
 from swamp.domain.priority import DEFAULT_AGING, effective, epoch
@@ -55,6 +54,7 @@ from swamp.domain.scheduler import (
     assign,
     requirements_of,
 )
+from swamp.domain.tokens import Token
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
 from swamp.ids import new_id, ordered_id
@@ -115,6 +115,7 @@ class DispatchQueue:
         db: Records,
         bookkeeper: Bookkeeper,
         *,
+        tokens: Callable[[str], Token | None],
         clock=time.time,
         max_waiting: int = MAX_WAITING,
         aging: float = DEFAULT_AGING,
@@ -123,7 +124,9 @@ class DispatchQueue:
         self.pool = pool
         self.waiting = WaitingQueue()
         self.pending = PendingBook(db, clock=clock)
-        self.tokens = TokenBook(store, clock=clock)
+        # a token by name, from memory (LiveTokens.token): asked in the middle of a decision,
+        # so never a wait on the store
+        self.tokens = tokens
         self.bookkeeper = bookkeeper  # writes the queue episodes behind
         self.clock = clock
         self.max_waiting = max_waiting
@@ -303,13 +306,14 @@ class DispatchQueue:
                 step.ticket.woken.set()
 
     def never_returns(self, placement: Placement) -> str | None:
-        """Why a targeted worker can never come back (its token is dead), or ``None``."""
+        """Why a targeted worker can never come back (its token is dead, as last read), or
+        ``None``."""
         if not placement.target:
             return None
         member = self.pool.resolve(placement.target)
         if member is None or member.connected:
             return None
-        token = self.tokens.get(member.token_name)
+        token = self.tokens(member.token_name)
         now = self.clock()
         if token is None or not token.live(now):
             state = token.effective_state(now).value if token else "deleted"

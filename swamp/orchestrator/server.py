@@ -172,21 +172,20 @@ def raise_file_limit() -> None:
 async def collect_bookkeeping(db: SqliteRecords, pool: Pool, *, worker_retention: float) -> int:
     """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
     retention together with their fleet bindings (which frees their slots on the token)."""
-    store = db.store
     removed = await LeaseBook(db).collect(older_than_seconds=LEASE_RETENTION)
     removed += await PendingBook(db).collect(older_than_seconds=LEASE_RETENTION)
     removed += await RunBook(db).collect(older_than_seconds=RUN_RETENTION)
     removed += await db.collect_garbage()
     workers = WorkerBook(db)
     stale = await workers.stale(older_than_seconds=worker_retention, live=pool.members.keys())
-    tokens = TokenBook(store)
+    tokens = TokenBook(db)
     by_token: dict[str, list[str]] = {}
     for attrs in stale:
         if isinstance(attrs.get("machineId"), str):
             by_token.setdefault(attrs.get("tokenName", ""), []).append(attrs["machineId"])
     for name, machine_ids in by_token.items():
-        token = tokens.get(name) if name else None
-        if token is not None and is_fleet(token) and tokens.prune(name, machine_ids):
+        token = await tokens.get(name) if name else None
+        if token is not None and is_fleet(token) and await tokens.prune(name, machine_ids):
             log.info("released %d stale binding(s) of fleet token %s", len(machine_ids), name)
     removed += await workers.forget([a["name"] for a in stale])
     return removed
@@ -406,14 +405,14 @@ async def _serve(
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     store.limit_wal()  # the log this connection reuses is kept small (see swamp.store.checkpoints)
-    db = SqliteRecords(store)  # the books' way in, for the boot and every part (compose)
+    db = SqliteRecords(store)  # the one seam of this orchestrator: its boot's, then compose's
     journal = Journal(repo.journal_path)
     # what the last orchestrator journaled goes in before anything reads the leases
     journaled = await retry_busy(lambda: replay(db, journal, admit=journaled_lease))
     if journaled:
         log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
     swept = {
-        "tokens": await retry_busy(TokenBook(store).migrate),
+        "tokens": await retry_busy(TokenBook(db).migrate),
         "leases": await retry_busy(LeaseBook(db).reconcile),
         "workers": await retry_busy(WorkerBook(db).reconcile),
         "queued": await retry_busy(PendingBook(db).reconcile),
@@ -462,10 +461,10 @@ async def _serve(
             step_log_cap=options.step_log_cap,
             tls=bool(options.tls_cert),
         ),
+        db=db,
         policy=policy,
         download=download,
         own_tls=own_tls,
-        db=db,
     )
     app = parts.app
 

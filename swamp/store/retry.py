@@ -4,6 +4,10 @@ The orchestrator's connection fails a contended write at once (:class:`StoreBusy
 it with growing pauses that yield to trio, so heartbeats, ``/health`` and every socket carry on
 while, say, a CLI holds a long transaction. A write is a compare-and-swap or an insert, so
 running it again is safe. After :data:`BUSY_DEADLINE` seconds it gives up with one line.
+
+The operation may be a plain call on the store or one awaited through the record store's seam
+(``swamp.store.records``): a transaction refused as busy has rolled back whole, so its body is
+run again from the start, as a plain call is.
 """
 
 from __future__ import annotations
@@ -33,14 +37,16 @@ async def retry_busy(operation: Callable[[], T], *, deadline: float = BUSY_DEADL
 
 
 async def retry_busy(operation, *, deadline=BUSY_DEADLINE):
-    """``operation()`` — a store call, or one awaited through ``swamp.store.records`` — again
-    and again while the database is locked by someone else."""
+    """``operation()`` (awaited, when it gives an awaitable), again and again while the
+    database is locked by someone else."""
     pause = FIRST_PAUSE
     give_up = trio.current_time() + deadline
     while True:
         try:
             result = operation()
-            return (await result) if inspect.isawaitable(result) else result
+            if inspect.isawaitable(result):
+                result = await result
+            return result
         except StoreBusy:
             if trio.current_time() >= give_up:
                 raise StoreError(

@@ -371,7 +371,7 @@ class Pages:
             await self._redirect(send, "/ui/", cookie=session_id)
             return
         token = form.get("token", "").strip()
-        identity = self.auth.identify(f"Bearer {token}" if token else None)
+        identity = await self.auth.identify(f"Bearer {token}" if token else None)
         if isinstance(identity, Unauthorized):
             client = scope.get("client") or ("?", 0)
             log.warning("refused a web login from %s: %s", client[0], identity.message)

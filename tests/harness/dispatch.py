@@ -96,7 +96,15 @@ async def dispatch_harness(
     bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)), journal)
     episodes = Episodes(bookkeeper, Credentials())
     metrics = Metrics()
-    queue = DispatchQueue(pool, store, bookkeeper.leases.db, bookkeeper, observe=metrics.on_queue)
+    # what the queue knows of tokens: none is minted here
+    queue = DispatchQueue(
+        pool,
+        store,
+        bookkeeper.leases.db,
+        bookkeeper,
+        tokens=lambda name: None,
+        observe=metrics.on_queue,
+    )
     service = DispatchService(  # composed as `swamp serve` composes it
         store,
         bookkeeper.leases.db,

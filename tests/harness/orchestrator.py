@@ -78,9 +78,14 @@ class GatewayHarness:
     enrollment: Enrollment
     rejections: list[str] = field(default_factory=list)
 
-    def mint(self, name: str = "t", *, max_enrollments: int | str = 1, seconds: int = 3600) -> str:
+    async def mint(
+        self, name: str = "t", *, max_enrollments: int | str = 1, seconds: int = 3600
+    ) -> str:
         """A token; its credential."""
-        return self.tokens.mint(name, duration_seconds=seconds, max_enrollments=max_enrollments)[1]
+        _, credential = await self.tokens.mint(
+            name, duration_seconds=seconds, max_enrollments=max_enrollments
+        )
+        return credential
 
     def socket(self) -> RpcChannel:
         """The orchestrator's end of a worker socket (not served: enrollment only sets it up)."""
@@ -107,7 +112,7 @@ async def gateway(
         heartbeat_seconds=5,
         verify_on_enroll=verify_on_enroll,
     )
-    tokens = TokenBook(store)
+    tokens = TokenBook(SqliteRecords(store))  # the gateway's one seam, as compose makes it
     live_tokens = LiveTokens(store, pool, tokens)
     rejections: list[str] = []
     enrollment = Enrollment(
@@ -143,7 +148,7 @@ class OrchestratorHarness:
         header its upgrade sent); the client's channel on the other end, served too."""
         ours, theirs = memory_pair()
         headers = {"authorization": authorization} if authorization else {}
-        connection = self.parts.app.connection(ours, headers, peer="memory:1")
+        connection = await self.parts.app.connection(ours, headers, peer="memory:1")
         client = RpcChannel(theirs, handler, heartbeat=5, name="client")
         self.nursery.start_soon(connection.serve)
         self.nursery.start_soon(client.serve)

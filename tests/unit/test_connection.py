@@ -8,6 +8,7 @@ from swamp.bookkeeping.server_tokens import ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.errors import SwampError
+from swamp.store.records import SqliteRecords
 from tests.harness.orchestrator import hello, orchestrator
 
 LOCAL = "local-credential-for-tests"
@@ -28,7 +29,7 @@ async def served(tmp_path):
 
 
 async def test_a_worker_socket_enrolls_and_may_then_call_only_worker_verbs(served):
-    credential = TokenBook(served.parts.store).mint("t", duration_seconds=3600)[1]
+    _, credential = await TokenBook(served.parts.db).mint("t", duration_seconds=3600)
     client, connection = await served.connect()
     reply = await client.call("worker.enroll", hello(credential))
     assert connection.role == "worker" and connection.member.name == reply["workerName"]
@@ -64,14 +65,14 @@ async def test_admin_frames_need_the_credential_and_answer_from_the_live_parts(s
 async def test_a_server_token_revoked_on_the_repo_closes_its_admin_socket(served):
     """The wiring of the root: the live tokens' repo watcher tells admission, which closes the
     admin sockets whose credential no longer holds."""
-    _, credential = ServerTokenBook(served.parts.store).create("ops")
+    _, credential = await ServerTokenBook(served.parts.db).create("ops")
     admin, connection = await served.connect(f"Bearer {credential}")
     await admin.call("server.info")
-    other = served.repo.open_store()  # another process's connection: the CLI on the repo
+    other = SqliteRecords(served.repo.open_store())  # another connection: the CLI on the repo
     try:
-        ServerTokenBook(other).revoke("ops")
+        await ServerTokenBook(other).revoke("ops")
     finally:
-        other.close()
+        await other.aclose()
     with trio.fail_after(30):  # the watcher looks every quarter second; a bound, not a pace
         reason = await connection.channel.wait_closed()
     assert "server token 'ops' has been revoked" in reason

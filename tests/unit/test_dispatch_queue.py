@@ -13,6 +13,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.placement import Placement
 from swamp.errors import NoMatchingWorker, QueueTimeout
 from swamp.orchestrator.bookkeeper import Bookkeeper
+from swamp.orchestrator.live_tokens import LiveTokens
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.store.datastore import Datastore
@@ -48,16 +49,28 @@ async def ignore(event):
 
 
 @pytest.fixture
-async def queue(tmp_path):
+def store(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
-    pool = Pool()
-    bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
-    service = DispatchQueue(pool, store, bookkeeper.leases.db, bookkeeper)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def live_tokens(store):
+    """What the queue knows of tokens (told of a write by the test, as by the admin)."""
+    return LiveTokens(store, Pool(), TokenBook(SqliteRecords(store)))
+
+
+@pytest.fixture
+async def queue(store, live_tokens):
+    bookkeeper = Bookkeeper(LeaseBook(live_tokens.tokens.db))
+    service = DispatchQueue(
+        live_tokens.pool, store, bookkeeper.leases.db, bookkeeper, tokens=live_tokens.token
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         yield service
         nursery.cancel_scope.cancel()
-    store.close()
 
 
 async def episodes(queue):
@@ -144,8 +157,9 @@ async def test_a_cancelled_wait_leaves_the_queue_and_takes_no_slot(queue):
     assert [e["state"] for e in (await episodes(queue)).values()] == ["cancelled"]
 
 
-async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
-    TokenBook(queue.pending.db.store).mint("t", duration_seconds=3600)
+async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue, live_tokens):
+    await live_tokens.tokens.mint("t", duration_seconds=3600)
+    await live_tokens.reread("t")
     w = member("w", token="t")
     queue.pool.put(w)
     busy = await queue.acquire(Placement(target="w"), INFO, deadline=None, emit=ignore)
@@ -160,7 +174,8 @@ async def test_a_target_whose_token_dies_fails_its_waiting_step_at_once(queue):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
         await trio.testing.wait_all_tasks_blocked()
-        TokenBook(queue.pending.db.store).revoke("t")
+        await live_tokens.tokens.revoke("t")
+        await live_tokens.reread("t")  # as the admin's revoke does, before disconnecting
         w.channel = None  # its socket is cut off
         queue.pool.refresh(w)
     assert failures and "can never return" in failures[0] and "revoked" in failures[0]

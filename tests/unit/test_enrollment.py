@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import trio
 import trio.testing
 
+from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.domain.enrollment import VERIFYING, Admit, Present, Refuse, Wait, admit, instance_clash
+from swamp.domain.tokens import TokenState
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import AlreadyConnected, Conflict, FleetFull, SwampError, TokenInvalid
 from swamp.protocol.messages import Verdict
+from swamp.store.datastore import Datastore
 from swamp.store.records import SqliteRecords
 from tests.harness.orchestrator import gateway, hello
 
@@ -87,7 +90,7 @@ def test_an_instance_id_another_member_holds_is_refused_before_the_token_is_rede
 
 async def test_an_admitted_worker_is_recorded_and_joins_the_pool(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         reply, member = await g.enrollment.enroll(g.socket(), hello(credential, capacity=2))
         assert reply.worker_name == member.name and not reply.reconnect
         assert g.pool.get(member.name) is member and member.status == "idle"
@@ -100,7 +103,7 @@ async def test_an_admitted_worker_is_recorded_and_joins_the_pool(tmp_path):
 
 async def test_a_refusal_is_raised_and_counted_and_binds_nothing(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         await g.enrollment.enroll(g.socket(), hello(credential, machine="m1"))
         try:
             await g.enrollment.enroll(g.socket(), hello(credential, machine="m2"))
@@ -118,7 +121,7 @@ async def test_a_refusal_is_raised_and_counted_and_binds_nothing(tmp_path):
 
 async def test_a_full_fleet_is_told_to_wait(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("f", max_enrollments=2)
+        credential = await g.mint("f", max_enrollments=2)
         for machine in ("m1", "m2"):
             await g.enrollment.enroll(g.socket(), hello(credential, machine=machine))
         try:
@@ -132,7 +135,7 @@ async def test_a_full_fleet_is_told_to_wait(tmp_path):
 
 async def test_the_same_process_reconnecting_replaces_its_old_socket(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         old = g.socket()
         _, first = await g.enrollment.enroll(old, hello(credential))
         new = g.socket()
@@ -143,7 +146,7 @@ async def test_the_same_process_reconnecting_replaces_its_old_socket(tmp_path):
 
 async def test_a_machine_held_back_reconnects_unresponsive(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         socket = g.socket()
         _, member = await g.enrollment.enroll(socket, hello(credential))
         g.membership.unresponsive(member, "left d-1 unanswered")
@@ -163,7 +166,7 @@ async def test_verify_on_enroll_makes_it_schedulable_only_once_the_probe_passes(
         return Verdict(name, "pass")
 
     async with gateway(tmp_path, verify_on_enroll=True, prober=prober) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         _, member = await g.enrollment.enroll(g.socket(), hello(credential))
         await probed.wait()
         assert member.status == "unverified" and member.verify_failure_reason == VERIFYING
@@ -174,9 +177,24 @@ async def test_verify_on_enroll_makes_it_schedulable_only_once_the_probe_passes(
 
 async def test_a_revoked_token_cuts_its_workers_off(tmp_path):
     async with gateway(tmp_path) as g:
-        credential = g.mint("t")
+        credential = await g.mint("t")
         socket = g.socket()
         await g.enrollment.enroll(socket, hello(credential))
-        g.tokens.revoke("t")
+        await g.tokens.revoke("t")
         await g.live_tokens.token_changed("t")
         assert socket.closed and socket.close_reason == "token 't' has been revoked"
+
+
+async def test_the_live_tokens_answer_with_what_was_last_read(tmp_path):
+    """What a decision asks without waiting on the store (the queue: is a target's token still
+    live?) is the token as this process last read it: after its own writes, and after another
+    process's commit, which the repo watcher notices."""
+    async with gateway(tmp_path) as g:
+        credential = await g.mint("t")  # written here after the first read, and not told: unknown
+        assert g.live_tokens.token("t") is None
+        await g.enrollment.enroll(g.socket(), hello(credential))
+        assert g.live_tokens.token("t").state is TokenState.ENROLLED  # its redemption, read
+        await TokenBook(SqliteRecords(Datastore(g.store.path))).revoke("t")  # the CLI, on the repo
+        with trio.fail_after(5):
+            while g.live_tokens.token("t").state is not TokenState.REVOKED:  # noqa: ASYNC110
+                await trio.sleep(0.05)

@@ -14,6 +14,7 @@ from swamp.orchestrator.admin_auth import AdminAuth, Principal, authorize
 from swamp.protocol.admin import OPERATIONS, AdminApi
 from swamp.protocol.messages import REQUESTS
 from swamp.store.datastore import Datastore, Key, SpecPolicy
+from swamp.store.records import SqliteRecords
 
 #: the HTTP routes an admin credential opens (swamp.orchestrator.dataplane)
 HTTP = {"GET /metrics", "GET /health (details)", "GET /swamp.pyz (private downloads)"}
@@ -108,43 +109,47 @@ def test_authorize_raises_the_coded_refusal():
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = Datastore(tmp_path / "swamp.db")
-    yield store
-    store.close()
+async def db(tmp_path):
+    db = SqliteRecords(Datastore(tmp_path / "swamp.db"))
+    yield db
+    await db.aclose()
 
 
-def test_tokens_keep_their_scope_and_old_ones_are_admin(store):
-    book = ServerTokenBook(store)
-    _, prom = book.create("prom", Scope.METRICS)
-    _, ops = book.create("ops")
+async def test_tokens_keep_their_scope_and_old_ones_are_admin(db):
+    book = ServerTokenBook(db)
+    _, prom = await book.create("prom", Scope.METRICS)
+    _, ops = await book.create("ops")
     # a token stored before scopes existed has no scope field
     old = {"name": "old", "state": "active", "createdAt": "t0", "secretHash": hash_secret("s" * 64)}
-    store.write(Key(TYPE, "old", "token"), old, policy=SpecPolicy("token"))
+    await db.write(Key(TYPE, "old", "token"), old, policy=SpecPolicy("token"))
     auth = AdminAuth(mode="token", server_tokens=book, local_credential="local.x")
-    assert auth.identify(f"Bearer {prom}").scope is Scope.METRICS
-    assert auth.identify(f"Bearer {ops}").scope is Scope.ADMIN
-    assert auth.identify(f"Bearer old.{'s' * 64}").scope is Scope.ADMIN
-    assert auth.identify("Bearer local.x").scope is Scope.ADMIN
-    assert {t.name: t.scope for t in book.all()} == {
+    assert (await auth.identify(f"Bearer {prom}")).scope is Scope.METRICS
+    assert (await auth.identify(f"Bearer {ops}")).scope is Scope.ADMIN
+    assert (await auth.identify(f"Bearer old.{'s' * 64}")).scope is Scope.ADMIN
+    assert (await auth.identify("Bearer local.x")).scope is Scope.ADMIN
+    assert {t.name: t.scope for t in await book.all()} == {
         "prom": Scope.METRICS,
         "ops": Scope.ADMIN,
         "old": Scope.ADMIN,
     }
     # as stored: the old one was not rewritten to say so
-    stored = {r.model_name: r.attributes.get("scope") for r in store.latest_of_type(TYPE)}
+    stored = {r.model_name: r.attributes.get("scope") for r in await db.latest_of_type(TYPE)}
     assert stored == {"prom": "metrics", "ops": "admin", "old": None}
 
 
-def test_a_name_revoked_and_minted_again_is_another_principal(store):
+async def test_a_name_revoked_and_minted_again_is_another_principal(db):
     """Sockets of the first minting close, even when the second comes within one repo check
     (and with a narrower scope)."""
-    book = ServerTokenBook(store)
+    book = ServerTokenBook(db)
     auth = AdminAuth(mode="token", server_tokens=book, local_credential=None)
-    _, first = book.create("ops")
-    before = auth.identify(f"Bearer {first}")
-    assert auth.still_valid(before)
-    book.revoke("ops")
-    _, second = book.create("ops", Scope.METRICS)
-    assert not auth.still_valid(before)
-    assert auth.still_valid(auth.identify(f"Bearer {second}"))
+    _, first = await book.create("ops")
+    before = await auth.identify(f"Bearer {first}")
+    assert isinstance(before, Principal)
+    assert (await auth.validity())(before)
+    await book.revoke("ops")
+    _, second = await book.create("ops", Scope.METRICS)
+    still_valid = await auth.validity()  # one read of the server tokens, then plain checks
+    assert not still_valid(before)
+    after = await auth.identify(f"Bearer {second}")
+    assert isinstance(after, Principal) and still_valid(after)
+    assert still_valid(Principal("local", "local"))  # the local credential always holds

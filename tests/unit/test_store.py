@@ -4,12 +4,15 @@ import multiprocessing
 import sqlite3
 
 import pytest
+import trio
 
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.domain.query import parse
 from swamp.domain.read_scope import ReadScope, parse_reads
 from swamp.errors import Conflict, FleetFull, Rejected, UserError
 from swamp.store.datastore import Datastore, Key, SpecPolicy
+from swamp.store.records import Operations, SqliteRecords
+from swamp.store.retry import retry_busy
 
 
 @pytest.fixture
@@ -188,60 +191,97 @@ def test_infrastructure_is_out_of_scope_and_indistinguishable_from_nothing(store
 
 def _redeem_in_process(args):
     path, credential, machine = args
-    book = TokenBook(Datastore(path))
+    return trio.run(_redeem, path, credential, machine)
+
+
+async def _redeem(path, credential: str, machine: str) -> str:
+    db = SqliteRecords(Datastore(path))
     try:
-        book.redeem(credential, machine_id=machine)
+        await TokenBook(db).redeem(credential, machine_id=machine)
         return "bound"
     except (Rejected, FleetFull) as exc:
         return exc.code
+    finally:
+        await db.aclose()
 
 
 @pytest.mark.integration  # real processes: eight of them, each starting Python
 @pytest.mark.parametrize("allowance,machines", [(1, 16), (10, 40)])
-def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance, machines):
+async def test_processes_racing_for_the_last_slots_never_overbook(tmp_path, allowance, machines):
     path = tmp_path / "race.db"
-    book = TokenBook(Datastore(path))
-    _, credential = book.mint("race", duration_seconds=600, max_enrollments=allowance)
+    book = TokenBook(SqliteRecords(Datastore(path)))
+    _, credential = await book.mint("race", duration_seconds=600, max_enrollments=allowance)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
-        results = pool.map(
-            _redeem_in_process, [(path, credential, f"m{i}") for i in range(machines)]
+        results = await trio.to_thread.run_sync(
+            pool.map, _redeem_in_process, [(path, credential, f"m{i}") for i in range(machines)]
         )
     assert results.count("bound") == allowance
     refusal = "allowance_exhausted" if allowance == 1 else "fleet_full"
     assert results.count(refusal) == machines - allowance
-    assert book.get("race").enrollments == allowance
-    bindings = book.bindings("race")
+    token = await book.get("race")
+    assert token is not None and token.enrollments == allowance
+    bindings = await book.bindings("race")
     assert len(bindings) == allowance
     assert len({b.worker_name for b in bindings}) == allowance
 
 
-def test_names_in_use_by_other_tokens_are_avoided_and_reserved(tmp_path):
-    book = TokenBook(Datastore(tmp_path / "x.db"))
-    _, fleet = book.mint("pool", duration_seconds=600, max_enrollments=5)
-    member = book.redeem(fleet, machine_id="m1").binding.worker_name
+async def test_names_in_use_by_other_tokens_are_avoided_and_reserved(tmp_path):
+    book = TokenBook(SqliteRecords(Datastore(tmp_path / "x.db")))
+    _, fleet = await book.mint("pool", duration_seconds=600, max_enrollments=5)
+    member = (await book.redeem(fleet, machine_id="m1")).binding.worker_name
     assert member.startswith("pool-") and len(member) == len("pool-") + 8
     with pytest.raises(Exception, match="already a worker of token 'pool'"):
-        book.mint(member, duration_seconds=600)
+        await book.mint(member, duration_seconds=600)
     # a single-machine token named like the suffix a fleet member would get pushes it longer
     import hashlib
 
     short = "pool-" + hashlib.sha256(b"m2").hexdigest()[:8]
-    book.mint(short, duration_seconds=600)
-    assert (
-        book.redeem(fleet, machine_id="m2").binding.worker_name
-        == "pool-" + hashlib.sha256(b"m2").hexdigest()[:9]
+    await book.mint(short, duration_seconds=600)
+    assert (await book.redeem(fleet, machine_id="m2")).binding.worker_name == (
+        "pool-" + hashlib.sha256(b"m2").hexdigest()[:9]
     )
 
 
-def test_an_unknown_token_name_writes_nothing(tmp_path):
+async def test_an_unknown_token_name_writes_nothing(tmp_path):
     path = tmp_path / "x.db"
-    book = TokenBook(Datastore(path))
+    book = TokenBook(SqliteRecords(Datastore(path)))
     with pytest.raises(Rejected) as info:
-        book.redeem("ghost.secret", machine_id="m1")
+        await book.redeem("ghost.secret", machine_id="m1")
     assert info.value.code == "token_invalid"
     rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM data").fetchone()[0]
     assert rows == 0
+
+
+async def test_a_transaction_refused_as_busy_is_retried_until_the_other_process_commits(tmp_path):
+    """``retry_busy`` awaits an operation through the seam as it calls a plain one: the
+    orchestrator's connection is refused at once while another holds the lock, and tries again
+    until it is free."""
+    path = tmp_path / "swamp.db"
+    db = SqliteRecords(Datastore(path, orchestrator=True))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    attempts = []
+
+    async def body(tx: Operations):
+        return await tx.write(KEY, {"n": 1}, policy=SpecPolicy("item"))
+
+    async def transact():
+        attempts.append(trio.current_time())
+        return await db.transact(body)
+
+    async def commit_later():
+        await trio.sleep(0.05)
+        other.execute("COMMIT")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit_later)
+        written = await retry_busy(transact)
+    assert len(attempts) > 1 and written.version == 1
+    latest = await db.latest(KEY)
+    assert latest is not None and latest.attributes == {"n": 1}
+    other.close()
+    await db.aclose()
 
 
 def test_wal_and_synchronous_settings(store):

@@ -256,7 +256,7 @@ async def test_the_code_and_the_session_id_are_kept_only_as_hashes(harness):
 
 
 async def test_a_metrics_token_cannot_ask_for_a_link(harness):
-    _, secret = ServerTokenBook(harness.parts.store).create("scraper", Scope.METRICS)
+    _, secret = await ServerTokenBook(harness.parts.db).create("scraper", Scope.METRICS)
     client, _ = await harness.connect(f"Bearer {secret}")
     from swamp.errors import ScopeTooNarrow
 
@@ -268,9 +268,9 @@ async def test_a_metrics_token_cannot_ask_for_a_link(harness):
 
 
 async def test_the_login_form_takes_a_read_or_admin_token_but_not_a_metrics_one(harness):
-    book = ServerTokenBook(harness.parts.store)
-    _, reader = book.create("reader", Scope.READ)
-    _, scraper = book.create("scraper", Scope.METRICS)
+    book = ServerTokenBook(harness.parts.db)
+    _, reader = await book.create("reader", Scope.READ)
+    _, scraper = await book.create("scraper", Scope.METRICS)
     app = harness.parts.app
     form = {"origin": ORIGIN, "content-type": "application/x-www-form-urlencoded"}
     ok = await call(
@@ -290,8 +290,8 @@ async def test_the_login_form_takes_a_read_or_admin_token_but_not_a_metrics_one(
 
 
 async def test_the_login_form_refuses_another_origin(harness):
-    book = ServerTokenBook(harness.parts.store)
-    _, reader = book.create("reader", Scope.READ)
+    book = ServerTokenBook(harness.parts.db)
+    _, reader = await book.create("reader", Scope.READ)
     body = urlencode({"token": reader}).encode()
     foreign = await call(
         harness.parts.app,
@@ -605,7 +605,7 @@ async def test_one_credential_cannot_take_every_page_stream(harness):
     """One read token opens many sessions (the login form, again and again): its streams
     together are bounded, and an admin's page still gets its stream."""
     app, pages = harness.parts.app, harness.parts.pages
-    _, reader = ServerTokenBook(harness.parts.store).create("reader", Scope.READ)
+    _, reader = await ServerTokenBook(harness.parts.db).create("reader", Scope.READ)
     form = {"origin": ORIGIN, "content-type": "application/x-www-form-urlencoded"}
     jars = []
     for _ in range(8):

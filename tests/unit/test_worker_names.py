@@ -6,7 +6,7 @@ import pytest
 
 from swamp.domain import tokens as rules
 from swamp.domain.tokens import Binding, Token, TokenState
-from swamp.domain.worker_names import fleet_suffix, worker_name_for
+from swamp.domain.worker_names import fleet_suffix, name_candidates, worker_name_for
 
 # Two machine ids whose SHA-256 digests share their first 8 hex digits (found by search).
 CLASH_A, CLASH_B = "clash-machine-00022136", "clash-machine-00080544"
@@ -57,6 +57,16 @@ def test_a_clash_with_another_tokens_worker_lengthens_the_suffix_too():
     assert worker_name_for(token(), "m1", {short}.__contains__) == f"pool-{digest('m1')[:9]}"
     longer = {short, f"pool-{digest('m1')[:9]}"}
     assert worker_name_for(token(), "m1", longer.__contains__) == f"pool-{digest('m1')[:10]}"
+
+
+def test_the_candidates_are_the_names_worker_name_for_tries_in_its_order():
+    candidates = list(name_candidates(token(), "m1"))
+    assert candidates[:2] == [f"pool-{digest('m1')[:8]}", f"pool-{digest('m1')[:9]}"]
+    assert candidates[-1] == f"pool-{digest('m1')}" and len(candidates) == 64 - 8 + 1
+    asked = []
+    taken = set(candidates[:3])
+    assert worker_name_for(token(), "m1", lambda n: asked.append(n) or n in taken) == candidates[3]
+    assert asked == candidates[:4]
 
 
 def test_the_name_stored_in_the_binding_is_reused_by_redeem():
