@@ -167,8 +167,10 @@ def test_ctrl_c_mid_drain_stops_every_process_and_removes_the_temp_dir(cluster, 
             os.killpg(demo.pid, signal.SIGINT)
         else:
             demo.send_signal(signal.SIGINT)
-        assert demo.wait(timeout=60) == 130
-        assert "interrupted" in demo.stderr.read()
+        status = demo.wait(timeout=60)
+        said = demo.stderr.read()
+        assert status == 130, f"exit {status}:\n{said}\n{''.join(lines[-10:])}"
+        assert "interrupted" in said
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
