@@ -416,7 +416,9 @@ class SqliteLogStore:
                         more = True
                         break
                     out.append(
-                        StoredChunk(row[0], row[1], row[2], row[3], row[4], row[6], _lines(row[5]))
+                        StoredChunk(
+                            row[0], row[1], row[2], row[3], row[4], row[6], chunk_lines(row[5])
+                        )
                     )
                     size += row[6]
             finally:
@@ -558,7 +560,8 @@ class SqliteLogs:
         return self.tables.end_open(now)
 
 
-def _lines(body: str) -> list[str]:
+def chunk_lines(body: str) -> list[str]:
+    """The lines a chunk's body holds (JSON text); a damaged body reads as one line saying so."""
     try:
         lines = json.loads(body)
     except (ValueError, RecursionError):
