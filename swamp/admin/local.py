@@ -335,7 +335,6 @@ class RepoAdmin:
                 host = Host(run_step=self._run_here, placed=False)
             self._engine = Engine(
                 Workflows(self.repo, self.registry),
-                self.store,
                 self.db,
                 host,
                 max_fan_out=self.max_fan_out,
@@ -522,7 +521,7 @@ class RepoAdmin:
                 limit=request.limit,
             )
         else:
-            records = self.store.query(
+            records = await self.db.query(
                 predicate, all_versions=request.all_versions, limit=request.limit
             )
         return QueryReply([RecordItem.decode(r.to_json()) for r in records])

@@ -19,6 +19,7 @@ their workers and is saved ``cancelled``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -63,19 +64,38 @@ from swamp.protocol.messages import (
     StepEvent,
     decode_event,
 )
-from swamp.store.datastore import Datastore, iso
+from swamp.store.datastore import iso
 from swamp.store.records import Records
 from swamp.store.retry import retry_busy
 from swamp.workflows.loader import Workflows
 
 log = logging.getLogger("swamp.workflows")
 LOG_TAIL = 20  # the last lines of each step's output, kept in the run record
+MAX_LOOKUPS = 32  # pieces of data one rendering may read (each read, then evaluated again)
 EXPRESSION_BUDGET = 2.0  # seconds a data.query() or data.latest() may take (on the event loop)
 BATCH_WINDOW = 0.2  # seconds a run's changes gather before they are written together
 FLUSH_CHUNK = 500  # steps one write transaction takes at most (the loop runs between them)
 FEED_FLOOR = 64  # expansions of a forEach started at once, when fewer slots are connected
 Emit = Callable[[dict], Awaitable[None]]
 StepRunner = Callable[..., Awaitable[RunResult]]  # (RunRequest, emit) → result
+
+
+Rendered = Callable[[object], Awaitable[object]]  # a step's templates rendered (its binding's)
+
+
+class _LookUp(Exception):
+    """An expression asked for data not read yet (see :meth:`_Run.rendered`)."""
+
+    def __init__(self, key: tuple) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _answer(found: dict, key: tuple):
+    """What was read for ``key``, or ask for it."""
+    if key not in found:
+        raise _LookUp(key)
+    return found[key]
 
 
 @dataclass
@@ -145,7 +165,6 @@ class Engine:
     def __init__(
         self,
         workflows: Workflows,
-        store: Datastore,
         db: Records,
         host: Host,
         *,
@@ -153,8 +172,7 @@ class Engine:
         max_fan_out: int = MAX_EXPANSIONS,
     ) -> None:
         self.workflows = workflows
-        self.store = store
-        self.db = db  # the runs' records go through the seam (swamp.store.records)
+        self.db = db  # the runs' records and the data expressions read (swamp.store.records)
         self.runs = RunBook(db, clock=clock)
         self.host = host
         self.clock = clock
@@ -438,7 +456,7 @@ class _Run:
         await self.emit(RunEvent("job_started", self.id, self.workflow.name, job=job.name))
         placement = job.placement.under(self.workflow.placement)
         try:
-            groups = self.expand(job)
+            groups = await self.expand(job)
         except UserError as exc:
             state.status, state.error, state.ended_at = Status.FAILED, exc.message, self.now()
             for entry in state.steps:
@@ -518,7 +536,22 @@ class _Run:
             return self.affinity.setdefault(job.name, _Affinity())
         return None
 
-    def context(self, binding: dict | None = None) -> dict:
+    def context(self, binding: dict | None = None, looked_up: dict | None = None) -> dict:
+        """What an expression sees. Its data functions answer from ``looked_up`` (what was read
+        for this evaluation); what is not there yet is asked for (:class:`_LookUp`) and read
+        by :meth:`rendered`, which evaluates again."""
+        found = {} if looked_up is None else looked_up
+
+        def latest(model: str, name: str) -> dict | None:
+            if not isinstance(model, str) or not isinstance(name, str):
+                raise ExpressionError("data.latest(model, name) takes two strings")
+            return _answer(found, ("latest", model, name))
+
+        def query(predicate: str) -> list[dict]:
+            if not isinstance(predicate, str):
+                raise ExpressionError("data.query(predicate) takes a string")
+            return _answer(found, ("query", predicate))
+
         return {
             "inputs": self.inputs,
             "self": binding or {},
@@ -527,11 +560,23 @@ class _Run:
                 "workflow": self.workflow.name,
                 "startedAt": self.record.started_at,
             },
-            "data": {"latest": self.data_latest, "query": self.data_query},
+            "data": {"latest": latest, "query": query},
             "workers": {"connected": self.workers_connected},
         }
 
-    def expand(self, job: Job) -> dict[str, _Group]:
+    async def rendered(self, value: object, binding: dict | None = None) -> object:
+        """``value`` rendered (:func:`render`): the expression is evaluated, and each piece of
+        data it asks for is read (awaited: the store may be a server) before it is evaluated
+        again with it — the evaluation stays a plain function, the reads are the shell's."""
+        looked_up: dict = {}
+        for _ in range(MAX_LOOKUPS + 1):
+            try:
+                return render(value, self.context(binding, looked_up))
+            except _LookUp as wanted:
+                looked_up[wanted.key] = await self.look_up(wanted.key)
+        raise ExpressionError(f"an expression reads at most {MAX_LOOKUPS} pieces of data")
+
+    async def expand(self, job: Job) -> dict[str, _Group]:
         """Every step of the job, with its ``forEach`` expanded now (the job has started): the
         names of its expansions and the items they run for (kept as the list gave them, not a
         binding each)."""
@@ -541,7 +586,7 @@ class _Run:
                 out[step.name] = _Group(step, [step.name])
                 continue
             try:
-                items = render(step.for_each.items, self.context())
+                items = await self.rendered(step.for_each.items)
             except ExpressionError as exc:
                 raise UserError(f"step {step.name!r}: forEach.in: {exc.message}") from None
             items = expansion_items(items, step=step.name, cap=self.engine.max_fan_out)
@@ -552,7 +597,7 @@ class _Run:
                 if templated:
                     try:
                         binding = {step.for_each.item: item}
-                        name = str(render(step.name, self.context(binding)))
+                        name = str(await self.rendered(step.name, binding))
                     except ExpressionError:
                         name = f"{step.name}-{index}"
                 else:
@@ -696,10 +741,10 @@ class _Run:
         job_placement: Fields,
         group: _Affinity | None,
     ) -> None:
-        context = self.context(binding)
+        context = functools.partial(self.rendered, binding=binding)
         if step.guard is not None:
             try:
-                skip = render(step.guard, context)
+                skip = await context(step.guard)
             except ExpressionError as exc:
                 await self.finish(job, name, record, Status.FAILED, error=f"guard: {exc.message}")
                 record.allowed_failure = step.allow_failure or None
@@ -742,7 +787,7 @@ class _Run:
         job: Job,
         step: Step,
         name: str,
-        context: dict,
+        context: Rendered,
         record: StepRecord,
         fields: Fields,
         group: _Affinity | None,
@@ -750,17 +795,17 @@ class _Run:
         from swamp.orchestrator.dispatch import RunRequest
 
         task = step.task
-        model_ref = str(render(task.model, context))
-        model_name = str(render(task.model_name, context)) if task.model_name else None
+        model_ref = str(await context(task.model))
+        model_name = str(await context(task.model_name)) if task.model_name else None
         if model_name is not None:  # what a template gave is checked as a name, as it is used
             check_instance_name(model_name, what=f"modelName of step {name!r}")
-        method = str(render(task.method, context))
-        args = render(task.inputs, context)
+        method = str(await context(task.method))
+        args = await context(task.inputs)
         if not isinstance(args, dict):
             raise UserError(f"inputs gave {type(args).__name__}, not a table of arguments")
-        target = render(fields.target, context) if fields.target else None
-        labels = render(fields.labels, context) if fields.labels else {}
-        platform = render(fields.platform, context) if fields.platform else None
+        target = await context(fields.target) if fields.target else None
+        labels = await context(fields.labels) if fields.labels else {}
+        platform = await context(fields.platform) if fields.platform else None
         if not isinstance(labels, dict):
             raise UserError("labels must give a table of k = v")
         placement = StepPlacement(
@@ -907,16 +952,16 @@ class _Run:
                 await self.emit(event)  # a nested workflow's own events
 
     async def run_child(
-        self, job: Job, step: Step, name: str, context: dict, record: StepRecord
+        self, job: Job, step: Step, name: str, context: Rendered, record: StepRecord
     ) -> tuple[Status, str | None]:
-        child_name = str(render(step.task.workflow, context))
+        child_name = str(await context(step.task.workflow))
         if child_name in self.chain:
             cycle = " -> ".join((*self.chain, child_name))
             return Status.FAILED, f"workflow cycle: {cycle}"
         if len(self.chain) >= 10:
             return Status.FAILED, "workflows nest at most 10 deep"
         child = self.engine.workflows.checked(child_name)
-        inputs = render(step.task.inputs, context)
+        inputs = await context(step.task.inputs)
         if not isinstance(inputs, dict):
             return Status.FAILED, "inputs for a nested workflow must give a table"
         inputs = check_inputs(child, inputs)
@@ -943,39 +988,39 @@ class _Run:
 
     # -- expression host functions -----------------------------------------------------------
 
-    def data_latest(self, model: str, name: str) -> dict | None:
-        """The newest version of data ``name`` of ``model``: an instance in models/, a type
-        (the instance of this run's latest ad-hoc step of that type: each ad-hoc step is an
-        instance of its own, and another run's is not this run's business), or the name a step
-        gave with modelName; ``null`` if none. Never infrastructure records."""
+    async def look_up(self, key: tuple) -> object:
+        """One piece of data an expression asked for: ``("latest", model, name)`` — the newest
+        version of data ``name`` of ``model``: an instance in models/, a type (the instance of
+        this run's latest ad-hoc step of that type: each ad-hoc step is an instance of its own,
+        and another run's is not this run's business), or the name a step gave with modelName;
+        ``None`` if none — or ``("query", predicate)``. Never infrastructure records."""
         from swamp.domain.query import parse
         from swamp.store.datastore import Key
 
-        if not isinstance(model, str) or not isinstance(name, str):
-            raise ExpressionError("data.latest(model, name) takes two strings")
+        db = self.engine.db
+        if key[0] == "query":
+            try:
+                predicate = parse(key[1])
+            except SwampError as exc:
+                raise ExpressionError(exc.message) from None
+            found = await db.query(predicate, limit=1000, scope=ALL_DATA, budget=EXPRESSION_BUDGET)
+            return [r.to_json() for r in found]
+        _, model, name = key
         if "/" in model:
             own = self.adhoc.get(model)
-            record = self.engine.store.latest(Key(model, own, name)) if own else None
+            record = await db.latest(Key(model, own, name)) if own else None
             return record.to_json() if record is not None else None
         instances = self.engine.workflows.repo.model_instances()
         if model in instances:
-            record = self.engine.store.latest(Key(instances[model].type, model, name))
+            record = await db.latest(Key(instances[model].type, model, name))
             return record.to_json() if record is not None else None
-        found = self.engine.store.query(
+        found = await db.query(
             parse(f"modelName == {json.dumps(model)} && name == {json.dumps(name)}"),
             scope=ALL_DATA,
             budget=EXPRESSION_BUDGET,
         )
         found.sort(key=lambda r: r.created_at)
         return found[-1].to_json() if found else None
-
-    def data_query(self, predicate: str) -> list[dict]:
-        from swamp.domain.query import parse
-
-        found = self.engine.store.query(
-            parse(predicate), limit=1000, scope=ALL_DATA, budget=EXPRESSION_BUDGET
-        )
-        return [r.to_json() for r in found]
 
     def workers_connected(self, selector: dict | None = None) -> list[dict]:
         if selector is not None and not isinstance(selector, dict):

@@ -194,7 +194,7 @@ async def open_rig(root: Path, *workers: Worker) -> AsyncIterator[Rig]:
     try:
         fleet = Fleet(store, *workers)
         host = Host(run_step=fleet.run_step, workers_connected=fleet.connected)
-        engine = Engine(Workflows(repo, fleet.registry), store, SqliteRecords(store), host)
+        engine = Engine(Workflows(repo, fleet.registry), SqliteRecords(store), host)
         yield Rig(repo, store, fleet, engine)
     finally:
         store.close()

@@ -338,7 +338,6 @@ async def test_more_items_than_the_orchestrator_allows_fail_the_job_naming_the_s
         host = Host(run_step=rig.fleet.run_step, workers_connected=rig.fleet.connected)
         rig.engine = Engine(
             Workflows(rig.repo, rig.fleet.registry),
-            rig.store,
             SqliteRecords(rig.store),
             host,
             max_fan_out=3,
@@ -431,9 +430,7 @@ async def test_an_item_fed_late_in_a_long_fan_out_gets_its_whole_queue_timeout(
             return await rig.fleet.run_step(request, emit)
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(
-            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
-        )
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), SqliteRecords(rig.store), host)
         window = [rig.fleet.hold(f"each-{i}") for i in range(FEED_FLOOR)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rig.run, "wide", {"items": list(range(FEED_FLOOR + 1))})
@@ -474,9 +471,7 @@ async def test_a_fan_out_over_workers_that_never_come_ends_after_one_queue_timeo
             )
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(
-            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
-        )
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), SqliteRecords(rig.store), host)
         began = trio.current_time()
         record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 4))})
         assert trio.current_time() - began < 61
@@ -507,9 +502,7 @@ async def test_a_fan_out_on_a_busy_fleet_keeps_feeding_after_an_item_times_out(
             return await rig.fleet.run_step(request, emit)
 
         host = Host(run_step=run_step, workers_connected=rig.fleet.connected)
-        rig.engine = Engine(
-            Workflows(rig.repo, rig.fleet.registry), rig.store, SqliteRecords(rig.store), host
-        )
+        rig.engine = Engine(Workflows(rig.repo, rig.fleet.registry), SqliteRecords(rig.store), host)
         record = await rig.run("wide", {"items": list(range(FEED_FLOOR * 2))})
         steps = rig.steps(record)
         assert steps["each-0"]["status"] == "failed"
@@ -607,3 +600,36 @@ def test_a_run_is_found_by_its_id_without_reading_every_run(tmp_path):
         assert calls == []  # no run read but the matches
     finally:
         store.close()
+
+
+READS = """\
+    name = "reads"
+    [[jobs]]
+    name = "j"
+    [[jobs.steps]]
+    name = "look"
+    forEach = { item = "i", in = "${{ [data.latest('inst', 'item').attributes.v] }}" }
+    labels = { fleet = "edge" }
+    task = { type = "model_method", modelIdOrName = "swamp/echo", methodName = "echo", \
+inputs = { message = "${{ data.query('modelType == \\"test/thing\\"')[0].attributes.v }}|\
+${{ data.latest('nothing', 'here') }}|${{ data.query('name == \\"zzz\\"') }}" } }
+"""
+
+
+async def test_expressions_read_data_through_the_seam_each_piece_once_a_rendering(tmp_path):
+    """An expression's data is read by the engine, awaited (the store may be a server), and
+    the expression evaluated again with it: a rendering reads each piece it asks for once."""
+    from swamp.store.datastore import Key, SpecPolicy
+
+    async with open_rig(tmp_path, Worker("edge-1", {"fleet": "edge"})) as rig:
+        rig.store.write(Key("test/thing", "inst", "item"), {"v": 7}, policy=SpecPolicy("thing"))
+        rig.workflow("reads", READS)
+        reads = []
+        look_up = rig.engine.db.query
+        rig.engine.db.query = lambda *a, **k: reads.append(a[0]) or look_up(*a, **k)  # type: ignore[method-assign]
+        record = await rig.run("reads")
+        assert record["status"] == "succeeded", record
+        [dispatch] = rig.fleet.dispatches
+        assert dispatch.step == "look-7"  # its forEach read it
+        assert dispatch.args["message"] == "7||[]"  # found, none (null), none ([])
+        assert len(reads) == 4  # the forEach's one; the message's three, each read once
