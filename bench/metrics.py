@@ -81,7 +81,7 @@ async def one(root: Path, workers: int, shape: str, requirements: int, scrapes: 
     store = Datastore(root / f"{shape}-{requirements}.db", orchestrator=True)
     bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
     queue = DispatchQueue(
-        Pool(), store, bookkeeper.leases.db, bookkeeper, tokens=lambda name: None, clock=time.time
+        Pool(), bookkeeper.leases.db, bookkeeper, tokens=lambda name: None, clock=time.time
     )
     metrics = Metrics()
     metrics.watch(queue.pool, queue)

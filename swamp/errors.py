@@ -424,6 +424,12 @@ class LockLost(ConnectionLost):
     code = "lock_lost"
 
 
+class LockHeld(Conflict):
+    """Another process holds a PostgreSQL advisory lock asked for without waiting."""
+
+    code = "lock_held"
+
+
 class PoolTimeout(CallTimeout):
     """Every connection of a pool stayed busy for as long as the caller would wait."""
 

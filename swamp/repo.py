@@ -271,10 +271,14 @@ class Repo:
         *,
         admin_credential: str | None = None,
         ca_pin: str | None = None,
+        shared_records: bool = False,
     ) -> None:
         """Announce the running server: its URL and (readable by the repo's owner only) the
-        local admin credential the CLI presents to it."""
-        info = {"url": url, "dataPlaneUrl": data_plane_url, "pid": os.getpid()}
+        local admin credential the CLI presents to it; ``shared_records``: its records are in
+        a database, not this repo's file (the CLI in the repo then goes through it)."""
+        info: dict = {"url": url, "dataPlaneUrl": data_plane_url, "pid": os.getpid()}
+        if shared_records:
+            info["records"] = "postgresql"
         if admin_credential:
             info["adminCredential"] = admin_credential
         if ca_pin:
@@ -314,6 +318,19 @@ class Repo:
         """The URL in ``.swamp/serve.json`` if that process is still alive."""
         info = self._serve_info()
         return info.get("url") if info else None
+
+    def records_elsewhere(self) -> tuple[str | None, str | None]:
+        """Where this repo's records are when they are not its file: (the running server that
+        keeps them in PostgreSQL, the database set for ``serve`` in swamp.toml or
+        ``SWAMP_DATABASE_URL``)."""
+        info = self._serve_info()
+        server = info.get("url") if info and info.get("records") == "postgresql" else None
+        configured = os.environ.get("SWAMP_DATABASE_URL") or None
+        if configured is None:
+            table = self.config().get("serve")
+            value = table.get("database") if isinstance(table, dict) else None
+            configured = value if isinstance(value, str) and value else None
+        return server, configured
 
     def admin_credential_for(self, url: str) -> str | None:
         """The local admin credential of the server running on this repo — only if ``url`` is

@@ -113,7 +113,7 @@ class RepoAdmin:
     def __init__(
         self,
         repo: Repo,
-        store: Datastore,
+        store: Datastore | None,
         *,
         db: Records | None = None,
         live_tokens: LiveTokens | None = None,
@@ -135,9 +135,13 @@ class RepoAdmin:
         # the orchestrator's own CA, which a token's machines pin: the live server's (None
         # unless it serves --tls auto), else the repo's from an earlier 'serve --tls auto'
         self.ca_pin = ca_pin if live_tokens is not None else authority.ca_pin(repo.state_dir)
-        self.store = store
+        self.store = store  # the repo's file (None: the orchestrator's records are elsewhere)
         # the books' way in: the orchestrator's one seam, or this store's own on the repo
-        self.db = db if db is not None else SqliteRecords(store)
+        if db is None:
+            if store is None:
+                raise ValueError("a repo admin needs the store or the seam it is behind")
+            db = SqliteRecords(store)
+        self.db = db
         self.live_tokens = live_tokens
         self.pool = pool
         self.dispatch = dispatch
@@ -156,6 +160,8 @@ class RepoAdmin:
         """Where the lines of what runs here are kept: the orchestrator's, or (on the repo)
         one that writes them in this process as they come."""
         if self._step_logs is None:
+            if self.store is None:
+                raise ValueError("a repo admin without a store is given its step logs")
             self._step_logs = StepLogs(SqliteLogs(SqliteLogStore(self.store)))
         return self._step_logs
 

@@ -98,6 +98,18 @@ async def open_route(
             ) from None
         return
     repo = Repo.find(repo_dir)
+    keeper, configured = repo.records_elsewhere()
+    if keeper is not None:  # the records are in PostgreSQL: through the server that keeps them
+        async with open_route(
+            repo_dir=repo_dir, server=keeper, server_token=server_token, ca_cert=ca_cert
+        ) as api:
+            yield api
+        return
+    if configured is not None:
+        raise UserError(
+            f"this repo's records are in PostgreSQL ({redact(configured)}), not in its file: "
+            "start 'swamp serve' here, or pass --server URL"
+        )
     store = repo.open_store()
     try:
         yield RepoAdmin(repo, store)

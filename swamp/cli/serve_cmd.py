@@ -224,6 +224,17 @@ def serve(
         help="The most items a workflow step's forEach may run it for (1 to 1000000); a "
         "list longer than this fails the step's job, naming this setting.",
     ),
+    database: str = typer.Option(
+        None,
+        "--database",
+        envvar="SWAMP_DATABASE_URL",
+        metavar="URL",
+        show_default=False,
+        help="Keep every record in this PostgreSQL database (postgresql://user@host:5432/db) "
+        "instead of the repo's SQLite file; give the password in PGPASSWORD or ~/.pgpass, or "
+        "the whole URL in SWAMP_DATABASE_URL, not on the command line. Needs the postgres "
+        "extra (pip install 'swamp[postgres]'). One orchestrator per database for now.",
+    ),
     json_output: bool = JSON,
 ) -> None:
     """Run the orchestrator: websocket control plane, HTTP data plane and /health on one port.
@@ -276,6 +287,23 @@ def serve(
         raise UserError(
             f"invalid {what('write_quota_records')} {o['write_quota_records']}: expected 1 or more"
         )
+    if o["database"]:
+        from swamp.domain.database import has_password
+
+        source = getattr(ctx.get_parameter_source("database"), "name", "")
+        exposed = (
+            f"{CONFIG} [serve] database goes wherever the repo goes"
+            if "database" in in_file
+            else "--database is visible to every user of this machine (ps)"
+            if source == "COMMANDLINE"
+            else None
+        )
+        if exposed and has_password(o["database"]):
+            typer.echo(
+                f"warning: the password in {exposed}: give it in PGPASSWORD or ~/.pgpass, or "
+                "the URL in SWAMP_DATABASE_URL",
+                err=True,
+            )
     options = ServeOptions(
         host=o["host"],
         port=o["port"],
@@ -302,6 +330,7 @@ def serve(
         ),
         step_log_cap=parse_size(o["step_log_cap"], what=what("step_log_cap")),
         max_fan_out=o["max_fan_out"],
+        database=o["database"] or None,
         json=json_output,
     )
     handler = logging.StreamHandler()

@@ -69,7 +69,7 @@ from swamp.store.datastore import Datastore
 from swamp.store.journal import Journal
 from swamp.store.reader import Reader
 from swamp.store.records import Records, SqliteRecords
-from swamp.store.step_logs import SqliteLogs, SqliteLogStore
+from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
 from swamp.tls.authority import ServerTls
 from swamp.ui.live import Live
 from swamp.ui.routes import Pages, cookie_name
@@ -118,8 +118,8 @@ class Settings:
 class Orchestrator:
     """The parts, as :func:`compose` made them (for ``serve``, tests and harnesses)."""
 
-    store: Datastore
-    db: Records  # the same store, awaited (swamp.store.records): the books' way in
+    store: Datastore | None  # the repo's SQLite file (None: the records are in PostgreSQL)
+    db: Records  # the records, awaited (swamp.store.records): the books' way in
     metrics: Metrics
     pool: Pool
     credentials: Credentials
@@ -132,7 +132,7 @@ class Orchestrator:
     enrollment: Enrollment
     episodes: Episodes
     queue: DispatchQueue
-    reader: Reader
+    reader: Reader | None  # queries on a thread of their own (SQLite's; None on PostgreSQL)
     dispatch: DispatchService
     verifier: Verifier
     auth: AdminAuth
@@ -175,13 +175,14 @@ class Orchestrator:
             # leases still running go in active: the next boot expires them
             await self.bookkeeper.flush()
             await self.logs.flush()  # the last lines printed
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def compose(
     repo: Repo,
-    store: Datastore,
-    journal: Journal,
+    store: Datastore | None,
+    journal: Journal | None,
     registry: ModelRegistry,
     settings: Settings,
     *,
@@ -189,12 +190,20 @@ def compose(
     policy: RequestPolicy,
     download: Download | None = None,
     own_tls: ServerTls | None = None,
+    logs: LogStore | None = None,
 ) -> Orchestrator:
-    """Build every part, each from the ones before it. ``db`` is ``store`` behind the record
-    store's seam, if the caller made it already (serve, for its boot): one for the whole
-    orchestrator, its transactions its own."""
+    """Build every part, each from the ones before it. ``db`` and ``logs`` are the records' and
+    the step logs' seams if the caller made them already (serve, for its boot: one for the
+    whole orchestrator, its transactions its own), else ``store`` behind them. Without a
+    ``store`` (PostgreSQL) there is no file to watch, check or read on a thread."""
     if db is None:
+        if store is None:
+            raise ValueError("compose needs the store or the seam it is behind")
         db = SqliteRecords(store)
+    if logs is None:
+        if store is None:
+            raise ValueError("compose needs the store or the step logs' own")
+        logs = SqliteLogs(SqliteLogStore(store))
     metrics = Metrics()
     pool = Pool()
     credentials = Credentials()
@@ -213,7 +222,7 @@ def compose(
     bookkeeper = Bookkeeper(LeaseBook(db), journal)
     records = WorkerRecords(WorkerBook(db), bookkeeper)
     # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
-    logs = StepLogs(SqliteLogs(SqliteLogStore(store)), cap=settings.step_log_cap)
+    step_logs = StepLogs(logs, cap=settings.step_log_cap)
 
     # -- the gateway: membership, live tokens, enrollment --------------------------------------
     membership = Membership(
@@ -243,7 +252,7 @@ def compose(
 
     # -- dispatch ----------------------------------------------------------------------------
     episodes = Episodes(
-        bookkeeper, credentials, on_unacknowledged=membership.unresponsive, logs=logs
+        bookkeeper, credentials, on_unacknowledged=membership.unresponsive, logs=step_logs
     )
     pool.watch(live.member_changed)
 
@@ -253,14 +262,13 @@ def compose(
 
     queue = DispatchQueue(  # subscribes to the pool; asks the live tokens of a dead target
         pool,
-        store,
         db,
         bookkeeper,
         tokens=live_tokens.token,
         aging=settings.queue_aging,
         observe=observe_queue,
     )
-    reader = Reader(repo.db_path)
+    reader = Reader(repo.db_path) if store is not None else None  # PostgreSQL's: awaited
     metrics.watch(pool, queue)
     dispatch = DispatchService(
         store,
@@ -275,7 +283,7 @@ def compose(
         observe=metrics.on_dispatch,
         reader=reader,
         default_timeout=settings.default_timeout,
-        logs=logs,
+        logs=step_logs,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
     if unset:
@@ -294,7 +302,7 @@ def compose(
         dispatch=dispatch,
         verifier=verifier,
         ca_pin=own_tls.pin if own_tls else None,
-        logs=logs,
+        logs=step_logs,
         max_fan_out=settings.max_fan_out,
         on_run_saved=live.run_saved,
     )
@@ -339,7 +347,7 @@ def compose(
         credentials=credentials,
         sweeper=sweeper,
         bookkeeper=bookkeeper,
-        logs=logs,
+        logs=step_logs,
         records=records,
         membership=membership,
         live_tokens=live_tokens,

@@ -241,7 +241,8 @@ class DataPlane:
         if path == "/health":
             # Anyone may learn that it is up (or that it cannot write); only a read or admin
             # credential learns what it runs, how big it is and why.
-            broken = self.dispatch.store.broken
+            store = self.dispatch.store
+            broken = store.broken if store is not None else None
             body: dict = {"status": "degraded" if broken else "ok"}
             if await self._may(scope, "GET /health (details)"):
                 body.update(

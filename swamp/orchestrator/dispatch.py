@@ -111,7 +111,7 @@ class Plan(NamedTuple):
 class DispatchService:
     def __init__(
         self,
-        store: Datastore,
+        store: Datastore | None,
         db: Records,
         registry: ModelRegistry,
         pool: Pool,
@@ -169,7 +169,7 @@ class DispatchService:
         """A query for a peer (a running method's worker, ``peer``; or an operator): off the
         event loop when there is a reader, and within ``budget`` seconds either way. A store
         whose file was replaced or deleted answers nothing (a reader would read the new one)."""
-        replaced = self.store.replaced()
+        replaced = self.store.replaced() if self.store is not None else None
         if replaced:
             raise StoreBroken(replaced)
         if self.reader is not None:

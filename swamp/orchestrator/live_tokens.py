@@ -40,7 +40,7 @@ REPO_WATCH_INTERVAL = 0.25
 class LiveTokens:
     def __init__(
         self,
-        store: Datastore,
+        store: Datastore | None,
         pool: Pool,
         tokens: TokenBook,
         *,
@@ -125,7 +125,7 @@ class LiveTokens:
             code = CLOSE_EXPIRED if state == "expired" else CLOSE_REVOKED
             await self.disconnect_token(name, code, f"token {name!r} has been {state}")
 
-    async def _watch_repo(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _watch_repo(self, store: Datastore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Notice writes by other processes (the CLI on the repo) without a server round trip.
 
         ``PRAGMA data_version`` only changes when another connection commits, so this costs one
@@ -133,17 +133,17 @@ class LiveTokens:
         check in the orchestrator, and it is not on any dispatch path.
         """
         try:  # the baseline is taken before the server listens: no change can slip past
-            seen: int | None = self.store.data_version()
+            seen: int | None = store.data_version()
         except SwampError:
             seen = None  # unknown: the first tick re-checks everything
         task_status.started()
         broken = None
         while True:
             await trio.sleep(REPO_WATCH_INTERVAL)
-            if broken is None and (broken := self.store.check_file()):
+            if broken is None and (broken := store.check_file()):
                 log.error("%s", broken)  # said once; every write is refused from now on
             try:
-                current = self.store.data_version()
+                current = store.data_version()
                 if current == seen:
                     continue
                 seen = current
@@ -163,5 +163,6 @@ class LiveTokens:
         await self.refresh()  # before anything is asked: every token, before the first worker
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.token_deadlines.run, self._token_deadline)
-            await nursery.start(self._watch_repo)
+            if self.store is not None:  # (PostgreSQL's: another orchestrator's writes, later)
+                await nursery.start(self._watch_repo, self.store)
             task_status.started()

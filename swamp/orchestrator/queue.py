@@ -62,7 +62,7 @@ from swamp.orchestrator.bookkeeper import Bookkeeper, Stream
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
-from swamp.store.datastore import Datastore, iso
+from swamp.store.datastore import iso
 from swamp.store.records import Records
 
 log = logging.getLogger("swamp.queue")
@@ -111,7 +111,6 @@ class DispatchQueue:
     def __init__(
         self,
         pool: Pool,
-        store: Datastore,
         db: Records,
         bookkeeper: Bookkeeper,
         *,

@@ -16,7 +16,8 @@ import sqlite3
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from swamp.bookkeeping.workflow_runs import key as run_key
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
+from swamp.domain.database import check_database_url
 from swamp.domain.names import is_adhoc_instance
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
@@ -40,7 +42,7 @@ from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.domain.workflow_run import MAX_EXPANSIONS
-from swamp.errors import CannotListen, SwampError, UserError
+from swamp.errors import CannotListen, LockHeld, SwampError, UserError
 from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin_auth import new_local_credential
@@ -49,19 +51,21 @@ from swamp.orchestrator.compose import Settings, compose
 from swamp.orchestrator.downloads import Download, served_build
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.step_logs import StepLogs
+from swamp.orchestrator.storage import Storage, open_postgres, open_sqlite
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
 from swamp.store.datastore import Datastore, adhoc_runs
-from swamp.store.journal import Journal, replay
+from swamp.store.journal import replay
 from swamp.store.records import Records, SqliteRecords
 from swamp.store.retry import retry_busy
-from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
+from swamp.store.step_logs import LogStore
 from swamp.tls import authority
 from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
+SOLE_LOCK = "swamp serve: the database's orchestrator"
 
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
@@ -92,6 +96,7 @@ class ServeOptions:
     default_timeout: float | None = 24 * 3600  # --default-timeout; None: none
     step_log_cap: int = DEFAULT_CAP_BYTES  # --step-log-cap
     max_fan_out: int = MAX_EXPANSIONS  # --max-fan-out: a forEach's most items
+    database: str | None = None  # --database / SWAMP_DATABASE_URL: PostgreSQL's; None: the repo's
     json: bool = False
 
 
@@ -105,6 +110,8 @@ def check_options(options: ServeOptions) -> RequestPolicy:
             "local one in .swamp/, or a server token from 'swamp server token create NAME'), "
             "or bind to 127.0.0.1"
         )
+    if options.database is not None:
+        check_database_url(options.database, what="--database (SWAMP_DATABASE_URL)")
     environment.check_names(options.ship_env, source="--ship-env")
     if options.queue_timeout is not None:
         parse_queue_timeout(options.queue_timeout, what="--queue-timeout (SWAMP_QUEUE_TIMEOUT)")
@@ -169,7 +176,7 @@ def raise_file_limit() -> None:
         log.info("could not raise the open-file limit: %s", exc)
 
 
-async def collect_bookkeeping(db: SqliteRecords, pool: Pool, *, worker_retention: float) -> int:
+async def collect_bookkeeping(db: Records, pool: Pool, *, worker_retention: float) -> int:
     """One GC pass: ended leases, lapsed lifetimes, and workers disconnected for longer than the
     retention together with their fleet bindings (which frees their slots on the token)."""
     removed = await LeaseBook(db).collect(older_than_seconds=LEASE_RETENTION)
@@ -253,19 +260,19 @@ async def collect_step_logs(
 
 
 async def _collect_garbage(
-    db: SqliteRecords, pool: Pool, worker_retention: float, logs: StepLogs
+    storage: Storage, pool: Pool, worker_retention: float, logs: StepLogs
 ) -> None:
-    store = db.store
+    store, db = storage.store, storage.db
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
         try:
-            runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
-            removed = await forget_adhoc_runs(store, runs, logs=logs.store)
+            removed = 0
+            if store is not None:  # (ad-hoc runs' retention on PostgreSQL: a later part)
+                runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
+                removed += await forget_adhoc_runs(store, runs, logs=logs.store)
             removed += await collect_bookkeeping(db, pool, worker_retention=worker_retention)
-            removed += await collect_step_logs(
-                db, logs.store, live=logs.live_run, clock=store.clock
-            )
+            removed += await collect_step_logs(db, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
@@ -304,12 +311,14 @@ def _announce(
     queue_timeout: float,
     download: Download | None,
     own_tls: ServerTls | None,
+    records: str,
 ) -> None:
     info = {
         "event": "listening",
         "url": url,
         "dataPlaneUrl": data_plane,
         "repo": str(repo.root),
+        "records": records,
         "auth": options.auth,
         "reconciled": swept,
         "verifyOnEnroll": options.verify_on_enroll,
@@ -328,6 +337,8 @@ def _announce(
         print(json.dumps(info), flush=True)
     else:
         print(f"swamp serve: listening on {url} (repo {repo.root})", flush=True)
+        if options.database is not None:
+            print(f"  records: {records} (PostgreSQL)", flush=True)
         if own_tls:
             print(
                 f"  tls: its own CA ({own_tls.ca_file}), certificate for "
@@ -399,18 +410,65 @@ async def _serve(
     *,
     task_status,
 ) -> None:
+    raise_file_limit()
+    if options.database is None:
+        storage = open_sqlite(repo)
+    else:
+        storage = await open_postgres(options.database)
+    try:
+        async with _sole_orchestrator(options.database):
+            await _serve_on(
+                repo, options, policy, download, own_tls, storage, task_status=task_status
+            )
+    finally:
+        if storage.store is not None:
+            try:
+                storage.store.checkpoint()
+            except sqlite3.Error as exc:  # the store went read-only or away: the log stays
+                log.warning("the last WAL checkpoint failed: %s", exc)
+        await storage.aclose()
+
+
+@asynccontextmanager
+async def _sole_orchestrator(database: str | None) -> AsyncIterator[None]:
+    """One orchestrator per database, for now: several on one PostgreSQL (each its own
+    workers, a shared queue, relays between them) are the later parts of this work. Held for
+    the orchestrator's life; a second is refused at once, saying so."""
+    if database is None:  # the repo's file: the repo's serve lock says it already
+        yield
+        return
+    from swamp.store.pg_locks import held
+
+    try:
+        async with held(database, SOLE_LOCK, wait=False):
+            yield
+    except LockHeld:
+        raise UserError(
+            f"another orchestrator serves the database {check_database_url(database)}: one "
+            "at a time for now (stop it, or give this one another database)"
+        ) from None
+
+
+async def _serve_on(
+    repo: Repo,
+    options: ServeOptions,
+    policy: RequestPolicy,
+    download: Download | None,
+    own_tls: ServerTls | None,
+    storage: Storage,
+    *,
+    task_status,
+) -> None:
     import hypercorn.config
 
-    raise_file_limit()
-    store = repo.open_store(orchestrator=True)
-    store.probe_writable()  # a read-only database is found now, not at the first enrollment
-    store.limit_wal()  # the log this connection reuses is kept small (see swamp.store.checkpoints)
-    db = SqliteRecords(store)  # the one seam of this orchestrator: its boot's, then compose's
-    journal = Journal(repo.journal_path)
-    # what the last orchestrator journaled goes in before anything reads the leases
-    journaled = await retry_busy(lambda: replay(db, journal, admit=journaled_lease))
-    if journaled:
-        log.info("took %d lease row(s) the last orchestrator journaled into the store", journaled)
+    store, db, journal = storage.store, storage.db, storage.journal
+    if isinstance(db, SqliteRecords) and journal is not None:
+        # what the last orchestrator journaled goes in before anything reads the leases
+        journaled = await retry_busy(lambda: replay(db, journal, admit=journaled_lease))
+        if journaled:
+            log.info(
+                "took %d lease row(s) the last orchestrator journaled into the store", journaled
+            )
     swept = {
         "tokens": await retry_busy(TokenBook(db).migrate),
         "leases": await retry_busy(LeaseBook(db).reconcile),
@@ -418,8 +476,8 @@ async def _serve(
         "queued": await retry_busy(PendingBook(db).reconcile),
         "runs": await retry_busy(RunBook(db).reconcile),
     }
-    ended = SqliteLogs(SqliteLogStore(store)).end_open
-    await retry_busy(lambda: ended(store.clock()))  # the logs it left open ended with it
+    # the logs it left open ended with it
+    await retry_busy(lambda: storage.logs.end_open(time.time()))
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):
@@ -465,6 +523,7 @@ async def _serve(
         policy=policy,
         download=download,
         own_tls=own_tls,
+        logs=storage.logs,
     )
     app = parts.app
 
@@ -509,11 +568,23 @@ async def _serve(
                     data_plane,
                     admin_credential=local_credential,
                     ca_pin=own_tls.pin if own_tls else None,
+                    shared_records=storage.shared,
                 )
-                _announce(options, repo, url, data_plane, swept, queue_timeout, download, own_tls)
-                nursery.start_soon(run_checkpoints, store)
+                _announce(
+                    options,
+                    repo,
+                    url,
+                    data_plane,
+                    swept,
+                    queue_timeout,
+                    download,
+                    own_tls,
+                    storage.where,
+                )
+                if store is not None:
+                    nursery.start_soon(run_checkpoints, store)
                 nursery.start_soon(
-                    _collect_garbage, db, parts.pool, options.worker_retention, parts.logs
+                    _collect_garbage, storage, parts.pool, options.worker_retention, parts.logs
                 )
                 server.start_soon(stop_on_signal)
                 task_status.started(url)
@@ -524,10 +595,4 @@ async def _serve(
     finally:
         repo.remove_serve_file()
         await parts.close()
-        journal.close()
-        try:
-            store.checkpoint()
-        except sqlite3.Error as exc:  # the store went read-only or away: the log stays as it is
-            log.warning("the last WAL checkpoint failed: %s", exc)
-        store.close()
         print("swamp serve: stopped", file=sys.stderr, flush=True)

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 import trio
 from psycopg.conninfo import make_conninfo
 
-from swamp.errors import ConnectionLost, LockLost
+from swamp.errors import ConnectionLost, LockHeld, LockLost
 from swamp.store import pg
 
 # The lock's connection carries no traffic while held: TCP keepalives every few seconds, and a
@@ -47,13 +47,16 @@ def lock_key(name: str) -> int:
 
 
 @asynccontextmanager
-async def held(url: str, name: str) -> AsyncIterator[None]:
-    """The block runs while this process holds the lock ``name`` (waiting its turn first);
-    losing the lock cancels the block and raises :class:`LockLost`. What the block raises
-    comes out as it is."""
+async def held(url: str, name: str, *, wait: bool = True) -> AsyncIterator[None]:
+    """The block runs while this process holds the lock ``name`` (waiting its turn first;
+    without ``wait``, :class:`LockHeld` at once if another holds it); losing the lock cancels
+    the block and raises :class:`LockLost`. What the block raises comes out as it is."""
     key = lock_key(name)
     async with await pg.connect(make_conninfo(url, **KEEPALIVES)) as conn:
-        await conn.execute("SELECT pg_advisory_lock($1)", (key,))
+        if wait:
+            await conn.execute("SELECT pg_advisory_lock($1)", (key,))
+        elif not (await conn.execute("SELECT pg_try_advisory_lock($1)", (key,))).rows[0][0]:
+            raise LockHeld(f"the advisory lock {name!r} is held by another process")
         lost: list[str] = []
         block = trio.CancelScope()
         raised: BaseException | None = None

@@ -99,7 +99,6 @@ async def dispatch_harness(
     # what the queue knows of tokens: none is minted here
     queue = DispatchQueue(
         pool,
-        store,
         bookkeeper.leases.db,
         bookkeeper,
         tokens=lambda name: None,

@@ -65,7 +65,7 @@ def live_tokens(store):
 async def queue(store, live_tokens):
     bookkeeper = Bookkeeper(LeaseBook(live_tokens.tokens.db))
     service = DispatchQueue(
-        live_tokens.pool, store, bookkeeper.leases.db, bookkeeper, tokens=live_tokens.token
+        live_tokens.pool, bookkeeper.leases.db, bookkeeper, tokens=live_tokens.token
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)

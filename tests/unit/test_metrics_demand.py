@@ -158,9 +158,7 @@ async def ignore(event: dict) -> None:
 async def queue(tmp_path):
     store = Datastore(tmp_path / "swamp.db", orchestrator=True)
     bookkeeper = Bookkeeper(LeaseBook(SqliteRecords(store)))
-    service = DispatchQueue(
-        Pool(), store, bookkeeper.leases.db, bookkeeper, tokens=lambda name: None
-    )
+    service = DispatchQueue(Pool(), bookkeeper.leases.db, bookkeeper, tokens=lambda name: None)
     async with trio.open_nursery() as nursery:
         await nursery.start(bookkeeper.run)
         yield service

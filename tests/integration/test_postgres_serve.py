@@ -1,0 +1,92 @@
+"""``swamp serve --database``: one orchestrator keeping every record in a real PostgreSQL, on
+real processes — a fleet token, a worker enrolled, a step run with its output, its lease, the
+step's log and the worker's record in the database and none in the repo's file; the CLI in the
+repo going through the server that keeps them; a second orchestrator on the same database
+refused; a restart finding what the first left."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import trio
+
+from tests.integration.conftest import logs_of, result_of
+
+
+def _rows(url: str, sql: str) -> list[tuple]:
+    from swamp.store import pg
+
+    async def read() -> list[tuple]:
+        async with await pg.connect(url) as conn:
+            return (await conn.execute(sql)).rows
+
+    return trio.run(read)
+
+
+def test_one_orchestrator_keeps_every_record_in_postgresql(cluster, pg_url):
+    cluster.env["SWAMP_DATABASE_URL"] = pg_url  # the URL from the environment, not argv
+    serve = cluster.serve()
+    listening = serve.wait_for(lambda e: e.get("event") == "listening")
+    assert listening["records"].startswith("postgresql://127.0.0.1:")
+    token = cluster.mint_fleet("edge", "2")  # the CLI in the repo: through the server
+    worker = cluster.worker(token)
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    code, lines = cluster.run(
+        "command/shell", "run", "--arg", "command=echo kept in postgres", "--label", "fleet=edge"
+    )
+    assert code == 0, lines
+    result = result_of(lines)
+    assert result["status"] == "succeeded" and result["worker"] == name
+    assert logs_of(lines) == ["kept in postgres"]
+    assert [w["name"] for w in cluster.workers()] == [name]
+
+    leases = _rows(pg_url, "SELECT attributes FROM data WHERE model_type = 'swamp/step-lease'")
+    [lease] = [json.loads(row[0]) for row in leases]
+    assert lease["workerName"] == name and lease["state"] == "completed"
+    [(lines_kept,)] = _rows(pg_url, "SELECT lines FROM step_log")
+    assert lines_kept == 1
+    with sqlite3.connect(cluster.repo / ".swamp" / "swamp.db") as local:
+        count = local.execute("SELECT count(*) FROM sqlite_master WHERE name = 'data'").fetchone()[
+            0
+        ]
+        in_file = local.execute("SELECT count(*) FROM data").fetchone()[0] if count else 0
+    assert in_file == 0  # nothing went to the repo's file
+
+    # a second orchestrator on the same database: refused at once, saying so
+    other = cluster.tmp / "other"
+    assert cluster.cli("init", str(other)).returncode == 0
+    second = subprocess.run(
+        [sys.executable, "-m", "swamp", "serve", "--repo-dir", str(other), "--port", "0"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 2, second.stderr
+    assert "another orchestrator serves the database" in second.stderr
+
+    # stopped, the CLI in the repo says where the records are instead of reading its file
+    serve.signal(signal.SIGTERM)
+    assert serve.wait_exit() == 0
+    straight = cluster.cli("worker", "list", "--repo-dir", str(cluster.repo))
+    assert straight.returncode == 2 and "records are in PostgreSQL" in straight.stderr
+    assert pg_url.split("@")[-1].split("/")[0] in straight.stderr
+
+    # started again, the worker comes back to it; killed (-9), the next start finds the
+    # worker it held connected, and marks it disconnected until it comes back again
+    port = int(listening["url"].rsplit(":", 1)[1])  # where the worker comes back to
+    mark = worker.mark()
+    again = cluster.serve(port=port)
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    again.signal(signal.SIGKILL)
+    again.wait_exit()
+    mark = worker.mark()
+    third = cluster.serve(port=port)
+    assert third.wait_for(lambda e: e.get("event") == "listening")["reconciled"]["workers"] == 1
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    code, lines = cluster.run("swamp/echo", "echo", "--arg", "message=hi", "--target", name)
+    assert code == 0, lines
