@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from swamp.processes import (
     wait_enrolled_text,
 )
 from swamp.repo import Repo
-from swamp.store.records import SqliteRecords
+from swamp.store.records import Records, SqliteRecords
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,8 +53,12 @@ HERE = Path(__file__).resolve().parent
 
 
 @asynccontextmanager
-async def swamp_system(root: Path, workers: int, slots: int, env: dict):
+async def swamp_system(
+    root: Path, workers: int, slots: int, env: dict, *, database: Callable[[], str] | None = None
+):
+    """``database``: a fresh PostgreSQL database's URL for each run (serve --database)."""
     repo, _ = Repo.init(root / "repo")
+    url_db = database() if database is not None else None
     procs: list = []
     logs = contextlib.ExitStack()  # every process's stderr, kept in the temp dir
 
@@ -61,16 +66,20 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
         return logs.enter_context(open(root / name, "wb"))
 
     try:
+        serve_env = env if url_db is None else {**env, "SWAMP_DATABASE_URL": url_db}
         serve, serve_lines, url = await start_serve(
-            repo.root, env=env, stderr=log_file("serve.log")
+            repo.root, env=serve_env, stderr=log_file("serve.log")
         )
         procs.append(serve)
-        store = repo.open_store()
+        if url_db is None:
+            db: Records = SqliteRecords(repo.open_store())
+        else:
+            from swamp.store.pg_store import PgStore
+
+            db = await PgStore.open(url_db, size=1)
         readers = [serve_lines]
         for i in range(workers):
-            _, credential = await TokenBook(SqliteRecords(store)).mint(
-                f"bench-{i}", duration_seconds=3600
-            )
+            _, credential = await TokenBook(db).mint(f"bench-{i}", duration_seconds=3600)
             worker, reader = await start_worker(
                 url,
                 credential,
@@ -81,7 +90,7 @@ async def swamp_system(root: Path, workers: int, slots: int, env: dict):
             )
             procs.append(worker)
             readers.append(reader)
-        store.close()
+        await db.aclose()
         await wait_enrolled_text(readers[1:])
         admin = repo.admin_credential_for(url)
         params = {
@@ -232,6 +241,8 @@ async def main(args) -> dict:
     if args.floors:  # the same floor behind Hypercorn: what the HTTP server costs the hop
         systems["floor_hypercorn"] = functools.partial(floor_system, serve="serve-hypercorn")
     systems.setdefault("swamp", swamp_system)
+    if args.postgres is not None:  # the same, its records in PostgreSQL (serve --database)
+        systems["swamp_postgres"] = functools.partial(swamp_system, database=args.postgres)
     runs: dict = {f"{w}x{s}": {name: [] for name in systems} for w, s in shapes}
     for round_no in range(args.rounds):
         order = list(systems) if round_no % 2 == 0 else list(reversed(systems))
@@ -248,6 +259,13 @@ async def main(args) -> dict:
     for shape, by_system in runs.items():
         medians = {name: median_of(r) for name, r in by_system.items()}
         entry = {"median": medians, "runs": by_system}
+        if "swamp_postgres" in medians:  # PostgreSQL beside SQLite, in the same rounds
+            pg, lite = medians["swamp_postgres"], medians["swamp"]
+            entry["postgres_to_sqlite"] = {
+                "throughput": round(pg["per_second"] / lite["per_second"], 2),
+                "p50_ms_more": round(pg["p50_ms"] - lite["p50_ms"], 3),
+                "server_cpu": round(pg["server_cpu_us"] / lite["server_cpu_us"], 2),
+            }
         if "floor" in medians:
             base = medians["floor"]
             for name in ("swamp", "floor_hypercorn"):
@@ -280,4 +298,19 @@ if __name__ == "__main__":
     parser.add_argument(
         "--floors", action="store_true", help="also the floor behind Hypercorn (swamp's server)"
     )
-    print(json.dumps(trio.run(main, parser.parse_args()), indent=2))
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also swamp with its records in PostgreSQL (serve --database; a throwaway "
+        "server as the tests start theirs, a fresh database a run)",
+    )
+    parsed = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        if parsed.postgres:
+            sys.path.insert(0, str(HERE.parent))
+            from tests import postgres
+
+            parsed.postgres = stack.enter_context(postgres.cluster()).new_database
+        else:
+            parsed.postgres = None
+        print(json.dumps(trio.run(main, parsed), indent=2))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from swamp.errors import Fenced, LockLost
+from swamp.errors import Fenced, LockHeld, LockLost
 from swamp.store import pg
 from swamp.store.pg_locks import held, lock_key
 
@@ -140,3 +140,12 @@ async def test_what_the_block_raises_comes_out_as_itself(pg_url):
     with trio.fail_after(30):  # and the lock was let go each time
         async with held(pg_url, "swamp/x"):
             pass
+
+
+async def test_without_waiting_a_held_lock_is_refused_at_once_and_free_once_let_go(pg_url):
+    async with held(pg_url, "swamp serve"):
+        with pytest.raises(LockHeld, match="held by another process"):
+            async with held(pg_url, "swamp serve", wait=False):
+                raise AssertionError("never entered")
+    async with held(pg_url, "swamp serve", wait=False):  # let go: free again
+        pass
