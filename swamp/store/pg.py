@@ -643,7 +643,10 @@ async def _handshake(conninfo: bytes, where: str) -> pq.abc.PGconn:
     try:
         while (status := pgconn.connect_poll()) != pq.PollingStatus.OK:
             if status == pq.PollingStatus.FAILED:
-                reason = pgconn.get_error_message().strip().replace("\n", "; ")
+                # libpq's lines (the second indented by a tab) as one line
+                reason = "; ".join(
+                    line.strip() for line in pgconn.get_error_message().splitlines() if line.strip()
+                )
                 raise DatabaseUnavailable(f"cannot connect to {where}: {reason}")
             if status == pq.PollingStatus.READING:
                 await trio.lowlevel.wait_readable(pgconn.socket)
