@@ -64,20 +64,18 @@ class Cluster:
             db.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "immediate") -> None:
         subprocess.run(
-            [
-                *self.as_user,
-                str(self.bin / "pg_ctl"),
-                "stop",
-                "-D",
-                str(self.data),
-                "-m",
-                "immediate",
-            ],
+            [*self.as_user, str(self.bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", mode],
             capture_output=True,
             check=False,
         )
+
+    def start_again(self) -> None:
+        """After :meth:`stop`: the same server on the same port (a fault test's restart)."""
+        started = _pg_ctl_start(self.bin, self.as_user, self.directory, self.port)
+        if started.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not start again: {started.stderr}")
 
     @property
     def data(self) -> Path:
@@ -125,33 +123,39 @@ def start(bin_dir: Path) -> Cluster:
     last = ""
     for _ in range(START_ATTEMPTS):
         port = _free_port()
-        options = (
-            f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
-        )
-        started = subprocess.run(
-            [
-                *as_user,
-                str(bin_dir / "pg_ctl"),
-                "start",
-                "-D",
-                str(data),
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                options,
-                "-l",
-                str(directory / "server.log"),
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        started = _pg_ctl_start(bin_dir, as_user, directory, port)
         if started.returncode == 0:
             return Cluster(directory, port, bin_dir, as_user)
         last = started.stderr + (directory / "server.log").read_text(errors="replace")[-2000:]
     raise RuntimeError(f"PostgreSQL did not start: {last}")
+
+
+def _pg_ctl_start(
+    bin_dir: Path, as_user: tuple[str, ...], directory: Path, port: int
+) -> subprocess.CompletedProcess:
+    options = (
+        f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    )
+    return subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "pg_ctl"),
+            "start",
+            "-D",
+            str(directory / "data"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "-l",
+            str(directory / "server.log"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ log = logging.getLogger("swamp.gateway")
 CLOSE_REVOKED = 4001
 CLOSE_EXPIRED = 4002
 REPO_WATCH_INTERVAL = 0.25
+RETRY = 5.0  # seconds before a token deadline the store could not check is checked again
 
 
 class LiveTokens:
@@ -95,6 +96,13 @@ class LiveTokens:
                 self.arm_token_deadline(token)
 
     async def _token_deadline(self, name: str) -> None:
+        try:
+            await self._expire(name)
+        except SwampError as exc:  # the database is away: again a little later, not never
+            log.warning("token %s: its deadline is checked again in %gs: %s", name, RETRY, exc)
+            self.token_deadlines.set(name, trio.current_time() + RETRY)
+
+    async def _expire(self, name: str) -> None:
         token = await self.reread(name)
         if token is None:
             return

@@ -16,8 +16,7 @@ import sqlite3
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.domain.workflow_run import MAX_EXPANSIONS
-from swamp.errors import CannotListen, LockHeld, SwampError, UserError
+from swamp.errors import CannotListen, DatabaseUnavailable, LockHeld, SwampError, UserError
 from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin_auth import new_local_credential
@@ -66,6 +65,8 @@ from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
 SOLE_LOCK = "swamp serve: the database's orchestrator"
+HOLD_RETRY_FIRST = 0.5  # seconds before the database's lock is asked for again, doubling…
+HOLD_RETRY_CAP = 2.0  # …up to this: a newcomer's window to take it stays short
 
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
@@ -416,10 +417,13 @@ async def _serve(
     else:
         storage = await open_postgres(options.database)
     try:
-        async with _sole_orchestrator(options.database):
+        async with open_unwrapping_nursery() as nursery:
+            if options.database is not None:
+                await nursery.start(_hold_database, options.database)
             await _serve_on(
                 repo, options, policy, download, own_tls, storage, task_status=task_status
             )
+            nursery.cancel_scope.cancel()
     finally:
         if storage.store is not None:
             try:
@@ -429,24 +433,43 @@ async def _serve(
         await storage.aclose()
 
 
-@asynccontextmanager
-async def _sole_orchestrator(database: str | None) -> AsyncIterator[None]:
+async def _hold_database(database: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """One orchestrator per database, for now: several on one PostgreSQL (each its own
-    workers, a shared queue, relays between them) are the later parts of this work. Held for
-    the orchestrator's life; a second is refused at once, saying so."""
-    if database is None:  # the repo's file: the repo's serve lock says it already
-        yield
-        return
+    workers, a shared queue, relays between them) are the later parts of this work. The lock is
+    held for the orchestrator's life (a second is refused at once). Lost with its connection (the
+    database restarted, the network dropped), it is taken again as soon as it can be — serving
+    goes on meanwhile, each write failing with its reason — unless another orchestrator took the
+    database in between: then this one stops, saying so."""
     from swamp.store.pg_locks import held
 
-    try:
-        async with held(database, SOLE_LOCK, wait=False):
-            yield
-    except LockHeld:
-        raise UserError(
-            f"another orchestrator serves the database {check_database_url(database)}: one "
-            "at a time for now (stop it, or give this one another database)"
-        ) from None
+    where = check_database_url(database)
+    started = False
+    pause = HOLD_RETRY_FIRST
+    while True:
+        try:
+            async with held(database, SOLE_LOCK, wait=False):
+                if started:
+                    log.info("holds the database %s again", where)
+                else:
+                    started = True
+                    task_status.started()
+                pause = HOLD_RETRY_FIRST
+                await trio.sleep_forever()
+        except LockHeld:
+            raise UserError(
+                f"another orchestrator serves the database {where}"
+                + (
+                    ": one at a time for now (stop it, or give this one another database)"
+                    if not started
+                    else " (it took it while this one's connection was down)"
+                )
+            ) from None
+        except DatabaseUnavailable as exc:  # (LockLost too)
+            if not started:
+                raise
+            log.warning("the database %s is away (%s): taking it again in %gs", where, exc, pause)
+        await trio.sleep(pause)
+        pause = min(pause * 2, HOLD_RETRY_CAP)
 
 
 async def _serve_on(

@@ -43,7 +43,7 @@ from swamp.domain.step_logs import (
     line_bytes,
     pending_cap,
 )
-from swamp.errors import StoreError
+from swamp.errors import SwampError
 from swamp.store.retry import retry_busy
 from swamp.store.step_logs import Chunk, LogEnd, LogStart, LogStore
 
@@ -310,7 +310,7 @@ class StepLogs:
         started, chunks, ended = batch
         try:
             await retry_busy(lambda: self.store.write(started, chunks, ended, cap=self.cap))
-        except StoreError as exc:
+        except SwampError as exc:  # refused, or the database is away (PostgreSQL down)
             self.lost_batches += 1
             log.warning(
                 "could not store %d line(s) of step output: %s",
@@ -333,7 +333,7 @@ class StepLogs:
             started, chunks, ended = self._take()
             try:
                 await self.store.write(started, chunks, ended, cap=self.cap)
-            except StoreError as exc:
+            except SwampError as exc:
                 self.lost_batches += 1
                 log.warning("could not store step output: %s", exc.message)
                 self._started[:0] = started  # as in the writer: starts and ends go again

@@ -14,7 +14,7 @@ import sys
 
 import trio
 
-from tests.integration.conftest import logs_of, result_of
+from tests.integration.conftest import logs_of, result_of, wait_until
 
 
 def _rows(url: str, sql: str) -> list[tuple]:
@@ -90,3 +90,31 @@ def test_one_orchestrator_keeps_every_record_in_postgresql(cluster, pg_url):
     worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
     code, lines = cluster.run("swamp/echo", "echo", "--arg", "message=hi", "--target", name)
     assert code == 0, lines
+
+
+def test_the_orchestrator_outlives_a_restart_of_its_database(cluster, postgres_cluster):
+    """PostgreSQL stopped under a serving orchestrator: a step that writes fails saying why,
+    the orchestrator stays up (its workers with it), and once the database is back it takes
+    its lock again and steps run as before."""
+    cluster.env["SWAMP_DATABASE_URL"] = postgres_cluster.new_database()
+    serve = cluster.serve()
+    token = cluster.mint_fleet("edge", "2")  # a fleet: its workers labelled fleet=edge
+    worker = cluster.worker(token)
+    shell = ("command/shell", "run", "--label", "fleet=edge")
+    code, lines = cluster.run(*shell, "--arg", "command=echo up")
+    assert code == 0, lines
+    postgres_cluster.stop("fast")
+    try:
+        code, lines = cluster.run(*shell, "--arg", "command=echo down")
+        assert code != 0 and "PostgreSQL" in result_of(lines)["error"], lines
+        assert serve.p.poll() is None and worker.p.poll() is None
+    finally:
+        postgres_cluster.start_again()
+
+    def runs_again() -> bool:
+        code, _ = cluster.run(*shell, "--arg", "command=echo back")
+        return code == 0
+
+    wait_until(runs_again, what="a step to run once the database is back")
+    assert serve.p.poll() is None
+    assert "holds the database" in serve.log.read_text()
