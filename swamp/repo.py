@@ -78,6 +78,19 @@ class Repo:
         return self.state_dir / "serve.json"
 
     @property
+    def database_file(self) -> Path:
+        """Where this repo's orchestrator last kept its records when not in its file: the
+        database's URL as it may be shown (no password), for the CLI once serve has stopped."""
+        return self.state_dir / "database"
+
+    def remember_database(self, shown: str | None) -> None:
+        """``serve`` says where it keeps the records (``None``: the repo's file)."""
+        if shown is None:
+            self.database_file.unlink(missing_ok=True)
+        else:
+            self.database_file.write_text(shown + "\n")
+
+    @property
     def lock_file(self) -> Path:
         return self.state_dir / "serve.lock"
 
@@ -321,16 +334,20 @@ class Repo:
 
     def records_elsewhere(self) -> tuple[str | None, str | None]:
         """Where this repo's records are when they are not its file: (the running server that
-        keeps them in PostgreSQL, the database set for ``serve`` in swamp.toml or
-        ``SWAMP_DATABASE_URL``)."""
+        keeps them in PostgreSQL, the database otherwise meant — where this repo's serve last
+        kept them, or set for it in ``SWAMP_DATABASE_URL`` or swamp.toml). A running serve is
+        believed over the rest: it says where it keeps them."""
         info = self._serve_info()
-        server = info.get("url") if info and info.get("records") == "postgresql" else None
+        if info is not None:
+            return (info.get("url") if info.get("records") == "postgresql" else None), None
         configured = os.environ.get("SWAMP_DATABASE_URL") or None
         if configured is None:
             table = self.config().get("serve")
             value = table.get("database") if isinstance(table, dict) else None
             configured = value if isinstance(value, str) and value else None
-        return server, configured
+        if configured is None and self.database_file.is_file():
+            configured = self.database_file.read_text().strip() or None
+        return None, configured
 
     def admin_credential_for(self, url: str) -> str | None:
         """The local admin credential of the server running on this repo — only if ``url`` is

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from swamp.admin.local import RepoAdmin
 from swamp.admin.remote import RemoteAdmin
+from swamp.domain.database import shown
 from swamp.domain.urls import is_loopback, redact, sends_in_clear
 from swamp.errors import Unauthorized, UserError
 from swamp.protocol.admin import AdminApi
@@ -107,7 +108,7 @@ async def open_route(
         return
     if configured is not None:
         raise UserError(
-            f"this repo's records are in PostgreSQL ({redact(configured)}), not in its file: "
+            f"this repo's records are in PostgreSQL ({shown(configured)}), not in its file: "
             "start 'swamp serve' here, or pass --server URL"
         )
     store = repo.open_store()

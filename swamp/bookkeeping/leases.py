@@ -9,6 +9,7 @@ from swamp.bookkeeping.records import collect_ended, decoded, has_fields
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.domain.query import parse as parse_predicate
+from swamp.errors import Conflict
 from swamp.models.builtin import STEP_LEASE
 from swamp.store.datastore import Key, Record, iso
 from swamp.store.journal import Entry, take_in
@@ -72,17 +73,24 @@ class LeaseBook:
 
     async def insert_many(
         self, many: list[dict], *, journaled: Iterable[Entry] = ()
-    ) -> list[Record]:
+    ) -> list[Record | None]:
         """Several first rows in one transaction (one commit for all of them), with the
-        journaled rows not in the store yet."""
+        journaled rows not in the store yet. A row there already comes back ``None``: a batch
+        whose caller was cancelled after its commit landed (a server's round trip) is
+        written again by the next, which must not fail all the others for it."""
         entries = list(journaled)
 
-        async def insert(tx: Operations) -> list[Record]:
+        async def insert(tx: Operations) -> list[Record | None]:
             await take_in(tx, entries)
-            return [
-                await tx.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
-                for attrs in many
-            ]
+            written: list[Record | None] = []
+            for attrs in many:
+                try:
+                    written.append(
+                        await tx.write(key(attrs["leaseId"]), attrs, policy=POLICY, fresh=True)
+                    )
+                except Conflict:
+                    written.append(None)
+            return written
 
         return await self.db.transact(insert)
 

@@ -11,6 +11,18 @@ from swamp.errors import UserError
 SCHEMES = ("postgresql", "postgres")
 
 
+def shown(url: str) -> str:
+    """``url`` as it may be printed: without its password, its user or its parameters — and not
+    at all unless it is plainly ``scheme://host…`` (``bob:secret@host/db``, its scheme
+    forgotten, would show the secret as a path)."""
+    try:
+        parts = urlsplit(url)
+        plain = parts.scheme in SCHEMES and bool(parts.netloc) and bool(parts.hostname)
+    except ValueError:
+        plain = False
+    return redact(url) if plain else "(not shown: it may hold a password)"
+
+
 def check_database_url(url: str, *, what: str = "--database") -> str:
     """The URL as it may be printed (no password, no parameters), once it is one we take:
     ``postgresql://[user@]host[:port]/dbname``. The password had best come from the
@@ -22,12 +34,11 @@ def check_database_url(url: str, *, what: str = "--database") -> str:
     if parts is None or parts.scheme not in SCHEMES or not parts.hostname:
         raise UserError(
             f"invalid {what}: expected postgresql://[user@]host[:port]/dbname (the password "
-            "from PGPASSWORD or ~/.pgpass), got "
-            f"{redact(url) if parts is not None and parts.scheme else 'something else'}"
+            f"from PGPASSWORD or ~/.pgpass), got {shown(url)}"
         )
     if not parts.path.strip("/"):
         raise UserError(f"invalid {what}: name the database (postgresql://host/dbname)")
-    return redact(url)
+    return shown(url)
 
 
 def has_password(url: str) -> bool:

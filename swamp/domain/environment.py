@@ -51,6 +51,16 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_NAMES = 256
 
 
+# what reaches the orchestrator's database: never in the environment of a method it runs itself
+DATABASE_SECRETS = ("SWAMP_DATABASE_URL", "PGPASSWORD")
+
+
+def for_methods_here(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a method run in the orchestrator's own process: its own, without
+    the database's credentials (a step's ``env`` would print them into its stored output)."""
+    return {k: v for k, v in env.items() if k not in DATABASE_SECRETS}
+
+
 def denied(name: str) -> bool:
     upper = name.upper()
     return upper in DENY_EXACT or upper.startswith(DENY_PREFIXES)

@@ -109,7 +109,7 @@ class LeaseRows(Protocol):
 
     async def insert_many(
         self, many: list[dict], *, journaled: Iterable[Entry] = ()
-    ) -> list[Record]: ...
+    ) -> list[Record | None]: ...
 
     def journaled(self, attrs: dict) -> Entry: ...
 
@@ -179,6 +179,7 @@ class Bookkeeper:
         self._batch: list[Lease] = []  # leases whose rows are in the transaction in flight
         # leases whose effect the stored row does not say yet (see mark_effects)
         self._effects: dict[str, Lease] = {}
+        self._effects_idle = _settled()  # set while no effect waits to be marked
         # ended rows in the journal and not in the store yet, with when each was journaled
         self._journaled: list[tuple[Entry, float]] = []
         self._journal_failed = False  # said once, until an append works again
@@ -337,7 +338,13 @@ class Bookkeeper:
             lease.opened = self.leases.write_bearing(lease.opened)
             return
         self._effects[lease.id] = lease
+        if self._effects_idle.is_set():
+            self._effects_idle = trio.Event()
         self._wake()
+
+    async def effects_settled(self) -> None:
+        """Wait until every effect said so far is marked in its stored row (or given up)."""
+        await self._effects_idle.wait()
 
     async def _mark_effects(self) -> None:
         """The stored rows of the dispatches that had an effect say so."""
@@ -352,6 +359,7 @@ class Bookkeeper:
                 log.info("lease %s: its effect is recorded with its end (%s)", lease.id, exc)
                 continue
             lease.writes_stored = True
+        self._effects_idle.set()
 
     def _journal_end(self, lease: Lease, state: LeaseState, error: str | None) -> bool:
         """A lease whose row is not written yet ends with one append to the journal, if there is
@@ -384,15 +392,21 @@ class Bookkeeper:
 
     async def _insert(self, lease: Lease, change: Callable[[dict], dict]) -> bool:
         """If the lease's row is not written yet, write it now as ``change`` makes it, and say
-        so. Should that fail, the row goes back to be written behind, as it was opened."""
+        so. Should that fail, the row goes back to be written behind, as it was opened. While
+        it is in flight the lease is marked ``batched``, as in a batch: another write or the end
+        of the same dispatch waits for it (two writes of one dispatch may come at once)."""
         if self._unwritten.pop(lease.id, None) is None or lease.opened is None:
             return False
         opened = lease.opened
+        lease.batched = in_flight = trio.Event()
         try:
             lease.record = await retry_busy(lambda: self.leases.insert(change(opened)))
         except BaseException:
             self._unwritten[lease.id] = lease
             raise
+        finally:
+            lease.batched = None
+            in_flight.set()
         lease.opened = None
         return True
 
@@ -516,6 +530,7 @@ class Bookkeeper:
             await _out_of_batch(lease)
         try:
             await self._insert_with_journaled(list(self._unwritten.values()))
+            await self._mark_effects()  # the effects said, not in a stored row yet
         except SwampError as exc:
             log.warning("could not write the leases of dispatches: %s", exc)
         self._unwritten.clear()

@@ -145,6 +145,7 @@ class DispatchService:
         self.fence = fence
         self.queue_timeout = queue_timeout  # serve --queue-timeout; None: the default
         self.environ = dict(os.environ if environ is None else environ)
+        self.environ_here = environment.for_methods_here(self.environ)  # methods run here
         self.ship_env = environment.check_names(ship_env, source="--ship-env")
         self.observe = observe  # metrics: ("outcome", "succeeded" | "failed" | a code)
 
@@ -221,10 +222,12 @@ class DispatchService:
                         request,
                         args,
                         self.logs.capture(log_id, emit),
-                        env=self.environ,
+                        env=self.environ_here,
                     )
             else:
-                result = await run_here(self.db, model_type, request, args, emit, env=self.environ)
+                result = await run_here(
+                    self.db, model_type, request, args, emit, env=self.environ_here
+                )
         else:
             try:
                 result, worker, dispatch_id = await self._run_remote(request, plan, emit)

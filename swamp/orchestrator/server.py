@@ -31,7 +31,7 @@ from swamp.bookkeeping.workflow_runs import key as run_key
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment, tls_mode
 from swamp.domain.adhoc_runs import runs_to_forget
-from swamp.domain.database import check_database_url
+from swamp.domain.database import check_database_url, shown
 from swamp.domain.names import is_adhoc_instance
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.queue import effective_timeout, format_age, parse_queue_timeout
@@ -412,6 +412,8 @@ async def _serve(
     task_status,
 ) -> None:
     raise_file_limit()
+    # where the records are, for the CLI in the repo while this runs and after it stopped
+    repo.remember_database(None if options.database is None else shown(options.database))
     if options.database is None:
         storage = open_sqlite(repo)
     else:

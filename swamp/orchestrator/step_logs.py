@@ -310,6 +310,10 @@ class StepLogs:
         started, chunks, ended = batch
         try:
             await retry_busy(lambda: self.store.write(started, chunks, ended, cap=self.cap))
+        except trio.Cancelled:  # (serve stopping while a server had the batch: rolled back)
+            self._started[:0] = started  # the logs' starts and ends go with the last flush
+            self._ended[:0] = ended
+            raise
         except SwampError as exc:  # refused, or the database is away (PostgreSQL down)
             self.lost_batches += 1
             log.warning(

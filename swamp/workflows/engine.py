@@ -71,7 +71,7 @@ from swamp.workflows.loader import Workflows
 
 log = logging.getLogger("swamp.workflows")
 LOG_TAIL = 20  # the last lines of each step's output, kept in the run record
-MAX_LOOKUPS = 32  # pieces of data one rendering may read (each read, then evaluated again)
+MAX_LOOKUPS = 256  # pieces of data one rendered field may read (each read, evaluated again)
 EXPRESSION_BUDGET = 2.0  # seconds a data.query() or data.latest() may take (on the event loop)
 BATCH_WINDOW = 0.2  # seconds a run's changes gather before they are written together
 FLUSH_CHUNK = 500  # steps one write transaction takes at most (the loop runs between them)
@@ -574,7 +574,10 @@ class _Run:
                 return render(value, self.context(binding, looked_up))
             except _LookUp as wanted:
                 looked_up[wanted.key] = await self.look_up(wanted.key)
-        raise ExpressionError(f"an expression reads at most {MAX_LOOKUPS} pieces of data")
+        raise ExpressionError(
+            f"the expressions of one field read at most {MAX_LOOKUPS} pieces of data (data.latest, "
+            "data.query): split the reads between steps"
+        )
 
     async def expand(self, job: Job) -> dict[str, _Group]:
         """Every step of the job, with its ``forEach`` expanded now (the job has started): the
@@ -587,7 +590,7 @@ class _Run:
                 continue
             try:
                 items = await self.rendered(step.for_each.items)
-            except ExpressionError as exc:
+            except SwampError as exc:  # (a data read refused, too: the job fails saying so)
                 raise UserError(f"step {step.name!r}: forEach.in: {exc.message}") from None
             items = expansion_items(items, step=step.name, cap=self.engine.max_fan_out)
             seen: set[str] = set()
@@ -745,7 +748,7 @@ class _Run:
         if step.guard is not None:
             try:
                 skip = await context(step.guard)
-            except ExpressionError as exc:
+            except SwampError as exc:  # (a data read refused, too: the step fails saying so)
                 await self.finish(job, name, record, Status.FAILED, error=f"guard: {exc.message}")
                 record.allowed_failure = step.allow_failure or None
                 return

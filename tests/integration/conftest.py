@@ -19,10 +19,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
-# A bound against a hang, never a speed target: on a busy machine (two cores shared with the
+# Bounds against a hang, never speed targets: on a busy machine (two cores shared with the
 # suite's other worker and a score of processes) a worker once took over 30 s from its start to
-# its first line. Only a broken test waits this long.
-TIMEOUT = 90
+# its first line, and a CLI run over 60 s. Only a broken test waits this long.
+TIMEOUT = 90  # for a line of a process
+CLI_TIMEOUT = 120  # for a CLI command to exit
 
 
 def base_env() -> dict[str, str]:
@@ -142,7 +143,11 @@ class Cluster:
         self.env["SWAMP_REPO_DIR"] = str(self.repo)
 
     def cli(
-        self, *args: str, env: dict | None = None, timeout: float = 60, input: str | None = None
+        self,
+        *args: str,
+        env: dict | None = None,
+        timeout: float = CLI_TIMEOUT,
+        input: str | None = None,
     ) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "swamp", *args],

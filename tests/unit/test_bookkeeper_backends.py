@@ -60,11 +60,12 @@ async def test_an_effect_on_a_written_row_is_marked_by_the_task(records):  # noq
         await bookkeeper.flush()  # its row goes in, active
         assert lease.record is not None
         bookkeeper.mark_effects(lease)  # never waits: the task writes it
-        await trio.testing.wait_all_tasks_blocked()
-        await bookkeeper.end_lease(lease, LeaseState.COMPLETED, None)
-        row = await records.latest(lease_key("d001"))
+        with trio.fail_after(30):
+            await bookkeeper.effects_settled()
+        row = await records.latest(lease_key("d001"))  # said in the stored row, before its end
         assert row is not None and row.attributes["hasWrites"] is True
-        assert row.attributes["state"] == "completed"
+        assert row.attributes["state"] == "active" and lease.writes_stored
+        await bookkeeper.end_lease(lease, LeaseState.COMPLETED, None)
         nursery.cancel_scope.cancel()
 
 
@@ -140,3 +141,37 @@ async def test_a_run_changed_while_its_flush_is_in_flight_is_stored_as_it_ended(
     assert by_name["s10"] == Status.PENDING and "s39" not in by_name
     header = await RunBook(records).header(run.run_id)
     assert step_counts(header) == {"succeeded": 10, "pending": 29}
+
+
+async def test_writes_and_the_end_of_a_dispatch_at_once_find_its_row_written(records):  # noqa: F811
+    """Two writes of one dispatch at once (the data plane lets them), then its end while the
+    first insert of its row may still be on the server: each write returns with the row
+    stored and write-bearing, and the end ends that row (a review found, on PostgreSQL, the
+    second write returning with no row, and the end lost)."""
+
+    class SlowServer(LeaseBook):  # the store's own, a row's insert taking a while
+        async def insert(self, attrs: dict):
+            await trio.sleep(0.05)
+            return await super().insert(attrs)
+
+    bookkeeper = Bookkeeper(SlowServer(records))  # its task not running: nothing is due
+    lease = opened(bookkeeper, 1)
+    seen: list[bool] = []
+
+    async def write() -> None:
+        await bookkeeper.mark_writes(lease)
+        row = await records.latest(lease_key("d001"))
+        seen.append(row is not None and row.attributes["hasWrites"] is True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write)
+        nursery.start_soon(write)
+    assert seen == [True, True]
+    other = opened(bookkeeper, 2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bookkeeper.mark_writes, other)
+        await trio.testing.wait_all_tasks_blocked()  # its insert under way
+        nursery.start_soon(bookkeeper.end_lease, other, LeaseState.COMPLETED, None)
+    row = await records.latest(lease_key("d002"))
+    assert row is not None and row.attributes["state"] == "completed"
+    assert row.attributes["hasWrites"] is True

@@ -152,3 +152,21 @@ def test_lifecycle_tables_pair_by_pair(lifecycle, states, legal):
             else:
                 with pytest.raises(IllegalTransition):
                     lifecycle.check(a, b)
+
+
+def test_a_method_run_by_the_orchestrator_never_sees_its_database_credentials():
+    own = {"PATH": "/bin", "SWAMP_DATABASE_URL": "postgresql://u:p@h/db", "PGPASSWORD": "p"}
+    assert environment.for_methods_here(own) == {"PATH": "/bin"}
+
+
+def test_a_database_url_is_shown_without_its_password_or_not_at_all():
+    from swamp.domain.database import check_database_url, shown
+
+    assert shown("postgresql://bob:s3cret@db.example:5432/swamp?sslmode=require") == (
+        "postgresql://db.example:5432/swamp"
+    )
+    for hidden in ("bob:s3cret@db/swamp", "postgres://bob:s3cret@/swamp", "s3cret"):
+        assert "s3cret" not in shown(hidden)
+        with pytest.raises(UserError) as refused:
+            check_database_url(hidden)
+        assert "s3cret" not in refused.value.message
