@@ -19,17 +19,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from swamp.domain.step_logs import LogOwner, overflow
+from swamp.domain.step_logs import overflow
 from swamp.store import pg
-from swamp.store.datastore import iso
 from swamp.store.step_logs import (
+    CHUNK_COLUMNS,
+    INFO_COLUMNS,
     PAGE_CHUNKS,
     Chunk,
     LogEnd,
     LogInfo,
     LogStart,
     StoredChunk,
-    chunk_lines,
+    added,
+    log_info,
+    page_of,
 )
 
 _SCHEMA = """
@@ -72,39 +75,12 @@ CREATE INDEX IF NOT EXISTS step_log_chunk_log ON step_log_chunk (log_id, id)
 """
 _SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
 _WRITE_LOCK = 0x534C4F47  # 'SLOG': batches commit one at a time, in the order of their ids
-_INFO = (
-    "log_id, run_id, workflow, job, step, model_type, model_name, method, worker, attempt, "
-    "started_epoch, ended_epoch, lines, bytes, dropped_lines, dropped_bytes"
-)
 ROWS_PER_STATEMENT = 500  # rows of a multi-row INSERT (parameters stay far below 65,535)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _marks(count: int, start: int = 1) -> str:
     return ",".join(f"${n}" for n in range(start, start + count))
-
-
-def _info(r: tuple) -> LogInfo:
-    return LogInfo(
-        log_id=r[0],
-        owner=LogOwner(
-            model_type=r[5],
-            model_name=r[6],
-            method=r[7],
-            run_id=r[1],
-            workflow=r[2],
-            job=r[3],
-            step=r[4],
-        ),
-        worker=r[8],
-        attempt=r[9],
-        started_at=iso(r[10]),
-        ended_at=iso(r[11]) if r[11] is not None else None,
-        lines=r[12],
-        bytes=r[13],
-        dropped_lines=r[14],
-        dropped_bytes=r[15],
-    )
 
 
 class PgLogStore:
@@ -174,13 +150,7 @@ class PgLogStore:
                         "WHERE s.log_id = v.log_id)",
                         params,
                     )
-            added: dict[str, list[int]] = {}  # log → [bytes added, lines up to, bytes up to]
-            for c in chunks:
-                total = added.setdefault(c.log_id, [0, 0, 0])
-                total[0] += c.size
-                total[1] = max(total[1], c.first_line + len(c.lines))
-                total[2] = max(total[2], c.first_byte + c.size)
-            for log_id, (size, lines, size_upto) in added.items():
+            for log_id, (size, lines, size_upto) in added(chunks).items():
                 await conn.execute(
                     "UPDATE step_log SET kept_bytes = kept_bytes + $1, "
                     "lines = GREATEST(lines, $2), bytes = GREATEST(bytes, $3) WHERE log_id = $4",
@@ -243,7 +213,8 @@ class PgLogStore:
 
     async def _infos(self, where: str, params: Sequence[object]) -> list[LogInfo]:
         return [
-            _info(r) for r in await self._query(f"SELECT {_INFO} FROM step_log {where}", params)
+            log_info(r)
+            for r in await self._query(f"SELECT {INFO_COLUMNS} FROM step_log {where}", params)
         ]
 
     async def logs_of_run(self, run_id: str) -> list[LogInfo]:
@@ -319,22 +290,12 @@ class PgLogStore:
         ids = ids[:PAGE_CHUNKS]
         if not ids:
             return [], False
-        out: list[StoredChunk] = []
-        size = 0
         rows = await self._query(
-            "SELECT id, log_id, first_line, first_byte, streams, body, byte_count "
-            f"FROM step_log_chunk WHERE id IN ({_marks(len(ids))}) ORDER BY id",
+            f"SELECT {CHUNK_COLUMNS} FROM step_log_chunk WHERE id IN ({_marks(len(ids))}) "
+            "ORDER BY id",
             ids,
         )
-        for row in rows:
-            if out and size + row[6] > limit_bytes:
-                more = True
-                break
-            out.append(
-                StoredChunk(row[0], row[1], row[2], row[3], row[4], row[6], chunk_lines(row[5]))
-            )
-            size += row[6]
-        return out, more
+        return page_of(rows, limit_bytes=limit_bytes, more=more)
 
     # -- collection --------------------------------------------------------------------------
 

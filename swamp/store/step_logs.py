@@ -57,10 +57,12 @@ CREATE TABLE IF NOT EXISTS step_log_chunk (
 );
 CREATE INDEX IF NOT EXISTS step_log_chunk_log ON step_log_chunk (log_id, id);
 """
-_INFO = (
+# what a log's row and a chunk's are read as, on either backend (log_info, page_of)
+INFO_COLUMNS = (
     "log_id, run_id, workflow, job, step, model_type, model_name, method, worker, attempt, "
     "started_epoch, ended_epoch, lines, bytes, dropped_lines, dropped_bytes"
 )
+CHUNK_COLUMNS = "id, log_id, first_line, first_byte, streams, body, byte_count"
 PAGE_CHUNKS = 1000  # chunks in a page at most (a page's frame stays small whatever their size)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -214,7 +216,6 @@ class SqliteLogStore:
                     for s in started
                 ],
             )
-            added: dict[str, list[int]] = {}  # log → [bytes added, lines up to, bytes up to]
             db.executemany(
                 # only for a log that has its row: a chunk of no log (its row forgotten, or
                 # its start lost with a batch) could never be read nor collected
@@ -235,12 +236,7 @@ class SqliteLogStore:
                     for c in chunks
                 ],
             )
-            for c in chunks:
-                total = added.setdefault(c.log_id, [0, 0, 0])
-                total[0] += c.size
-                total[1] = max(total[1], c.first_line + len(c.lines))
-                total[2] = max(total[2], c.first_byte + c.size)
-            for log_id, (size, lines, size_upto) in added.items():
+            for log_id, (size, lines, size_upto) in added(chunks).items():
                 db.execute(
                     "UPDATE step_log SET kept_bytes = kept_bytes + ?, lines = MAX(lines, ?), "
                     "bytes = MAX(bytes, ?) WHERE log_id = ?",
@@ -339,30 +335,10 @@ class SqliteLogStore:
 
     def _infos(self, where: str, params: tuple) -> list[LogInfo]:
         with self.store.sql("reading step logs"):
-            rows = self.db.execute(f"SELECT {_INFO} FROM step_log {where}", params).fetchall()
-        return [
-            LogInfo(
-                log_id=r[0],
-                owner=LogOwner(
-                    model_type=r[5],
-                    model_name=r[6],
-                    method=r[7],
-                    run_id=r[1],
-                    workflow=r[2],
-                    job=r[3],
-                    step=r[4],
-                ),
-                worker=r[8],
-                attempt=r[9],
-                started_at=iso(r[10]),
-                ended_at=iso(r[11]) if r[11] is not None else None,
-                lines=r[12],
-                bytes=r[13],
-                dropped_lines=r[14],
-                dropped_bytes=r[15],
-            )
-            for r in rows
-        ]
+            rows = self.db.execute(
+                f"SELECT {INFO_COLUMNS} FROM step_log {where}", params
+            ).fetchall()
+        return [log_info(r) for r in rows]
 
     def chunks(
         self, log_ids: Sequence[str], *, after: int, limit_bytes: int
@@ -391,8 +367,6 @@ class SqliteLogStore:
     ) -> tuple[list[StoredChunk], bool]:
         """The page's chunk ids first, from the index alone (a run's chunks sorted by id
         cost their ids, never their text), then those rows."""
-        out: list[StoredChunk] = []
-        size = 0
         with self.store.sql("reading step logs"):
             ids = [
                 row[0]
@@ -406,24 +380,14 @@ class SqliteLogStore:
             if not ids:
                 return [], False
             cursor = self.db.execute(
-                "SELECT id, log_id, first_line, first_byte, streams, body, byte_count "
-                f"FROM step_log_chunk WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
+                f"SELECT {CHUNK_COLUMNS} FROM step_log_chunk WHERE id IN "
+                f"({','.join('?' * len(ids))}) ORDER BY id",
                 ids,
             )
             try:
-                for row in cursor:
-                    if out and size + row[6] > limit_bytes:
-                        more = True
-                        break
-                    out.append(
-                        StoredChunk(
-                            row[0], row[1], row[2], row[3], row[4], row[6], chunk_lines(row[5])
-                        )
-                    )
-                    size += row[6]
+                return page_of(cursor, limit_bytes=limit_bytes, more=more)
             finally:
                 cursor.close()
-        return out, more
 
     # -- collection --------------------------------------------------------------------------
 
@@ -558,6 +522,58 @@ class SqliteLogs:
 
     async def end_open(self, now: float) -> int:
         return self.tables.end_open(now)
+
+
+def log_info(r: Sequence) -> LogInfo:
+    """A log's row, read as :data:`INFO_COLUMNS`."""
+    return LogInfo(
+        log_id=r[0],
+        owner=LogOwner(
+            model_type=r[5],
+            model_name=r[6],
+            method=r[7],
+            run_id=r[1],
+            workflow=r[2],
+            job=r[3],
+            step=r[4],
+        ),
+        worker=r[8],
+        attempt=r[9],
+        started_at=iso(r[10]),
+        ended_at=iso(r[11]) if r[11] is not None else None,
+        lines=r[12],
+        bytes=r[13],
+        dropped_lines=r[14],
+        dropped_bytes=r[15],
+    )
+
+
+def page_of(
+    rows: Iterable[Sequence], *, limit_bytes: int, more: bool
+) -> tuple[list[StoredChunk], bool]:
+    """Chunk rows (read as :data:`CHUNK_COLUMNS`, oldest first) up to about ``limit_bytes`` of
+    text, at least one; and whether more are stored (``more``: past the rows read)."""
+    out: list[StoredChunk] = []
+    size = 0
+    for row in rows:
+        if out and size + row[6] > limit_bytes:
+            return out, True
+        out.append(StoredChunk(row[0], row[1], row[2], row[3], row[4], row[6], chunk_lines(row[5])))
+        size += row[6]
+    return out, more
+
+
+def added(chunks: Sequence[Chunk]) -> dict[str, tuple[int, int, int]]:
+    """What a batch adds to each log: (bytes, lines up to, bytes up to)."""
+    totals: dict[str, tuple[int, int, int]] = {}
+    for c in chunks:
+        size, lines, upto = totals.get(c.log_id, (0, 0, 0))
+        totals[c.log_id] = (
+            size + c.size,
+            max(lines, c.first_line + len(c.lines)),
+            max(upto, c.first_byte + c.size),
+        )
+    return totals
 
 
 def chunk_lines(body: str) -> list[str]:
