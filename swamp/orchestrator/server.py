@@ -8,6 +8,7 @@ Order matters: open the store, reconcile what a previous orchestrator left behin
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -42,7 +43,6 @@ from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.errors import CannotListen, DatabaseUnavailable, LockHeld, SwampError, UserError
-from swamp.models.builtin import INTERNAL_TYPES
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin_auth import new_local_credential
 from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
@@ -55,9 +55,8 @@ from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
 from swamp.store.checkpoints import run_checkpoints
-from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import replay
-from swamp.store.records import Records, SqliteRecords
+from swamp.store.records import Operations, Records, SqliteRecords
 from swamp.store.retry import retry_busy
 from swamp.store.step_logs import LogStore
 from swamp.tls import authority
@@ -199,31 +198,24 @@ async def collect_bookkeeping(db: Records, pool: Pool, *, worker_retention: floa
     return removed
 
 
-def scan_adhoc_runs(path: Path) -> list[tuple[str, str, float]]:
-    """Every ad-hoc run in the database at ``path``, read on a connection of its own (from a
-    thread: it reads the whole table)."""
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        return adhoc_runs(db, excluded=INTERNAL_TYPES)
-    finally:
-        db.close()
-
-
 async def forget_adhoc_runs(
-    store: Datastore,
+    db: Records,
     runs: list[tuple[str, str, float]],
     *,
     batch: int = 100,
     logs: LogStore | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> int:
     """The data of ad-hoc runs past their retention (``swamp.domain.adhoc_runs``), a few
     instances to a transaction, and what they printed."""
-    forget = runs_to_forget(runs, now=store.clock())
+    forget = runs_to_forget(runs, now=clock())
     removed = 0
+
+    async def delete(tx: Operations, instances: list[tuple[str, str]]) -> int:
+        return sum([await tx.delete_instance(model_type, name) for model_type, name in instances])
+
     for at in range(0, len(forget), batch):
-        with store.transaction():
-            for model_type, name in forget[at : at + batch]:
-                removed += store.delete_instance(model_type, name)
+        removed += await db.transact(functools.partial(delete, instances=forget[at : at + batch]))
     if logs is not None:
         removed += await logs.forget_instances(forget)
     return removed
@@ -263,15 +255,13 @@ async def collect_step_logs(
 async def _collect_garbage(
     storage: Storage, pool: Pool, worker_retention: float, logs: StepLogs
 ) -> None:
-    store, db = storage.store, storage.db
+    db = storage.db
     interval = max(1.0, min(GC_INTERVAL, worker_retention / 2))
     while True:
         await trio.sleep(interval)
         try:
-            removed = 0
-            if store is not None:  # (ad-hoc runs' retention on PostgreSQL: a later part)
-                runs = await trio.to_thread.run_sync(scan_adhoc_runs, store.path)
-                removed += await forget_adhoc_runs(store, runs, logs=logs.store)
+            runs = await storage.adhoc_runs()
+            removed = await forget_adhoc_runs(db, runs, logs=logs.store)
             removed += await collect_bookkeeping(db, pool, worker_retention=worker_retention)
             removed += await collect_step_logs(db, logs.store, live=logs.live_run)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass

@@ -12,13 +12,20 @@ Two kinds, one shape (:class:`Storage`): the books and the step logs go through 
 
 from __future__ import annotations
 
+import functools
 import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import trio
 
 from swamp.domain.database import check_database_url
 from swamp.errors import UserError
+from swamp.models.builtin import INTERNAL_TYPES
 from swamp.repo import Repo
-from swamp.store.datastore import Datastore
+from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal
 from swamp.store.records import Records, SqliteRecords
 from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
@@ -26,11 +33,17 @@ from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
 log = logging.getLogger("swamp.serve")
 
 
+AdhocRuns = Callable[[], Awaitable[list[tuple[str, str, float]]]]
+
+
 @dataclass
 class Storage:
     db: Records
     logs: LogStore
     where: str  # for the operator: the file, or the database's URL without its password
+    # every ad-hoc run's (type, instance, last write): a scan of the whole table, never on the
+    # event loop (SQLite's on a thread of its own, PostgreSQL's on the server)
+    adhoc_runs: AdhocRuns
     store: Datastore | None = None  # SQLite's own (None on PostgreSQL)
     journal: Journal | None = None
 
@@ -49,10 +62,16 @@ def open_sqlite(repo: Repo) -> Storage:
     store = repo.open_store(orchestrator=True)
     store.probe_writable()  # a read-only database is found now, not at the first enrollment
     store.limit_wal()  # the log this connection reuses is kept small (swamp.store.checkpoints)
+    path = store.path
+
+    async def adhoc_runs() -> list[tuple[str, str, float]]:
+        return await trio.to_thread.run_sync(scan_adhoc_runs, path)
+
     return Storage(
         db=SqliteRecords(store),
         logs=SqliteLogs(SqliteLogStore(store)),
         where=str(store.path),
+        adhoc_runs=adhoc_runs,
         store=store,
         journal=Journal(repo.journal_path),
     )
@@ -75,4 +94,19 @@ async def open_postgres(url: str) -> Storage:
     except BaseException:
         await db.aclose()
         raise
-    return Storage(db=db, logs=logs, where=where)
+    return Storage(
+        db=db,
+        logs=logs,
+        where=where,
+        adhoc_runs=functools.partial(db.adhoc_runs, excluded=INTERNAL_TYPES),
+    )
+
+
+def scan_adhoc_runs(path: Path) -> list[tuple[str, str, float]]:
+    """Every ad-hoc run in the SQLite database at ``path``, read on a connection of its own
+    (from a thread: it reads the whole table)."""
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        return adhoc_runs(db, excluded=INTERNAL_TYPES)
+    finally:
+        db.close()

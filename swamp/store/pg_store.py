@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import trio
 
+from swamp.domain.names import is_adhoc_instance
 from swamp.domain.query import Predicate
 from swamp.domain.read_scope import ReadScope
 from swamp.errors import Conflict, QueryTimeout, SqlError, StoreError, SwampError
@@ -518,6 +519,20 @@ class PgStore(_Operations):
             removed += result.rowcount
             if result.rowcount < batch:
                 return removed
+
+    async def adhoc_runs(self, *, excluded: Iterable[str]) -> list[tuple[str, str, float]]:
+        """As SQLite's :func:`~swamp.store.datastore.adhoc_runs`: every ad-hoc run's instance of a
+        type not ``excluded``, with its type and the epoch of its last write (a scan of the
+        table, on the server: nothing here waits but the answer)."""
+        skip = sorted(excluded)
+        marks = ",".join(f"${n}" for n in range(1, len(skip) + 1)) or "NULL"
+        result = await self._on_any(
+            "SELECT model_type, model_name, MAX(created_epoch) FROM data "
+            f"WHERE model_name LIKE 'run-' || repeat('_', 16) AND model_type NOT IN ({marks}) "
+            "GROUP BY model_type, model_name",
+            tuple(skip),
+        )
+        return [(t, n, e) for t, n, e in result.rows if is_adhoc_instance(n)]
 
     async def collect_garbage(self, *, batch: int = 500) -> int:
         now = self.clock()

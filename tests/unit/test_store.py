@@ -423,7 +423,16 @@ def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_
     import trio
 
     from swamp.domain.adhoc_runs import runs_to_forget
-    from swamp.orchestrator.server import forget_adhoc_runs, scan_adhoc_runs
+    from swamp.orchestrator.server import forget_adhoc_runs
+    from swamp.orchestrator.storage import scan_adhoc_runs
+    from swamp.store.records import SqliteRecords
+
+    def forget() -> int:
+        return trio.run(
+            lambda: forget_adhoc_runs(
+                SqliteRecords(store), scan_adhoc_runs(store.path), clock=lambda: clock[0]
+            )
+        )
 
     now = 1_000_000.0
     runs = [("a/x", f"run-{i:016x}", now - i) for i in range(5)]
@@ -443,9 +452,9 @@ def test_adhoc_runs_are_forgotten_past_their_retention_and_beyond_the_newest_of_
         # a token, a worker and a workflow may be named so too: never taken for ad-hoc runs
         for kind in ("swamp/enrollment-token", "swamp/worker", "swamp/workflow-run"):
             store.write(Key(kind, "run-0123456789abcdef", "state"), {}, policy=policy)
-        assert trio.run(forget_adhoc_runs, store, scan_adhoc_runs(store.path)) == 0  # young: kept
+        assert forget() == 0  # young: kept
         clock[0] = now + 8 * 86400
-        assert trio.run(forget_adhoc_runs, store, scan_adhoc_runs(store.path)) == 1
+        assert forget() == 1
         left = {r.model_name for r in store.query(parse("modelType == 'command/shell'"))}
         assert left == {"named", "run-not-hex-at-all"}
         kept = {r.model_type for r in store.query(parse("modelName == 'run-0123456789abcdef'"))}

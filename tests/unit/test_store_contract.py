@@ -405,3 +405,31 @@ async def test_a_trim_that_fails_does_not_fail_the_write_that_landed(records, mo
     await records.write(KEY, {"i": 0}, policy=ONE)
     written = await records.write(KEY, {"i": 1}, policy=ONE)
     assert written.version == 2 and (await records.versions(KEY)) == [1, 2]
+
+
+async def test_ad_hoc_runs_are_found_and_forgotten_on_both(records):
+    """The GC's scan for ad-hoc runs (``run-`` and 16 hex digits, never a bookkeeping type's
+    instance named so) and their data forgotten past the retention, whichever the backend."""
+    import time
+
+    from swamp.models.builtin import INTERNAL_TYPES
+    from swamp.orchestrator.server import forget_adhoc_runs
+    from swamp.orchestrator.storage import scan_adhoc_runs
+    from swamp.store.records import SqliteRecords
+
+    for model_type, name in (
+        ("command/shell", "run-0123456789abcdef"),
+        ("command/shell", "named"),
+        ("command/shell", "run-not-hex-at-all"),
+        ("swamp/worker", "run-0123456789abcdef"),
+    ):
+        await records.write(Key(model_type, name, "result"), {}, policy=ITEM)
+    if isinstance(records, SqliteRecords):
+        runs = await trio.to_thread.run_sync(scan_adhoc_runs, records.store.path)
+    else:
+        runs = await records.adhoc_runs(excluded=INTERNAL_TYPES)
+    assert [(t, n) for t, n, _ in runs] == [("command/shell", "run-0123456789abcdef")]
+    later = time.time() + 30 * 86400
+    assert await forget_adhoc_runs(records, runs, clock=lambda: later) == 1
+    assert await records.latest(Key("command/shell", "run-0123456789abcdef", "result")) is None
+    assert await records.latest(Key("swamp/worker", "run-0123456789abcdef", "result")) is not None
