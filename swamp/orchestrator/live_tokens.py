@@ -56,6 +56,10 @@ class LiveTokens:
         self.clock = clock
         self.token_deadlines = Deadlines("token deadlines")
         self.known: dict[str, Token] = {}  # every token, by name, as last read
+        # reads are numbered as they start; a token's answer is kept only if no read started
+        # after it has answered already (on a server, an older read may answer last)
+        self._reads = 0
+        self._answered: dict[str, int] = {}  # token → the number of the read kept
 
     def __repr__(self) -> str:
         return f"<LiveTokens {self.token_deadlines!r}>"
@@ -75,19 +79,31 @@ class LiveTokens:
     async def reread(self, name: str) -> Token | None:
         """Read one token again, after this process wrote it (the repo watcher sees only the
         writes of others)."""
+        self._reads += 1
+        number = self._reads
         token = await self.tokens.get(name)
+        self._keep(name, token, number)
+        return token
+
+    def _keep(self, name: str, token: Token | None, number: int) -> None:
+        if self._answered.get(name, 0) > number:
+            return  # a read that started later has answered: this one is older
+        self._answered[name] = number
         if token is None:
             self.known.pop(name, None)
         else:
             self.known[name] = token
-        return token
 
     async def refresh(self) -> None:
         """Read every token again, and arm the deadline of each live one, so each is stored
         ``expired`` when it lapses, whether or not a worker ever used it (tokens may be
         minted by the CLI on the repo)."""
+        self._reads += 1
+        number = self._reads
         every = await self.tokens.all()
-        self.known = {token.name: token for token in every}
+        found = {token.name: token for token in every}
+        for name in set(self.known) | set(found):
+            self._keep(name, found.get(name), number)
         for token in every:
             if (
                 token.state in (TokenState.UNUSED, TokenState.ENROLLED)

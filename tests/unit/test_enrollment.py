@@ -198,3 +198,30 @@ async def test_the_live_tokens_answer_with_what_was_last_read(tmp_path):
         with trio.fail_after(5):
             while g.live_tokens.token("t").state is not TokenState.REVOKED:  # noqa: ASYNC110
                 await trio.sleep(0.05)
+
+
+async def test_an_older_read_of_a_token_answering_last_does_not_undo_a_newer_one(tmp_path):
+    """On a server an older read may answer after a newer one (a redemption's re-read, slow,
+    and an admin's revoke re-read meanwhile): the live tokens keep the newer answer."""
+    async with gateway(tmp_path) as g:
+        await g.mint("t")
+        book = g.live_tokens.tokens
+        live = await book.get("t")
+        slow, answer = trio.Event(), trio.Event()
+        original = book.get
+
+        async def get(name):  # the first read answers what it read, once the test says so
+            if not slow.is_set():
+                slow.set()
+                await answer.wait()
+                return live
+            return await original(name)
+
+        book.get = get
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(g.live_tokens.reread, "t")  # started first, answers last
+            await slow.wait()
+            await original.__self__.revoke("t")
+            await g.live_tokens.reread("t")  # started second, answers first: revoked
+            answer.set()
+        assert g.live_tokens.token("t").state is TokenState.REVOKED
