@@ -1005,7 +1005,7 @@ class _Run:
             try:
                 predicate = parse(key[1])
             except SwampError as exc:
-                raise ExpressionError(exc.message) from None
+                raise ExpressionError(f"in data.query({key[1]!r}): {exc.message}") from None
             found = await db.query(predicate, limit=1000, scope=ALL_DATA, budget=EXPRESSION_BUDGET)
             return [r.to_json() for r in found]
         _, model, name = key
