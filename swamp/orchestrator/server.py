@@ -402,12 +402,13 @@ async def _serve(
     task_status,
 ) -> None:
     raise_file_limit()
-    # where the records are, for the CLI in the repo while this runs and after it stopped
-    repo.remember_database(None if options.database is None else shown(options.database))
     if options.database is None:
         storage = open_sqlite(repo)
     else:
         storage = await open_postgres(options.database)
+    # where the records are, for the CLI in the repo while this runs and after it stopped
+    # (once they are reachable: a database that cannot be opened changes nothing here)
+    repo.remember_database(None if options.database is None else shown(options.database))
     try:
         async with open_unwrapping_nursery() as nursery:
             if options.database is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -129,3 +130,22 @@ def test_the_orchestrator_outlives_a_restart_of_its_database(cluster, postgres_c
     wait_until(runs_again, what="a step to run once the database is back")
     assert serve.p.poll() is None
     wait_until(lambda: "holds the database" in serve.log.read_text(), what="the lock taken again")
+
+
+def test_a_database_that_is_not_one_or_cannot_be_reached_changes_nothing(cluster):
+    """Bad input on the new flag: one line, a status, nothing written — the CLI in the repo
+    still reads its own file afterwards."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    for url, status, said in (
+        ("mysql://db/swamp", 2, "expected postgresql://"),
+        ("admin:s3cret@db/swamp", 2, "not shown"),
+        (f"postgresql://127.0.0.1:{closed}/swamp", 1, "cannot connect to PostgreSQL"),
+    ):
+        run = cluster.cli("serve", "--port", "0", "--database", url)
+        assert run.returncode == status, run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and said in errors[0] and "s3cret" not in run.stderr
+    assert not (cluster.repo / ".swamp" / "database").exists()
+    assert cluster.cli("worker", "list").returncode == 0  # the repo's file, as before
