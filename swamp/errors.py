@@ -424,6 +424,13 @@ class LockLost(ConnectionLost):
     code = "lock_lost"
 
 
+class ClaimGone(Conflict):
+    """Another orchestrator no longer holds the slot it claimed for a step (its hold expired
+    before the step came): the step is queued again."""
+
+    code = "claim_gone"
+
+
 class LockHeld(Conflict):
     """Another process holds a PostgreSQL advisory lock asked for without waiting."""
 

@@ -52,6 +52,7 @@ from swamp.errors import (
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
 from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
+from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.verification import Verifier
@@ -126,7 +127,9 @@ class RepoAdmin:
         logs: StepLogs | None = None,
         max_fan_out: int = MAX_EXPANSIONS,
         on_run_saved: Callable[[str], None] = lambda run_id: None,
+        peers: Peers | None = None,
     ) -> None:
+        self.peers = peers  # the other orchestrators on a shared database (None: alone)
         self.repo = repo
         self.on_run_saved = on_run_saved  # the web pages: a run's changes were saved
         self.live_logs = logs  # the running orchestrator's step logs (None on the repo)
@@ -235,8 +238,13 @@ class RepoAdmin:
                 m.name: m.to_json(last_seen=m.last_seen(now, loop_now))
                 for m in self.pool.members.values()
             }
+        records = await WorkerBook(self.db).all()
+        if self.peers is not None:  # which orchestrator holds each worker's socket: its URL
+            for item in live.values() if live is not None else ():
+                item["orchestrator"] = self.peers.me
+        where = self.peers.url_of if self.peers is not None else None
         return WorkerListReply.decode(
-            worker_items(await WorkerBook(self.db).all(), live, show_all=request.all)
+            worker_items(records, live, show_all=request.all, where=where)
         )
 
     async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply:
@@ -344,6 +352,7 @@ class RepoAdmin:
                 self.db,
                 host,
                 max_fan_out=self.max_fan_out,
+                owner=self.peers.me if self.peers is not None else "",
             )
         return self._engine
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from swamp.bookkeeping.records import collect_ended, decoded, has_fields
+from swamp.bookkeeping.records import (
+    RESTART,
+    Orphaned,
+    collect_ended,
+    decoded,
+    everything,
+    has_fields,
+)
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.domain.query import parse as parse_predicate
@@ -42,9 +49,12 @@ def journaled_lease(entry: Entry) -> bool:
 
 
 class LeaseBook:
-    def __init__(self, db: Records, *, clock=time.time) -> None:
+    def __init__(self, db: Records, *, clock=time.time, owner: str = "") -> None:
         self.db = db
         self.clock = clock
+        # the orchestrator whose dispatches these are, on a database several share (its rows
+        # say so: who reconciles them when it dies); "" on a database of its own
+        self.owner = owner
 
     def opened(
         self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
@@ -60,6 +70,7 @@ class LeaseBook:
             "state": LeaseState.ACTIVE.value,
             "hasWrites": False,
             "createdAt": iso(self.clock()),
+            **({"orchestrator": self.owner} if self.owner else {}),
         }
 
     async def insert(self, attrs: dict) -> Record:
@@ -134,14 +145,15 @@ class LeaseBook:
         record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY, current=current)
         return record
 
-    async def reconcile(self) -> int:
-        """Boot: every lease still active belonged to the previous orchestrator: expire it.
-        Only the active ones are held (the store streams the rest past the predicate): a boot
-        after a long burst may find hundreds of thousands of ended leases."""
+    async def reconcile(self, orphaned: Orphaned = everything, *, why: str = RESTART) -> int:
+        """Boot: every lease still active belonged to the previous orchestrator: expire it
+        (on a shared database, the ones ``orphaned`` says a dead orchestrator left). Only the
+        active ones are held (the store streams the rest past the predicate): a boot after a
+        long burst may find hundreds of thousands of ended leases."""
         count = 0
         for attrs in decoded(await self.db.query(_ACTIVE), has_fields("leaseId", "state")):
-            if attrs["state"] == LeaseState.ACTIVE.value:
-                await self.end(attrs["leaseId"], LeaseState.EXPIRED, error="orchestrator restart")
+            if attrs["state"] == LeaseState.ACTIVE.value and orphaned(attrs):
+                await self.end(attrs["leaseId"], LeaseState.EXPIRED, error=why)
                 count += 1
         return count
 

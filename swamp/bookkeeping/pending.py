@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import time
 
-from swamp.bookkeeping.records import collect_ended, decoded, has_fields
+from swamp.bookkeeping.records import (
+    RESTART,
+    Orphaned,
+    collect_ended,
+    decoded,
+    everything,
+    has_fields,
+)
 from swamp.domain import queue as rules
 from swamp.domain.queue import PendingState
 from swamp.models.builtin import PENDING_DISPATCH
@@ -26,13 +33,16 @@ def key(queue_id: str) -> Key:
 
 
 class PendingBook:
-    def __init__(self, db: Records, *, clock=time.time) -> None:
+    def __init__(self, db: Records, *, clock=time.time, owner: str = "") -> None:
         self.db = db
         self.clock = clock
+        self.owner = owner  # whose waits (a shared database's orchestrator; "" alone)
 
     async def enqueue(self, attrs: dict) -> Record:
         """The ``waiting`` record of a new episode (``attrs`` has its queueId and requirement)."""
         record = dict(attrs, state=PendingState.WAITING.value)
+        if self.owner:
+            record["orchestrator"] = self.owner
         return await self.db.write(key(attrs["queueId"]), record, policy=POLICY, expected_version=0)
 
     async def end(
@@ -69,13 +79,14 @@ class PendingBook:
         items.sort(key=lambda a: a["queuedAt"])
         return items
 
-    async def reconcile(self) -> int:
-        """Boot: a wait the previous orchestrator left ``waiting`` has no one waiting any more."""
+    async def reconcile(self, orphaned: Orphaned = everything, *, why: str = RESTART) -> int:
+        """Boot: a wait the previous orchestrator (or a dead one, as ``orphaned`` says) left
+        ``waiting`` has no one waiting any more."""
         count = 0
         for attrs in await self.waiting():
-            ended = await self.end(
-                attrs["queueId"], PendingState.ORPHANED, reason="orchestrator restart"
-            )
+            if not orphaned(attrs):
+                continue
+            ended = await self.end(attrs["queueId"], PendingState.ORPHANED, reason=why)
             if ended is not None:
                 count += 1
         return count

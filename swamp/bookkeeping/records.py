@@ -63,3 +63,14 @@ def has_fields(*names: str) -> Callable[[Record], dict]:
         return attrs
 
     return decode
+
+
+#: Which records a reconciliation takes as left by an orchestrator that is gone: on a
+#: database of its own, every record (the last one died before this one started); on one
+#: several share, those naming a dead orchestrator (``swamp.orchestrator.peers``).
+Orphaned = Callable[[dict], bool]
+RESTART = "orchestrator restart"
+
+
+def everything(attrs: dict) -> bool:
+    return True

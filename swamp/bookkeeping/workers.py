@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from swamp import __version__
-from swamp.bookkeeping.records import decoded, has_fields
+from swamp.bookkeeping.records import RESTART, Orphaned, decoded, everything, has_fields
 from swamp.domain.workers import WORKER_LIFECYCLE, WorkerStatus
 from swamp.models.builtin import WORKER
 from swamp.store.datastore import Key, Record, iso
@@ -30,9 +30,13 @@ def key(name: str) -> Key:
 
 
 class WorkerBook:
-    def __init__(self, db: Records, *, clock=time.time) -> None:
+    def __init__(self, db: Records, *, clock=time.time, owner: str = "") -> None:
         self.db = db
         self.clock = clock
+        # on a database several orchestrators share: the one writing. A record names the
+        # orchestrator that holds the worker's socket, and only that one changes its status
+        # (one that lost the worker to another writes nothing for it)
+        self.owner = owner
 
     async def enrolled(
         self,
@@ -70,6 +74,8 @@ class WorkerBook:
             "connectedAt": now,
             "lastSeenAt": now,
         }
+        if self.owner:
+            attrs["orchestrator"] = self.owner
         if reason:
             attrs[_REASON_FIELD.get(status, "verifyFailureReason")] = reason
         return await self.db.write(key(name), attrs, policy=POLICY)
@@ -82,14 +88,20 @@ class WorkerBook:
         active: list[str] | None = None,
         reason: str | None = None,
         current: Record | None = None,
+        only_if: Orphaned | None = None,
     ) -> Record | None:
-        """A new version with the status; no write if nothing changed."""
+        """A new version with the status; no write if nothing changed, or if the worker is
+        held by another orchestrator than this book's (or ``only_if`` says no)."""
         now = iso(self.clock())
 
         def decide(current):
             if current is None:
                 return None
             attrs = dict(current.attributes)
+            if self.owner and attrs.get("orchestrator", self.owner) != self.owner:
+                return None  # another orchestrator holds it now
+            if only_if is not None and not only_if(attrs):
+                return None
             ids = list(active) if active is not None else attrs.get("activeDispatchIds", [])
             if status in (WorkerStatus.IDLE.value, WorkerStatus.DISCONNECTED.value):
                 ids = []
@@ -130,15 +142,17 @@ class WorkerBook:
     async def forget(self, names: Collection[str]) -> int:
         return await self.db.delete_items([key(n) for n in names]) if names else 0
 
-    async def reconcile(self) -> int:
-        """Boot: whatever was connected when the last orchestrator died is disconnected now."""
+    async def reconcile(self, orphaned: Orphaned = everything, *, why: str = RESTART) -> int:
+        """Boot: whatever was connected when the last orchestrator died is disconnected now
+        (on a shared database, what ``orphaned`` says a dead one held — checked again on the
+        record it changes: the worker may have moved to a live one meanwhile)."""
         count = 0
         for attrs in await self.all():
-            if attrs.get("status") != WorkerStatus.DISCONNECTED.value:
-                await self.set_status(
-                    attrs["name"], WorkerStatus.DISCONNECTED.value, reason="orchestrator restart"
+            if attrs.get("status") != WorkerStatus.DISCONNECTED.value and orphaned(attrs):
+                written = await WorkerBook(self.db, clock=self.clock).set_status(
+                    attrs["name"], WorkerStatus.DISCONNECTED.value, reason=why, only_if=orphaned
                 )
-                count += 1
+                count += written is not None
         return count
 
 
@@ -164,14 +178,24 @@ _ITEM_FIELDS = (
 
 
 def worker_items(
-    records: list[dict], live: dict[str, dict] | None = None, *, show_all: bool = False
+    records: list[dict],
+    live: dict[str, dict] | None = None,
+    *,
+    show_all: bool = False,
+    where: Callable[[str], str | None] | None = None,
 ) -> dict:
     """The listing shape shared by the CLI and the server: live state wins over records; the
-    answering swamp's version comes along, so a worker of another version can be pointed out."""
+    answering swamp's version comes along, so a worker of another version can be pointed out.
+    ``where`` (several orchestrators on one database) gives the URL of the orchestrator a
+    record names: a worker held by one that is not serving names none."""
 
     merged = {r["name"]: r for r in records}
     merged.update(live or {})
     items = [{k: r[k] for k in _ITEM_FIELDS if k in r} for r in merged.values()]
+    for item, r in zip(items, merged.values(), strict=True):
+        url = where(r["orchestrator"]) if where and isinstance(r.get("orchestrator"), str) else None
+        if url and r.get("status") != WorkerStatus.DISCONNECTED.value:
+            item["orchestrator"] = url
     items.sort(key=lambda r: r["name"])
     hidden = 0
     if not show_all:

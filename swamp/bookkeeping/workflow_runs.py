@@ -21,7 +21,7 @@ from collections import Counter
 
 import trio
 
-from swamp.bookkeeping.records import decoded, has_fields
+from swamp.bookkeeping.records import Orphaned, decoded, everything, has_fields
 from swamp.domain.run_record import (
     STEPS_APART,
     RunRecord,
@@ -78,9 +78,10 @@ class RunWriter:
     numbered: a place is clean only if nothing changed it since its state was taken). One
     flush at a time."""
 
-    def __init__(self, db: Records, run: RunRecord) -> None:
+    def __init__(self, db: Records, run: RunRecord, *, owner: str = "") -> None:
         self.db = db
         self.run = run
+        self.owner = owner  # the orchestrator running it, on a shared database ("" alone)
         self.steps: list[StepRecord] = []  # by place
         self.jobs: list[str] = []  # the job of each place
         self.versions: list[int] = []  # the stored version of each place (0: not yet)
@@ -181,6 +182,8 @@ class RunWriter:
             if with_header
             else None
         )
+        if header is not None and self.owner:
+            header["orchestrator"] = self.owner  # who reconciles it if that one dies
         header_version = self.header_version
 
         async def write(tx: Operations) -> tuple[dict[int, int], Record | None]:
@@ -336,7 +339,7 @@ class RunBook:
     async def _whole(self, header: dict) -> RunRecord:
         return assemble(header, [r.attributes for r in await self._steps(header)])
 
-    async def reconcile(self) -> int:
+    async def reconcile(self, orphaned: Orphaned = everything) -> int:
         """Boot: a run the previous orchestrator left running ended with it — the run, its
         running jobs and every step of it that had not ended are failed (``interrupted``): a
         step stored ``pending`` may have started in the last batch window, which the crash
@@ -347,6 +350,8 @@ class RunBook:
         now = iso(self.clock())
         count = 0
         for header in await self.headers():
+            if not orphaned(header):
+                continue  # a live orchestrator's run
             if header["status"] != Status.RUNNING:
                 if header.get("layout") == STEPS_APART and _unended(header):
                     await self._interrupt(header, now, run_ended=True)

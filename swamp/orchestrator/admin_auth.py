@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
 from swamp.domain.scopes import Scope, refusal
-from swamp.errors import ScopeTooNarrow, SwampError, Unauthorized
+from swamp.errors import Forbidden, ScopeTooNarrow, SwampError, Unauthorized
+from swamp.orchestrator.peers import PEER, Peers, is_peer_credential
 
 LOCAL = "local"
 
@@ -74,14 +75,29 @@ def _digest(text: str) -> bytes:
 
 class AdminAuth:
     def __init__(
-        self, *, mode: str, server_tokens: ServerTokenBook, local_credential: str | None
+        self,
+        *,
+        mode: str,
+        server_tokens: ServerTokenBook,
+        local_credential: str | None,
+        peers: Peers | None = None,
     ) -> None:
         self.mode = mode  # token | none
         self.server_tokens = server_tokens
         self._local = _digest(local_credential) if local_credential else None
+        self.peers = peers  # other orchestrators on a shared database present their own
 
     async def identify(self, authorization: str | None) -> Principal | Unauthorized:
         """The principal of an ``Authorization`` header, or why it is not one (never raises)."""
+        scheme, _, presented = (authorization or "").partition(" ")
+        presented = presented.strip()
+        if scheme.lower() == "bearer" and is_peer_credential(presented):
+            if self.peers is None:
+                return Unauthorized("the credential was not accepted")
+            peer = await self.peers.identify(presented)
+            # another orchestrator: it may send the steps it claimed and nothing else (the
+            # connection's rule); the narrowest scope besides
+            return peer if isinstance(peer, Unauthorized) else Principal(PEER, peer, Scope.METRICS)
         if self.mode == "none":
             return Principal("anyone", "anyone")
         if not authorization:
@@ -109,6 +125,8 @@ class AdminAuth:
         identity = await self.identify(_authorization(scope))
         if isinstance(identity, Unauthorized):
             raise identity
+        if identity.kind == PEER:
+            raise Forbidden(f"an orchestrator's peer credential cannot call {verb}")
         authorize(identity, verb)
 
     async def validity(self) -> Callable[[Principal], bool]:

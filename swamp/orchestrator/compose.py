@@ -57,6 +57,7 @@ from swamp.orchestrator.episode import Episodes
 from swamp.orchestrator.live_tokens import LiveTokens
 from swamp.orchestrator.membership import Membership
 from swamp.orchestrator.metrics import Metrics
+from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
@@ -143,6 +144,7 @@ class Orchestrator:
     verify_on_enroll: bool
     live: Live
     pages: Pages
+    peers: Peers | None = None  # the other orchestrators (a shared database; None: alone)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every background service, in the order they were made; started before the listener
@@ -161,6 +163,9 @@ class Orchestrator:
             await nursery.start(self.episodes.watch_acknowledgements)
             # -- the web pages: stored step output marks them out of date --------------------
             await nursery.start(self.live.watch_logs, self.logs.written)
+            # -- the other orchestrators on a shared database --------------------------------
+            if self.peers is not None:
+                await nursery.start(self.peers.run, self.queue, self.dispatch.run_claimed)
             task_status.started()
 
     async def settled(self) -> None:
@@ -191,6 +196,7 @@ def compose(
     download: Download | None = None,
     own_tls: ServerTls | None = None,
     logs: LogStore | None = None,
+    peers: Peers | None = None,
 ) -> Orchestrator:
     """Build every part, each from the ones before it. ``db`` and ``logs`` are the records' and
     the step logs' seams if the caller made them already (serve, for its boot: one for the
@@ -212,6 +218,7 @@ def compose(
         mode=settings.auth,
         server_tokens=ServerTokenBook(db),
         local_credential=settings.local_credential,
+        peers=peers,
     )
     admission = Admission()
     live = Live()  # the web pages' topics: marked out of date by the events below
@@ -219,8 +226,11 @@ def compose(
     # -- write-behind: what is written after the event ---------------------------------------
     # One bookkeeper for all of it: lease rows (through ``journal``, opened by serve before the
     # replay), worker status versions and queue episodes (when each is durable: its docstring).
-    bookkeeper = Bookkeeper(LeaseBook(db), journal)
-    records = WorkerRecords(WorkerBook(db), bookkeeper)
+    # on a shared database, what this orchestrator writes names it (its leftovers, if it dies,
+    # are told from what the living hold: swamp.orchestrator.peers)
+    owner = peers.me if peers is not None else ""
+    bookkeeper = Bookkeeper(LeaseBook(db, owner=owner), journal)
+    records = WorkerRecords(WorkerBook(db, owner=owner), bookkeeper)
     # every line a dispatch prints, in batches (swamp.orchestrator.step_logs)
     step_logs = StepLogs(logs, cap=settings.step_log_cap)
 
@@ -267,6 +277,7 @@ def compose(
         tokens=live_tokens.token,
         aging=settings.queue_aging,
         observe=observe_queue,
+        peers=peers,
     )
     reader = Reader(repo.db_path) if store is not None else None  # PostgreSQL's: awaited
     metrics.watch(pool, queue)
@@ -284,6 +295,8 @@ def compose(
         reader=reader,
         default_timeout=settings.default_timeout,
         logs=step_logs,
+        peers=peers,
+        peer_fence=fence_seconds(settings.heartbeat_seconds),
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
     if unset:
@@ -305,6 +318,7 @@ def compose(
         logs=step_logs,
         max_fan_out=settings.max_fan_out,
         on_run_saved=live.run_saved,
+        peers=peers,
     )
     admin = Admin(api, repo=repo, pool=pool, dispatch=dispatch, login=logins.issue)
     pages = Pages(
@@ -365,4 +379,5 @@ def compose(
         verify_on_enroll=settings.verify_on_enroll,
         live=live,
         pages=pages,
+        peers=peers,
     )

@@ -34,6 +34,7 @@ from swamp.orchestrator.admission import (
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.enrollment import Enrollment
 from swamp.orchestrator.membership import Membership
+from swamp.orchestrator.peers import PEER, PEER_VERBS
 from swamp.orchestrator.pool import Member
 from swamp.protocol.rpc import IncomingCall, RpcChannel, SilenceSweeper
 from swamp.protocol.transport import Transport
@@ -41,6 +42,7 @@ from swamp.protocol.transport import Transport
 log = logging.getLogger("swamp.connection")
 
 WORKER_VERBS = frozenset({"capability.queryData", "worker.drain"})
+PEER_IN_FLIGHT = 4096  # steps another orchestrator may have running here at once
 
 
 class Connection:
@@ -96,7 +98,9 @@ class Connection:
             sweeper=sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
-        if isinstance(identity, Principal) and identity.scope is Scope.ADMIN:
+        if isinstance(identity, Principal) and (
+            identity.scope is Scope.ADMIN or identity.kind == PEER
+        ):
             # an admin credential was accepted at the upgrade: its first call may be large (a
             # read or metrics token's calls never are, and it stays as small as a stranger)
             transport.limit_messages(TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS)
@@ -160,6 +164,15 @@ class Connection:
             if method in self.admin.handlers or method == "worker.enroll":
                 raise Forbidden(f"a worker socket cannot call {method}")
             raise UnknownMethod(f"unknown method {method!r}")
+        identity = self.identity
+        if isinstance(identity, Principal) and identity.kind == PEER:
+            # another orchestrator (a shared database): it sends the steps we claimed, and
+            # nothing else — never an admin frame, never an enrollment
+            if method not in PEER_VERBS:
+                raise Forbidden(f"an orchestrator's peer credential cannot call {method}")
+            return await self._peer_dispatch(call, identity)
+        if method in PEER_VERBS:
+            raise Forbidden(f"only another orchestrator serving this database may call {method}")
         if method == "worker.enroll":
             return await self._enroll(call)
         handler = self.admin.handlers.get(method)
@@ -184,6 +197,23 @@ class Connection:
                 f"worker.enroll, not {method}"
             )
         raise UnknownMethod(f"unknown method {method!r}")
+
+    async def _peer_dispatch(self, call: IncomingCall, identity: Principal) -> dict:
+        peers = self.dispatch.peers
+        if peers is None:
+            raise Forbidden("this orchestrator serves no shared database")
+        if self.role is None:
+            self.role = "peer"
+            self.admission.trusted(self)
+            self._deadline.cancel()
+            # a peer sends as many steps at once as it has waiting: each is one call
+            self.channel.max_in_flight, self.channel.frame_budget = PEER_IN_FLIGHT, None
+            self.channel.transport.limit_messages(
+                TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS
+            )
+            self.channel.drop_silent = False
+            self.channel.name = f"orchestrator {identity.name[:12]} ({self.peer})"
+        return await peers.dispatch(identity.name, call.params, None if call.quiet else call.emit)
 
     async def _enroll(self, call: IncomingCall) -> dict:
         """The first call of a worker socket (its payload is decoded by the enrollment)."""

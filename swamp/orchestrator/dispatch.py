@@ -23,7 +23,7 @@ import trio
 
 from swamp.domain import environment
 from swamp.domain.durations import parse_timeout
-from swamp.domain.episodes import Move, next_move
+from swamp.domain.episodes import Ending, EpisodeEnd, Move, next_move
 from swamp.domain.placement import Placement
 from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
@@ -31,17 +31,19 @@ from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.step_logs import LogOwner
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, StoreBroken
+from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, MalformedFrame, StoreBroken
 from swamp.ids import new_id, ordered_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
-from swamp.orchestrator.episode import Emit, Episodes, Step, Work, safe_emit
+from swamp.orchestrator.episode import Emit, Episode, Episodes, Step, Work, safe_emit
+from swamp.orchestrator.peers import Claim, Peers, decode_step, encode_ending, encode_step
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.plugins import ModelRegistry, default_seams
 from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
+from swamp.protocol.rpc import no_events
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record, iso
 from swamp.store.reader import Reader
@@ -121,13 +123,16 @@ class DispatchService:
         environ: dict[str, str] | None = None,
         ship_env: tuple[str, ...] = (),
         fence: Callable[[Member], float] = lambda member: 0,
+        peer_fence: float = 0,
         queue_timeout: float | None = None,
         observe: Callable[[str, str], None] = lambda what, value: None,
         reader: Reader | None = None,
         default_timeout: float | None = None,
         logs: StepLogs | None = None,
         clock=time.time,
+        peers: Peers | None = None,
     ) -> None:
+        self.peers = peers  # the other orchestrators on a shared database (None: alone)
         self.store = store
         self.db = db  # the same store, awaited: method data goes through it
         self.logs = logs  # where the lines of a method run here are kept (a worker's: episodes)
@@ -143,6 +148,7 @@ class DispatchService:
         # after losing a worker, wait this long before running its step elsewhere (fencing):
         # it depends on the heartbeat the worker was told
         self.fence = fence
+        self.peer_fence = peer_fence  # …and after losing another orchestrator's worker
         self.queue_timeout = queue_timeout  # serve --queue-timeout; None: the default
         self.environ = dict(os.environ if environ is None else environ)
         self.environ_here = environment.for_methods_here(self.environ)  # methods run here
@@ -283,15 +289,22 @@ class DispatchService:
             grant = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
             member, dispatch_id = grant.member, grant.dispatch_id
             attempt += 1
-            try:
-                self._set_busy(member)
-                episode = await self.episodes.run(
-                    member, dispatch_id, work, Step(step_id, attempt), emit
-                )
-            finally:
-                self.queue.release(member, dispatch_id)
-                if member.connected and not member.active:
-                    self._set_status(member, WorkerStatus.IDLE.value)
+            if grant.claim is not None:  # another orchestrator's worker runs it
+                assert self.peers is not None
+                episode = await self._run_there(grant.claim, work, Step(step_id, attempt), emit)
+                worker_name = grant.claim.worker
+            else:
+                assert member is not None
+                worker_name = member.name
+                try:
+                    self._set_busy(member)
+                    episode = await self.episodes.run(
+                        member, dispatch_id, work, Step(step_id, attempt), emit
+                    )
+                finally:
+                    self.queue.release(member, dispatch_id)
+                    if member.connected and not member.active:
+                        self._set_status(member, WorkerStatus.IDLE.value)
             then = next_move(
                 episode.end,
                 model=request.model.name,
@@ -300,29 +313,90 @@ class DispatchService:
             )
             if then.move is Move.FINISH:
                 assert episode.result is not None  # it finishes only when the method ran
-                return episode.result, member.name, dispatch_id
+                return episode.result, worker_name, dispatch_id
             if then.move is Move.FAIL:
                 raise BY_CODE.get(then.code, DispatchFailed)(then.reason)
             if then.move is Move.FENCE_THEN_REQUEUE:
+                fence = self.fence(member) if member is not None else self.peer_fence
                 log.warning(
                     "worker %s lost before the step had an effect (%s): queueing it again "
                     "after %gs",
-                    member.name,
+                    worker_name,
                     then.reason,
-                    self.fence(member),
+                    fence,
                 )
                 await safe_emit(
-                    emit, Redispatched(worker=member.name, reason=then.reason).to_json()
+                    emit, Redispatched(worker=worker_name, reason=then.reason).to_json()
                 )
                 # Fencing: if the lost worker is alive behind a partition (or frozen), its own
                 # deadline (or its reaper's) kills the first copy before this one can start.
-                await trio.sleep(self.fence(member))
+                await trio.sleep(fence)
             else:
                 # The worker counted a slot we think is free (one still letting go of a
                 # cancelled dispatch): back off a little, so the same answer cannot spin.
                 busy += 1
-                log.info("worker %s had no free slot: queueing the step again", member.name)
+                log.info("worker %s had no free slot: queueing the step again", worker_name)
                 await trio.sleep(min(BUSY_BACKOFF_CAP, BUSY_BACKOFF * 2 ** (busy - 1)))
+
+    async def _run_there(self, claim: Claim, work: Work, step: Step, emit: Emit) -> Episode:
+        """Send the step to the orchestrator that claimed it for its worker, relaying what it
+        says; its result comes back as the episode's."""
+        assert self.peers is not None
+        params = encode_step(
+            model_type=work.model_type.type,
+            model_name=work.model_name,
+            method=work.method,
+            args=work.args,
+            environment=work.environment,
+            read_scope=work.read_scope,
+            timeout=work.timeout,
+            owner=work.owner,
+            step_id=step.id,
+            attempt=step.attempt,
+        )
+        end, result = await self.peers.run_there(claim, params, emit)
+        if result is None:
+            return Episode(end)
+        try:
+            return Episode(end, DispatchResult.decode(result))
+        except MalformedFrame as exc:
+            return Episode(EpisodeEnd(Ending.MALFORMED, end.worker, exc.message))
+
+    async def run_claimed(self, member: Member, dispatch_id: str, params: dict, emit) -> dict:
+        """Run another orchestrator's step on the slot of ``member`` we claimed for it (as
+        ``dispatch_id``): the episode is ours (its lease, its credential, its log), its events
+        go to ``emit``; the answer says how it ended."""
+        try:
+            sent = decode_step(params)
+            model_type = self.registry.runnable(sent.model_type)
+            model_type.method(sent.method)
+        except BaseException:
+            self.queue.release(member, dispatch_id)
+            raise
+        work = Work(
+            model_type=model_type,
+            model_name=sent.model_name,
+            method=sent.method,
+            args=sent.args,
+            environment=sent.environment,
+            read_scope=sent.read_scope,
+            timeout=sent.timeout,
+            owner=sent.owner,
+        )
+        try:
+            self._set_busy(member)
+            episode = await self.episodes.run(
+                member,
+                dispatch_id,
+                work,
+                Step(sent.step_id, sent.attempt),
+                no_events if emit is None else emit,
+            )
+        finally:
+            self.queue.release(member, dispatch_id)
+            if member.connected and not member.active:
+                self._set_status(member, WorkerStatus.IDLE.value)
+        return encode_ending(episode.end, episode.result)
 
     def _set_busy(self, member: Member) -> None:
         if member.status != WorkerStatus.BUSY.value:

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -61,6 +61,9 @@ from swamp.ids import new_id, ordered_id
 from swamp.orchestrator.bookkeeper import Bookkeeper, Stream
 from swamp.orchestrator.episode import Emit, safe_emit
 from swamp.orchestrator.pool import Member, Pool
+
+if TYPE_CHECKING:
+    from swamp.orchestrator.peers import Claim, Peers
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import iso
 from swamp.store.records import Records
@@ -85,11 +88,13 @@ class StepInfo:
 
 class Grant(NamedTuple):
     """What a step acquired: a slot of ``member``, reserved for ``dispatch_id``
-    (``queue_id``: the episode it waited in, if it had to)."""
+    (``queue_id``: the episode it waited in, if it had to); or, on a shared database, a slot
+    another orchestrator claimed for it (``claim``; ``member`` None)."""
 
-    member: Member
+    member: Member | None
     dispatch_id: str
     queue_id: str | None = None
+    claim: Claim | None = None
 
 
 @dataclass(eq=False)
@@ -105,6 +110,8 @@ class Ticket:
     failure: SwampError | None = None
     queue_id: str | None = None  # set when it had to wait (it has a record)
     queued_at: float = 0.0  # epoch seconds, when it started waiting
+    step: WaitingStep | None = None  # its place while it waits
+    claim: Claim | None = None  # another orchestrator's worker takes it (a shared database)
 
 
 class DispatchQueue:
@@ -119,10 +126,15 @@ class DispatchQueue:
         max_waiting: int = MAX_WAITING,
         aging: float = DEFAULT_AGING,
         observe: Callable[[str, float], None] = lambda what, value: None,
+        peers: Peers | None = None,
     ) -> None:
         self.pool = pool
         self.waiting = WaitingQueue()
-        self.pending = PendingBook(db, clock=clock)
+        # on a database several orchestrators share: a step that waits waits in the shared
+        # queue too, and the others' workers may claim it (swamp.orchestrator.peers)
+        self.peers = peers
+        self.published: dict[str, Ticket] = {}  # queue id → a waiting step the others see
+        self.pending = PendingBook(db, clock=clock, owner=peers.me if peers else "")
         # a token by name, from memory (LiveTokens.token): asked in the middle of a decision,
         # so never a wait on the store
         self.tokens = tokens
@@ -165,7 +177,7 @@ class DispatchQueue:
             self._hand_out(decision.handed)
         if isinstance(decision, Dispatch):
             return self._give(ticket, decision.worker)
-        step = decision.step
+        step = ticket.step = decision.step
         ticket.woken = woken = trio.Event()
         gone = self.never_returns(placement)
         if gone is not None:
@@ -181,16 +193,32 @@ class DispatchQueue:
             ).to_json(),
         )
         try:
+            if self.peers is not None and not woken.is_set():
+                self.published[queue_id] = ticket
+                await self.peers.publish(queue_id, placement, info.priority, info.submitter)
             with trio.move_on_at(math.inf if deadline is None else deadline):
                 await woken.wait()
+            if ticket.claim is None and ticket.member is not None and queue_id in self.published:
+                del self.published[queue_id]  # it got a worker here: the others may not
+                await self._withdraw_or_claim(ticket, queue_id)
         except BaseException:  # cancelled: whoever waited for it has gone
             self._stop_waiting(step, ticket, PendingState.CANCELLED)
             raise
+        if ticket.claim is not None:
+            claim = ticket.claim
+            self.published.pop(queue_id, None)
+            if ticket.member is not None and ticket.dispatch_id is not None:
+                self.release(ticket.member, ticket.dispatch_id)  # a slot here came too late
+                ticket.member = None
+            self._ended(ticket, PendingState.DISPATCHED, dispatch_id=claim.dispatch_id)
+            self.observe("waited", self.clock() - ticket.queued_at)
+            return Grant(None, claim.dispatch_id, queue_id, claim)
         if ticket.member is not None and ticket.dispatch_id is not None:  # even if late
             self._ended(ticket, PendingState.DISPATCHED, dispatch_id=ticket.dispatch_id)
             self.observe("waited", self.clock() - ticket.queued_at)
             return Grant(ticket.member, ticket.dispatch_id, queue_id)
         if ticket.failure is not None:
+            self._unpublish(ticket)
             self._ended(ticket, PendingState.CANCELLED, reason=ticket.failure.message)
             raise ticket.failure
         self._stop_waiting(step, ticket, PendingState.TIMED_OUT)
@@ -198,6 +226,39 @@ class DispatchQueue:
         raise QueueTimeout(
             f"timed out waiting for a worker matching {placement.describe()} to become available"
         )
+
+    async def _withdraw_or_claim(self, ticket: Ticket, queue_id: str) -> None:
+        """A published step got a worker here: it leaves the shared queue, unless another
+        orchestrator claimed it first (then it goes there, and the slot here goes back)."""
+        assert self.peers is not None
+        try:
+            claim = await self.peers.withdraw_or_claim(queue_id)
+        except SwampError as exc:  # the database is away: nobody can take the claim either
+            log.warning("could not withdraw step %s from the shared queue: %s", queue_id, exc)
+            return
+        if claim is not None:
+            ticket.claim = claim
+
+    def claimed(self, ticket: Ticket, claim: Claim) -> None:
+        """Another orchestrator claimed a step of ours and we took the claim: it goes there."""
+        ticket.claim = claim
+        if ticket.step is not None:
+            self.waiting.discard(ticket.step)
+        if ticket.woken is not None:
+            ticket.woken.set()
+
+    def reserve_for_peer(self, requirement: Requirement) -> tuple[Member, str] | None:
+        """A free slot here for another orchestrator's step, reserved (it claims the step
+        next), or ``None``. A step waiting here is never robbed: a slot it could take would
+        have been given to it already."""
+        slots = self.pool.index.choose(requirement)
+        if slots is None:
+            return None
+        self.pool.index.take(slots.name)
+        member = self.pool.members[slots.name]
+        dispatch_id = ordered_id()
+        self.pool.reserve(member, dispatch_id, indexed=True)
+        return member, dispatch_id
 
     def _start_waiting(self, ticket: Ticket) -> str:
         ticket.queue_id = queue_id = new_id()
@@ -233,8 +294,15 @@ class DispatchQueue:
         if ticket.member is not None and ticket.dispatch_id is not None:
             self.release(ticket.member, ticket.dispatch_id)
             ticket.member = None
+        self._unpublish(ticket)
         self._ended(ticket, state)
         self.observe("left", 1)
+
+    def _unpublish(self, ticket: Ticket) -> None:
+        """It stopped waiting unassigned: out of the shared queue, claimed or not."""
+        if self.peers is not None and ticket.queue_id is not None:
+            self.published.pop(ticket.queue_id, None)
+            self.peers.withdraw_soon(ticket.queue_id)
 
     def _ended(self, ticket: Ticket, state: PendingState, **details) -> None:
         queue_id = ticket.queue_id
@@ -257,6 +325,8 @@ class DispatchQueue:
 
     def member_changed(self, member: Member) -> None:
         """The pool changed around ``member`` (called synchronously by the pool)."""
+        if self.peers is not None:
+            self.peers.slot_freed()
         if not len(self.waiting):
             return
         try:

@@ -25,6 +25,7 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook, journaled_lease
 from swamp.bookkeeping.pending import PendingBook
+from swamp.bookkeeping.records import RESTART, Orphaned, everything
 from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.bookkeeping.workflow_runs import RunBook
@@ -42,12 +43,13 @@ from swamp.domain.step_logs import DEFAULT_CAP_BYTES
 from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.domain.workflow_run import MAX_EXPANSIONS
-from swamp.errors import CannotListen, DatabaseUnavailable, LockHeld, SwampError, UserError
+from swamp.errors import CannotListen, SwampError, UserError
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin_auth import new_local_credential
 from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
 from swamp.orchestrator.compose import Settings, compose
 from swamp.orchestrator.downloads import Download, served_build
+from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.storage import Storage, open_postgres, open_sqlite
@@ -402,19 +404,39 @@ async def _serve(
     task_status,
 ) -> None:
     raise_file_limit()
+    peers = None
     if options.database is None:
         storage = open_sqlite(repo)
     else:
         storage = await open_postgres(options.database)
+        assert storage.peers is not None
+        db = storage.db
+        peers = Peers(
+            storage.peers,
+            options.database,
+            reconcile=lambda dead: reconcile_left(
+                db,
+                lambda attrs: attrs.get("orchestrator") == dead,
+                why=f"its orchestrator ({dead[:12]}) died",
+            ),
+            ca_pem=own_tls.ca_pem if own_tls else None,
+        )
     # where the records are, for the CLI in the repo while this runs and after it stopped
     # (once they are reachable: a database that cannot be opened changes nothing here)
     repo.remember_database(None if options.database is None else shown(options.database))
     try:
         async with open_unwrapping_nursery() as nursery:
-            if options.database is not None:
-                await nursery.start(_hold_database, options.database)
+            if peers is not None:
+                await nursery.start(peers.hold_liveness)
             await _serve_on(
-                repo, options, policy, download, own_tls, storage, task_status=task_status
+                repo,
+                options,
+                policy,
+                download,
+                own_tls,
+                storage,
+                peers=peers,
+                task_status=task_status,
             )
             nursery.cancel_scope.cancel()
     finally:
@@ -426,43 +448,23 @@ async def _serve(
         await storage.aclose()
 
 
-async def _hold_database(database: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """One orchestrator per database, for now: several on one PostgreSQL (each its own
-    workers, a shared queue, relays between them) are the later parts of this work. The lock is
-    held for the orchestrator's life (a second is refused at once). Lost with its connection (the
-    database restarted, the network dropped), it is taken again as soon as it can be — serving
-    goes on meanwhile, each write failing with its reason — unless another orchestrator took the
-    database in between: then this one stops, saying so."""
-    from swamp.store.pg_locks import held
+async def reconcile_left(db: Records, orphaned: Orphaned, *, why: str = RESTART) -> dict:
+    """What orchestrators that are gone left (``orphaned`` says which records): active leases
+    expired, the workers they held disconnected, their waits orphaned, their workflow runs
+    interrupted. At boot (all of it, on a database of its own), and on a shared database when
+    a peer died (``swamp.orchestrator.peers``)."""
+    return {
+        "leases": await retry_busy(lambda: LeaseBook(db).reconcile(orphaned, why=why)),
+        "workers": await retry_busy(lambda: WorkerBook(db).reconcile(orphaned, why=why)),
+        "queued": await retry_busy(lambda: PendingBook(db).reconcile(orphaned, why=why)),
+        "runs": await retry_busy(lambda: RunBook(db).reconcile(orphaned)),
+    }
 
-    where = check_database_url(database)
-    started = False
-    pause = HOLD_RETRY_FIRST
-    while True:
-        try:
-            async with held(database, SOLE_LOCK, wait=False):
-                if started:
-                    log.info("holds the database %s again", where)
-                else:
-                    started = True
-                    task_status.started()
-                pause = HOLD_RETRY_FIRST
-                await trio.sleep_forever()
-        except LockHeld:
-            raise UserError(
-                f"another orchestrator serves the database {where}"
-                + (
-                    ": one at a time for now (stop it, or give this one another database)"
-                    if not started
-                    else " (it took it while this one's connection was down)"
-                )
-            ) from None
-        except DatabaseUnavailable as exc:  # (LockLost too)
-            if not started:
-                raise
-            log.warning("the database %s is away (%s): taking it again in %gs", where, exc, pause)
-        await trio.sleep(pause)
-        pause = min(pause * 2, HOLD_RETRY_CAP)
+
+def _unowned(attrs: dict) -> bool:
+    """A record no orchestrator on a shared database wrote (an earlier version's): its
+    writer is gone."""
+    return not attrs.get("orchestrator")
 
 
 async def _serve_on(
@@ -473,6 +475,7 @@ async def _serve_on(
     own_tls: ServerTls | None,
     storage: Storage,
     *,
+    peers: Peers | None = None,
     task_status,
 ) -> None:
     import hypercorn.config
@@ -485,15 +488,16 @@ async def _serve_on(
             log.info(
                 "took %d lease row(s) the last orchestrator journaled into the store", journaled
             )
-    swept = {
-        "tokens": await retry_busy(TokenBook(db).migrate),
-        "leases": await retry_busy(LeaseBook(db).reconcile),
-        "workers": await retry_busy(WorkerBook(db).reconcile),
-        "queued": await retry_busy(PendingBook(db).reconcile),
-        "runs": await retry_busy(RunBook(db).reconcile),
-    }
-    # the logs it left open ended with it
-    await retry_busy(lambda: storage.logs.end_open(time.time()))
+    swept = {"tokens": await retry_busy(TokenBook(db).migrate)}
+    if peers is None:
+        swept.update(await reconcile_left(db, everything))
+        # the logs it left open ended with it
+        await retry_busy(lambda: storage.logs.end_open(time.time()))
+    else:
+        # a shared database: what an orchestrator that is gone left (the living's is theirs)
+        swept.update(await reconcile_left(db, _unowned))
+        for what, count in (await peers.bury_at_boot()).items():
+            swept[what] = swept.get(what, 0) + count
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):
@@ -540,6 +544,7 @@ async def _serve_on(
         download=download,
         own_tls=own_tls,
         logs=storage.logs,
+        peers=peers,
     )
     app = parts.app
 
@@ -579,6 +584,8 @@ async def _serve_on(
                 scheme = "wss" if options.tls_cert else "ws"
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
+                if peers is not None:
+                    await peers.listening(url)
                 repo.write_serve_file(
                     url,
                     data_plane,

@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -27,6 +28,9 @@ from swamp.models.builtin import INTERNAL_TYPES
 from swamp.repo import Repo
 from swamp.store.datastore import Datastore, adhoc_runs
 from swamp.store.journal import Journal
+
+if TYPE_CHECKING:
+    from swamp.store.pg_peers import PgPeers
 from swamp.store.records import Records, SqliteRecords
 from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
 
@@ -46,6 +50,8 @@ class Storage:
     adhoc_runs: AdhocRuns
     store: Datastore | None = None  # SQLite's own (None on PostgreSQL)
     journal: Journal | None = None
+    # PostgreSQL's: the orchestrators serving it and the shared queue (swamp.store.pg_peers)
+    peers: PgPeers | None = None
 
     @property
     def shared(self) -> bool:
@@ -81,6 +87,7 @@ async def open_postgres(url: str) -> Storage:
     """The record store and the step logs on one pool, their tables made if need be."""
     where = check_database_url(url)
     try:
+        from swamp.store.pg_peers import PgPeers
         from swamp.store.pg_step_logs import PgLogStore
         from swamp.store.pg_store import PgStore
     except ImportError:
@@ -91,6 +98,7 @@ async def open_postgres(url: str) -> Storage:
     db = await PgStore.open(url)
     try:
         logs = await PgLogStore.open(db.pool)
+        peers = await PgPeers.open(db.pool)
     except BaseException:
         await db.aclose()
         raise
@@ -99,6 +107,7 @@ async def open_postgres(url: str) -> Storage:
         logs=logs,
         where=where,
         adhoc_runs=functools.partial(db.adhoc_runs, excluded=INTERNAL_TYPES),
+        peers=peers,
     )
 
 

@@ -619,6 +619,7 @@ class WorkerItem(Message):
     verify_failure_reason: str | None = None
     drain_reason: str | None = None
     unresponsive_reason: str | None = None
+    orchestrator: str | None = None  # the URL of the one holding its socket (a shared database)
 
 
 @dataclass(frozen=True)

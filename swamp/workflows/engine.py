@@ -170,7 +170,9 @@ class Engine:
         *,
         clock=time.time,
         max_fan_out: int = MAX_EXPANSIONS,
+        owner: str = "",
     ) -> None:
+        self.owner = owner  # this orchestrator's id on a shared database: its runs say so
         self.workflows = workflows
         self.db = db  # the runs' records and the data expressions read (swamp.store.records)
         self.runs = RunBook(db, clock=clock)
@@ -274,7 +276,7 @@ class _Run:
             ],
         )
         self.jobs = {j.name: j for j in self.record.jobs}
-        self.writer = RunWriter(engine.db, self.record)
+        self.writer = RunWriter(engine.db, self.record, owner=engine.owner)
         for job_record in self.record.jobs:
             for entry in job_record.steps:
                 self.writer.add(job_record.name, entry)

@@ -1,0 +1,690 @@
+"""Several orchestrators on one PostgreSQL: who serves it, who died, and steps run on a
+worker another orchestrator holds.
+
+Each orchestrator (``serve --database``) gets an id at its start, holds a session advisory
+lock on it for its life (*liveness*: the lock frees itself when its process or its connection
+dies) and registers in ``swamp_orchestrator`` (``swamp.store.pg_peers``) with the URL its peers
+reach it at and the hash of a *peer credential* it made. Its lease rows, worker records,
+queue episodes and workflow runs name it (``orchestrator``), so what it leaves when it dies
+can be told from what the living hold.
+
+**Death.** Every orchestrator waits on every peer's liveness lock (the server queues waiters;
+nothing polls). Whoever gets it first looks again a moment later (a peer whose connection to
+the database dropped takes its lock back within seconds), then reconciles what the dead one
+left — its active leases expire, the workers it held are marked disconnected unless another
+took them meanwhile, its queue episodes are orphaned, its running workflow runs interrupted —
+and only then deletes its row: a row whose lock is free names a dead orchestrator.
+
+**Steps across orchestrators.** A step no worker of its orchestrator (its *origin*) can take
+waits in the origin's queue and in the shared queue, and a coalesced ``NOTIFY`` wakes the
+others (``swamp.store.pg_wake``). One with a free worker that matches reserves the slot and
+claims the step by compare-and-swap; the origin, woken in turn, takes the claim and sends the
+step — its arguments and environment, which never go through the database — to the claimer
+over the frame protocol (``peer.dispatch``, with its peer credential). The claimer runs the
+episode on its own socket and relays the step's events (its output, live) back as they come;
+cancelling the call cancels the step there. Only the holder ever dispatches to a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from swamp.client import connect
+from swamp.concurrency import open_unwrapping_nursery
+from swamp.domain.episodes import Ending, EpisodeEnd
+from swamp.domain.placement import Placement
+from swamp.domain.read_scope import ReadScope
+from swamp.domain.scheduler import Requirement
+from swamp.domain.step_logs import LogOwner
+from swamp.errors import (
+    ChannelClosed,
+    ClaimGone,
+    DatabaseUnavailable,
+    LockHeld,
+    MalformedFrame,
+    SwampError,
+    Unauthorized,
+    UserError,
+)
+from swamp.ids import new_id
+from swamp.protocol.messages import DispatchResult
+from swamp.protocol.rpc import RpcChannel
+from swamp.store import pg_locks
+from swamp.store.pg_peers import PeerRow, PgPeers, SharedStep
+from swamp.store.pg_wake import Waker, listen
+
+if TYPE_CHECKING:
+    from swamp.orchestrator.pool import Member
+    from swamp.orchestrator.queue import DispatchQueue
+
+log = logging.getLogger("swamp.peers")
+
+PEER = "orchestrator"  # a principal's kind: another orchestrator, by its peer credential
+PEER_VERBS = frozenset({"peer.dispatch"})
+CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
+CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
+DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
+# connection dropped takes its own back within seconds (serve's retry is at most 2 s)
+LIVENESS_RETRY = 1.0
+CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
+
+Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
+
+
+def liveness_lock(orchestrator: str) -> str:
+    return f"swamp orchestrator {orchestrator}"
+
+
+def credential_hash(credential: str) -> str:
+    return hashlib.sha256(credential.encode("utf-8", "replace")).hexdigest()
+
+
+def is_peer_credential(credential: str) -> bool:
+    return credential.startswith("peer.")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Another orchestrator claimed a step of ours: which, for which of its workers."""
+
+    queue_id: str
+    orchestrator: str
+    worker: str
+    dispatch_id: str
+
+
+@dataclass
+class Held:
+    """A slot of ours reserved for another orchestrator's step until it sends it."""
+
+    member: Member
+    dispatch_id: str
+    origin: str
+    until: float  # trio time
+    taken: bool = False
+
+
+class Peers:
+    """This orchestrator among the others on the database (see the module)."""
+
+    def __init__(
+        self,
+        table: PgPeers,
+        database: str,
+        *,
+        reconcile: Reconcile,
+        ca_pem: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.table = table
+        self.database = database  # the URL: liveness locks and LISTEN take connections of their own
+        self.reconcile = reconcile
+        self.ca_pem = ca_pem  # our own CA's certificate, when serve made one (peers trust it)
+        self.clock = clock
+        self.me = new_id()
+        self.credential = f"peer.{self.me}.{secrets.token_hex(32)}"
+        self.url = ""  # set once listening
+        self.known: dict[str, PeerRow] = {}  # the orchestrators registered, as last read
+        self.waker = Waker(table.pool, CHANNEL, self.me)
+        self._watched: set[str] = set()
+        self._wake = trio.Event()
+        self._links: dict[str, RpcChannel] = {}
+        self._linking: dict[str, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+        self._withdrawn: list[str] = []
+        # handed to run(): the queue (its tickets and slots), and how to run a claimed step
+        self.queue: DispatchQueue | None = None
+        self.run_claimed: Callable[..., Awaitable[dict]] | None = None
+        self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
+        self.reconciled: list[str] = []  # dead orchestrators this one reconciled
+        self.others_waiting = 0  # others' steps left unclaimed by the last pass
+        self.lost_liveness: trio.Event = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<Peers {self.me[:8]} known={len(self.known)} held={len(self.held)}>"
+
+    # -- start: liveness, then the row ---------------------------------------------------------
+
+    async def hold_liveness(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Hold our liveness lock for our life, registered once it is held. Lost with its
+        connection, it is taken back as soon as the database answers — unless a peer took it
+        meanwhile and declared us dead (our row is gone): then we stop, saying so."""
+        started = False
+        pause = LIVENESS_RETRY
+        while True:
+            try:
+                async with pg_locks.held(self.database, liveness_lock(self.me), wait=False):
+                    if not started:
+                        await self.table.register(
+                            PeerRow(
+                                self.me,
+                                self.url,
+                                credential_hash(self.credential),
+                                self.ca_pem,
+                                self.clock(),
+                            )
+                        )
+                        started = True
+                        task_status.started()
+                    elif await self.table.get(self.me) is None:
+                        raise UserError(
+                            "another orchestrator took this one for dead while its connection "
+                            "to the database was down, and took over its workers: stopping "
+                            "(start it again)"
+                        )
+                    else:
+                        log.info("holds its liveness lock again")
+                    pause = LIVENESS_RETRY
+                    await trio.sleep_forever()
+            except LockHeld:
+                raise UserError(
+                    "another orchestrator is taking this one for dead (its connection to the "
+                    "database was down): stopping (start it again)"
+                ) from None
+            except DatabaseUnavailable as exc:  # LockLost too
+                if not started:
+                    raise
+                log.warning("lost the liveness lock (%s): taking it again in %gs", exc, pause)
+            await trio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    async def listening(self, url: str) -> None:
+        """Peers reach us at ``url`` from now on."""
+        self.url = url
+        async with self.table.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE swamp_orchestrator SET url = $2 WHERE id = $1", (self.me, url)
+            )
+        self.waker.wake()
+
+    async def run(
+        self,
+        queue: DispatchQueue,
+        run_claimed: Callable[..., Awaitable[dict]],
+        *,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The wake-ups, the watch on every peer's liveness, claims and their holds: ``queue``
+        is ours (its waiting steps, its slots), ``run_claimed`` runs a step we claimed."""
+        self.queue, self.run_claimed = queue, run_claimed
+        async with open_unwrapping_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.waker.run)
+            await nursery.start(listen, self.database, CHANNEL, self.me, self.woken)
+            await self._refresh()
+            nursery.start_soon(self._passes)
+            task_status.started()
+
+    def woken(self) -> None:
+        self._wake.set()
+
+    def slot_freed(self) -> None:
+        """A slot here came free (or a worker came): look at others' waiting steps, if the
+        last look saw any (never waits; costs nothing while nobody else waits)."""
+        if self.others_waiting:
+            self._wake.set()
+
+    async def _passes(self) -> None:
+        """On every wake-up (and every second, for the holds' deadlines): who serves the
+        database, what others claimed of ours, what of theirs we can claim."""
+        while True:
+            with trio.move_on_after(1.0):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._refresh()
+                await self._withdraw_pending()
+                await self._take_claims()
+                await self._claim()
+                await self._expire_holds()
+            except SwampError as exc:  # the database is away: the next pass
+                log.warning("the shared queue's pass failed: %s", exc)
+                await trio.sleep(1.0)
+
+    async def _refresh(self) -> None:
+        rows = await self.table.orchestrators()
+        self.known = {row.id: row for row in rows}
+        assert self._nursery is not None
+        for row in rows:
+            if row.id != self.me and row.id not in self._watched:
+                self._watched.add(row.id)
+                self._nursery.start_soon(self._watch, row.id)
+
+    def url_of(self, orchestrator: str) -> str | None:
+        if orchestrator == self.me:
+            return self.url
+        row = self.known.get(orchestrator)
+        return row.url if row is not None else None
+
+    # -- death ---------------------------------------------------------------------------------
+
+    async def _watch(self, orchestrator: str) -> None:
+        """Wait for ``orchestrator``'s liveness lock; once it is free (and still free a moment
+        later), reconcile what it left and forget it."""
+        name = liveness_lock(orchestrator)
+        try:
+            while True:
+                try:
+                    async with pg_locks.held(self.database, name):
+                        pass  # free: dead, or its connection dropped; look again in a moment
+                    await trio.sleep(DEATH_GRACE)
+                    await self._bury(orchestrator)
+                    return
+                except LockHeld:
+                    continue  # it took its lock back: alive
+                except DatabaseUnavailable as exc:
+                    log.warning("watching orchestrator %s: %s", orchestrator[:12], exc)
+                    await trio.sleep(LIVENESS_RETRY)
+        finally:
+            self._watched.discard(orchestrator)
+
+    async def _bury(self, orchestrator: str) -> dict:
+        """Reconcile what the dead ``orchestrator`` left and forget it, holding its liveness
+        lock (:class:`LockHeld` if it is alive after all)."""
+        async with pg_locks.held(self.database, liveness_lock(orchestrator), wait=False):
+            row = await self.table.get(orchestrator)
+            if row is None:
+                return {}  # another peer reconciled it already
+            changed = await self.reconcile(orchestrator)
+            await self.table.forget(orchestrator)
+        self.reconciled.append(orchestrator)
+        log.warning(
+            "orchestrator %s (%s) is gone: reconciled what it left (%s)",
+            orchestrator[:12],
+            row.url or "never listened",
+            ", ".join(f"{k} {v}" for k, v in changed.items() if v) or "nothing",
+        )
+        self.waker.wake()  # its steps may be claimed again; its claims are gone
+        return changed
+
+    async def bury_at_boot(self) -> dict:
+        """Before this one serves: the orchestrators registered whose liveness lock is free
+        (and still free a moment later) are dead; what they left is reconciled now."""
+        free = []
+        for row in await self.table.orchestrators():
+            if row.id == self.me:
+                continue
+            try:
+                async with pg_locks.held(self.database, liveness_lock(row.id), wait=False):
+                    free.append(row.id)
+            except LockHeld:
+                continue
+        total: dict[str, int] = {}
+        if free:
+            await trio.sleep(DEATH_GRACE)
+        for orchestrator in free:
+            try:
+                changed = await self._bury(orchestrator)
+            except LockHeld:
+                continue  # it took its lock back
+            for what, count in changed.items():
+                total[what] = total.get(what, 0) + count
+        return total
+
+    # -- the origin's side: publish, take claims, send the step ---------------------------------
+
+    async def publish(self, queue_id: str, placement: Placement, priority: int, submitter: str):
+        """A step of ours waits: every orchestrator may claim it from now on."""
+        await self.table.publish(
+            SharedStep(queue_id, self.me, placement.to_json(), priority, submitter, self.clock())
+        )
+        self.waker.wake()
+
+    def withdraw_soon(self, queue_id: str) -> None:
+        """Ours no longer waits (never waits: the next pass deletes it, claimed or not)."""
+        self._withdrawn.append(queue_id)
+        self._wake.set()
+
+    async def _withdraw_pending(self) -> None:
+        while self._withdrawn:
+            await self.table.withdraw(self._withdrawn[0])
+            self._withdrawn.pop(0)
+            self.waker.wake()  # a claimer holding a slot for it lets it go
+
+    async def withdraw_or_claim(self, queue_id: str) -> Claim | None:
+        """A step of ours got a worker here: withdrawn, unless another orchestrator claimed
+        it first — then the claim, taken (the step goes there)."""
+        if await self.table.withdraw_unclaimed(queue_id):
+            return None
+        for step in await self.table.claimed_for(self.me):
+            if step.queue_id == queue_id:
+                return await self._take(step)
+        return None  # the claim went meanwhile, and its row: nobody else runs it
+
+    async def _take_claims(self) -> None:
+        if self.queue is None:
+            return
+        for step in await self.table.claimed_for(self.me):
+            ticket = self.queue.published.get(step.queue_id)
+            if ticket is None or ticket.claim is not None:
+                if ticket is None:
+                    await self.table.withdraw(step.queue_id)  # nobody waits for it any more
+                    self.waker.wake()
+                continue
+            claim = await self._take(step)
+            if claim is not None:
+                self.queue.claimed(ticket, claim)
+
+    async def _take(self, step: SharedStep) -> Claim | None:
+        assert step.claimed_by and step.worker and step.dispatch_id
+        if not await self.table.take(step.queue_id, step.claimed_by):
+            return None
+        return Claim(step.queue_id, step.claimed_by, step.worker, step.dispatch_id)
+
+    async def run_there(self, claim: Claim, params: dict, emit) -> tuple[EpisodeEnd, dict | None]:
+        """Send a claimed step to its claimer and relay what it says; how it ended there."""
+        dispatched = False
+
+        async def relay(event) -> None:
+            nonlocal dispatched
+            if isinstance(event, dict) and event.get("kind") == "dispatched":
+                dispatched = True
+            await emit(event)
+
+        try:
+            channel = await self._link(claim.orchestrator)
+            reply = await channel.call(
+                "peer.dispatch",
+                {**params, "queueId": claim.queue_id, "dispatchId": claim.dispatch_id},
+                timeout=None,
+                on_event=relay,
+                settle=CANCEL_SETTLE,
+            )
+        except ClaimGone as exc:
+            return EpisodeEnd(Ending.BUSY, claim.worker, exc.message), None
+        except ChannelClosed as exc:
+            where = self.url_of(claim.orchestrator) or claim.orchestrator[:12]
+            if not dispatched:
+                return EpisodeEnd(Ending.LOST, claim.worker, f"{where}: {exc.message}"), None
+            # it was running there: whether it had an effect is that orchestrator's to know
+            return (
+                EpisodeEnd(
+                    Ending.LOST,
+                    claim.worker,
+                    f"the orchestrator holding it ({where}) was lost while the step ran",
+                    has_writes=True,
+                ),
+                None,
+            )
+        except SwampError as exc:
+            return EpisodeEnd(Ending.REFUSED, claim.worker, f"({exc.code}) {exc.message}"), None
+        return decode_ending(reply)
+
+    async def _link(self, orchestrator: str) -> RpcChannel:
+        """Our channel to ``orchestrator`` (made once, again after it closed)."""
+        while True:
+            channel = self._links.get(orchestrator)
+            if channel is not None and not channel.closed:
+                return channel
+            making = self._linking.get(orchestrator)
+            if making is None:
+                break
+            await making.wait()
+        row = self.known.get(orchestrator) or await self.table.get(orchestrator)
+        if row is None or not row.url:
+            raise ChannelClosed(f"orchestrator {orchestrator[:12]} is not serving")
+        made = self._linking[orchestrator] = trio.Event()
+        try:
+            assert self._nursery is not None
+            channel = await self._nursery.start(self._keep_link, row)
+            self._links[orchestrator] = channel
+            return channel
+        except OSError as exc:
+            raise ChannelClosed(f"cannot reach orchestrator {row.url}: {exc}") from None
+        finally:
+            del self._linking[orchestrator]
+            made.set()
+
+    async def _keep_link(self, row: PeerRow, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                channel = await stack.enter_async_context(
+                    connect(row.url, server_token=self.credential, ca_pem=row.ca_pem)
+                )
+                task_status.started(channel)
+                await channel.wait_closed()
+        except (SwampError, OSError) as exc:
+            log.info("the link to orchestrator %s closed: %s", row.url, exc)
+        finally:
+            if self._links.get(row.id) is not None and self._links[row.id].closed:
+                self._links.pop(row.id, None)
+
+    # -- the claimer's side ----------------------------------------------------------------------
+
+    async def _claim(self) -> None:
+        """Claim what our free workers can take of others' waiting steps."""
+        queue = self.queue
+        if queue is None:
+            return
+        waiting = await self.table.claimable(self.me)
+        self.others_waiting = len(waiting)
+        for step in waiting:
+            try:
+                placement = Placement(
+                    target=step.placement.get("target"),
+                    labels=dict(step.placement.get("labels") or {}),
+                    platform=step.placement.get("platform"),
+                )
+            except (TypeError, ValueError):
+                continue
+            slot = queue.reserve_for_peer(Requirement.of(placement))
+            if slot is None:
+                continue
+            member, dispatch_id = slot
+            try:
+                won = await self.table.claim(step.queue_id, self.me, member.name, dispatch_id)
+            except BaseException:
+                queue.release(member, dispatch_id)
+                raise
+            if not won:
+                queue.release(member, dispatch_id)
+                continue
+            self.others_waiting -= 1
+            self.held[step.queue_id] = Held(
+                member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
+            )
+            self.waker.wake()  # the origin takes it
+
+    async def _expire_holds(self) -> None:
+        """A claim its origin withdrew, or did not send within :data:`CLAIM_HOLD`, lets its
+        slot go."""
+        if not self.held or self.queue is None:
+            return
+        rows = await self.table.claims_of(self.me)
+        now = trio.current_time()
+        for queue_id, held in list(self.held.items()):
+            if held.taken:
+                continue
+            if queue_id not in rows or now > held.until:
+                del self.held[queue_id]
+                if queue_id in rows:
+                    await self.table.done(queue_id, self.me)
+                self.queue.release(held.member, held.dispatch_id)
+
+    async def dispatch(self, caller: str, params: dict, emit) -> dict:
+        """``peer.dispatch``: a step we claimed, sent by its origin: run it on the slot we
+        reserved, relaying its events; the reply says how it ended."""
+        queue_id = params.get("queueId")
+        if not isinstance(queue_id, str):
+            raise MalformedFrame("peer.dispatch needs queueId as text")
+        held = self.held.get(queue_id)
+        if held is None or held.origin != caller or held.dispatch_id != params.get("dispatchId"):
+            raise ClaimGone("this orchestrator no longer holds a slot for that step")
+        held.taken = True
+        del self.held[queue_id]
+        assert self.run_claimed is not None
+        await self.table.done(queue_id, self.me)
+        return await self.run_claimed(held.member, held.dispatch_id, params, emit)
+
+    async def identify(self, credential: str) -> str | Unauthorized:
+        """The id of the orchestrator a peer credential is, or why it is none (never raises;
+        the same words whatever was wrong)."""
+        refused = Unauthorized("the credential was not accepted")
+        parts = credential.split(".")
+        if len(parts) != 3:
+            return refused
+        try:
+            row = await self.table.get(parts[1])
+        except SwampError as exc:
+            return Unauthorized(exc.message)
+        if row is None or not secrets.compare_digest(
+            credential_hash(credential), row.credential_hash
+        ):
+            return refused
+        return row.id
+
+
+# -- the step on the wire ------------------------------------------------------------------------
+
+
+def encode_step(
+    *,
+    model_type: str,
+    model_name: str,
+    method: str,
+    args: dict,
+    environment: dict[str, str],
+    read_scope: ReadScope,
+    timeout: float | None,
+    owner: LogOwner | None,
+    step_id: str,
+    attempt: int,
+) -> dict:
+    return {
+        "modelType": model_type,
+        "modelName": model_name,
+        "method": method,
+        "args": args,
+        "environment": environment,
+        "reads": sorted([list(item) for item in read_scope.items]),
+        "readPatterns": list(read_scope.type_patterns),
+        "timeout": timeout,
+        "owner": None
+        if owner is None
+        else {
+            "runId": owner.run_id,
+            "workflow": owner.workflow,
+            "job": owner.job,
+            "step": owner.step,
+        },
+        "stepId": step_id,
+        "attempt": attempt,
+    }
+
+
+@dataclass(frozen=True)
+class SentStep:
+    """A step as a peer sent it, checked."""
+
+    model_type: str
+    model_name: str
+    method: str
+    args: dict
+    environment: dict[str, str]
+    read_scope: ReadScope
+    timeout: float | None
+    owner: LogOwner | None
+    step_id: str
+    attempt: int
+
+
+def decode_step(params: dict) -> SentStep:
+    def text(name: str) -> str:
+        value = params.get(name)
+        if not isinstance(value, str) or not value:
+            raise MalformedFrame(f"peer.dispatch needs {name} as text")
+        return value
+
+    args, env = params.get("args"), params.get("environment")
+    if not isinstance(args, dict) or not isinstance(env, dict):
+        raise MalformedFrame("peer.dispatch needs args and environment as objects")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise MalformedFrame("peer.dispatch's environment maps names to text")
+    reads = params.get("reads") or []
+    patterns = params.get("readPatterns") or []
+    if not (
+        isinstance(reads, list)
+        and all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+            for r in reads
+        )
+        and isinstance(patterns, list)
+        and all(isinstance(p, str) for p in patterns)
+    ):
+        raise MalformedFrame("peer.dispatch's reads are pairs of text")
+    timeout = params.get("timeout")
+    if timeout is not None and (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or timeout <= 0
+        or not math.isfinite(timeout)
+    ):
+        raise MalformedFrame("peer.dispatch's timeout is a positive number of seconds")
+    attempt = params.get("attempt")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise MalformedFrame("peer.dispatch's attempt is a whole number from 1")
+    owner_data = params.get("owner")
+    owner = None
+    if isinstance(owner_data, dict):
+        fields = {k: owner_data.get(k) for k in ("runId", "workflow", "job", "step")}
+        if not all(v is None or isinstance(v, str) for v in fields.values()):
+            raise MalformedFrame("peer.dispatch's owner holds text")
+        owner = LogOwner(
+            text("modelType"),
+            text("modelName"),
+            text("method"),
+            run_id=fields["runId"],
+            workflow=fields["workflow"],
+            job=fields["job"],
+            step=fields["step"],
+        )
+    return SentStep(
+        text("modelType"),
+        text("modelName"),
+        text("method"),
+        args,
+        dict(env),
+        ReadScope(frozenset((a, b) for a, b in reads), tuple(patterns)),
+        None if timeout is None else float(timeout),
+        owner,
+        text("stepId"),
+        attempt,
+    )
+
+
+def encode_ending(end: EpisodeEnd, result: DispatchResult | None) -> dict:
+    return {
+        "how": end.how.value,
+        "worker": end.worker,
+        "reason": end.reason,
+        "hasWrites": end.has_writes,
+        "result": result.to_json() if result is not None else None,
+    }
+
+
+def decode_ending(reply: object) -> tuple[EpisodeEnd, dict | None]:
+    if not isinstance(reply, dict):
+        raise MalformedFrame("peer.dispatch answered something else than an object")
+    try:
+        how = Ending(reply.get("how"))
+    except ValueError:
+        raise MalformedFrame(
+            "peer.dispatch answered an ending this version does not know"
+        ) from None
+    worker, reason = reply.get("worker"), reply.get("reason")
+    if not isinstance(worker, str) or not isinstance(reason, str):
+        raise MalformedFrame("peer.dispatch's answer names its worker and reason as text")
+    result = reply.get("result")
+    if result is not None and not isinstance(result, dict):
+        raise MalformedFrame("peer.dispatch's result is an object")
+    return EpisodeEnd(how, worker, reason, bool(reply.get("hasWrites"))), result

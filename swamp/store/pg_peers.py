@@ -1,0 +1,244 @@
+"""The orchestrators serving one PostgreSQL, and the steps waiting for any of them.
+
+Two small tables beside the records (``swamp.orchestrator.peers`` uses them):
+
+- ``swamp_orchestrator``: one row per orchestrator that serves the database — its id (new at
+  each start), the URL its peers reach it at, the SHA-256 of its peer credential (never the
+  secret) and its CA pin when it made its own. A row goes only after whoever took its owner's
+  liveness lock has reconciled what it left: a row whose lock is free names an orchestrator
+  that died, and a record that names an orchestrator with no row was left by one already gone.
+- ``swamp_shared_queue``: a step that no worker of its orchestrator (its *origin*) could take
+  waits here too. Another orchestrator with a matching free worker *claims* it by
+  compare-and-swap (``claimed_by`` from NULL), the origin *takes* the claim (``taken``) and
+  sends the step to the claimer, which runs it on its own socket and deletes the row; a step
+  whose origin gave up on it is deleted by its origin, claimed or not.
+
+Every statement is one round trip and its own transaction; nothing here holds a lock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from swamp.store import pg
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS swamp_orchestrator (
+    id              TEXT COLLATE "C" PRIMARY KEY,
+    url             TEXT NOT NULL,
+    credential_hash TEXT NOT NULL,
+    ca_pem          TEXT,
+    started_epoch   DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS swamp_shared_queue (
+    queue_id     TEXT COLLATE "C" PRIMARY KEY,
+    origin       TEXT COLLATE "C" NOT NULL,
+    placement    TEXT NOT NULL,
+    priority     INTEGER NOT NULL,
+    submitter    TEXT NOT NULL,
+    queued_epoch DOUBLE PRECISION NOT NULL,
+    claimed_by   TEXT COLLATE "C",
+    worker       TEXT,
+    dispatch_id  TEXT,
+    taken        BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX IF NOT EXISTS swamp_shared_queue_origin ON swamp_shared_queue (origin);
+CREATE INDEX IF NOT EXISTS swamp_shared_queue_claimer ON swamp_shared_queue (claimed_by)
+    WHERE claimed_by IS NOT NULL
+"""
+_SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """An orchestrator serving the database, as it registered."""
+
+    id: str
+    url: str
+    credential_hash: str
+    ca_pem: str | None
+    started_epoch: float
+
+
+@dataclass(frozen=True)
+class SharedStep:
+    """A step waiting in the shared queue: enough to decide who can run it, nothing of what
+    it runs (its arguments and environment go from the origin to the claimer only)."""
+
+    queue_id: str
+    origin: str
+    placement: dict
+    priority: int
+    submitter: str
+    queued_epoch: float
+    claimed_by: str | None = None
+    worker: str | None = None
+    dispatch_id: str | None = None
+    taken: bool = False
+
+
+_STEP_COLUMNS = (
+    "queue_id, origin, placement, priority, submitter, queued_epoch, claimed_by, worker, "
+    "dispatch_id, taken"
+)
+
+
+def _step(row: tuple) -> SharedStep:
+    placement = json.loads(row[2])
+    return SharedStep(
+        row[0],
+        row[1],
+        placement if isinstance(placement, dict) else {},
+        int(row[3]),
+        row[4],
+        float(row[5]),
+        row[6],
+        row[7],
+        row[8],
+        bool(row[9]),
+    )
+
+
+class PgPeers:
+    """The two tables on a pool (the record store's)."""
+
+    def __init__(self, pool: pg.Pool) -> None:
+        self.pool = pool
+
+    def __repr__(self) -> str:
+        return f"<PgPeers {self.pool!r}>"
+
+    @classmethod
+    async def open(cls, pool: pg.Pool) -> PgPeers:
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", (_SCHEMA_LOCK,))
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                await conn.execute(statement)
+        return cls(pool)
+
+    async def _execute(self, sql: str, params: tuple = ()) -> pg.Result:
+        async with self.pool.connection() as conn:
+            return await conn.execute(sql, params)
+
+    # -- the orchestrators -------------------------------------------------------------------
+
+    async def register(self, row: PeerRow) -> None:
+        await self._execute(
+            "INSERT INTO swamp_orchestrator (id, url, credential_hash, ca_pem, started_epoch) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            (row.id, row.url, row.credential_hash, row.ca_pem, row.started_epoch),
+        )
+
+    async def orchestrators(self) -> list[PeerRow]:
+        result = await self._execute(
+            "SELECT id, url, credential_hash, ca_pem, started_epoch FROM swamp_orchestrator "
+            "ORDER BY started_epoch, id"
+        )
+        return [PeerRow(r[0], r[1], r[2], r[3], float(r[4])) for r in result.rows]
+
+    async def get(self, orchestrator: str) -> PeerRow | None:
+        result = await self._execute(
+            "SELECT id, url, credential_hash, ca_pem, started_epoch FROM swamp_orchestrator "
+            "WHERE id = $1",
+            (orchestrator,),
+        )
+        return next((PeerRow(r[0], r[1], r[2], r[3], float(r[4])) for r in result.rows), None)
+
+    async def forget(self, orchestrator: str) -> None:
+        """``orchestrator`` is gone and what it left is reconciled: its row, the steps it was
+        waiting for go; the steps it claimed and never took may be claimed again."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("DELETE FROM swamp_shared_queue WHERE origin = $1", (orchestrator,))
+            await conn.execute(
+                "UPDATE swamp_shared_queue SET claimed_by = NULL, worker = NULL, "
+                "dispatch_id = NULL WHERE claimed_by = $1 AND NOT taken",
+                (orchestrator,),
+            )
+            await conn.execute(
+                "DELETE FROM swamp_shared_queue WHERE claimed_by = $1 AND taken", (orchestrator,)
+            )
+            await conn.execute("DELETE FROM swamp_orchestrator WHERE id = $1", (orchestrator,))
+
+    # -- the shared queue --------------------------------------------------------------------
+
+    async def publish(self, step: SharedStep) -> None:
+        await self._execute(
+            "INSERT INTO swamp_shared_queue (queue_id, origin, placement, priority, submitter, "
+            "queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue_id) DO NOTHING",
+            (
+                step.queue_id,
+                step.origin,
+                _ENCODE(step.placement),
+                step.priority,
+                step.submitter,
+                step.queued_epoch,
+            ),
+        )
+
+    async def withdraw(self, queue_id: str) -> None:
+        """The origin no longer waits for it (it ran here, timed out, or its caller left)."""
+        await self._execute("DELETE FROM swamp_shared_queue WHERE queue_id = $1", (queue_id,))
+
+    async def withdraw_unclaimed(self, queue_id: str) -> bool:
+        """Withdraw it if nobody claimed it yet; ``False``: another orchestrator has."""
+        result = await self._execute(
+            "DELETE FROM swamp_shared_queue WHERE queue_id = $1 AND claimed_by IS NULL",
+            (queue_id,),
+        )
+        if result.rowcount:
+            return True
+        return not (
+            await self._execute("SELECT 1 FROM swamp_shared_queue WHERE queue_id = $1", (queue_id,))
+        ).rows
+
+    async def claimable(self, me: str, limit: int = 500) -> list[SharedStep]:
+        """Others' steps nobody claimed yet, highest priority first, then oldest."""
+        result = await self._execute(
+            f"SELECT {_STEP_COLUMNS} FROM swamp_shared_queue WHERE claimed_by IS NULL "
+            "AND origin <> $1 ORDER BY priority DESC, queued_epoch LIMIT $2",
+            (me, limit),
+        )
+        return [_step(r) for r in result.rows]
+
+    async def claim(self, queue_id: str, me: str, worker: str, dispatch_id: str) -> bool:
+        """Claim it for ``worker``'s slot reserved as ``dispatch_id``: ``False`` if another
+        orchestrator was first (or its origin withdrew it)."""
+        result = await self._execute(
+            "UPDATE swamp_shared_queue SET claimed_by = $2, worker = $3, dispatch_id = $4 "
+            "WHERE queue_id = $1 AND claimed_by IS NULL",
+            (queue_id, me, worker, dispatch_id),
+        )
+        return result.rowcount == 1
+
+    async def claimed_for(self, origin: str) -> list[SharedStep]:
+        """The origin's steps another orchestrator claimed and the origin has not taken."""
+        result = await self._execute(
+            f"SELECT {_STEP_COLUMNS} FROM swamp_shared_queue WHERE origin = $1 "
+            "AND claimed_by IS NOT NULL AND NOT taken",
+            (origin,),
+        )
+        return [_step(r) for r in result.rows]
+
+    async def take(self, queue_id: str, claimer: str) -> bool:
+        """The origin sends the step to its claimer: ``False`` if the claim went meanwhile."""
+        result = await self._execute(
+            "UPDATE swamp_shared_queue SET taken = TRUE WHERE queue_id = $1 AND claimed_by = $2",
+            (queue_id, claimer),
+        )
+        return result.rowcount == 1
+
+    async def claims_of(self, me: str) -> dict[str, bool]:
+        """The steps ``me`` claimed that are still here: queue id → taken by their origin."""
+        result = await self._execute(
+            "SELECT queue_id, taken FROM swamp_shared_queue WHERE claimed_by = $1", (me,)
+        )
+        return {r[0]: bool(r[1]) for r in result.rows}
+
+    async def done(self, queue_id: str, claimer: str) -> None:
+        """The claimer has the step (or gives its claim up): the row goes."""
+        await self._execute(
+            "DELETE FROM swamp_shared_queue WHERE queue_id = $1 AND claimed_by = $2",
+            (queue_id, claimer),
+        )

@@ -1,0 +1,83 @@
+"""Several orchestrators on one real PostgreSQL, on real processes: a worker given both URLs
+enrolls with the first; a step sent through the other runs on it, its output at the client
+while it runs; ``worker list`` through either says which holds the worker; the holder killed
+with SIGKILL, the worker moves to the survivor and runs steps through it, and the survivor
+reconciles what the dead one left."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from tests.integration.conftest import logs_of, result_of, wait_until
+
+pytestmark = [pytest.mark.postgres]
+
+
+def _serve_other(cluster, name: str, *extra: str):
+    """A second orchestrator, in a repo of its own (one per repo), on the same database."""
+    other = cluster.tmp / name
+    assert cluster.cli("init", str(other)).returncode == 0
+    proc = cluster.spawn(
+        "serve", "--repo-dir", str(other), "--port", "0", "--json", "--heartbeat", "1s",
+        "--grace-window", "10s", *extra,
+    )  # fmt: skip
+    url = proc.wait_for(lambda e: e.get("event") == "listening")["url"]
+    return proc, url, {"SWAMP_REPO_DIR": str(other)}
+
+
+def test_two_orchestrators_share_one_database(cluster, pg_url, tmp_path):
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, second_env = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")  # minted through the first
+    worker = cluster.spawn(
+        "worker", "connect", f"{first_url},{second_url}", "--json",
+        env={"SWAMP_WORKER_TOKEN": token},
+    )  # fmt: skip
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+
+    # through the second, which holds no worker: the step waits in the shared queue, the
+    # first claims it and runs it on its worker; the client sees the first line while the
+    # step still runs (it ends only once the test has seen that line and says go)
+    go = tmp_path / "go"
+    command = f"echo first; while [ ! -e {go} ]; do sleep 0.05; done; echo second"
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", "fleet=edge", "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "first")
+    go.touch()
+    assert client.wait_exit() == 0
+    lines = client.events()
+    result = result_of(lines)
+    assert result["status"] == "succeeded" and result["worker"] == name
+    assert logs_of(lines) == ["first", "second"]
+
+    # either says which orchestrator holds the worker's socket
+    for env in ({}, second_env):
+        url = first_url if not env else second_url
+        listed = cluster.cli_json("worker", "list", "--server", url, env=env)["workers"]
+        assert [(w["name"], w.get("orchestrator")) for w in listed] == [(name, first_url)]
+
+    # the holder killed: the worker moves to the second and runs a step through it; the
+    # second reconciles what the first left (its row goes)
+    mark = worker.mark()
+    first.signal(signal.SIGKILL)
+    first.wait_exit()
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    code = cluster.cli(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=survived",
+        "--target", name, "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    assert code.returncode == 0, code.stderr
+    listed = cluster.cli_json("worker", "list", "--server", second_url, env=second_env)
+    assert [(w["name"], w.get("orchestrator")) for w in listed["workers"]] == [(name, second_url)]
+    wait_until(
+        lambda: "is gone: reconciled what it left" in second.log.read_text(),
+        what="the survivor to reconcile the dead orchestrator",
+    )
+    assert second.p.poll() is None and json.loads(code.stdout.splitlines()[-1])["result"]
