@@ -226,6 +226,8 @@ class RepoAdmin:
 
     async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
         held = await retry_busy(lambda: self.server_tokens.revoke(request.name))
+        if self.live_tokens is not None:  # the sockets it opened close, here and elsewhere
+            self.live_tokens.recheck_soon()
         return _server_token_item(held)
 
     # -- workers -------------------------------------------------------------------------------

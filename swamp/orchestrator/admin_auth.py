@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
+from swamp.domain.peers import is_peer_credential
 from swamp.domain.scopes import Scope, refusal
 from swamp.errors import Forbidden, ScopeTooNarrow, SwampError, Unauthorized
-from swamp.orchestrator.peers import PEER, Peers, is_peer_credential
+from swamp.orchestrator.peers import PEER, Peers
 
 LOCAL = "local"
 

@@ -255,7 +255,7 @@ def compose(
         admission.close_revoked_admins(still_valid)
         logins.end_revoked(still_valid)
 
-    live_tokens = LiveTokens(store, pool, tokens, on_repo_change=[close_revoked])
+    live_tokens = LiveTokens(store, pool, tokens, on_repo_change=[close_revoked], peers=peers)
     enrollment = Enrollment(
         pool, tokens, records, membership, live_tokens, on_rejection=metrics.on_rejection
     )

@@ -211,7 +211,6 @@ class Connection:
             self.channel.transport.limit_messages(
                 TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS
             )
-            self.channel.drop_silent = False
             self.channel.name = f"orchestrator {identity.name[:12]} ({self.peer})"
         return await peers.dispatch(identity.name, call.params, None if call.quiet else call.emit)
 

@@ -382,6 +382,7 @@ class DispatchService:
             read_scope=sent.read_scope,
             timeout=sent.timeout,
             owner=sent.owner,
+            tell_effects=True,
         )
         try:
             self._set_busy(member)

@@ -77,6 +77,9 @@ class Work:
     takes_slot: bool = True  # False for the fleet probe: it runs beside the worker's dispatches
     timeout: float | None = None  # seconds it may run on the worker; None: as long as it takes
     owner: LogOwner | None = None  # whose output it prints (None: not kept, e.g. a probe)
+    # another orchestrator sent it (a shared database): it is told, as an ``effects`` event,
+    # once the step has had an effect — if this one is lost, the step must not run again
+    tell_effects: bool = False
 
 
 @dataclass
@@ -101,6 +104,7 @@ class ActiveDispatch:
     acknowledged: bool = False
     abandoned: str | None = None  # why it was taken back
     abandon: trio.CancelScope | None = None
+    tell: Emit | None = None  # where its first effect is told (another orchestrator's step)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ class Episodes:
         active = ActiveDispatch(
             dispatch_id, member, work.model_type, work.model_name, read_scope=work.read_scope
         )
+        if work.tell_effects:
+            active.tell = emit
         credential = None
         try:
             active.lease = self.bookkeeper.open_lease(
@@ -281,6 +287,7 @@ class Episodes:
         active.acknowledged = active.has_writes = True  # it is running the method
         if active.lease is not None:
             await self.bookkeeper.mark_writes(active.lease)
+        await _tell_effect(active)
 
     def record_effects(self, active: ActiveDispatch) -> None:
         """The worker says the method had an effect (a command exited): the step must not run
@@ -312,6 +319,7 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch, episodes: Ep
             return
         if isinstance(decoded, Effects):
             episodes.record_effects(active)
+            await _tell_effect(active)
             return
         if not isinstance(decoded, LogLine):
             raise MalformedFrame(f"a worker does not send {decoded.kind!r} events")
@@ -322,6 +330,13 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch, episodes: Ep
     if episodes.logs is not None:
         episodes.logs.append(active.id, decoded.line, decoded.stream)
     await safe_emit(emit, replace(decoded, worker=worker).to_json())
+
+
+async def _tell_effect(active: ActiveDispatch) -> None:
+    """The orchestrator that sent the step learns it had an effect (once)."""
+    tell, active.tell = active.tell, None
+    if tell is not None:
+        await safe_emit(tell, Effects().to_json())
 
 
 def ack_deadline(member: Member) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,12 +31,16 @@ from swamp.orchestrator.timers import Deadlines
 from swamp.store.datastore import Datastore
 from swamp.store.retry import retry_busy
 
+if TYPE_CHECKING:
+    from swamp.orchestrator.peers import Peers
+
 log = logging.getLogger("swamp.gateway")
 
 CLOSE_REVOKED = 4001
 CLOSE_EXPIRED = 4002
 REPO_WATCH_INTERVAL = 0.25
 RETRY = 5.0  # seconds before a token deadline the store could not check is checked again
+TOKENS_CHANNEL = "swamp_tokens"  # NOTIFY: tokens changed (a shared database)
 
 
 class LiveTokens:
@@ -47,7 +52,14 @@ class LiveTokens:
         *,
         on_repo_change: Sequence[Callable[[], Awaitable[None]]] = (),
         clock: Callable[[], float] = time.time,
+        peers: Peers | None = None,
     ) -> None:
+        # on a database several orchestrators share: a token written here wakes the others
+        # (a NOTIFY of its own channel), and theirs wake this one, which reads them again —
+        # a revocation through any orchestrator disconnects the token's workers on every one
+        self.news = peers.waker_on(TOKENS_CHANNEL) if peers else None
+        self.peers = peers
+        self._others_wrote = trio.Event()
         self.store = store
         self.pool = pool
         self.tokens = tokens
@@ -81,9 +93,19 @@ class LiveTokens:
         writes of others)."""
         self._reads += 1
         number = self._reads
+        if self.news is not None:
+            self.news.wake()  # the others read it again too
         token = await self.tokens.get(name)
         self._keep(name, token, number)
         return token
+
+    def recheck_soon(self) -> None:
+        """Tokens changed here in a way only a full re-read shows (a server token revoked
+        through this orchestrator): on a shared database, every orchestrator re-reads them,
+        this one too (never waits)."""
+        if self.news is not None:
+            self.news.wake()
+            self._others_wrote.set()
 
     def _keep(self, name: str, token: Token | None, number: int) -> None:
         if self._answered.get(name, 0) > number:
@@ -171,11 +193,7 @@ class LiveTokens:
                 if current == seen:
                     continue
                 seen = current
-                await self.refresh()
-                for name in {m.token_name for m in self.pool.members.values() if m.connected}:
-                    await self.token_changed(name)
-                for listener in self.on_repo_change:
-                    await listener()
+                await self._recheck()
             except SwampError as exc:  # e.g. the database is locked: try again next tick
                 log.warning("could not re-check the repo after a change: %s", exc)
                 seen = None
@@ -183,10 +201,40 @@ class LiveTokens:
                 log.exception("the repo watcher failed; it carries on")
                 seen = None
 
+    async def _recheck(self) -> None:
+        """Another process changed the tokens: every one read again, the workers of those no
+        longer live disconnected, and what else watches (revoked server tokens) told."""
+        await self.refresh()
+        for name in {m.token_name for m in self.pool.members.values() if m.connected}:
+            await self.token_changed(name)
+        for listener in self.on_repo_change:
+            await listener()
+
+    async def _watch_others(self) -> None:
+        """On a shared database: each batch of other orchestrators' token writes (and of ours
+        that need a full re-read), read again; a failed pass is tried again shortly."""
+        while True:
+            await self._others_wrote.wait()
+            self._others_wrote = trio.Event()
+            try:
+                await self._recheck()
+            except SwampError as exc:
+                log.warning("could not re-read the tokens others changed: %s", exc)
+                await trio.sleep(RETRY)
+                self._others_wrote.set()
+            except Exception:  # a bug here must not take the orchestrator down with it
+                log.exception("re-reading the tokens others changed failed; it carries on")
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.refresh()  # before anything is asked: every token, before the first worker
         async with open_unwrapping_nursery() as nursery:
             await nursery.start(self.token_deadlines.run, self._token_deadline)
-            if self.store is not None:  # (PostgreSQL's: another orchestrator's writes, later)
+            if self.store is not None:  # the repo's file: another process's commits
                 await nursery.start(self._watch_repo, self.store)
+            if self.news is not None and self.peers is not None:  # others on the database
+                await nursery.start(self.news.run)
+                await nursery.start(
+                    self.peers.listen, TOKENS_CHANNEL, lambda: self._others_wrote.set()
+                )
+                nursery.start_soon(self._watch_others)
             task_status.started()

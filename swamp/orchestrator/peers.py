@@ -27,7 +27,6 @@ cancelling the call cancels the step there. Only the holder ever dispatches to a
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import secrets
@@ -42,6 +41,12 @@ import trio
 from swamp.client import connect
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.episodes import Ending, EpisodeEnd
+from swamp.domain.peers import (
+    PeerRow,
+    SharedStep,
+    credential_hash,
+    liveness_lock,
+)
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.scheduler import Requirement
@@ -59,13 +64,12 @@ from swamp.errors import (
 from swamp.ids import new_id
 from swamp.protocol.messages import DispatchResult
 from swamp.protocol.rpc import RpcChannel
-from swamp.store import pg_locks
-from swamp.store.pg_peers import PeerRow, PgPeers, SharedStep
-from swamp.store.pg_wake import Waker, listen
 
 if TYPE_CHECKING:
     from swamp.orchestrator.pool import Member
     from swamp.orchestrator.queue import DispatchQueue
+    from swamp.store.pg_peers import PgPeers
+    from swamp.store.pg_wake import Waker
 
 log = logging.getLogger("swamp.peers")
 
@@ -79,18 +83,6 @@ LIVENESS_RETRY = 1.0
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
-
-
-def liveness_lock(orchestrator: str) -> str:
-    return f"swamp orchestrator {orchestrator}"
-
-
-def credential_hash(credential: str) -> str:
-    return hashlib.sha256(credential.encode("utf-8", "replace")).hexdigest()
-
-
-def is_peer_credential(credential: str) -> bool:
-    return credential.startswith("peer.")
 
 
 @dataclass(frozen=True)
@@ -114,6 +106,12 @@ class Held:
     taken: bool = False
 
 
+def _held(url: str, name: str, *, wait: bool = True):
+    from swamp.store import pg_locks  # (PostgreSQL's driver: only when serving one)
+
+    return pg_locks.held(url, name, wait=wait)
+
+
 class Peers:
     """This orchestrator among the others on the database (see the module)."""
 
@@ -135,6 +133,8 @@ class Peers:
         self.credential = f"peer.{self.me}.{secrets.token_hex(32)}"
         self.url = ""  # set once listening
         self.known: dict[str, PeerRow] = {}  # the orchestrators registered, as last read
+        from swamp.store.pg_wake import Waker  # (PostgreSQL's driver: only when serving one)
+
         self.waker = Waker(table.pool, CHANNEL, self.me)
         self._watched: set[str] = set()
         self._wake = trio.Event()
@@ -163,7 +163,7 @@ class Peers:
         pause = LIVENESS_RETRY
         while True:
             try:
-                async with pg_locks.held(self.database, liveness_lock(self.me), wait=False):
+                async with _held(self.database, liveness_lock(self.me), wait=False):
                     if not started:
                         await self.table.register(
                             PeerRow(
@@ -216,14 +216,31 @@ class Peers:
     ) -> None:
         """The wake-ups, the watch on every peer's liveness, claims and their holds: ``queue``
         is ours (its waiting steps, its slots), ``run_claimed`` runs a step we claimed."""
+        from swamp.store import pg_wake
+
         self.queue, self.run_claimed = queue, run_claimed
         async with open_unwrapping_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.waker.run)
-            await nursery.start(listen, self.database, CHANNEL, self.me, self.woken)
+            await nursery.start(pg_wake.listen, self.database, CHANNEL, self.me, self.woken)
             await self._refresh()
             nursery.start_soon(self._passes)
             task_status.started()
+
+    def waker_on(self, channel: str) -> Waker:
+        """A coalesced wake-up of every other orchestrator on ``channel`` (run it)."""
+        from swamp.store.pg_wake import Waker
+
+        return Waker(self.table.pool, channel, self.me)
+
+    async def listen(
+        self, channel: str, on_wake: Callable[[], None], *, task_status=trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """``on_wake`` for every batch of others' wake-ups on ``channel`` (and when some may
+        have been missed)."""
+        from swamp.store import pg_wake
+
+        await pg_wake.listen(self.database, channel, self.me, on_wake, task_status=task_status)
 
     def woken(self) -> None:
         self._wake.set()
@@ -275,7 +292,7 @@ class Peers:
         try:
             while True:
                 try:
-                    async with pg_locks.held(self.database, name):
+                    async with _held(self.database, name):
                         pass  # free: dead, or its connection dropped; look again in a moment
                     await trio.sleep(DEATH_GRACE)
                     await self._bury(orchestrator)
@@ -291,7 +308,7 @@ class Peers:
     async def _bury(self, orchestrator: str) -> dict:
         """Reconcile what the dead ``orchestrator`` left and forget it, holding its liveness
         lock (:class:`LockHeld` if it is alive after all)."""
-        async with pg_locks.held(self.database, liveness_lock(orchestrator), wait=False):
+        async with _held(self.database, liveness_lock(orchestrator), wait=False):
             row = await self.table.get(orchestrator)
             if row is None:
                 return {}  # another peer reconciled it already
@@ -315,7 +332,7 @@ class Peers:
             if row.id == self.me:
                 continue
             try:
-                async with pg_locks.held(self.database, liveness_lock(row.id), wait=False):
+                async with _held(self.database, liveness_lock(row.id), wait=False):
                     free.append(row.id)
             except LockHeld:
                 continue
@@ -383,12 +400,13 @@ class Peers:
 
     async def run_there(self, claim: Claim, params: dict, emit) -> tuple[EpisodeEnd, dict | None]:
         """Send a claimed step to its claimer and relay what it says; how it ended there."""
-        dispatched = False
+        had_effect = False
 
         async def relay(event) -> None:
-            nonlocal dispatched
-            if isinstance(event, dict) and event.get("kind") == "dispatched":
-                dispatched = True
+            nonlocal had_effect
+            if isinstance(event, dict) and event.get("kind") == "effects":
+                had_effect = True  # for us: running it again would repeat it
+                return
             await emit(event)
 
         try:
@@ -403,16 +421,15 @@ class Peers:
         except ClaimGone as exc:
             return EpisodeEnd(Ending.BUSY, claim.worker, exc.message), None
         except ChannelClosed as exc:
+            # the orchestrator holding the worker is gone (its worker stops the step when its
+            # socket drops): the step runs again after the fence, unless it had an effect
             where = self.url_of(claim.orchestrator) or claim.orchestrator[:12]
-            if not dispatched:
-                return EpisodeEnd(Ending.LOST, claim.worker, f"{where}: {exc.message}"), None
-            # it was running there: whether it had an effect is that orchestrator's to know
             return (
                 EpisodeEnd(
                     Ending.LOST,
                     claim.worker,
-                    f"the orchestrator holding it ({where}) was lost while the step ran",
-                    has_writes=True,
+                    f"the orchestrator holding it ({where}) was lost: {exc.message}",
+                    has_writes=had_effect,
                 ),
                 None,
             )

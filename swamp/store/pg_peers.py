@@ -19,8 +19,8 @@ Every statement is one round trip and its own transaction; nothing here holds a 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
+from swamp.domain.peers import PeerRow, SharedStep
 from swamp.store import pg
 
 _SCHEMA = """
@@ -49,34 +49,6 @@ CREATE INDEX IF NOT EXISTS swamp_shared_queue_claimer ON swamp_shared_queue (cla
 """
 _SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
 _ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
-
-
-@dataclass(frozen=True)
-class PeerRow:
-    """An orchestrator serving the database, as it registered."""
-
-    id: str
-    url: str
-    credential_hash: str
-    ca_pem: str | None
-    started_epoch: float
-
-
-@dataclass(frozen=True)
-class SharedStep:
-    """A step waiting in the shared queue: enough to decide who can run it, nothing of what
-    it runs (its arguments and environment go from the origin to the claimer only)."""
-
-    queue_id: str
-    origin: str
-    placement: dict
-    priority: int
-    submitter: str
-    queued_epoch: float
-    claimed_by: str | None = None
-    worker: str | None = None
-    dispatch_id: str | None = None
-    taken: bool = False
 
 
 _STEP_COLUMNS = (

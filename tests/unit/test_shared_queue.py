@@ -1,0 +1,138 @@
+"""The shared queue and the registry of orchestrators (``swamp.store.pg_peers``) on a real
+PostgreSQL, and a step as one orchestrator sends it to another (``swamp.orchestrator.peers``):
+claims are compare-and-swap (racing claimers, one wins), a withdrawal races a claim and one of
+the two stands, an orchestrator's death frees what it claimed and drops what it waited for;
+a malformed step is refused, never half taken."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from swamp.domain.episodes import Ending, EpisodeEnd
+from swamp.domain.peers import PeerRow, SharedStep, credential_hash
+from swamp.domain.read_scope import ReadScope
+from swamp.domain.step_logs import LogOwner
+from swamp.errors import MalformedFrame
+from swamp.orchestrator.peers import decode_ending, decode_step, encode_ending, encode_step
+from swamp.store import pg
+from swamp.store.pg_peers import PgPeers
+
+
+@pytest.fixture
+async def table(pg_url):
+    async with pg.Pool(pg_url, size=6) as pool:
+        yield await PgPeers.open(pool)
+
+
+def waiting(queue_id: str, origin: str = "b", **placement) -> SharedStep:
+    return SharedStep(queue_id, origin, placement or {"labels": {"fleet": "edge"}}, 0, "local", 1.0)
+
+
+async def test_racing_claimers_one_wins_and_the_origin_takes_it(table):
+    await table.publish(waiting("q1"))
+    assert [s.queue_id for s in await table.claimable("a")] == ["q1"]
+    assert await table.claimable("b") == []  # never its own origin's
+    won: list[str] = []
+
+    async def claim(me: str) -> None:
+        if await table.claim("q1", me, f"{me}-worker", f"{me}-dispatch"):
+            won.append(me)
+
+    async with trio.open_nursery() as nursery:
+        for me in ("a", "c", "d", "e"):
+            nursery.start_soon(claim, me)
+    assert len(won) == 1
+    [claimed] = await table.claimed_for("b")
+    assert claimed.claimed_by == won[0] and claimed.worker == f"{won[0]}-worker"
+    assert await table.claimable("a") == []
+    assert not await table.take("q1", "someone-else")  # only the claim that stands
+    assert await table.take("q1", won[0])
+    assert await table.claimed_for("b") == []  # taken: not offered again
+    assert await table.claims_of(won[0]) == {"q1": True}
+    await table.done("q1", won[0])
+    assert await table.claims_of(won[0]) == {}
+
+
+async def test_a_withdrawal_and_a_claim_race_and_one_stands(table):
+    for n in range(20):
+        queue_id = f"q{n}"
+        await table.publish(waiting(queue_id))
+        results: dict[str, bool] = {}
+
+        async def withdraw(queue_id=queue_id, results=results) -> None:
+            results["withdrawn"] = await table.withdraw_unclaimed(queue_id)
+
+        async def claim(queue_id=queue_id, results=results) -> None:
+            results["claimed"] = await table.claim(queue_id, "a", "w", "d")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(withdraw)
+            nursery.start_soon(claim)
+        assert results["withdrawn"] != results["claimed"], results
+        left = await table.claimed_for("b")
+        assert [s.queue_id for s in left] == ([queue_id] if results["claimed"] else [])
+        await table.withdraw(queue_id)
+
+
+async def test_a_dead_orchestrator_is_forgotten_with_what_it_waited_for_and_claimed(table):
+    for me in ("a", "b"):
+        await table.register(PeerRow(me, f"ws://{me}", credential_hash(me), None, 1.0))
+    await table.publish(waiting("from-a", origin="a"))
+    await table.publish(waiting("claimed-by-a"))
+    await table.publish(waiting("taken-by-a"))
+    assert await table.claim("claimed-by-a", "a", "w1", "d1")
+    assert await table.claim("taken-by-a", "a", "w2", "d2")
+    assert await table.take("taken-by-a", "a")
+    await table.forget("a")
+    assert [row.id for row in await table.orchestrators()] == ["b"]
+    assert await table.get("a") is None
+    # its own waits are gone; what it claimed and never took is offered again; what its
+    # origin took went with it (the origin learns it from the broken link)
+    assert [s.queue_id for s in await table.claimable("c")] == ["claimed-by-a"]
+    assert await table.claims_of("a") == {}
+
+
+def test_a_step_travels_whole_and_a_malformed_one_is_refused():
+    scope = ReadScope.of("command/shell", "adhoc-1", type_patterns=("@test/*",))
+    owner = LogOwner("command/shell", "adhoc-1", "run", run_id="r1", workflow="w", job="j")
+    sent = encode_step(
+        model_type="command/shell",
+        model_name="adhoc-1",
+        method="run",
+        args={"command": "echo hi"},
+        environment={"TOKEN": "s3cret"},
+        read_scope=scope,
+        timeout=30.0,
+        owner=owner,
+        step_id="s1",
+        attempt=2,
+    )
+    got = decode_step(sent)
+    assert (got.model_type, got.model_name, got.method, got.args) == (
+        "command/shell",
+        "adhoc-1",
+        "run",
+        {"command": "echo hi"},
+    )
+    assert got.environment == {"TOKEN": "s3cret"} and got.timeout == 30.0
+    assert got.read_scope.items == scope.items and got.read_scope.type_patterns == ("@test/*",)
+    assert got.read_scope.excluded_types == scope.excluded_types  # infrastructure stays out
+    assert got.owner == owner and (got.step_id, got.attempt) == ("s1", 2)
+    for broken in (
+        {**sent, "modelType": ""},
+        {**sent, "args": []},
+        {**sent, "environment": {"A": 1}},
+        {**sent, "reads": [["only-one"]]},
+        {**sent, "timeout": float("inf")},
+        {**sent, "timeout": True},
+        {**sent, "attempt": 0},
+        {**sent, "owner": {"runId": 5}},
+    ):
+        with pytest.raises(MalformedFrame):
+            decode_step(broken)
+    end = EpisodeEnd(Ending.LOST, "w1", "gone", has_writes=True)
+    assert decode_ending(encode_ending(end, None)) == (end, None)
+    for broken_reply in ([], {"how": "exploded", "worker": "w", "reason": ""}, {"how": "lost"}):
+        with pytest.raises(MalformedFrame):
+            decode_ending(broken_reply)
