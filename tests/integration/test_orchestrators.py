@@ -10,7 +10,9 @@ import json
 import signal
 
 import pytest
+import trio
 
+from swamp.errors import Forbidden, Unauthorized
 from tests.integration.conftest import logs_of, result_of, wait_until
 
 pytestmark = [pytest.mark.postgres]
@@ -81,3 +83,72 @@ def test_two_orchestrators_share_one_database(cluster, pg_url, tmp_path):
         what="the survivor to reconcile the dead orchestrator",
     )
     assert second.p.poll() is None and json.loads(code.stdout.splitlines()[-1])["result"]
+
+
+def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tmp_path):
+    """Sent through the second, running on the first's worker, when the first is killed: the
+    worker stops its copy as its socket drops; the step had no effect yet, so after the fence
+    it runs again — on the same worker, now held by the second — and succeeds: nothing lost,
+    never two copies at once."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.spawn(
+        "worker", "connect", f"{first_url},{second_url}", "--json",
+        env={"SWAMP_WORKER_TOKEN": token},
+    )  # fmt: skip
+    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", "fleet=edge", "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    mark = worker.mark()
+    first.signal(signal.SIGKILL)
+    first.wait_exit()
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    redispatched = client.wait_for(lambda e: e.get("event", {}).get("kind") == "redispatch")
+    assert "was lost" in redispatched["event"]["reason"]
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started", start=client.mark())
+    go.touch()
+    assert client.wait_exit() == 0
+    assert result_of(client.events())["status"] == "succeeded"
+    assert runs.read_text().count("run") == 2  # the first copy, stopped; the second
+
+
+def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
+    """A worker token revoked through one orchestrator disconnects its worker held by the
+    other; an admin credential cannot send a step as a peer would, and a forged peer
+    credential is refused."""
+    from swamp import client
+
+    database = ("--database", pg_url)
+    cluster.serve(*database)
+    first_url = cluster.url
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.worker(token)  # on the first
+    revoked = cluster.cli(
+        "worker", "token", "revoke", "edge", "--server", second_url, env=second_env
+    )
+    assert revoked.returncode == 0, revoked.stderr
+    assert worker.wait_exit() != 0  # told it was revoked: it stops for good
+    assert "has been revoked" in "\n".join(worker.lines), worker.lines
+
+    local = json.loads((cluster.repo / ".swamp" / "serve.json").read_text())["adminCredential"]
+
+    async def attempts() -> None:
+        async with client.connect(first_url, server_token=local) as channel:
+            with pytest.raises(Forbidden, match="only another orchestrator"):
+                await channel.call("peer.dispatch", {"queueId": "q"})
+        async with client.connect(first_url, server_token="peer.someone.forged") as channel:
+            with pytest.raises(Unauthorized):
+                await channel.call("worker.list", {})
+            with pytest.raises((Unauthorized, Forbidden)):
+                await channel.call("peer.dispatch", {"queueId": "q"})
+
+    trio.run(attempts)
