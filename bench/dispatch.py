@@ -54,9 +54,17 @@ HERE = Path(__file__).resolve().parent
 
 @asynccontextmanager
 async def swamp_system(
-    root: Path, workers: int, slots: int, env: dict, *, database: Callable[[], str] | None = None
+    root: Path,
+    workers: int,
+    slots: int,
+    env: dict,
+    *,
+    database: Callable[[], str] | None = None,
+    through_other: bool = False,
 ):
-    """``database``: a fresh PostgreSQL database's URL for each run (serve --database)."""
+    """``database``: a fresh PostgreSQL database's URL for each run (serve --database);
+    ``through_other``: a second orchestrator on it, which the clients call — it holds no
+    worker, so every step goes through the shared queue to the first, and back."""
     repo, _ = Repo.init(root / "repo")
     url_db = database() if database is not None else None
     procs: list = []
@@ -71,13 +79,21 @@ async def swamp_system(
             repo.root, env=serve_env, stderr=log_file("serve.log")
         )
         procs.append(serve)
+        client_url, client_repo = url, repo
+        if through_other:
+            other, _ = Repo.init(root / "other")
+            second, second_lines, client_url = await start_serve(
+                other.root, env=serve_env, stderr=log_file("serve-other.log")
+            )
+            procs.append(second)
+            client_repo = other
         if url_db is None:
             db: Records = SqliteRecords(repo.open_store())
         else:
             from swamp.store.pg_store import PgStore
 
             db = await PgStore.open(url_db, size=1)
-        readers = [serve_lines]
+        readers = [serve_lines] + ([second_lines] if through_other else [])
         for i in range(workers):
             _, credential = await TokenBook(db).mint(f"bench-{i}", duration_seconds=3600)
             worker, reader = await start_worker(
@@ -91,8 +107,8 @@ async def swamp_system(
             procs.append(worker)
             readers.append(reader)
         await db.aclose()
-        await wait_enrolled_text(readers[1:])
-        admin = repo.admin_credential_for(url)
+        await wait_enrolled_text(readers[2 if through_other else 1 :])
+        admin = client_repo.admin_credential_for(client_url)
         params = {
             "model": "swamp/echo",
             "method": "echo",
@@ -102,7 +118,7 @@ async def swamp_system(
 
         @asynccontextmanager
         async def client():
-            async with connect(url, server_token=admin) as channel:
+            async with connect(client_url, server_token=admin) as channel:
 
                 async def call() -> dict:
                     # as the CLI's client runs a method: no deadline on the call
@@ -115,7 +131,7 @@ async def swamp_system(
         async with trio.open_nursery() as drains:
             for reader in readers:
                 drains.start_soon(reader.drain)
-            yield client, [p.pid for p in procs]
+            yield client, [p.pid for p in procs], 2 if through_other else 1
             drains.cancel_scope.cancel()
     finally:
         await stop_all(procs)
@@ -145,7 +161,7 @@ async def floor_system(root: Path, workers: int, slots: int, env: dict, *, serve
         async with trio.open_nursery() as drains:
             for reader in readers:
                 drains.start_soon(reader.drain)
-            yield (lambda: floor.client(url)), [p.pid for p in procs]
+            yield (lambda: floor.client(url)), [p.pid for p in procs], 1
             drains.cancel_scope.cancel()
     finally:
         await stop_all(procs)
@@ -154,10 +170,13 @@ async def floor_system(root: Path, workers: int, slots: int, env: dict, *, serve
 # -- the measurement, the same for both ---------------------------------------------------------
 
 
-async def measure(client, pids: list[int], *, sequential: int, total: int, in_flight: int) -> dict:
+async def measure(
+    client, pids: list[int], *, sequential: int, total: int, in_flight: int, servers: int = 1
+) -> dict:
     """Sequential latency on one client, then throughput with ``in_flight`` clients, and the
-    CPU each side spent per dispatch meanwhile (µs: the server, its workers together, the
-    benchmark's own clients) — steadier than a rate on a shared machine."""
+    CPU each side spent per dispatch meanwhile (µs: the server — the first ``servers`` of
+    ``pids`` together —, its workers together, the benchmark's own clients) — steadier than a
+    rate on a shared machine."""
 
     async def many(count: int) -> int:
         """``count`` calls, ``in_flight`` at a time, each client its own connection."""
@@ -207,12 +226,12 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
         # CPU per sequential dispatch, all processes together: how much of the latency is work
         "sequential_cpu_us": round((sum(one_by_one[0]) + one_by_one[1]) / sequential * 1e6, 1),
         # ... and per process: where the latency of one dispatch goes
-        "sequential_server_cpu_us": round(one_by_one[0][0] / sequential * 1e6, 1),
-        "sequential_workers_cpu_us": round(sum(one_by_one[0][1:]) / sequential * 1e6, 1),
+        "sequential_server_cpu_us": round(sum(one_by_one[0][:servers]) / sequential * 1e6, 1),
+        "sequential_workers_cpu_us": round(sum(one_by_one[0][servers:]) / sequential * 1e6, 1),
         "sequential_client_cpu_us": round(one_by_one[1] / sequential * 1e6, 1),
         "per_second": round(done / elapsed, 1),
-        "server_cpu_us": per_dispatch(spent[0]),
-        "workers_cpu_us": per_dispatch(sum(spent[1:])),
+        "server_cpu_us": per_dispatch(sum(spent[:servers])),
+        "workers_cpu_us": per_dispatch(sum(spent[servers:])),
         "client_cpu_us": per_dispatch(after[1] - before[1]),
         "total_cpu_us": per_dispatch(sum(spent) + after[1] - before[1]),
     }
@@ -221,13 +240,14 @@ async def measure(client, pids: list[int], *, sequential: int, total: int, in_fl
 async def run_once(system, workers: int, slots: int, args) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
     with scratch("swamp-bench-") as root:
-        async with system(root, workers, slots, env) as (client, pids):
+        async with system(root, workers, slots, env) as (client, pids, servers):
             return await measure(
                 client,
                 pids,
                 sequential=args.sequential,
                 total=args.total,
                 in_flight=workers * slots,
+                servers=servers,
             )
 
 
@@ -243,6 +263,10 @@ async def main(args) -> dict:
     systems.setdefault("swamp", swamp_system)
     if args.postgres is not None:  # the same, its records in PostgreSQL (serve --database)
         systems["swamp_postgres"] = functools.partial(swamp_system, database=args.postgres)
+        # …and through a second orchestrator that holds no worker (the shared queue)
+        systems["swamp_postgres_other"] = functools.partial(
+            swamp_system, database=args.postgres, through_other=True
+        )
     runs: dict = {f"{w}x{s}": {name: [] for name in systems} for w, s in shapes}
     for round_no in range(args.rounds):
         order = list(systems) if round_no % 2 == 0 else list(reversed(systems))
@@ -265,6 +289,12 @@ async def main(args) -> dict:
                 "throughput": round(pg["per_second"] / lite["per_second"], 2),
                 "p50_ms_more": round(pg["p50_ms"] - lite["p50_ms"], 3),
                 "server_cpu": round(pg["server_cpu_us"] / lite["server_cpu_us"], 2),
+            }
+            other = medians["swamp_postgres_other"]
+            entry["through_other"] = {  # against the holder itself, in the same rounds
+                "throughput": round(other["per_second"] / pg["per_second"], 2),
+                "p50_ms_more": round(other["p50_ms"] - pg["p50_ms"], 3),
+                "servers_cpu": round(other["server_cpu_us"] / pg["server_cpu_us"], 2),
             }
         if "floor" in medians:
             base = medians["floor"]

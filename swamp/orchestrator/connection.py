@@ -98,9 +98,14 @@ class Connection:
             sweeper=sweeper,
         )
         self.channel.frame_budget = PENDING_FRAMES
-        if isinstance(identity, Principal) and (
-            identity.scope is Scope.ADMIN or identity.kind == PEER
-        ):
+        if isinstance(identity, Principal) and identity.kind == PEER:
+            # another orchestrator, known by its credential at the upgrade: a peer from the
+            # start (it sends every step it claimed here at once, one call each)
+            self.role = "peer"
+            self.channel.max_in_flight, self.channel.frame_budget = PEER_IN_FLIGHT, None
+            self.channel.name = f"orchestrator {identity.name[:12]} ({peer})"
+            transport.limit_messages(TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS)
+        elif isinstance(identity, Principal) and identity.scope is Scope.ADMIN:
             # an admin credential was accepted at the upgrade: its first call may be large (a
             # read or metrics token's calls never are, and it stays as small as a stranger)
             transport.limit_messages(TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS)
@@ -122,6 +127,9 @@ class Connection:
                 "authenticate; this one was the oldest",
             )
         self.channel.on_close(self._closed)
+        if self.role == "peer":
+            self.admission.trusted(self)  # it has its role: no deadline to earn one
+            self._deadline.cancel()
         await self.channel.serve(alongside=self._pending_deadline)
 
     def _closed(self, reason: str) -> None:
@@ -202,16 +210,6 @@ class Connection:
         peers = self.dispatch.peers
         if peers is None:
             raise Forbidden("this orchestrator serves no shared database")
-        if self.role is None:
-            self.role = "peer"
-            self.admission.trusted(self)
-            self._deadline.cancel()
-            # a peer sends as many steps at once as it has waiting: each is one call
-            self.channel.max_in_flight, self.channel.frame_budget = PEER_IN_FLIGHT, None
-            self.channel.transport.limit_messages(
-                TRUSTED_MESSAGE_BYTES, fragments=TRUSTED_FRAGMENTS
-            )
-            self.channel.name = f"orchestrator {identity.name[:12]} ({self.peer})"
         return await peers.dispatch(identity.name, call.params, None if call.quiet else call.emit)
 
     async def _enroll(self, call: IncomingCall) -> dict:

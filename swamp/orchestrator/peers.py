@@ -52,6 +52,7 @@ from swamp.domain.read_scope import ReadScope
 from swamp.domain.scheduler import Requirement
 from swamp.domain.step_logs import LogOwner
 from swamp.errors import (
+    Busy,
     ChannelClosed,
     ClaimGone,
     DatabaseUnavailable,
@@ -76,6 +77,7 @@ log = logging.getLogger("swamp.peers")
 PEER = "orchestrator"  # a principal's kind: another orchestrator, by its peer credential
 PEER_VERBS = frozenset({"peer.dispatch"})
 CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
+REFRESH = 2.0  # seconds between reads of the registry (newcomers, their URLs)
 CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
 DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
 # connection dropped takes its own back within seconds (serve's retry is at most 2 s)
@@ -141,13 +143,15 @@ class Peers:
         self._links: dict[str, RpcChannel] = {}
         self._linking: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
-        self._withdrawn: list[str] = []
+        self._withdrawn: list[str] = []  # our steps to take out of the shared queue
+        self._done: list[str] = []  # claims of ours sent to us: their rows to delete
         # handed to run(): the queue (its tickets and slots), and how to run a claimed step
         self.queue: DispatchQueue | None = None
         self.run_claimed: Callable[..., Awaitable[dict]] | None = None
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
         self.reconciled: list[str] = []  # dead orchestrators this one reconciled
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
+        self._refresh_at = 0.0  # trio time: when the registry is read again
         self.lost_liveness: trio.Event = trio.Event()
 
     def __repr__(self) -> str:
@@ -259,7 +263,8 @@ class Peers:
                 await self._wake.wait()
             self._wake = trio.Event()
             try:
-                await self._refresh()
+                if trio.current_time() >= self._refresh_at:
+                    await self._refresh()
                 await self._withdraw_pending()
                 await self._take_claims()
                 await self._claim()
@@ -269,6 +274,9 @@ class Peers:
                 await trio.sleep(1.0)
 
     async def _refresh(self) -> None:
+        """Who serves the database (a newcomer is watched from now on): read at most every
+        :data:`REFRESH` seconds, not at every wake-up."""
+        self._refresh_at = trio.current_time() + REFRESH
         rows = await self.table.orchestrators()
         self.known = {row.id: row for row in rows}
         assert self._nursery is not None
@@ -353,9 +361,9 @@ class Peers:
     async def publish(self, queue_id: str, placement: Placement, priority: int, submitter: str):
         """A step of ours waits: every orchestrator may claim it from now on."""
         await self.table.publish(
-            SharedStep(queue_id, self.me, placement.to_json(), priority, submitter, self.clock())
+            SharedStep(queue_id, self.me, placement.to_json(), priority, submitter, self.clock()),
+            wake=CHANNEL,
         )
-        self.waker.wake()
 
     def withdraw_soon(self, queue_id: str) -> None:
         """Ours no longer waits (never waits: the next pass deletes it, claimed or not)."""
@@ -367,6 +375,9 @@ class Peers:
             await self.table.withdraw(self._withdrawn[0])
             self._withdrawn.pop(0)
             self.waker.wake()  # a claimer holding a slot for it lets it go
+        while self._done:
+            await self.table.done(self._done[0], self.me)
+            self._done.pop(0)
 
     async def withdraw_or_claim(self, queue_id: str) -> Claim | None:
         """A step of ours got a worker here: withdrawn, unless another orchestrator claimed
@@ -379,18 +390,20 @@ class Peers:
         return None  # the claim went meanwhile, and its row: nobody else runs it
 
     async def _take_claims(self) -> None:
-        if self.queue is None:
+        """Others claimed steps of ours: each goes to its claimer (one statement takes them
+        all), or, nobody here waiting for it any more, is withdrawn."""
+        if self.queue is None or not self.queue.published:
             return
-        for step in await self.table.claimed_for(self.me):
+        for step in await self.table.take_claims(self.me):
+            assert step.claimed_by and step.worker and step.dispatch_id
             ticket = self.queue.published.get(step.queue_id)
             if ticket is None or ticket.claim is not None:
                 if ticket is None:
-                    await self.table.withdraw(step.queue_id)  # nobody waits for it any more
-                    self.waker.wake()
+                    self.withdraw_soon(step.queue_id)  # nobody waits for it any more
                 continue
-            claim = await self._take(step)
-            if claim is not None:
-                self.queue.claimed(ticket, claim)
+            self.queue.claimed(
+                ticket, Claim(step.queue_id, step.claimed_by, step.worker, step.dispatch_id)
+            )
 
     async def _take(self, step: SharedStep) -> Claim | None:
         assert step.claimed_by and step.worker and step.dispatch_id
@@ -418,7 +431,7 @@ class Peers:
                 on_event=relay,
                 settle=CANCEL_SETTLE,
             )
-        except ClaimGone as exc:
+        except (ClaimGone, Busy) as exc:  # nothing ran there: queue it again
             return EpisodeEnd(Ending.BUSY, claim.worker, exc.message), None
         except ChannelClosed as exc:
             # the orchestrator holding the worker is gone (its worker stops the step when its
@@ -481,8 +494,8 @@ class Peers:
     async def _claim(self) -> None:
         """Claim what our free workers can take of others' waiting steps."""
         queue = self.queue
-        if queue is None:
-            return
+        if queue is None or not queue.pool.members:
+            return  # no worker here: nothing to claim with
         waiting = await self.table.claimable(self.me)
         self.others_waiting = len(waiting)
         for step in waiting:
@@ -499,7 +512,9 @@ class Peers:
                 continue
             member, dispatch_id = slot
             try:
-                won = await self.table.claim(step.queue_id, self.me, member.name, dispatch_id)
+                won = await self.table.claim(
+                    step.queue_id, self.me, member.name, dispatch_id, wake=CHANNEL
+                )
             except BaseException:
                 queue.release(member, dispatch_id)
                 raise
@@ -509,8 +524,7 @@ class Peers:
             self.others_waiting -= 1
             self.held[step.queue_id] = Held(
                 member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
-            )
-            self.waker.wake()  # the origin takes it
+            )  # (the claim woke its origin, which takes it)
 
     async def _expire_holds(self) -> None:
         """A claim its origin withdrew, or did not send within :data:`CLAIM_HOLD`, lets its
@@ -540,7 +554,8 @@ class Peers:
         held.taken = True
         del self.held[queue_id]
         assert self.run_claimed is not None
-        await self.table.done(queue_id, self.me)
+        self._done.append(queue_id)  # its row goes with the next pass (nobody needs it now)
+        self._wake.set()
         return await self.run_claimed(held.member, held.dispatch_id, params, emit)
 
     async def identify(self, credential: str) -> str | Unauthorized:

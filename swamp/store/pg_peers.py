@@ -135,10 +135,14 @@ class PgPeers:
 
     # -- the shared queue --------------------------------------------------------------------
 
-    async def publish(self, step: SharedStep) -> None:
+    async def publish(self, step: SharedStep, *, wake: str = "swamp_orchestrators") -> None:
+        """Insert it and wake every orchestrator listening on ``wake`` (the payload: its
+        origin), in one round trip."""
         await self._execute(
-            "INSERT INTO swamp_shared_queue (queue_id, origin, placement, priority, submitter, "
-            "queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue_id) DO NOTHING",
+            "WITH added AS (INSERT INTO swamp_shared_queue (queue_id, origin, placement, "
+            "priority, submitter, queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) "
+            "ON CONFLICT (queue_id) DO NOTHING RETURNING 1) "
+            "SELECT pg_notify($7, $2) FROM added",
             (
                 step.queue_id,
                 step.origin,
@@ -146,6 +150,7 @@ class PgPeers:
                 step.priority,
                 step.submitter,
                 step.queued_epoch,
+                wake,
             ),
         )
 
@@ -174,15 +179,36 @@ class PgPeers:
         )
         return [_step(r) for r in result.rows]
 
-    async def claim(self, queue_id: str, me: str, worker: str, dispatch_id: str) -> bool:
+    async def claim(
+        self, queue_id: str, me: str, worker: str, dispatch_id: str, *, wake: str | None = None
+    ) -> bool:
         """Claim it for ``worker``'s slot reserved as ``dispatch_id``: ``False`` if another
-        orchestrator was first (or its origin withdrew it)."""
+        orchestrator was first (or its origin withdrew it). Claimed, every orchestrator
+        listening on ``wake`` is woken in the same round trip."""
+        if wake is None:
+            result = await self._execute(
+                "UPDATE swamp_shared_queue SET claimed_by = $2, worker = $3, dispatch_id = $4 "
+                "WHERE queue_id = $1 AND claimed_by IS NULL",
+                (queue_id, me, worker, dispatch_id),
+            )
+            return result.rowcount == 1
         result = await self._execute(
-            "UPDATE swamp_shared_queue SET claimed_by = $2, worker = $3, dispatch_id = $4 "
-            "WHERE queue_id = $1 AND claimed_by IS NULL",
-            (queue_id, me, worker, dispatch_id),
+            "WITH claimed AS (UPDATE swamp_shared_queue SET claimed_by = $2, worker = $3, "
+            "dispatch_id = $4 WHERE queue_id = $1 AND claimed_by IS NULL RETURNING 1) "
+            "SELECT pg_notify($5, $2) FROM claimed",
+            (queue_id, me, worker, dispatch_id, wake),
         )
-        return result.rowcount == 1
+        return bool(result.rows)
+
+    async def take_claims(self, origin: str) -> list[SharedStep]:
+        """The origin's steps another orchestrator claimed, taken (each once) in one round
+        trip: the origin sends each to its claimer, or withdraws it."""
+        result = await self._execute(
+            "UPDATE swamp_shared_queue SET taken = TRUE WHERE origin = $1 "
+            f"AND claimed_by IS NOT NULL AND NOT taken RETURNING {_STEP_COLUMNS}",
+            (origin,),
+        )
+        return [_step(r) for r in result.rows]
 
     async def claimed_for(self, origin: str) -> list[SharedStep]:
         """The origin's steps another orchestrator claimed and the origin has not taken."""

@@ -47,8 +47,9 @@ async def test_racing_claimers_one_wins_and_the_origin_takes_it(table):
     assert claimed.claimed_by == won[0] and claimed.worker == f"{won[0]}-worker"
     assert await table.claimable("a") == []
     assert not await table.take("q1", "someone-else")  # only the claim that stands
-    assert await table.take("q1", won[0])
-    assert await table.claimed_for("b") == []  # taken: not offered again
+    [taken] = await table.take_claims("b")  # the origin takes what was claimed, once
+    assert taken.queue_id == "q1" and taken.dispatch_id == f"{won[0]}-dispatch"
+    assert await table.take_claims("b") == [] and await table.claimed_for("b") == []
     assert await table.claims_of(won[0]) == {"q1": True}
     await table.done("q1", won[0])
     assert await table.claims_of(won[0]) == {}
