@@ -233,7 +233,18 @@ def serve(
         help="Keep every record in this PostgreSQL database (postgresql://user@host:5432/db) "
         "instead of the repo's SQLite file; give the password in PGPASSWORD or ~/.pgpass, or "
         "the whole URL in SWAMP_DATABASE_URL, not on the command line. Needs the postgres "
-        "extra (pip install 'swamp[postgres]'). One orchestrator per database for now.",
+        "extra (pip install 'swamp[postgres]'). Several orchestrators may share one: each "
+        "takes any worker and any client (see docs/usage.md).",
+    ),
+    advertise_url: str = typer.Option(
+        None,
+        "--advertise-url",
+        envvar="SWAMP_ADVERTISE_URL",
+        metavar="URL",
+        show_default=False,
+        help="With --database: the ws:// (wss:// with TLS) URL the other orchestrators on the "
+        "database reach this one at, to send it the steps its workers claimed. Default: the "
+        "URL it listens on (this machine's name when it listens on every address).",
     ),
     json_output: bool = JSON,
 ) -> None:
@@ -331,6 +342,7 @@ def serve(
         step_log_cap=parse_size(o["step_log_cap"], what=what("step_log_cap")),
         max_fan_out=o["max_fan_out"],
         database=o["database"] or None,
+        advertise_url=o["advertise_url"] or None,
         json=json_output,
     )
     handler = logging.StreamHandler()

@@ -18,8 +18,23 @@ def credential_hash(credential: str) -> str:
     return hashlib.sha256(credential.encode("utf-8", "replace")).hexdigest()
 
 
+PEER_PREFIX = "peer:"  # no server token's name holds a colon: never one of theirs
+
+
 def is_peer_credential(credential: str) -> bool:
-    return credential.startswith("peer.")
+    return credential.startswith(PEER_PREFIX)
+
+
+def peer_credential(orchestrator: str, secret: str) -> str:
+    return f"{PEER_PREFIX}{orchestrator}.{secret}"
+
+
+def credential_orchestrator(credential: str) -> str | None:
+    """Whose peer credential it says it is (to be checked against its hash)."""
+    if not is_peer_credential(credential):
+        return None
+    orchestrator, dot, secret = credential[len(PEER_PREFIX) :].partition(".")
+    return orchestrator if dot and orchestrator and secret and "." not in secret else None
 
 
 @dataclass(frozen=True)

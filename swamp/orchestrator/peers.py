@@ -32,7 +32,6 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,9 @@ from swamp.domain.peers import (
     PeerRow,
     SharedStep,
     credential_hash,
+    credential_orchestrator,
     liveness_lock,
+    peer_credential,
 )
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
@@ -77,7 +78,10 @@ log = logging.getLogger("swamp.peers")
 PEER = "orchestrator"  # a principal's kind: another orchestrator, by its peer credential
 PEER_VERBS = frozenset({"peer.dispatch"})
 CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
+# the lock an orchestrator of an earlier version held for its life (one per database, then)
+EARLIER_VERSION_LOCK = "swamp serve: the database's orchestrator"
 REFRESH = 2.0  # seconds between reads of the registry (newcomers, their URLs)
+CLAIM_PAGE = 500  # others' waiting steps read at a time (all of them, page by page)
 CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
 DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
 # connection dropped takes its own back within seconds (serve's retry is at most 2 s)
@@ -132,7 +136,7 @@ class Peers:
         self.ca_pem = ca_pem  # our own CA's certificate, when serve made one (peers trust it)
         self.clock = clock
         self.me = new_id()
-        self.credential = f"peer.{self.me}.{secrets.token_hex(32)}"
+        self.credential = peer_credential(self.me, secrets.token_hex(32))
         self.url = ""  # set once listening
         self.known: dict[str, PeerRow] = {}  # the orchestrators registered, as last read
         from swamp.store.pg_wake import Waker  # (PostgreSQL's driver: only when serving one)
@@ -149,7 +153,7 @@ class Peers:
         self.queue: DispatchQueue | None = None
         self.run_claimed: Callable[..., Awaitable[dict]] | None = None
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
-        self.reconciled: list[str] = []  # dead orchestrators this one reconciled
+        self.reconciled = 0  # dead orchestrators this one reconciled
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
         self._refresh_at = 0.0  # trio time: when the registry is read again
         self.lost_liveness: trio.Event = trio.Event()
@@ -161,8 +165,10 @@ class Peers:
 
     async def hold_liveness(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Hold our liveness lock for our life, registered once it is held. Lost with its
-        connection, it is taken back as soon as the database answers — unless a peer took it
-        meanwhile and declared us dead (our row is gone): then we stop, saying so."""
+        connection, it is taken back as soon as the database answers (while the server still
+        holds it for our dropped session, or a peer looks at it, we go on asking) — unless a
+        peer took us for dead meanwhile (our row is gone): then we stop, saying so."""
+        await self._no_earlier_version()
         started = False
         pause = LIVENESS_RETRY
         while True:
@@ -181,26 +187,51 @@ class Peers:
                         started = True
                         task_status.started()
                     elif await self.table.get(self.me) is None:
-                        raise UserError(
-                            "another orchestrator took this one for dead while its connection "
-                            "to the database was down, and took over its workers: stopping "
-                            "(start it again)"
-                        )
+                        raise self._taken_for_dead()
                     else:
                         log.info("holds its liveness lock again")
                     pause = LIVENESS_RETRY
                     await trio.sleep_forever()
             except LockHeld:
-                raise UserError(
-                    "another orchestrator is taking this one for dead (its connection to the "
-                    "database was down): stopping (start it again)"
-                ) from None
+                if not started:
+                    raise
+                if await self._forgotten():
+                    raise self._taken_for_dead() from None
+                log.warning(
+                    "its liveness lock is still held (its dropped session's, or a peer "
+                    "looking): asking again in %gs",
+                    pause,
+                )
             except DatabaseUnavailable as exc:  # LockLost too
                 if not started:
                     raise
                 log.warning("lost the liveness lock (%s): taking it again in %gs", exc, pause)
             await trio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    async def _forgotten(self) -> bool:
+        try:
+            return await self.table.get(self.me) is None
+        except SwampError:
+            return False  # unknown: ask again
+
+    def _taken_for_dead(self) -> UserError:
+        return UserError(
+            "another orchestrator took this one for dead while its connection to the database "
+            "was down, and reconciled what it held: stopping (start it again)"
+        )
+
+    async def _no_earlier_version(self) -> None:
+        """An orchestrator of an earlier version holds the database alone (it reconciles as if
+        it were): this one does not start beside it."""
+        try:
+            async with _held(self.database, EARLIER_VERSION_LOCK, wait=False):
+                pass
+        except LockHeld:
+            raise UserError(
+                "an orchestrator of an earlier swamp version serves this database alone: stop "
+                "it (or upgrade it) before starting this one"
+            ) from None
 
     async def listening(self, url: str) -> None:
         """Peers reach us at ``url`` from now on."""
@@ -310,6 +341,13 @@ class Peers:
                 except DatabaseUnavailable as exc:
                     log.warning("watching orchestrator %s: %s", orchestrator[:12], exc)
                     await trio.sleep(LIVENESS_RETRY)
+                except Exception:  # what it left could not be reconciled: again, later
+                    log.exception(
+                        "reconciling what orchestrator %s left failed; trying again in %gs",
+                        orchestrator[:12],
+                        DEATH_GRACE,
+                    )
+                    await trio.sleep(DEATH_GRACE)
         finally:
             self._watched.discard(orchestrator)
 
@@ -322,7 +360,7 @@ class Peers:
                 return {}  # another peer reconciled it already
             changed = await self.reconcile(orchestrator)
             await self.table.forget(orchestrator)
-        self.reconciled.append(orchestrator)
+        self.reconciled += 1
         log.warning(
             "orchestrator %s (%s) is gone: reconciled what it left (%s)",
             orchestrator[:12],
@@ -460,30 +498,36 @@ class Peers:
             if making is None:
                 break
             await making.wait()
-        row = self.known.get(orchestrator) or await self.table.get(orchestrator)
-        if row is None or not row.url:
-            raise ChannelClosed(f"orchestrator {orchestrator[:12]} is not serving")
         made = self._linking[orchestrator] = trio.Event()
         try:
+            row = self.known.get(orchestrator)
+            if row is None or not row.url:  # a newcomer, or one that was not listening yet
+                row = await self.table.get(orchestrator)
+            if row is None or not row.url:
+                raise ChannelClosed(f"orchestrator {orchestrator[:12]} is not serving")
             assert self._nursery is not None
-            channel = await self._nursery.start(self._keep_link, row)
+            try:
+                channel = await self._nursery.start(self._keep_link, row)
+            except (SwampError, OSError) as exc:
+                raise ChannelClosed(f"cannot reach orchestrator {row.url}: {exc}") from None
             self._links[orchestrator] = channel
             return channel
-        except OSError as exc:
-            raise ChannelClosed(f"cannot reach orchestrator {row.url}: {exc}") from None
         finally:
             del self._linking[orchestrator]
             made.set()
 
     async def _keep_link(self, row: PeerRow, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """A channel to a peer for as long as it stays open (a failure to open it is the
+        caller's, from ``nursery.start``; a failure afterwards closes it, nothing more)."""
+        started = False
         try:
-            async with AsyncExitStack() as stack:
-                channel = await stack.enter_async_context(
-                    connect(row.url, server_token=self.credential, ca_pem=row.ca_pem)
-                )
+            async with connect(row.url, server_token=self.credential, ca_pem=row.ca_pem) as channel:
+                started = True
                 task_status.started(channel)
                 await channel.wait_closed()
-        except (SwampError, OSError) as exc:
+        except Exception as exc:
+            if not started:
+                raise
             log.info("the link to orchestrator %s closed: %s", row.url, exc)
         finally:
             if self._links.get(row.id) is not None and self._links[row.id].closed:
@@ -496,35 +540,40 @@ class Peers:
         queue = self.queue
         if queue is None or not queue.pool.members:
             return  # no worker here: nothing to claim with
-        waiting = await self.table.claimable(self.me)
-        self.others_waiting = len(waiting)
-        for step in waiting:
-            try:
-                placement = Placement(
-                    target=step.placement.get("target"),
-                    labels=dict(step.placement.get("labels") or {}),
-                    platform=step.placement.get("platform"),
-                )
-            except (TypeError, ValueError):
-                continue
-            slot = queue.reserve_for_peer(Requirement.of(placement))
-            if slot is None:
-                continue
-            member, dispatch_id = slot
-            try:
-                won = await self.table.claim(
-                    step.queue_id, self.me, member.name, dispatch_id, wake=CHANNEL
-                )
-            except BaseException:
-                queue.release(member, dispatch_id)
-                raise
-            if not won:
-                queue.release(member, dispatch_id)
-                continue
-            self.others_waiting -= 1
-            self.held[step.queue_id] = Held(
-                member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
-            )  # (the claim woke its origin, which takes it)
+        self.others_waiting = 0
+        after: SharedStep | None = None
+        while True:
+            page = await self.table.claimable(self.me, after=after, limit=CLAIM_PAGE)
+            self.others_waiting += len(page)
+            for step in page:
+                await self._claim_one(queue, step)
+            if len(page) < CLAIM_PAGE:
+                return
+            after = page[-1]
+
+    async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> None:
+        """Claim ``step`` if a free worker here matches it."""
+        placement = placement_of(step.placement)
+        if placement is None:
+            return  # not a placement this version reads: another's to claim
+        slot = queue.reserve_for_peer(Requirement.of(placement))
+        if slot is None:
+            return
+        member, dispatch_id = slot
+        try:
+            won = await self.table.claim(
+                step.queue_id, self.me, member.name, dispatch_id, wake=CHANNEL
+            )
+        except BaseException:
+            queue.release(member, dispatch_id)
+            raise
+        if not won:
+            queue.release(member, dispatch_id)
+            return
+        self.others_waiting -= 1
+        self.held[step.queue_id] = Held(
+            member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
+        )  # (the claim woke its origin, which takes it)
 
     async def _expire_holds(self) -> None:
         """A claim its origin withdrew, or did not send within :data:`CLAIM_HOLD`, lets its
@@ -538,9 +587,9 @@ class Peers:
                 continue
             if queue_id not in rows or now > held.until:
                 del self.held[queue_id]
+                self.queue.release(held.member, held.dispatch_id)  # first: whatever follows
                 if queue_id in rows:
-                    await self.table.done(queue_id, self.me)
-                self.queue.release(held.member, held.dispatch_id)
+                    self._done.append(queue_id)  # its row goes (a claim sent later is refused)
 
     async def dispatch(self, caller: str, params: dict, emit) -> dict:
         """``peer.dispatch``: a step we claimed, sent by its origin: run it on the slot we
@@ -562,11 +611,11 @@ class Peers:
         """The id of the orchestrator a peer credential is, or why it is none (never raises;
         the same words whatever was wrong)."""
         refused = Unauthorized("the credential was not accepted")
-        parts = credential.split(".")
-        if len(parts) != 3:
+        orchestrator = credential_orchestrator(credential)
+        if orchestrator is None:
             return refused
         try:
-            row = await self.table.get(parts[1])
+            row = await self.table.get(orchestrator)
         except SwampError as exc:
             return Unauthorized(exc.message)
         if row is None or not secrets.compare_digest(
@@ -574,6 +623,20 @@ class Peers:
         ):
             return refused
         return row.id
+
+
+def placement_of(data: dict) -> Placement | None:
+    """A shared step's placement as written by its origin, or ``None`` if it is not one this
+    version reads (text where text belongs): a row is another process's data."""
+    target, labels, platform = data.get("target"), data.get("labels") or {}, data.get("platform")
+    if not (
+        (target is None or isinstance(target, str))
+        and (platform is None or isinstance(platform, str))
+        and isinstance(labels, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    ):
+        return None
+    return Placement(target=target, labels=dict(labels), platform=platform)
 
 
 # -- the step on the wire ------------------------------------------------------------------------

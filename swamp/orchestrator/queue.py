@@ -194,8 +194,7 @@ class DispatchQueue:
         )
         try:
             if self.peers is not None and not woken.is_set():
-                self.published[queue_id] = ticket
-                await self.peers.publish(queue_id, placement, info.priority, info.submitter)
+                await self._publish(ticket, queue_id)
             with trio.move_on_at(math.inf if deadline is None else deadline):
                 await woken.wait()
             if ticket.claim is None and ticket.member is not None and queue_id in self.published:
@@ -227,6 +226,19 @@ class DispatchQueue:
             f"timed out waiting for a worker matching {placement.describe()} to become available"
         )
 
+    async def _publish(self, ticket: Ticket, queue_id: str) -> None:
+        """The others may claim it from now on; the database away, it waits here only (a
+        worker of ours may still come: a blink of the database fails no step)."""
+        assert self.peers is not None
+        self.published[queue_id] = ticket
+        info = ticket.info
+        try:
+            await self.peers.publish(queue_id, ticket.placement, info.priority, info.submitter)
+        except SwampError as exc:
+            log.warning("step %s waits for this orchestrator's workers only: %s", queue_id, exc)
+            self.published.pop(queue_id, None)
+            self.peers.withdraw_soon(queue_id)  # in case the row went in after all
+
     async def _withdraw_or_claim(self, ticket: Ticket, queue_id: str) -> None:
         """A published step got a worker here: it leaves the shared queue, unless another
         orchestrator claimed it first (then it goes there, and the slot here goes back)."""
@@ -235,6 +247,7 @@ class DispatchQueue:
             claim = await self.peers.withdraw_or_claim(queue_id)
         except SwampError as exc:  # the database is away: nobody can take the claim either
             log.warning("could not withdraw step %s from the shared queue: %s", queue_id, exc)
+            self.peers.withdraw_soon(queue_id)  # (again, with the next pass)
             return
         if claim is not None:
             ticket.claim = claim

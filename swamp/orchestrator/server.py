@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import signal
+import socket
 import sqlite3
 import ssl
 import sys
@@ -65,9 +66,6 @@ from swamp.tls import authority
 from swamp.tls.authority import ServerTls
 
 log = logging.getLogger("swamp.serve")
-SOLE_LOCK = "swamp serve: the database's orchestrator"
-HOLD_RETRY_FIRST = 0.5  # seconds before the database's lock is asked for again, doubling…
-HOLD_RETRY_CAP = 2.0  # …up to this: a newcomer's window to take it stays short
 
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
@@ -99,6 +97,7 @@ class ServeOptions:
     step_log_cap: int = DEFAULT_CAP_BYTES  # --step-log-cap
     max_fan_out: int = MAX_EXPANSIONS  # --max-fan-out: a forEach's most items
     database: str | None = None  # --database / SWAMP_DATABASE_URL: PostgreSQL's; None: the repo's
+    advertise_url: str | None = None  # --advertise-url: where the other orchestrators reach it
     json: bool = False
 
 
@@ -114,6 +113,21 @@ def check_options(options: ServeOptions) -> RequestPolicy:
         )
     if options.database is not None:
         check_database_url(options.database, what="--database (SWAMP_DATABASE_URL)")
+    if options.advertise_url is not None:
+        if options.database is None:
+            raise UserError(
+                "--advertise-url tells the other orchestrators on a shared database where this "
+                "one is: it goes with --database"
+            )
+        tls = tls_mode.decide(host=options.host, tls=options.tls, has_cert=bool(options.tls_cert))
+        scheme = "ws://" if tls == tls_mode.OFF else "wss://"
+        if not options.advertise_url.startswith(scheme) or len(options.advertise_url) <= len(
+            scheme
+        ):
+            raise UserError(
+                f"invalid --advertise-url {options.advertise_url[:80]!r}: expected {scheme}"
+                "HOST:PORT (the scheme this orchestrator serves)"
+            )
     environment.check_names(options.ship_env, source="--ship-env")
     if options.queue_timeout is not None:
         parse_queue_timeout(options.queue_timeout, what="--queue-timeout (SWAMP_QUEUE_TIMEOUT)")
@@ -461,6 +475,16 @@ async def reconcile_left(db: Records, orphaned: Orphaned, *, why: str = RESTART)
     }
 
 
+def advertised(url: str, host: str) -> str:
+    """Where the other orchestrators reach this one by default: the URL it listens on, with
+    this machine's name for an address that means every one (theirs, on another machine)."""
+    if host in ("0.0.0.0", "::", ""):
+        scheme, _, rest = url.partition("://")
+        port = rest.rsplit(":", 1)[1]
+        return f"{scheme}://{socket.getfqdn()}:{port}"
+    return url
+
+
 def _unowned(attrs: dict) -> bool:
     """A record no orchestrator on a shared database wrote (an earlier version's): its
     writer is gone."""
@@ -585,7 +609,7 @@ async def _serve_on(
                 url = f"{scheme}://{address}"
                 data_plane = f"{'https' if options.tls_cert else 'http'}://{address}"
                 if peers is not None:
-                    await peers.listening(url)
+                    await peers.listening(options.advertise_url or advertised(url, options.host))
                 repo.write_serve_file(
                     url,
                     data_plane,

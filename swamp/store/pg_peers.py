@@ -170,13 +170,24 @@ class PgPeers:
             await self._execute("SELECT 1 FROM swamp_shared_queue WHERE queue_id = $1", (queue_id,))
         ).rows
 
-    async def claimable(self, me: str, limit: int = 500) -> list[SharedStep]:
-        """Others' steps nobody claimed yet, highest priority first, then oldest."""
-        result = await self._execute(
-            f"SELECT {_STEP_COLUMNS} FROM swamp_shared_queue WHERE claimed_by IS NULL "
-            "AND origin <> $1 ORDER BY priority DESC, queued_epoch LIMIT $2",
-            (me, limit),
-        )
+    async def claimable(
+        self, me: str, *, after: SharedStep | None = None, limit: int = 500
+    ) -> list[SharedStep]:
+        """Others' steps nobody claimed yet, highest priority first, then oldest: a page of
+        ``limit``, the one ``after`` a step of the page before (by the same order)."""
+        if after is None:
+            result = await self._execute(
+                f"SELECT {_STEP_COLUMNS} FROM swamp_shared_queue WHERE claimed_by IS NULL "
+                "AND origin <> $1 ORDER BY priority DESC, queued_epoch, queue_id LIMIT $2",
+                (me, limit),
+            )
+        else:
+            result = await self._execute(
+                f"SELECT {_STEP_COLUMNS} FROM swamp_shared_queue WHERE claimed_by IS NULL "
+                "AND origin <> $1 AND (-priority, queued_epoch, queue_id) > ($3, $4, $5) "
+                "ORDER BY priority DESC, queued_epoch, queue_id LIMIT $2",
+                (me, limit, -after.priority, after.queued_epoch, after.queue_id),
+            )
         return [_step(r) for r in result.rows]
 
     async def claim(

@@ -14,8 +14,21 @@ import trio
 
 from swamp.errors import Forbidden, Unauthorized
 from tests.integration.conftest import logs_of, result_of, wait_until
+from tests.integration.test_postgres_serve import _rows
 
 pytestmark = [pytest.mark.postgres]
+
+
+def _latest(url: str, model_type: str) -> list[str]:
+    """The attributes of each record of ``model_type`` as last written."""
+    return [
+        row[0]
+        for row in _rows(
+            url,
+            "SELECT DISTINCT ON (model_name, name) attributes FROM data "
+            f"WHERE model_type = '{model_type}' ORDER BY model_name, name, version DESC",
+        )
+    ]
 
 
 def _serve_other(cluster, name: str, *extra: str):
@@ -107,6 +120,12 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
         "--label", "fleet=edge", "--server", second_url, "--json", env=second_env,
     )  # fmt: skip
     client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+
+    def running_lease_written() -> bool:  # (the first writes it behind: wait for it)
+        leases = [json.loads(a) for a in _latest(pg_url, "swamp/step-lease")]
+        return [lease["state"] for lease in leases] == ["active"]
+
+    wait_until(running_lease_written, what="the running step's lease in the database")
     mark = worker.mark()
     first.signal(signal.SIGKILL)
     first.wait_exit()
@@ -118,6 +137,17 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
     assert client.wait_exit() == 0
     assert result_of(client.events())["status"] == "succeeded"
     assert runs.read_text().count("run") == 2  # the first copy, stopped; the second
+
+    # the survivor reconciled what the dead one left: its row is gone, the lease of the copy it
+    # ran expired, and the worker it held — moved to the survivor — is not marked disconnected
+    def reconciled() -> bool:
+        return _rows(pg_url, "SELECT count(*) FROM swamp_orchestrator") == [(1,)]
+
+    wait_until(reconciled, what="the dead orchestrator's row to go")
+    states = sorted(json.loads(lease)["state"] for lease in _latest(pg_url, "swamp/step-lease"))
+    assert states == ["completed", "expired"], states
+    [record] = _latest(pg_url, "swamp/worker")
+    assert json.loads(record)["status"] != "disconnected"
 
 
 def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
@@ -145,7 +175,7 @@ def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
         async with client.connect(first_url, server_token=local) as channel:
             with pytest.raises(Forbidden, match="only another orchestrator"):
                 await channel.call("peer.dispatch", {"queueId": "q"})
-        async with client.connect(first_url, server_token="peer.someone.forged") as channel:
+        async with client.connect(first_url, server_token="peer:someone.forged") as channel:
             with pytest.raises(Unauthorized):
                 await channel.call("worker.list", {})
             with pytest.raises((Unauthorized, Forbidden)):

@@ -1,0 +1,169 @@
+"""``swamp.orchestrator.peers`` where its database or its peers fail (fakes for the tables and
+the queue, no server): a slot reserved for another orchestrator's step is given back however
+the step's hold ends, an unreachable claimer is a lost episode (the step is queued again), and
+the default — SQLite — neither needs PostgreSQL's driver nor mistakes a server token for a
+peer's credential."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from swamp.domain.episodes import Ending
+from swamp.domain.peers import PeerRow
+from swamp.errors import DatabaseUnavailable
+from swamp.orchestrator.peers import CLAIM_HOLD, Claim, Held, Peers
+
+
+class FakeTable:
+    """What Peers asks of PgPeers, in memory; ``done`` may be made to fail or hang."""
+
+    pool = None
+
+    def __init__(self) -> None:
+        self.rows: dict[str, PeerRow] = {}
+        self.claims: dict[str, bool] = {}
+        self.done_fails: BaseException | None = None
+        self.done_hangs = False
+
+    async def get(self, orchestrator):
+        return self.rows.get(orchestrator)
+
+    async def orchestrators(self):
+        return list(self.rows.values())
+
+    async def claims_of(self, me):
+        return dict(self.claims)
+
+    async def done(self, queue_id, claimer):
+        await trio.lowlevel.checkpoint()
+        if self.done_hangs:
+            await trio.sleep_forever()
+        if self.done_fails is not None:
+            raise self.done_fails
+        self.claims.pop(queue_id, None)
+
+
+class FakeQueue:
+    def __init__(self) -> None:
+        self.released: list[tuple[object, str]] = []
+
+    def release(self, member, dispatch_id) -> None:
+        self.released.append((member, dispatch_id))
+
+
+def _peers() -> tuple[Peers, FakeTable, FakeQueue]:
+    table = FakeTable()
+    peers = Peers(table, "postgresql://unused.invalid/db", reconcile=None)  # type: ignore[arg-type]
+    queue = FakeQueue()
+    peers.queue = queue  # type: ignore[assignment]
+
+    async def run_claimed(member, dispatch_id, params, emit):
+        queue.release(member, dispatch_id)
+        return {}
+
+    peers.run_claimed = run_claimed
+    return peers, table, queue
+
+
+MEMBER = object()
+
+
+async def test_peer_dispatch_releases_the_slot_when_the_claim_row_cannot_be_deleted():
+    """The step runs on the reserved slot whatever becomes of its claim's row (deleted off
+    the step's path, by the next pass: the database may be away)."""
+    peers, table, queue = _peers()
+    peers.held["q1"] = Held(MEMBER, "d1", "origin", trio.current_time() + CLAIM_HOLD)  # type: ignore[arg-type]
+    table.claims["q1"] = True
+    table.done_fails = DatabaseUnavailable("the database is away")
+    await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+    assert "q1" not in peers.held
+    with pytest.raises(DatabaseUnavailable):
+        await peers._withdraw_pending()  # the row's deletion fails now, and is kept for later
+    assert peers._done == ["q1"]
+    assert queue.released == [(MEMBER, "d1")], "the slot reserved for the peer leaked"
+
+
+async def test_peer_dispatch_releases_the_slot_when_cancelled_before_the_step_runs():
+    """The origin's caller leaves (the call is cancelled) before the step ran: its slot goes
+    back."""
+    peers, table, queue = _peers()
+    peers.held["q1"] = Held(MEMBER, "d1", "origin", trio.current_time() + CLAIM_HOLD)  # type: ignore[arg-type]
+    table.claims["q1"] = True
+    table.done_hangs = True
+    with trio.move_on_after(0.2):
+        await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+    assert "q1" not in peers.held
+    assert queue.released == [(MEMBER, "d1")], "the slot reserved for the peer leaked"
+
+
+async def test_an_expired_hold_releases_its_slot_even_if_the_claim_row_cannot_be_deleted():
+    """A hold past its time gives its slot back first; its row's deletion may fail (kept for
+    the next pass), the slot is back all the same."""
+    peers, table, queue = _peers()
+    peers.held["q1"] = Held(MEMBER, "d1", "origin", trio.current_time() - 1)  # type: ignore[arg-type]
+    table.claims["q1"] = False
+    table.done_fails = DatabaseUnavailable("the database is away")
+    await peers._expire_holds()
+    with pytest.raises(DatabaseUnavailable):
+        await peers._withdraw_pending()
+    assert "q1" not in peers.held and peers._done == ["q1"]
+    assert queue.released == [(MEMBER, "d1")], "the expired hold's slot leaked"
+
+
+async def test_a_claimer_that_cannot_be_reached_is_a_lost_episode_not_a_crash():
+    """A claimer nobody can connect to: the episode is lost (the step goes back to the queue
+    after the fence), not an error out of the dispatch."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    peers, table, _ = _peers()
+    table.rows["B"] = PeerRow("B", f"ws://127.0.0.1:{port}", "hash", None, 0.0)
+
+    async def emit(event):
+        pass
+
+    async with trio.open_nursery() as nursery:
+        peers._nursery = nursery
+        with trio.fail_after(10):
+            end, result = await peers.run_there(Claim("q1", "B", "w1", "d1"), {}, emit)
+        nursery.cancel_scope.cancel()
+    assert end.how is Ending.LOST and result is None
+
+
+# -- SQLite mode (the default) ---------------------------------------------------------------
+
+
+def test_serve_on_sqlite_does_not_need_the_postgres_driver():
+    """psycopg is an optional extra (``swamp[postgres]``): serving on SQLite imports none of
+    it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "import swamp.orchestrator.server, swamp.orchestrator.admin_auth\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+
+
+async def test_a_server_token_named_peer_still_works_on_sqlite(tmp_path):
+    """A server token's credential is ``NAME.SECRET``: one named ``peer`` is not taken for an
+    orchestrator's peer credential (``peer:…``, a colon no name holds)."""
+    from swamp.bookkeeping.server_tokens import ServerTokenBook
+    from swamp.orchestrator.admin_auth import AdminAuth, Principal
+    from swamp.store.datastore import Datastore
+    from swamp.store.records import SqliteRecords
+
+    db = SqliteRecords(Datastore(tmp_path / "swamp.db"))
+    try:
+        book = ServerTokenBook(db)
+        _, credential = await book.create("peer")
+        auth = AdminAuth(mode="token", server_tokens=book, local_credential=None)
+        identity = await auth.identify(f"Bearer {credential}")
+        assert isinstance(identity, Principal), identity
+    finally:
+        await db.aclose()
