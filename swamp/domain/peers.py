@@ -18,6 +18,13 @@ def credential_hash(credential: str) -> str:
     return hashlib.sha256(credential.encode("utf-8", "replace")).hexdigest()
 
 
+def claims_channel(orchestrator: str) -> str:
+    """The NOTIFY channel an orchestrator hears the claims of its steps on (its prefix and
+    the id stay within PostgreSQL's 63 bytes)."""
+    return f"{CLAIMS_PREFIX}{orchestrator[:32]}"
+
+
+CLAIMS_PREFIX = "swamp_claims_"
 PEER_PREFIX = "peer:"  # no server token's name holds a colon: never one of theirs
 
 

@@ -27,10 +27,12 @@ cancelling the call cancels the step there. Only the holder ever dispatches to a
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,8 +43,10 @@ from swamp.client import connect
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.episodes import Ending, EpisodeEnd
 from swamp.domain.peers import (
+    CLAIMS_PREFIX,
     PeerRow,
     SharedStep,
+    claims_channel,
     credential_hash,
     credential_orchestrator,
     liveness_lock,
@@ -81,6 +85,7 @@ CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orche
 # the lock an orchestrator of an earlier version held for its life (one per database, then)
 EARLIER_VERSION_LOCK = "swamp serve: the database's orchestrator"
 REFRESH = 2.0  # seconds between reads of the registry (newcomers, their URLs)
+MAX_OFFERS = 10_000  # published steps heard and not yet looked at (past it: a pass)
 CLAIM_PAGE = 500  # others' waiting steps read at a time (all of them, page by page)
 CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
 DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
@@ -149,6 +154,8 @@ class Peers:
         self._nursery: trio.Nursery | None = None
         self._withdrawn: list[str] = []  # our steps to take out of the shared queue
         self._done: list[str] = []  # claims of ours sent to us: their rows to delete
+        self._offers: deque[SharedStep] = deque()  # others' steps just published
+        self._offered = trio.Event()
         # handed to run(): the queue (its tickets and slots), and how to run a claimed step
         self.queue: DispatchQueue | None = None
         self.run_claimed: Callable[..., Awaitable[dict]] | None = None
@@ -251,16 +258,100 @@ class Peers:
     ) -> None:
         """The wake-ups, the watch on every peer's liveness, claims and their holds: ``queue``
         is ours (its waiting steps, its slots), ``run_claimed`` runs a step we claimed."""
-        from swamp.store import pg_wake
 
         self.queue, self.run_claimed = queue, run_claimed
         async with open_unwrapping_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.waker.run)
-            await nursery.start(pg_wake.listen, self.database, CHANNEL, self.me, self.woken)
+            await nursery.start(self._hear)
             await self._refresh()
             nursery.start_soon(self._passes)
+            nursery.start_soon(self._claim_offers)
             task_status.started()
+
+    async def _hear(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """What the others say: a step published (its notification carries it: claimed
+        without reading the table first), a claim of one of ours (taken at once: the step
+        goes to its claimer), a plain wake-up (a pass). A notification is a hint: when some
+        may have been missed (a full queue, a connection made again), a full pass."""
+        from swamp.store import pg
+
+        mine = claims_channel(self.me)
+        started = False
+        pause = LIVENESS_RETRY
+        while True:
+            try:
+                async with await pg.connect(self.database) as conn:
+                    await conn.listen(CHANNEL)
+                    await conn.listen(mine)
+                    if started:
+                        self._wake.set()  # what was said meanwhile is not coming: rescan
+                    else:
+                        started = True
+                        task_status.started()
+                    pause = LIVENESS_RETRY
+                    while True:
+                        batch = await conn.wait_notifications()
+                        if batch.missed:
+                            self._wake.set()
+                        for note in batch.received:
+                            self._heard(note.channel == mine, note.payload)
+            except SwampError as exc:
+                if not started:
+                    raise
+                log.warning("stopped hearing the others (%s): again in %gs", exc, pause)
+                await trio.sleep(pause)
+                pause = min(pause * 2, 10.0)
+
+    def _heard(self, claim: bool, payload: str) -> None:
+        try:
+            said = json.loads(payload)
+        except ValueError:
+            said = None
+        if not isinstance(said, dict):  # a plain wake-up: its sender's id
+            if payload != self.me:
+                self._wake.set()
+            return
+        if claim:
+            self._claimed_now(said)
+            return
+        step = published(said)
+        if step is None or step.origin == self.me:
+            return
+        if len(self._offers) >= MAX_OFFERS:
+            self._wake.set()  # too many at once: a pass reads them from the table
+            return
+        self._offers.append(step)
+        self._offered.set()
+
+    def _claimed_now(self, said: dict) -> None:
+        """Another orchestrator claimed a step of ours: it goes there, if it still waits here
+        (else a pass withdraws it)."""
+        fields = [said.get(k) for k in ("step", "claimer", "worker", "dispatch")]
+        if self.queue is None or not all(isinstance(v, str) and v for v in fields):
+            self._wake.set()
+            return
+        claim = Claim(*(str(v) for v in fields))
+        ticket = self.queue.published.get(claim.queue_id)
+        if ticket is None or ticket.claim is not None or ticket.member is not None:
+            self._wake.set()  # (a pass withdraws it, or it is being given a worker here)
+            return
+        self.queue.claimed(ticket, claim)
+
+    async def _claim_offers(self) -> None:
+        """Claim what was just published, as the notifications said it (no read first)."""
+        while True:
+            await self._offered.wait()
+            self._offered = trio.Event()
+            while self._offers:
+                step = self._offers.popleft()
+                if self.queue is None or not self.queue.pool.members:
+                    continue
+                try:
+                    await self._claim_one(self.queue, step)
+                except SwampError as exc:
+                    log.warning("could not claim step %s: %s", step.queue_id[:12], exc)
+                    self._wake.set()
 
     def waker_on(self, channel: str) -> Waker:
         """A coalesced wake-up of every other orchestrator on ``channel`` (run it)."""
@@ -562,7 +653,7 @@ class Peers:
         member, dispatch_id = slot
         try:
             won = await self.table.claim(
-                step.queue_id, self.me, member.name, dispatch_id, wake=CHANNEL
+                step.queue_id, self.me, member.name, dispatch_id, wake=CLAIMS_PREFIX
             )
         except BaseException:
             queue.release(member, dispatch_id)
@@ -623,6 +714,21 @@ class Peers:
         ):
             return refused
         return row.id
+
+
+def published(said: dict) -> SharedStep | None:
+    """A step as its publication's notification carries it (``PgPeers.publish``), checked."""
+    queue_id, origin, placement = said.get("step"), said.get("origin"), said.get("placement")
+    priority, queued = said.get("priority"), said.get("queued")
+    if not (
+        isinstance(queue_id, str)
+        and isinstance(origin, str)
+        and isinstance(placement, dict)
+        and isinstance(priority, int)
+        and isinstance(queued, (int, float))
+    ):
+        return None
+    return SharedStep(queue_id, origin, placement, priority, "", float(queued))
 
 
 def placement_of(data: dict) -> Placement | None:

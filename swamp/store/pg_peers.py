@@ -136,13 +136,14 @@ class PgPeers:
     # -- the shared queue --------------------------------------------------------------------
 
     async def publish(self, step: SharedStep, *, wake: str = "swamp_orchestrators") -> None:
-        """Insert it and wake every orchestrator listening on ``wake`` (the payload: its
-        origin), in one round trip."""
+        """Insert it and tell every orchestrator listening on ``wake``, in one round trip: the
+        notification carries the step as :func:`published` reads it, so a claimer need not
+        read the table first."""
         await self._execute(
             "WITH added AS (INSERT INTO swamp_shared_queue (queue_id, origin, placement, "
             "priority, submitter, queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) "
             "ON CONFLICT (queue_id) DO NOTHING RETURNING 1) "
-            "SELECT pg_notify($7, $2) FROM added",
+            "SELECT pg_notify($7, $8) FROM added",
             (
                 step.queue_id,
                 step.origin,
@@ -151,6 +152,15 @@ class PgPeers:
                 step.submitter,
                 step.queued_epoch,
                 wake,
+                _ENCODE(
+                    {
+                        "step": step.queue_id,
+                        "origin": step.origin,
+                        "placement": step.placement,
+                        "priority": step.priority,
+                        "queued": step.queued_epoch,
+                    }
+                ),
             ),
         )
 
@@ -205,9 +215,18 @@ class PgPeers:
             return result.rowcount == 1
         result = await self._execute(
             "WITH claimed AS (UPDATE swamp_shared_queue SET claimed_by = $2, worker = $3, "
-            "dispatch_id = $4 WHERE queue_id = $1 AND claimed_by IS NULL RETURNING 1) "
-            "SELECT pg_notify($5, $2) FROM claimed",
-            (queue_id, me, worker, dispatch_id, wake),
+            "dispatch_id = $4 WHERE queue_id = $1 AND claimed_by IS NULL RETURNING origin) "
+            "SELECT pg_notify($5 || left(claimed.origin, 32), $6) FROM claimed",
+            (
+                queue_id,
+                me,
+                worker,
+                dispatch_id,
+                wake,
+                _ENCODE(
+                    {"step": queue_id, "claimer": me, "worker": worker, "dispatch": dispatch_id}
+                ),
+            ),
         )
         return bool(result.rows)
 
