@@ -17,10 +17,15 @@ orchestrator asks for — at enrollment, and longer later as the pool grows — 
   placed by an admin client): ``GET /metrics`` ``--scrapes`` times over HTTP, one at a time —
   the wall time of a scrape, and the orchestrator's CPU per scrape (its idle rate taken off).
 
+With ``--orchestrators N`` (N > 1): N orchestrators on one PostgreSQL (a throwaway server, as
+the tests start theirs), the workers spread over them (worker ``i`` on orchestrator ``i % N``,
+all on one fleet token); the enrollment rates, and each orchestrator's idle CPU and memory
+per worker (no store sizes, no scrapes: the records are the database's).
+
 Prints one JSON object.
 
     python3 build.py bench-fleet [--workers 10000] [--parallel 32] [--idle-seconds 30]
-        [--requirements 100] [--scrapes 20]
+        [--requirements 100] [--scrapes 20] [--orchestrators 2]
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.processes import start_serve, stop_all
 from swamp.repo import Repo
 from swamp.store.records import SqliteRecords
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests.postgres starts a server
 
 
 def store_bytes(repo: Path) -> dict:
@@ -106,7 +113,101 @@ class Member:
 
 async def main(args) -> dict:
     with scratch("swamp-fleet-") as root:
+        if args.orchestrators > 1:
+            return await _fleet_shared(root, args)
         return await _fleet(root, args)
+
+
+async def _fleet_shared(root: Path, args) -> dict:
+    """Idle workers spread over several orchestrators on one PostgreSQL."""
+    sys.path.insert(0, str(ROOT))
+    from swamp.store.pg_store import PgStore
+    from tests import postgres
+
+    with postgres.cluster() as cluster:
+        database = cluster.new_database()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+        env["SWAMP_DATABASE_URL"] = database
+        procs: list = []
+        try:
+            async with trio.open_nursery() as nursery:
+                urls = []
+                for n in range(args.orchestrators):
+                    repo, _ = Repo.init(root / f"repo-{n}")
+                    log = await trio.Path(root / f"serve-{n}.log").open("wb")
+                    serve, lines, url = await start_serve(repo.root, env=env, stderr=log.wrapped)
+                    procs.append(serve)
+                    urls.append(url)
+                    nursery.start_soon(lines.drain)
+                db = await PgStore.open(database, size=1)
+                _, token = await TokenBook(db).mint(
+                    "fleet", duration_seconds=3600, max_enrollments=args.workers
+                )
+                await db.aclose()
+                result = await measure_shared(procs, urls, token, args, nursery)
+                nursery.cancel_scope.cancel()
+            return result
+        finally:
+            await stop_all(procs)
+
+
+async def measure_shared(serves: list, urls: list[str], token: str, args, nursery) -> dict:
+    stop = trio.Event()
+    members = [Member(urls[i % len(urls)], token, i) for i in range(args.workers)]
+    rss_empty = [rss_kib(serve.pid) for serve in serves]
+    done_at: list[float] = []
+    limiter = trio.CapacityLimiter(args.parallel)
+    started = time.perf_counter()
+
+    async def enroll(member: Member) -> None:
+        async with limiter:
+            nursery.start_soon(member.run, stop)
+            await member.enrolled.wait()
+        if member.error:
+            raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
+        done_at.append(time.perf_counter())
+        if len(done_at) % 1000 == 0:
+            print(
+                f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async with trio.open_nursery() as enrolling:
+        for member in members:
+            enrolling.start_soon(enroll, member)
+    enroll_seconds = time.perf_counter() - started
+    cpu_enrolled = [cpu_seconds(serve.pid) for serve in serves]
+
+    def rate(window: list[float]) -> float:
+        return round((len(window) - 1) / (window[-1] - window[0]), 1)
+
+    await trio.sleep(args.settle)
+    before = [cpu_seconds(serve.pid) for serve in serves]
+    wall_before = time.perf_counter()
+    await trio.sleep(args.idle_seconds)
+    wall = time.perf_counter() - wall_before
+    idle = [(cpu_seconds(s.pid) - b) / wall for s, b in zip(serves, before, strict=True)]
+    rss_full = [rss_kib(serve.pid) for serve in serves]
+    stop.set()
+    each = args.workers / len(serves)
+    first, last = rate(done_at[:1000]), rate(done_at[-1000:])
+    return {
+        "workers": args.workers,
+        "orchestrators": len(serves),
+        "enroll_seconds": round(enroll_seconds, 1),
+        "enrollments_per_second": {
+            "first_thousand": first,
+            "last_thousand": last,
+            "last_over_first": round(last / first, 2),
+        },
+        "orchestrator_cpu_ms_per_enrollment": [round(1000 * c / each, 2) for c in cpu_enrolled],
+        "idle_cpu_share_of_a_core": [round(c, 3) for c in idle],
+        "rss_kib": {"empty": rss_empty, "full": rss_full},
+        "kib_per_worker_from_empty": [
+            round((full - empty) / each, 1) for full, empty in zip(rss_full, rss_empty, strict=True)
+        ],
+    }
 
 
 async def _fleet(root: Path, args) -> dict:
@@ -272,4 +373,10 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=5)
     parser.add_argument("--requirements", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument(
+        "--orchestrators",
+        type=int,
+        default=1,
+        help="more than one: that many on one PostgreSQL (a throwaway server), workers spread",
+    )
     print(json.dumps(trio.run(main, parser.parse_args()), indent=2))

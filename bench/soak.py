@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Soak: many steps over a fleet while workers are SIGKILLed and the orchestrator restarts.
+"""Soak: many steps over a fleet while workers are SIGKILLed and orchestrators restart.
 
 Every step is a ``command/shell`` run placed by the fleet label; the command itself appends
 ``start <id>`` and ``end <id>`` to a ledger file, so the ledger — not the orchestrator — says what
 really ran. Meanwhile a chaos task SIGKILLs a random worker every few seconds (and starts it
 again with the same cache dir, so it re-enrolls as itself) and, once, SIGKILLs the orchestrator
 and starts it again on the same port.
+
+With ``--orchestrators N`` (N > 1) there are N orchestrators on one PostgreSQL (a throwaway
+server, as the tests start theirs): each worker is given every URL (in its own order, so they
+spread), each client sends its steps to one picked at random, and besides the workers an
+orchestrator is SIGKILLed every ``--kill-orchestrator-every`` seconds and started again on its
+port — its workers move to the others, its waiting and running steps are theirs or fail with a
+reason (a client whose orchestrator died is told so: it cannot wait for an answer there).
 
 The verdict: every step got an answer (none lost); no two copies of a step ever ran at once; no
 step's effect happened twice (the command keys it on ``SWAMP_STEP_ID``, as docs/usage.md advises);
@@ -14,6 +21,7 @@ flight than the fleet has slots, so steps also wait in the queue (and are queued
 lost worker). Prints one JSON object; it is not part of the test suite (it takes minutes).
 
     python3 build.py soak [--steps 10000] [--workers 20] [--concurrency 2] [--in-flight 60]
+        [--orchestrators 3 --kill-orchestrator-every 5]
 """
 
 from __future__ import annotations
@@ -37,10 +45,73 @@ from swamp.protocol.messages import MethodRunRequest, PlacementSpec
 from swamp.repo import Repo
 from swamp.store.records import SqliteRecords
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests.postgres starts a server
+
 
 async def main(args) -> dict:
     with scratch("swamp-soak-") as root:
+        if args.orchestrators > 1:
+            return await _soak_shared(root, args)
         return await _soak(root, args)
+
+
+async def _soak_shared(root: Path, args) -> dict:
+    """Several orchestrators on one PostgreSQL (see the module)."""
+    sys.path.insert(0, str(ROOT))
+    from swamp.store.pg_store import PgStore
+    from tests import postgres
+
+    with postgres.cluster() as cluster:
+        database = cluster.new_database()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWAMP_")}
+        env["SWAMP_DATABASE_URL"] = database
+        serve_args = ("--heartbeat", "1s", "--grace-window", "10s")
+        repos = [Repo.init(root / f"repo-{n}")[0] for n in range(args.orchestrators)]
+        state: dict = {"procs": [], "workers": {}, "serves": {}}
+        try:
+            urls = []
+            async with trio.open_nursery() as nursery:
+                for n, repo in enumerate(repos):
+                    serve, lines, url = await start_serve(repo.root, *serve_args, env=env)
+                    state["serves"][n] = serve
+                    nursery.start_soon(lines.drain)
+                    urls.append(url)
+                db = await PgStore.open(database, size=1)
+                _, token = await TokenBook(db).mint(
+                    "soak", duration_seconds=6 * 3600, max_enrollments="unlimited"
+                )
+                await db.aclose()
+
+                async def start(i: int) -> None:
+                    order = urls[i % len(urls) :] + urls[: i % len(urls)]
+                    worker, reader = await start_worker(
+                        ",".join(order), token, "--label", "pool=soak",
+                        "--concurrency", str(args.concurrency),
+                        "--cache-dir", str(root / f"cache-{i}"), env=env,
+                    )  # fmt: skip
+                    state["workers"][i] = worker
+                    state["procs"].append(worker)
+                    nursery.start_soon(reader.drain)
+
+                async def restart(n: int) -> None:
+                    state["serves"][n].kill()
+                    await state["serves"][n].wait()
+                    port = int(urls[n].rsplit(":", 1)[1])
+                    serve, lines, _ = await start_serve(
+                        repos[n].root, *serve_args, env=env, port=port
+                    )
+                    state["serves"][n] = serve
+                    nursery.start_soon(lines.drain)
+
+                for i in range(args.workers):
+                    await start(i)
+                outcome = await _run(
+                    args, repos, urls, root / "ledger", state, start, restart, nursery
+                )
+                nursery.cancel_scope.cancel()
+            return outcome
+        finally:
+            await stop_all([*state["procs"], *state["serves"].values()])
 
 
 async def _soak(root: Path, args) -> dict:
@@ -72,15 +143,24 @@ async def _soak(root: Path, args) -> dict:
             nursery.start_soon(serve_lines.drain)
             for i in range(args.workers):
                 await start(i)
-            outcome = await _run(args, repo, url, ledger, state, start, port, serve_args, env,
-                                 nursery)  # fmt: skip
+            state["serves"] = {0: serve}
+
+            async def restart(n: int) -> None:
+                state["serves"][0].kill()
+                await state["serves"][0].wait()
+                again, lines, _ = await start_serve(repo.root, *serve_args, env=env, port=port)
+                state["serves"][0] = again
+                state["serve"] = again
+                nursery.start_soon(lines.drain)
+
+            outcome = await _run(args, [repo], [url], ledger, state, start, restart, nursery)
             nursery.cancel_scope.cancel()
         return outcome
     finally:
         await stop_all([*state["procs"], *(p for p in [state.get("serve")] if p)])
 
 
-async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nursery) -> dict:
+async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dict:
     results: dict[int, dict] = {}
     kills = restarts = 0
     done = trio.Event()
@@ -98,10 +178,14 @@ async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nur
                 model="command/shell", method="run", args={"command": command},
                 placement=PlacementSpec(labels={"pool": "soak"}),
             )  # fmt: skip
+            n = rng.randrange(len(urls))  # the orchestrator this client sends to, until it dies
+            repo, url = repos[n], urls[n]
+            sent = False
             try:
                 credential = repo.admin_credential_for(url)
                 async with RemoteAdmin.connect(url, credential=credential) as api:
                     while step is not None:
+                        sent = True
                         result = await api.method_run(request)
                         results[step] = {"status": result.status, "error": result.error}
                         step = next(next_step, None)
@@ -113,9 +197,9 @@ async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nur
                             placement=PlacementSpec(labels={"pool": "soak"}),
                         )  # fmt: skip
             except SwampError as exc:  # the orchestrator went away mid-step: a reasoned failure
-                if exc.code == "unauthorized":
+                if exc.code == "unauthorized" or not sent:
                     # a restarted orchestrator is listening but has not written its new local
-                    # credential yet: nothing ran; read it again
+                    # credential yet, or it is down: nothing was sent; again (maybe another)
                     await trio.sleep(0.2)
                     continue
                 if step is not None and step not in results:
@@ -132,16 +216,21 @@ async def _run(args, repo, url, ledger, state, start, port, serve_args, env, nur
             state["workers"][victim].kill()
             kills += 1
             await start(victim)
-            if not restarted and len(results) > args.steps // 2:
-                state["serve"].kill()
-                await state["serve"].wait()
-                serve, lines, _ = await start_serve(repo.root, *serve_args, env=env, port=port)
-                state["serve"] = serve
-                nursery.start_soon(lines.drain)
+            if len(urls) == 1 and not restarted and len(results) > args.steps // 2:
+                await restart(0)
                 restarted, restarts = True, restarts + 1
+
+    async def orchestrator_chaos() -> None:
+        nonlocal restarts
+        while not done.is_set():
+            await trio.sleep(args.kill_orchestrator_every)
+            await restart(rng.randrange(len(urls)))
+            restarts += 1
 
     async with trio.open_nursery() as inner:
         inner.start_soon(chaos)
+        if len(urls) > 1:
+            inner.start_soon(orchestrator_chaos)
         async with trio.open_nursery() as clients:
             for _ in range(args.in_flight):
                 clients.start_soon(client)
@@ -193,6 +282,7 @@ def _verdict(args, results, ledger, kills, restarts, elapsed) -> dict:
         "failed": len(failed),
         "failure_reasons": dict(reasons.most_common(8)),
         "worker_kills": kills,
+        "orchestrators": args.orchestrators,
         "orchestrator_restarts": restarts,
         "ran_again_after_a_lost_worker": sum(
             1 for lines in events.values() if lines.count("start") > 1
@@ -217,6 +307,13 @@ if __name__ == "__main__":
     parser.add_argument("--in-flight", type=int, default=60)
     parser.add_argument("--kill-every", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--orchestrators",
+        type=int,
+        default=1,
+        help="more than one: that many on one PostgreSQL (a throwaway server), restarted in turn",
+    )
+    parser.add_argument("--kill-orchestrator-every", type=float, default=5.0)
     result = trio.run(main, parser.parse_args())
     print(json.dumps(result, indent=2))
     verdict = ("lost", "overlapping_copies", "finished_twice", "succeeded_but_never_finished",

@@ -189,7 +189,9 @@ class TokenBook:
             )
             return decision
 
-        return await self.db.transact(bind)
+        # a fleet's machines enroll at once: one after another on its token (each would
+        # otherwise be refused on a server, its snapshot older than the count it writes)
+        return await self.db.transact(bind, queue_on=f"swamp token {name}")
 
     async def binding(self, token_name: str, machine_id: str) -> Binding | None:
         return await _binding_of(self.db, token_name, machine_id)

@@ -205,7 +205,9 @@ class Enrollment:
             ),
             fleet=token.claims.pinned.get(FLEET_LABEL, token.name),
         )
-        await self.live_tokens.reread(token.name)  # as the queue will ask of this member
+        # as the queue will ask of this member (the others need not hear of each enrollment:
+        # its token's liveness did not change)
+        await self.live_tokens.reread(token.name, tell=False)
         self.live_tokens.arm_token_deadline(token)
         # the interval this worker is told (and held to) grows with the pool: at enrollment,
         # and later in the answer to a ping, for the members that enrolled while it was smaller

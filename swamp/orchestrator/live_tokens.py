@@ -88,13 +88,15 @@ class LiveTokens:
         wait on the store."""
         return self.known.get(name)
 
-    async def reread(self, name: str) -> Token | None:
+    async def reread(self, name: str, *, tell: bool = True) -> Token | None:
         """Read one token again, after this process wrote it (the repo watcher sees only the
-        writes of others)."""
+        writes of others); on a shared database the others are told to read the tokens again
+        too — unless ``tell`` is false (a read for a change another made: telling them back
+        would have them read again, and tell us, for ever)."""
         self._reads += 1
         number = self._reads
-        if self.news is not None:
-            self.news.wake()  # the others read it again too
+        if tell and self.news is not None:
+            self.news.wake()
         token = await self.tokens.get(name)
         self._keep(name, token, number)
         return token
@@ -141,7 +143,7 @@ class LiveTokens:
             self.token_deadlines.set(name, trio.current_time() + RETRY)
 
     async def _expire(self, name: str) -> None:
-        token = await self.reread(name)
+        token = await self.reread(name, tell=False)
         if token is None:
             return
         if token.expires_at_epoch > self.clock():  # re-minted with a later deadline
@@ -164,7 +166,7 @@ class LiveTokens:
 
     async def token_changed(self, name: str) -> None:
         """Re-check one token (after a revoke): disconnect its workers if it is no longer live."""
-        token = await self.reread(name)
+        token = await self.reread(name, tell=False)
         now = self.clock()
         if token is None or not token.live(now):
             state = token.effective_state(now).value if token else "deleted"

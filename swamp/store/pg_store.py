@@ -92,6 +92,30 @@ _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar(
 T = TypeVar("T")
 
 
+def _lock_key(name: str) -> int:
+    from swamp.store.pg_locks import lock_key
+
+    return lock_key(name)
+
+
+async def _unlock(conn: pg.Connection, name: str) -> None:
+    """Let a queue's lock go, whatever happened to the transaction; a connection that cannot
+    (cut off, or slow past the grace) is closed, and its session's locks go with it — never
+    back in the pool holding one."""
+    if conn.closed:
+        return
+    done = False
+    with (
+        trio.CancelScope(shield=True),
+        trio.move_on_after(pg.CANCEL_GRACE),
+        suppress(SwampError),
+    ):
+        await conn.execute("SELECT pg_advisory_unlock($1)", (_lock_key(name),))
+        done = True
+    if not done:
+        conn.close()
+
+
 def _row(row: tuple) -> Record:
     return Record(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7])
 
@@ -374,21 +398,32 @@ class PgStore(_Operations):
         async with self.pool.connection() as conn:
             return await conn.execute(sql, params)
 
-    async def transact(self, body: Callable[[_Operations], Awaitable[T]]) -> T:
+    async def transact(
+        self, body: Callable[[_Operations], Awaitable[T]], *, queue_on: str | None = None
+    ) -> T:
         """Run ``body`` with a handle on one SERIALIZABLE transaction: all of it commits or
         none; run again (a fresh transaction, a fresh snapshot) when PostgreSQL refuses it as
-        a serialization failure or a deadlock, up to :data:`TX_ATTEMPTS` times."""
+        a serialization failure or a deadlock, up to :data:`TX_ATTEMPTS` times.
+
+        ``queue_on``: transactions naming the same queue run one after another, whichever
+        process runs them — a session advisory lock taken *before* the transaction begins, so
+        its snapshot already sees the one before (taken inside, the snapshot would be older
+        than the lock, and the write refused all the same)."""
         for attempt in range(TX_ATTEMPTS):
             token = _IN_TRANSACTION.set(True)
             try:
                 async with self.pool.connection() as conn:
                     handle = _Operations(conn.execute, self.clock, in_transaction=True)
+                    if queue_on is not None:
+                        await conn.execute("SELECT pg_advisory_lock($1)", (_lock_key(queue_on),))
                     try:
                         async with conn.transaction():
                             await conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
                             return await body(handle)
                     finally:
                         handle.ended = True
+                        if queue_on is not None:
+                            await _unlock(conn, queue_on)
             except SqlError as exc:
                 if exc.sqlstate not in _RETRIED or attempt == TX_ATTEMPTS - 1:
                     raise

@@ -80,7 +80,13 @@ class Operations(Protocol):
 class Records(Operations, Protocol):
     """The whole store: the operations, transactions, and what runs outside any."""
 
-    async def transact(self, body: Callable[[Operations], Awaitable[T]]) -> T: ...
+    async def transact(
+        self, body: Callable[[Operations], Awaitable[T]], *, queue_on: str | None = None
+    ) -> T:
+        """``body`` on one transaction; those that name the same ``queue_on`` run one after
+        another (a hot record many write at once: each would otherwise be refused and run
+        again, on a server, until it ran out of attempts)."""
+        ...
 
     async def transition(
         self,
@@ -210,9 +216,12 @@ class SqliteRecords(_SqliteOperations):
             async with self._lock:  # another task's: wait until it ends
                 pass
 
-    async def transact(self, body: Callable[[Operations], Awaitable[T]]) -> T:
+    async def transact(
+        self, body: Callable[[Operations], Awaitable[T]], *, queue_on: str | None = None
+    ) -> T:
         """``body`` on one transaction (``BEGIN IMMEDIATE``: serializable, as it takes the
-        write lock first; never refused, so run once). Like every call here it does not yield
+        write lock first — every transaction queues on it, whatever ``queue_on`` says; never
+        refused, so run once). Like every call here it does not yield
         unless it must (another task's transaction is open, or the body yields): a body of
         store calls runs from start to commit with nothing else run between."""
         try:

@@ -167,3 +167,47 @@ async def test_a_server_token_named_peer_still_works_on_sqlite(tmp_path):
         assert isinstance(identity, Principal), identity
     finally:
         await db.aclose()
+
+
+class CountingWaker:
+    def __init__(self) -> None:
+        self.marked = 0
+
+    def wake(self) -> None:
+        self.marked += 1
+
+
+class TokenNews:
+    """What LiveTokens asks of the peers: a waker on the tokens' channel (counted)."""
+
+    me = "me"
+
+    def __init__(self) -> None:
+        self.waker = CountingWaker()
+
+    def waker_on(self, channel: str) -> CountingWaker:
+        return self.waker
+
+
+async def test_only_a_token_written_here_tells_the_others(tmp_path):
+    """A token minted, revoked or expired here tells the other orchestrators to read the
+    tokens again; reading one again because another changed it — or after an enrollment, which
+    changes no token's liveness — tells nobody: two orchestrators told each other of every
+    re-read for ever, a core's third each (found by the fleet benchmark over two)."""
+    from swamp.bookkeeping.tokens import TokenBook
+    from swamp.orchestrator.live_tokens import LiveTokens
+    from swamp.orchestrator.pool import Pool
+    from swamp.store.datastore import Datastore
+    from swamp.store.records import SqliteRecords
+
+    store = Datastore(tmp_path / "swamp.db")
+    book = TokenBook(SqliteRecords(store))
+    news = TokenNews()
+    live = LiveTokens(store, Pool(), book, peers=news)  # type: ignore[arg-type]
+    await book.mint("t", duration_seconds=600)
+    await live.reread("t")  # written here
+    assert news.waker.marked == 1
+    await live.token_changed("t")  # another's change, read again
+    await live.reread("t", tell=False)  # an enrollment's read
+    assert news.waker.marked == 1
+    store.close()
