@@ -29,6 +29,7 @@ from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
 from swamp.domain.queue import effective_timeout, parse_queue_timeout
 from swamp.domain.read_scope import ReadScope
+from swamp.domain.scheduler import Requirement
 from swamp.domain.step_logs import LogOwner
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, MalformedFrame, StoreBroken
@@ -291,8 +292,17 @@ class DispatchService:
             attempt += 1
             if grant.claim is not None:  # another orchestrator's worker runs it
                 assert self.peers is not None
-                episode = await self._run_there(grant.claim, work, Step(step_id, attempt), emit)
-                worker_name = grant.claim.worker
+                episode, dispatch_id = await self._run_there(
+                    grant.claim, work, Step(step_id, attempt), emit, request.placement
+                )
+                worker_name = episode.end.worker
+                if grant.claim.direct and episode.end.how is not Ending.SUCCEEDED:
+                    self.peers.missed(Requirement.of(request.placement))
+                    if episode.end.how is Ending.BUSY:
+                        # sent straight, and nobody was free there (or it could not be
+                        # reached): nothing ran; it waits for a claim now
+                        attempt -= 1
+                        continue
             else:
                 assert member is not None
                 worker_name = member.name
@@ -338,9 +348,11 @@ class DispatchService:
                 log.info("worker %s had no free slot: queueing the step again", worker_name)
                 await trio.sleep(min(BUSY_BACKOFF_CAP, BUSY_BACKOFF * 2 ** (busy - 1)))
 
-    async def _run_there(self, claim: Claim, work: Work, step: Step, emit: Emit) -> Episode:
+    async def _run_there(
+        self, claim: Claim, work: Work, step: Step, emit: Emit, placement: Placement
+    ) -> tuple[Episode, str]:
         """Send the step to the orchestrator that claimed it for its worker, relaying what it
-        says; its result comes back as the episode's."""
+        says; its result comes back as the episode's (with its dispatch's id there)."""
         assert self.peers is not None
         params = encode_step(
             model_type=work.model_type.type,
@@ -354,13 +366,15 @@ class DispatchService:
             step_id=step.id,
             attempt=step.attempt,
         )
-        end, result = await self.peers.run_there(claim, params, emit)
+        if claim.direct:
+            params["placement"] = placement.to_json()
+        end, result, dispatch_id = await self.peers.run_there(claim, params, emit)
         if result is None:
-            return Episode(end)
+            return Episode(end), dispatch_id
         try:
-            return Episode(end, DispatchResult.decode(result))
+            return Episode(end, DispatchResult.decode(result)), dispatch_id
         except MalformedFrame as exc:
-            return Episode(EpisodeEnd(Ending.MALFORMED, end.worker, exc.message))
+            return Episode(EpisodeEnd(Ending.MALFORMED, end.worker, exc.message)), dispatch_id
 
     async def run_claimed(self, member: Member, dispatch_id: str, params: dict, emit) -> dict:
         """Run another orchestrator's step on the slot of ``member`` we claimed for it (as
@@ -397,7 +411,7 @@ class DispatchService:
             self.queue.release(member, dispatch_id)
             if member.connected and not member.active:
                 self._set_status(member, WorkerStatus.IDLE.value)
-        return encode_ending(episode.end, episode.result)
+        return encode_ending(episode.end, episode.result, dispatch_id)
 
     def _set_busy(self, member: Member) -> None:
         if member.status != WorkerStatus.BUSY.value:

@@ -85,6 +85,8 @@ CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orche
 # the lock an orchestrator of an earlier version held for its life (one per database, then)
 EARLIER_VERSION_LOCK = "swamp serve: the database's orchestrator"
 REFRESH = 2.0  # seconds between reads of the registry (newcomers, their URLs)
+HINT_LIFE = 30.0  # seconds a claim makes its claimer the first asked for the same requirement
+MAX_HINTS = 1024  # requirements remembered so (past it, the oldest goes)
 MAX_OFFERS = 10_000  # published steps heard and not yet looked at (past it: a pass)
 CLAIM_PAGE = 500  # others' waiting steps read at a time (all of them, page by page)
 CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
@@ -98,12 +100,16 @@ Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → wha
 
 @dataclass(frozen=True)
 class Claim:
-    """Another orchestrator claimed a step of ours: which, for which of its workers."""
+    """Another orchestrator claimed a step of ours: which, for which of its workers. A
+    *direct* one was claimed by nobody yet: the step goes straight to ``orchestrator``, whose
+    worker took the last step of its kind, which runs it if a worker of its own is free now
+    (else the step comes back at once and waits in the shared queue)."""
 
     queue_id: str
     orchestrator: str
     worker: str
     dispatch_id: str
+    direct: bool = False
 
 
 @dataclass
@@ -162,6 +168,9 @@ class Peers:
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
         self.reconciled = 0  # dead orchestrators this one reconciled
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
+        # which orchestrator last claimed a step of each requirement of ours, until when
+        # (trio time): the next such step is sent straight to it (see Claim)
+        self.hints: dict[Requirement, tuple[str, float]] = {}
         self._refresh_at = 0.0  # trio time: when the registry is read again
         self.lost_liveness: trio.Event = trio.Event()
 
@@ -331,7 +340,8 @@ class Peers:
         if self.queue is None or not all(isinstance(v, str) and v for v in fields):
             self._wake.set()
             return
-        claim = Claim(*(str(v) for v in fields))
+        queue_id, claimer, worker, dispatch_id = (str(v) for v in fields)
+        claim = Claim(queue_id, claimer, worker, dispatch_id)
         ticket = self.queue.published.get(claim.queue_id)
         if ticket is None or ticket.claim is not None or ticket.member is not None:
             self._wake.set()  # (a pass withdraws it, or it is being given a worker here)
@@ -370,6 +380,27 @@ class Peers:
 
     def woken(self) -> None:
         self._wake.set()
+
+    def learn(self, requirement: Requirement, orchestrator: str) -> None:
+        """``orchestrator`` claimed a step of ours that needs ``requirement``."""
+        if len(self.hints) >= MAX_HINTS and requirement not in self.hints:
+            self.hints.pop(next(iter(self.hints)))  # the oldest goes
+        self.hints[requirement] = (orchestrator, trio.current_time() + HINT_LIFE)
+
+    def hint(self, requirement: Requirement) -> str | None:
+        """The orchestrator to send a step of ``requirement`` straight to, if any."""
+        found = self.hints.get(requirement)
+        if found is None:
+            return None
+        orchestrator, until = found
+        if trio.current_time() > until or orchestrator not in self.known:
+            del self.hints[requirement]
+            return None
+        return orchestrator
+
+    def missed(self, requirement: Requirement) -> None:
+        """A step sent straight found no free worker there: the next one waits for a claim."""
+        self.hints.pop(requirement, None)
 
     def slot_freed(self) -> None:
         """A slot here came free (or a worker came): look at others' waiting steps, if the
@@ -540,44 +571,56 @@ class Peers:
             return None
         return Claim(step.queue_id, step.claimed_by, step.worker, step.dispatch_id)
 
-    async def run_there(self, claim: Claim, params: dict, emit) -> tuple[EpisodeEnd, dict | None]:
-        """Send a claimed step to its claimer and relay what it says; how it ended there."""
+    async def run_there(
+        self, claim: Claim, params: dict, emit
+    ) -> tuple[EpisodeEnd, dict | None, str]:
+        """Send a claimed step to its claimer and relay what it says; how it ended there, its
+        result, and its dispatch's id there."""
         had_effect = False
+        worker, dispatch_id = claim.worker, claim.dispatch_id  # a direct one's: once told
 
         async def relay(event) -> None:
-            nonlocal had_effect
+            nonlocal had_effect, worker, dispatch_id
             if isinstance(event, dict) and event.get("kind") == "effects":
                 had_effect = True  # for us: running it again would repeat it
                 return
+            if isinstance(event, dict) and event.get("kind") == "dispatched":
+                told_worker, told_id = event.get("worker"), event.get("dispatchId")
+                if isinstance(told_worker, str) and isinstance(told_id, str):
+                    worker, dispatch_id = told_worker, told_id
             await emit(event)
 
+        sent = (
+            params
+            if claim.direct
+            else {**params, "queueId": claim.queue_id, "dispatchId": claim.dispatch_id}
+        )
         try:
             channel = await self._link(claim.orchestrator)
+        except ChannelClosed as exc:  # nothing was sent: nothing ran there
+            return EpisodeEnd(Ending.BUSY, worker, exc.message), None, dispatch_id
+        try:
             reply = await channel.call(
                 "peer.dispatch",
-                {**params, "queueId": claim.queue_id, "dispatchId": claim.dispatch_id},
+                sent,
                 timeout=None,
                 on_event=relay,
                 settle=CANCEL_SETTLE,
             )
         except (ClaimGone, Busy) as exc:  # nothing ran there: queue it again
-            return EpisodeEnd(Ending.BUSY, claim.worker, exc.message), None
+            return EpisodeEnd(Ending.BUSY, worker, exc.message), None, dispatch_id
         except ChannelClosed as exc:
             # the orchestrator holding the worker is gone (its worker stops the step when its
             # socket drops): the step runs again after the fence, unless it had an effect
             where = self.url_of(claim.orchestrator) or claim.orchestrator[:12]
-            return (
-                EpisodeEnd(
-                    Ending.LOST,
-                    claim.worker,
-                    f"the orchestrator holding it ({where}) was lost: {exc.message}",
-                    has_writes=had_effect,
-                ),
-                None,
-            )
+            lost = f"the orchestrator holding it ({where}) was lost: {exc.message}"
+            return EpisodeEnd(Ending.LOST, worker, lost, has_writes=had_effect), None, dispatch_id
         except SwampError as exc:
-            return EpisodeEnd(Ending.REFUSED, claim.worker, f"({exc.code}) {exc.message}"), None
-        return decode_ending(reply)
+            refused = f"({exc.code}) {exc.message}"
+            return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
+        end, result = decode_ending(reply)
+        told = reply.get("dispatchId") if isinstance(reply, dict) else None
+        return end, result, told if isinstance(told, str) and told else dispatch_id
 
     async def _link(self, orchestrator: str) -> RpcChannel:
         """Our channel to ``orchestrator`` (made once, again after it closed)."""
@@ -684,8 +727,12 @@ class Peers:
 
     async def dispatch(self, caller: str, params: dict, emit) -> dict:
         """``peer.dispatch``: a step we claimed, sent by its origin: run it on the slot we
-        reserved, relaying its events; the reply says how it ended."""
+        reserved, relaying its events; the reply says how it ended. Without a ``queueId`` it
+        is sent straight (a direct claim): run at once if a worker here is free for it — a
+        step waiting here is never robbed —, else :class:`ClaimGone` and nothing ran."""
         queue_id = params.get("queueId")
+        if queue_id is None:
+            return await self._direct(params, emit)
         if not isinstance(queue_id, str):
             raise MalformedFrame("peer.dispatch needs queueId as text")
         held = self.held.get(queue_id)
@@ -697,6 +744,18 @@ class Peers:
         self._done.append(queue_id)  # its row goes with the next pass (nobody needs it now)
         self._wake.set()
         return await self.run_claimed(held.member, held.dispatch_id, params, emit)
+
+    async def _direct(self, params: dict, emit) -> dict:
+        placement = params.get("placement")
+        placement = placement_of(placement) if isinstance(placement, dict) else None
+        if placement is None or not placement.is_remote():
+            raise MalformedFrame("a step sent straight needs its placement")
+        assert self.queue is not None and self.run_claimed is not None
+        slot = self.queue.reserve_for_peer(Requirement.of(placement))
+        if slot is None:
+            raise ClaimGone("no worker of this orchestrator is free for it now")
+        member, dispatch_id = slot
+        return await self.run_claimed(member, dispatch_id, params, emit)
 
     async def identify(self, credential: str) -> str | Unauthorized:
         """The id of the orchestrator a peer credential is, or why it is none (never raises;
@@ -863,8 +922,11 @@ def decode_step(params: dict) -> SentStep:
     )
 
 
-def encode_ending(end: EpisodeEnd, result: DispatchResult | None) -> dict:
+def encode_ending(
+    end: EpisodeEnd, result: DispatchResult | None, dispatch_id: str | None = None
+) -> dict:
     return {
+        **({"dispatchId": dispatch_id} if dispatch_id else {}),
         "how": end.how.value,
         "worker": end.worker,
         "reason": end.reason,

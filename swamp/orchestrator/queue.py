@@ -60,10 +60,11 @@ from swamp.errors import NoMatchingWorker, QueueFull, QueueTimeout, SwampError
 from swamp.ids import new_id, ordered_id
 from swamp.orchestrator.bookkeeper import Bookkeeper, Stream
 from swamp.orchestrator.episode import Emit, safe_emit
+from swamp.orchestrator.peers import Claim
 from swamp.orchestrator.pool import Member, Pool
 
 if TYPE_CHECKING:
-    from swamp.orchestrator.peers import Claim, Peers
+    from swamp.orchestrator.peers import Peers
 from swamp.protocol.messages import PlacementSpec, Queued, QueueItem
 from swamp.store.datastore import iso
 from swamp.store.records import Records
@@ -183,6 +184,10 @@ class DispatchQueue:
         if gone is not None:
             self.waiting.discard(step)
             raise NoMatchingWorker(gone)
+        straight = self.peers.hint(requirement) if self.peers is not None else None
+        if straight is not None:  # the last of its kind was claimed there: straight to it
+            self.waiting.discard(step)
+            return Grant(None, "", None, Claim("", straight, "", "", direct=True))
         queue_id = self._start_waiting(ticket)
         await safe_emit(
             emit,
@@ -253,8 +258,11 @@ class DispatchQueue:
             ticket.claim = claim
 
     def claimed(self, ticket: Ticket, claim: Claim) -> None:
-        """Another orchestrator claimed a step of ours and we took the claim: it goes there."""
+        """Another orchestrator claimed a step of ours and we took the claim: it goes there
+        (and the next step of its kind goes straight there: ``Claim``)."""
         ticket.claim = claim
+        if self.peers is not None:
+            self.peers.learn(ticket.requirement, claim.orchestrator)
         if ticket.step is not None:
             self.waiting.discard(ticket.step)
         if ticket.woken is not None:

@@ -182,3 +182,45 @@ def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
                 await channel.call("peer.dispatch", {"queueId": "q"})
 
     trio.run(attempts)
+
+
+def test_a_step_goes_straight_to_the_orchestrator_that_claimed_its_kind(cluster, pg_url, tmp_path):
+    """The first step of its kind through the orchestrator without workers waits and is
+    claimed; the next goes straight to the claimer (it never waits: no ``queued``); when the
+    claimer's worker is busy, a step sent straight comes back and waits for a claim as the
+    first did — and runs once the worker is free."""
+    database = ("--database", pg_url)
+    cluster.serve(*database)
+    first_url = cluster.url
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")  # a fleet: its workers labelled fleet=edge
+    cluster.worker(token)  # on the first, one slot
+
+    def through_second(*extra: str) -> list[dict]:
+        run = cluster.cli(
+            "model", "method", "run", "swamp/echo", "echo", "--arg", "message=hi",
+            "--label", "fleet=edge", "--server", second_url, "--json", *extra, env=second_env,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+
+    def queued(lines: list[dict]) -> bool:
+        return any(line.get("event", {}).get("kind") == "queued" for line in lines)
+
+    assert queued(through_second())  # waited, and was claimed
+    assert not queued(through_second())  # straight to the claimer
+    go = tmp_path / "go"
+    busy = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--label", "fleet=edge",
+        "--arg", f"command=echo busy; while [ ! -e {go} ]; do sleep 0.05; done",
+        "--server", first_url, "--json",
+    )  # fmt: skip
+    busy.wait_for(lambda e: e.get("event", {}).get("line") == "busy")
+    waiting = cluster.spawn(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=after",
+        "--label", "fleet=edge", "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    waiting.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")  # came back, waits
+    go.touch()
+    assert busy.wait_exit() == 0 and waiting.wait_exit() == 0
+    assert result_of(waiting.events())["status"] == "succeeded"

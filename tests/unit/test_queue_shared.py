@@ -36,6 +36,9 @@ class BlinkingPeers:
     def slot_freed(self):
         pass
 
+    def hint(self, requirement):
+        return None  # no claim of its kind yet: it waits, and is published
+
 
 @pytest.fixture
 async def queue(store, live_tokens):  # noqa: F811
