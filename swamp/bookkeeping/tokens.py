@@ -190,8 +190,13 @@ class TokenBook:
             return decision
 
         # a fleet's machines enroll at once: one after another on its token (each would
-        # otherwise be refused on a server, its snapshot older than the count it writes)
-        return await self.db.transact(bind, queue_on=f"swamp token {name}")
+        # otherwise be refused on a server, its snapshot older than the count it writes) —
+        # only those that hold its secret: a stranger's guess is refused without queueing
+        stored = await self.db.latest(_key(name))
+        holds = stored is not None and rules.secret_matches(
+            secret, str(stored.attributes.get("secretHash", ""))
+        )
+        return await self.db.transact(bind, queue_on=f"swamp token {name}" if holds else None)
 
     async def binding(self, token_name: str, machine_id: str) -> Binding | None:
         return await _binding_of(self.db, token_name, machine_id)

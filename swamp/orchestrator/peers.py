@@ -160,6 +160,7 @@ class Peers:
         self._nursery: trio.Nursery | None = None
         self._withdrawn: list[str] = []  # our steps to take out of the shared queue
         self._done: list[str] = []  # claims of ours sent to us: their rows to delete
+        self._taking: set[str] = set()  # claims heard of and sent on: to mark taken
         self._offers: deque[SharedStep] = deque()  # others' steps just published
         self._offered = trio.Event()
         # handed to run(): the queue (its tickets and slots), and how to run a claimed step
@@ -304,7 +305,11 @@ class Peers:
                         if batch.missed:
                             self._wake.set()
                         for note in batch.received:
-                            self._heard(note.channel == mine, note.payload)
+                            try:
+                                self._heard(note.channel == mine, note.payload)
+                            except Exception:  # a payload is anyone's on the database
+                                log.warning("ignored a notification it could not read")
+                                self._wake.set()
             except SwampError as exc:
                 if not started:
                     raise
@@ -347,6 +352,8 @@ class Peers:
             self._wake.set()  # (a pass withdraws it, or it is being given a worker here)
             return
         self.queue.claimed(ticket, claim)
+        self._taking.add(queue_id)  # marked taken in the table by the next pass
+        self._wake.set()
 
     async def _claim_offers(self) -> None:
         """Claim what was just published, as the notifications said it (no read first)."""
@@ -419,6 +426,7 @@ class Peers:
                 if trio.current_time() >= self._refresh_at:
                     await self._refresh()
                 await self._withdraw_pending()
+                await self._mark_taken()
                 await self._take_claims()
                 await self._claim()
                 await self._expire_holds()
@@ -549,6 +557,13 @@ class Peers:
                 return await self._take(step)
         return None  # the claim went meanwhile, and its row: nobody else runs it
 
+    async def _mark_taken(self) -> None:
+        """The claims heard of in their notifications (and sent on) are marked taken."""
+        if self._taking:
+            taking = set(self._taking)
+            await self.table.mark_taken(sorted(taking), self.me)
+            self._taking -= taking
+
     async def _take_claims(self) -> None:
         """Others claimed steps of ours: each goes to its claimer (one statement takes them
         all), or, nobody here waiting for it any more, is withdrawn."""
@@ -556,6 +571,8 @@ class Peers:
             return
         for step in await self.table.take_claims(self.me):
             assert step.claimed_by and step.worker and step.dispatch_id
+            if step.queue_id in self._taking:
+                continue  # heard of meanwhile, and sent on: not withdrawn under its sending
             ticket = self.queue.published.get(step.queue_id)
             if ticket is None or ticket.claim is not None:
                 if ticket is None:
@@ -680,19 +697,20 @@ class Peers:
             page = await self.table.claimable(self.me, after=after, limit=CLAIM_PAGE)
             self.others_waiting += len(page)
             for step in page:
-                await self._claim_one(queue, step)
+                if await self._claim_one(queue, step):
+                    self.others_waiting -= 1
             if len(page) < CLAIM_PAGE:
                 return
             after = page[-1]
 
-    async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> None:
-        """Claim ``step`` if a free worker here matches it."""
+    async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> bool:
+        """Claim ``step`` if a free worker here matches it; whether it did."""
         placement = placement_of(step.placement)
         if placement is None:
-            return  # not a placement this version reads: another's to claim
+            return False  # not a placement this version reads: another's to claim
         slot = queue.reserve_for_peer(Requirement.of(placement))
         if slot is None:
-            return
+            return False
         member, dispatch_id = slot
         try:
             won = await self.table.claim(
@@ -703,11 +721,11 @@ class Peers:
             raise
         if not won:
             queue.release(member, dispatch_id)
-            return
-        self.others_waiting -= 1
+            return False
         self.held[step.queue_id] = Held(
             member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
         )  # (the claim woke its origin, which takes it)
+        return True
 
     async def _expire_holds(self) -> None:
         """A claim its origin withdrew, or did not send within :data:`CLAIM_HOLD`, lets its

@@ -49,6 +49,7 @@ CREATE INDEX IF NOT EXISTS swamp_shared_queue_claimer ON swamp_shared_queue (cla
 """
 _SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
 _ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+MAX_PAYLOAD = 7000  # bytes of a NOTIFY's payload (the server refuses 8000 and more)
 
 
 _STEP_COLUMNS = (
@@ -139,6 +140,17 @@ class PgPeers:
         """Insert it and tell every orchestrator listening on ``wake``, in one round trip: the
         notification carries the step as :func:`published` reads it, so a claimer need not
         read the table first."""
+        said = _ENCODE(
+            {
+                "step": step.queue_id,
+                "origin": step.origin,
+                "placement": step.placement,
+                "priority": step.priority,
+                "queued": step.queued_epoch,
+            }
+        )
+        if len(said.encode()) > MAX_PAYLOAD:  # (a placement of many long labels) a plain
+            said = step.origin  # wake-up: the others read it from the table
         await self._execute(
             "WITH added AS (INSERT INTO swamp_shared_queue (queue_id, origin, placement, "
             "priority, submitter, queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) "
@@ -152,15 +164,7 @@ class PgPeers:
                 step.submitter,
                 step.queued_epoch,
                 wake,
-                _ENCODE(
-                    {
-                        "step": step.queue_id,
-                        "origin": step.origin,
-                        "placement": step.placement,
-                        "priority": step.priority,
-                        "queued": step.queued_epoch,
-                    }
-                ),
+                said,
             ),
         )
 
@@ -256,6 +260,16 @@ class PgPeers:
             (queue_id, claimer),
         )
         return result.rowcount == 1
+
+    async def mark_taken(self, queue_ids: list[str], origin: str) -> None:
+        """The origin took these claims (heard of in their notifications): not offered to it
+        again, and a dead claimer's are deleted rather than offered to others."""
+        await self._execute(
+            "UPDATE swamp_shared_queue SET taken = TRUE WHERE queue_id IN "
+            "(SELECT jsonb_array_elements_text($1::jsonb)) AND origin = $2 "
+            "AND claimed_by IS NOT NULL",
+            (_ENCODE(queue_ids), origin),
+        )
 
     async def claims_of(self, me: str) -> dict[str, bool]:
         """The steps ``me`` claimed that are still here: queue id → taken by their origin."""

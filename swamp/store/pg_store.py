@@ -414,9 +414,12 @@ class PgStore(_Operations):
             try:
                 async with self.pool.connection() as conn:
                     handle = _Operations(conn.execute, self.clock, in_transaction=True)
-                    if queue_on is not None:
-                        await conn.execute("SELECT pg_advisory_lock($1)", (_lock_key(queue_on),))
                     try:
+                        if queue_on is not None:  # (let go below whatever happens: cancelled
+                            # as the server grants it, the connection still holds it)
+                            await conn.execute(
+                                "SELECT pg_advisory_lock($1)", (_lock_key(queue_on),)
+                            )
                         async with conn.transaction():
                             await conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
                             return await body(handle)

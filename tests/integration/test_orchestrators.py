@@ -224,3 +224,25 @@ def test_a_step_goes_straight_to_the_orchestrator_that_claimed_its_kind(cluster,
     go.touch()
     assert busy.wait_exit() == 0 and waiting.wait_exit() == 0
     assert result_of(waiting.events())["status"] == "succeeded"
+
+
+def test_a_step_with_many_labels_runs_on_the_other_orchestrators_worker(cluster, pg_url):
+    """A placement too large for a notification's payload (50 long labels, ~8.8 kB, valid)
+    is still shared: the others read it from the table."""
+    database = ("--database", pg_url)
+    cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, second_env = _serve_other(cluster, "second", *database)
+    labels = [f"--label=k{i:02d}{'x' * 38}={'v' * 128}" for i in range(50)]
+    token = cluster.mint_fleet("edge", "1", *labels)
+    worker = cluster.spawn(
+        "worker", "connect", first_url, "--json", env={"SWAMP_WORKER_TOKEN": token}
+    )
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    client = cluster.cli(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=hi", *labels,
+        "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    assert client.returncode == 0, second.log.read_text()[-2000:]
+    lines = [json.loads(x) for x in client.stdout.splitlines() if x.strip()]
+    assert result_of(lines)["worker"] == name
