@@ -246,3 +246,28 @@ def test_a_step_with_many_labels_runs_on_the_other_orchestrators_worker(cluster,
     assert client.returncode == 0, second.log.read_text()[-2000:]
     lines = [json.loads(x) for x in client.stdout.splitlines() if x.strip()]
     assert result_of(lines)["worker"] == name
+
+
+def test_orchestrators_each_with_its_own_ca_reach_each_other(cluster, pg_url):
+    """``--tls auto`` on both: each made its own CA, and the other trusts it through the
+    database (its certificate is registered with its row) when it sends a step there."""
+    database = ("--database", pg_url)
+    cluster.serve(*database, "--tls", "auto")
+    first_url = cluster.url
+    assert first_url.startswith("wss://")
+    _, second_url, second_env = _serve_other(cluster, "second", *database, "--tls", "auto")
+    assert second_url.startswith("wss://")
+    pin = json.loads((cluster.repo / ".swamp" / "serve.json").read_text())["caPin"]
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.spawn(
+        "worker", "connect", first_url, "--json",
+        env={"SWAMP_WORKER_TOKEN": token, "SWAMP_CA_PIN": pin},
+    )  # fmt: skip
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    run = cluster.cli(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=over tls",
+        "--label", "fleet=edge", "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.strip()]
+    assert result_of(lines)["worker"] == name
