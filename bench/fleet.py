@@ -151,13 +151,20 @@ async def _fleet_shared(root: Path, args) -> dict:
             await stop_all(procs)
 
 
-async def measure_shared(serves: list, urls: list[str], token: str, args, nursery) -> dict:
-    stop = trio.Event()
-    members = [Member(urls[i % len(urls)], token, i) for i in range(args.workers)]
-    rss_empty = [rss_kib(serve.pid) for serve in serves]
-    done_at: list[float] = []
-    limiter = trio.CapacityLimiter(args.parallel)
-    started = time.perf_counter()
+async def enroll_all(
+    members: list[Member],
+    stop: trio.Event,
+    parallel: int,
+    done_at: list[float],
+    started: float,
+    nursery,
+    every_thousand=lambda: {},
+) -> list[dict]:
+    """Enroll ``members``, ``parallel`` at a time (each then idles in ``nursery`` until
+    ``stop``); the time each enrolled goes in ``done_at``; ``every_thousand`` says what to
+    note at each thousand (it is printed)."""
+    limiter = trio.CapacityLimiter(parallel)
+    noted: list[dict] = []
 
     async def enroll(member: Member) -> None:
         async with limiter:
@@ -167,6 +174,7 @@ async def measure_shared(serves: list, urls: list[str], token: str, args, nurser
             raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
         done_at.append(time.perf_counter())
         if len(done_at) % 1000 == 0:
+            noted.append(every_thousand())
             print(
                 f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
                 file=sys.stderr,
@@ -176,6 +184,16 @@ async def measure_shared(serves: list, urls: list[str], token: str, args, nurser
     async with trio.open_nursery() as enrolling:
         for member in members:
             enrolling.start_soon(enroll, member)
+    return noted
+
+
+async def measure_shared(serves: list, urls: list[str], token: str, args, nursery) -> dict:
+    stop = trio.Event()
+    members = [Member(urls[i % len(urls)], token, i) for i in range(args.workers)]
+    rss_empty = [rss_kib(serve.pid) for serve in serves]
+    done_at: list[float] = []
+    started = time.perf_counter()
+    await enroll_all(members, stop, args.parallel, done_at, started, nursery)
     enroll_seconds = time.perf_counter() - started
     cpu_enrolled = [cpu_seconds(serve.pid) for serve in serves]
 
@@ -238,43 +256,27 @@ async def measure(serve, repo: Repo, url: str, args, nursery) -> dict:
     stop = trio.Event()
     members = [Member(url, token, i) for i in range(args.workers)]
     done_at: list[float] = []
-    sizes: list[dict] = []
-    limiter = trio.CapacityLimiter(args.parallel)
     started = time.perf_counter()
 
-    async def enroll(member: Member) -> None:
-        async with limiter:
-            nursery.start_soon(member.run, stop)
-            await member.enrolled.wait()
-        if member.error:
-            raise RuntimeError(f"worker {member.index} did not enroll: {member.error}")
-        done_at.append(time.perf_counter())
-        if len(done_at) % 1000 == 0:
-            sizes.append(
-                {
-                    "members": len(done_at),
-                    "orchestrator_cpu_s": round(cpu_seconds(serve.pid), 2),
-                    "bench_cpu_s": round(cpu_seconds(os.getpid()), 2),
-                    **store_bytes(repo.root),
-                }
-            )
-            print(
-                f"{len(done_at)} enrolled, {time.perf_counter() - started:.1f}s",
-                file=sys.stderr,
-                flush=True,
-            )
+    def size() -> dict:
+        return {
+            "members": len(done_at),
+            "orchestrator_cpu_s": round(cpu_seconds(serve.pid), 2),
+            "bench_cpu_s": round(cpu_seconds(os.getpid()), 2),
+            **store_bytes(repo.root),
+        }
 
     baseline = min(1000, args.workers // 2)
-    async with trio.open_nursery() as enrolling:
-        for member in members[:baseline]:
-            enrolling.start_soon(enroll, member)
+    sizes = await enroll_all(
+        members[:baseline], stop, args.parallel, done_at, started, nursery, size
+    )
     paused = time.perf_counter()
     await trio.sleep(args.settle)  # the first thousand idle: memory's baseline
     rss_baseline = rss_kib(serve.pid)
     pause = time.perf_counter() - paused
-    async with trio.open_nursery() as enrolling:
-        for member in members[baseline:]:
-            enrolling.start_soon(enroll, member)
+    sizes += await enroll_all(
+        members[baseline:], stop, args.parallel, done_at, started, nursery, size
+    )
     enroll_seconds = time.perf_counter() - started - pause
 
     def rate(window: list[float]) -> float:

@@ -661,6 +661,19 @@ async def _handshake(conninfo: bytes, where: str) -> pq.abc.PGconn:
 # -- the pool ------------------------------------------------------------------------------
 
 
+SCHEMA_LOCK = 0x5357414D  # 'SWAM': one process makes swamp's tables at a time
+
+
+async def make_schema(pool: Pool, schema: str) -> None:
+    """Run ``schema``'s statements (``;``-separated, each ``IF NOT EXISTS``) in one
+    transaction, one process at a time: several orchestrators starting at once on one
+    database would race ``CREATE … IF NOT EXISTS`` (it is not safe against itself)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", (SCHEMA_LOCK,))
+        for statement in filter(str.strip, schema.split(";")):
+            await conn.execute(statement)
+
+
 class Pool:
     """At most ``size`` connections to ``url``, opened when first needed. Tasks waiting for
     one are served first come, first served (``trio.Semaphore`` hands a freed place to the

@@ -47,7 +47,6 @@ CREATE INDEX IF NOT EXISTS swamp_shared_queue_origin ON swamp_shared_queue (orig
 CREATE INDEX IF NOT EXISTS swamp_shared_queue_claimer ON swamp_shared_queue (claimed_by)
     WHERE claimed_by IS NOT NULL
 """
-_SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
 _ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 MAX_PAYLOAD = 7000  # bytes of a NOTIFY's payload (the server refuses 8000 and more)
 
@@ -85,10 +84,7 @@ class PgPeers:
 
     @classmethod
     async def open(cls, pool: pg.Pool) -> PgPeers:
-        async with pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", (_SCHEMA_LOCK,))
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                await conn.execute(statement)
+        await pg.make_schema(pool, _SCHEMA)
         return cls(pool)
 
     async def _execute(self, sql: str, params: tuple = ()) -> pg.Result:

@@ -73,7 +73,6 @@ CREATE TABLE IF NOT EXISTS step_log_chunk (
 );
 CREATE INDEX IF NOT EXISTS step_log_chunk_log ON step_log_chunk (log_id, id)
 """
-_SCHEMA_LOCK = 0x5357414D  # the record store's: one orchestrator makes the schema at a time
 _WRITE_LOCK = 0x534C4F47  # 'SLOG': batches commit one at a time, in the order of their ids
 ROWS_PER_STATEMENT = 500  # rows of a multi-row INSERT (parameters stay far below 65,535)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
@@ -95,10 +94,7 @@ class PgLogStore:
     @classmethod
     async def open(cls, pool: pg.Pool) -> PgLogStore:
         """The store on ``pool``, its tables made if they are not there yet."""
-        async with pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", (_SCHEMA_LOCK,))
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                await conn.execute(statement)
+        await pg.make_schema(pool, _SCHEMA)
         return cls(pool)
 
     # -- writes ------------------------------------------------------------------------------

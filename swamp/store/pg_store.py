@@ -72,8 +72,6 @@ CREATE INDEX IF NOT EXISTS data_newest_runs ON data (created_epoch)
     + """';
 """
 )
-# one orchestrator creates the schema; the others wait for it (CREATE … IF NOT EXISTS races)
-_SCHEMA_LOCK = 0x5357414D  # 'SWAM'
 _COLUMNS = "model_type, model_name, name, version, spec, attributes, content, created_at"
 _META_COLUMNS = "model_type, model_name, name, version, spec, attributes, NULL, created_at, size"
 _IS_LATEST = (
@@ -377,10 +375,7 @@ class PgStore(_Operations):
         pool = pg.Pool(url, size=size)
         store = cls(pool, clock=clock)
         try:
-            async with pool.connection() as conn, conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", (_SCHEMA_LOCK,))
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    await conn.execute(statement)
+            await pg.make_schema(pool, _SCHEMA)
         except BaseException:
             await pool.aclose()
             raise
