@@ -286,8 +286,11 @@ class DispatchService:
         )
         step_id = new_id()
         attempt = busy = 0
+        straight = True  # (false once it came back from an orchestrator it was sent straight to)
         while True:
-            grant = await self.queue.acquire(request.placement, info, deadline=deadline, emit=emit)
+            grant = await self.queue.acquire(
+                request.placement, info, deadline=deadline, emit=emit, straight=straight
+            )
             member, dispatch_id = grant.member, grant.dispatch_id
             attempt += 1
             if grant.claim is not None:  # another orchestrator's worker runs it
@@ -298,6 +301,7 @@ class DispatchService:
                 worker_name = episode.end.worker
                 if grant.claim.direct and episode.end.how is not Ending.SUCCEEDED:
                     self.peers.missed(Requirement.of(request.placement))
+                    straight = False  # once: then it waits for a claim, however hints change
                     if episode.end.how is Ending.BUSY:
                         # sent straight, and nobody was free there (or it could not be
                         # reached): nothing ran; it waits for a claim now

@@ -155,11 +155,19 @@ class DispatchQueue:
     # -- a step acquires a worker ------------------------------------------------------------
 
     async def acquire(
-        self, placement: Placement, info: StepInfo, *, deadline: float | None, emit: Emit
+        self,
+        placement: Placement,
+        info: StepInfo,
+        *,
+        deadline: float | None,
+        emit: Emit,
+        straight: bool = True,
     ) -> Grant:
         """Wait for a free worker matching ``placement`` until ``deadline`` (trio time;
         ``None``: forever). Returns the member, whose slot is reserved for the grant's
-        ``dispatch_id``; the caller gives it back with :meth:`release`."""
+        ``dispatch_id``; the caller gives it back with :meth:`release`. On a shared database,
+        a step that would wait may be sent straight to the orchestrator that claimed the last
+        of its kind (``straight``: a step that came back from one waits for a claim)."""
         ticket = Ticket(placement, info)
         ticket.requirement = requirement = Requirement.of(placement)
         decision = admit(
@@ -184,10 +192,10 @@ class DispatchQueue:
         if gone is not None:
             self.waiting.discard(step)
             raise NoMatchingWorker(gone)
-        straight = self.peers.hint(requirement) if self.peers is not None else None
-        if straight is not None:  # the last of its kind was claimed there: straight to it
+        there = self.peers.hint(requirement) if straight and self.peers is not None else None
+        if there is not None:  # the last of its kind was claimed there: straight to it
             self.waiting.discard(step)
-            return Grant(None, "", None, Claim("", straight, "", "", direct=True))
+            return Grant(None, "", None, Claim("", there, "", "", direct=True))
         queue_id = self._start_waiting(ticket)
         await safe_emit(
             emit,
