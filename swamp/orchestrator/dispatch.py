@@ -300,11 +300,12 @@ class DispatchService:
                 )
                 worker_name = episode.end.worker
                 if grant.claim.direct and episode.end.how is not Ending.SUCCEEDED:
-                    self.peers.missed(Requirement.of(request.placement))
+                    self.peers.missed(Requirement.of(request.placement), grant.claim.orchestrator)
                     straight = False  # once: then it waits for a claim, however hints change
-                    if episode.end.how is Ending.BUSY:
-                        # sent straight, and nobody was free there (or it could not be
-                        # reached): nothing ran; it waits for a claim now
+                    if episode.end.how in (Ending.BUSY, Ending.REFUSED):
+                        # sent straight, and nothing ran there (nobody free, unreachable, or
+                        # refused before anything ran — an orchestrator of an earlier
+                        # version): it waits for a claim now
                         attempt -= 1
                         continue
             else:

@@ -390,7 +390,8 @@ class Peers:
 
     def learn(self, requirement: Requirement, orchestrator: str) -> None:
         """``orchestrator`` claimed a step of ours that needs ``requirement``."""
-        if len(self.hints) >= MAX_HINTS and requirement not in self.hints:
+        self.hints.pop(requirement, None)  # learned again: the newest, last in line to go
+        if len(self.hints) >= MAX_HINTS:
             self.hints.pop(next(iter(self.hints)))  # the oldest goes
         self.hints[requirement] = (orchestrator, trio.current_time() + HINT_LIFE)
 
@@ -405,9 +406,12 @@ class Peers:
             return None
         return orchestrator
 
-    def missed(self, requirement: Requirement) -> None:
-        """A step sent straight found no free worker there: the next one waits for a claim."""
-        self.hints.pop(requirement, None)
+    def missed(self, requirement: Requirement, orchestrator: str) -> None:
+        """A step sent straight to ``orchestrator`` did not run there: the next one of its
+        kind waits for a claim (unless another orchestrator claimed one meanwhile)."""
+        found = self.hints.get(requirement)
+        if found is not None and found[0] == orchestrator:
+            del self.hints[requirement]
 
     def slot_freed(self) -> None:
         """A slot here came free (or a worker came): look at others' waiting steps, if the
@@ -614,7 +618,7 @@ class Peers:
         )
         try:
             channel = await self._link(claim.orchestrator)
-        except ChannelClosed as exc:  # nothing was sent: nothing ran there
+        except SwampError as exc:  # nothing was sent (unreachable, or its URL unreadable)
             return EpisodeEnd(Ending.BUSY, worker, exc.message), None, dispatch_id
         try:
             reply = await channel.call(

@@ -192,8 +192,13 @@ class DispatchQueue:
         if gone is not None:
             self.waiting.discard(step)
             raise NoMatchingWorker(gone)
-        there = self.peers.hint(requirement) if straight and self.peers is not None else None
-        if there is not None:  # the last of its kind was claimed there: straight to it
+        there = None
+        group = self.waiting.groups.get(requirement)
+        if straight and self.peers is not None and group is not None and group.count == 1:
+            # the last of its kind was claimed there, and no step of its kind waits here
+            # ahead of it (they wait for a claim, in the queue's order): straight to it
+            there = self.peers.hint(requirement)
+        if there is not None:
             self.waiting.discard(step)
             return Grant(None, "", None, Claim("", there, "", "", direct=True))
         queue_id = self._start_waiting(ticket)
