@@ -111,8 +111,8 @@ def test_the_orchestrator_outlives_a_restart_of_its_database(cluster, postgres_c
 
 
 def test_a_database_that_is_not_one_or_cannot_be_reached_changes_nothing(cluster):
-    """Bad input on the new flag: one line, a status, nothing written — the CLI in the repo
-    still reads its own file afterwards."""
+    """Bad input on the new flags (--database, --advertise-url): one line, a status, nothing
+    written — the CLI in the repo still reads its own file afterwards."""
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
@@ -125,5 +125,16 @@ def test_a_database_that_is_not_one_or_cannot_be_reached_changes_nothing(cluster
         assert run.returncode == status, run.stderr
         errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and said in errors[0] and "s3cret" not in run.stderr
+    for extra, said in (
+        (("--advertise-url", "ws://orch:7420"), "goes with --database"),
+        (("--database", f"postgresql://127.0.0.1:{closed}/swamp", "--advertise-url",
+          "ftp://orch:7420"), "expected ws://HOST:PORT"),
+        (("--database", f"postgresql://127.0.0.1:{closed}/swamp", "--advertise-url",
+          "wss://orch:7420"), "expected ws://HOST:PORT"),
+    ):  # fmt: skip
+        run = cluster.cli("serve", "--port", "0", *extra)
+        assert run.returncode == 2, run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and said in errors[0], run.stderr
     assert not (cluster.repo / ".swamp" / "database").exists()
     assert cluster.cli("worker", "list").returncode == 0  # the repo's file, as before
