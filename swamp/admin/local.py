@@ -21,6 +21,7 @@ from swamp.bookkeeping.pending import PendingBook
 from swamp.bookkeeping.server_tokens import ServerToken, ServerTokenBook
 from swamp.bookkeeping.tokens import TokenBook, token_item
 from swamp.bookkeeping.workers import WorkerBook, worker_items
+from swamp.bookkeeping.workers import key as worker_key
 from swamp.bookkeeping.workflow_runs import RunBook
 from swamp.compat import tomllib
 from swamp.concurrency import open_unwrapping_nursery
@@ -55,13 +56,14 @@ from swamp.orchestrator.live_tokens import CLOSE_REVOKED, LiveTokens
 from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.step_logs import StepLogs
-from swamp.orchestrator.verification import Verifier
+from swamp.orchestrator.verification import PROBE_TIMEOUT, Verifier
 from swamp.plugins import ModelRegistry, default_registry
 from swamp.protocol.messages import (
     DataQueryRequest,
     Empty,
     LogsPage,
     LogsRequest,
+    Message,
     MethodRunRequest,
     NameRequest,
     PlacementSpec,
@@ -108,6 +110,9 @@ from swamp.workflows.loader import Workflows
 CANCEL_WAIT = 5.0  # seconds workflow cancel waits for the run to save its end
 MAX_STEP_REF = 512  # JOB.STEP of a step to cancel
 DRAIN_ASK_TIMEOUT = 30.0  # a worker answers once it has begun its drain and said so
+# an orchestrator asked to probe its own workers for another answers within its probe's
+# deadline; past this (under the client's own wait), its workers are reported without verdict
+VERIFY_WAIT = PROBE_TIMEOUT + 30.0
 
 
 class RepoAdmin:
@@ -230,6 +235,39 @@ class RepoAdmin:
             self.live_tokens.recheck_soon()
         return _server_token_item(held)
 
+    # -- across orchestrators (a shared database) -----------------------------------------------
+
+    async def _holder(self, name: str) -> str | None:
+        """The other orchestrator serving the database that holds worker ``name``'s socket,
+        as its record says (``None``: alone, ours, disconnected, or one that died)."""
+        if self.peers is None:
+            return None
+        record = await self.db.latest(worker_key(name))
+        attrs = record.attributes if record is not None else {}
+        if attrs.get("status") == WorkerStatus.DISCONNECTED.value:
+            return None
+        holder = attrs.get("orchestrator")
+        return self.peers.serving(holder if isinstance(holder, str) else None)
+
+    async def _ask(self, orchestrator: str, verb: str, request: Message, wait: float) -> dict:
+        assert self.peers is not None
+        return await self.peers.ask(orchestrator, verb, request.to_json(), wait=wait)
+
+    async def _unverified(
+        self, orchestrator: str, labels: dict, name: str | None, why: str
+    ) -> VerifyReport:
+        """The workers an unreachable orchestrator holds (as their records say), each without
+        a verdict and saying why."""
+        verdicts = [
+            Verdict(attrs["name"], "error", error=why)
+            for attrs in await WorkerBook(self.db).all()
+            if attrs.get("orchestrator") == orchestrator
+            and attrs.get("status") != WorkerStatus.DISCONNECTED.value
+            and (name is None or attrs["name"] == name)
+            and all((attrs.get("labels") or {}).get(k) == v for k, v in labels.items())
+        ]
+        return VerifyReport(workers=verdicts)
+
     # -- workers -------------------------------------------------------------------------------
 
     async def worker_list(self, request: WorkerListRequest) -> WorkerListReply:
@@ -249,9 +287,13 @@ class RepoAdmin:
             worker_items(records, live, show_all=request.all, where=where)
         )
 
-    async def worker_drain(self, request: WorkerDrainRequest) -> WorkerDrainReply:
+    async def worker_drain(
+        self, request: WorkerDrainRequest, *, here: bool = False
+    ) -> WorkerDrainReply:
         """Ask a connected worker to drain (as SIGTERM would): it answers once it has begun
-        and said so, so the pool already shows it draining when this returns."""
+        and said so, so the pool already shows it draining when this returns. On a shared
+        database, one another orchestrator holds is asked through it (``here``: a peer's ask,
+        never passed on)."""
         if self.pool is None:
             raise NeedsOrchestrator(
                 "worker drain asks a connected worker through the orchestrator that holds it: "
@@ -260,6 +302,12 @@ class RepoAdmin:
             )
         member = self.pool.get(request.name)
         channel = member.channel if member is not None else None
+        if (member is None or channel is None or channel.closed) and not here:
+            holder = await self._holder(request.name)
+            if holder is not None:
+                return WorkerDrainReply.decode(
+                    await self._ask(holder, "peer.worker.drain", request, DRAIN_ASK_TIMEOUT)
+                )
         if member is None or channel is None or channel.closed:
             raise NotFound(
                 f"no connected worker named {request.name[:100]!r}: see 'swamp worker list'"
@@ -282,8 +330,10 @@ class RepoAdmin:
             member.name, running=running if isinstance(running, int) else len(member.active)
         )
 
-    async def worker_verify(self, request: VerifyRequest) -> VerifyReport:
-        """Probe the selected connected workers, concurrently, through the dispatch path."""
+    async def worker_verify(self, request: VerifyRequest, *, here: bool = False) -> VerifyReport:
+        """Probe the selected connected workers, concurrently, through the dispatch path. On a
+        shared database each orchestrator probes the ones it holds, at once (``here``: a
+        peer's ask, for its own only)."""
         if self.pool is None or self.verifier is None:
             raise NeedsOrchestrator(
                 "worker verify needs a running orchestrator: pass --server URL or set "
@@ -291,12 +341,18 @@ class RepoAdmin:
             )
         labels = check_labels(request.labels, source="labels")
         members = [m for m in self.pool.members.values() if m.connected]
+        others = [] if here or self.peers is None else list(self.peers.known)
         if request.name:
             members = [m for m in members if m.name == request.name]
-            if not members:
+            holder = None if members or here else await self._holder(request.name)
+            if holder is not None:
+                others = [holder]
+            elif not members:
                 raise NotFound(
                     f"no connected worker named {request.name!r}: see 'swamp worker list'"
                 )
+            else:
+                others = []
         if labels:
             members = [m for m in members if all(m.labels.get(k) == v for k, v in labels.items())]
         verdicts: dict[str, Verdict] = {}
@@ -305,10 +361,23 @@ class RepoAdmin:
         async def probe(member_name: str) -> None:
             verdicts[member_name] = await verifier.probe(member_name)
 
+        async def ask(orchestrator: str) -> None:
+            try:
+                report = VerifyReport.decode(
+                    await self._ask(orchestrator, "peer.worker.verify", request, VERIFY_WAIT)
+                )
+            except Conflict as exc:  # unreachable: its workers get no verdict, and say why
+                report = await self._unverified(orchestrator, labels, request.name, exc.message)
+            for verdict in report.workers:
+                verdicts.setdefault(verdict.name, verdict)
+
         async with open_unwrapping_nursery() as nursery:
             for member in members:
                 nursery.start_soon(probe, member.name)
-        ordered = [verdicts[m.name] for m in sorted(members, key=lambda m: m.name)]
+            for orchestrator in others:
+                if self.peers is not None and self.peers.serving(orchestrator):
+                    nursery.start_soon(ask, orchestrator)
+        ordered = [verdicts[name] for name in sorted(verdicts)]
         return VerifyReport(
             workers=ordered,
             total=len(ordered),
@@ -321,7 +390,27 @@ class RepoAdmin:
         """The steps waiting for a worker, oldest first, and demand against supply for each
         requirement: live from the orchestrator, or from the records on the repo."""
         supply: Callable[[Placement], tuple[int, int]]
-        if self.dispatch is not None:
+        if self.dispatch is not None and self.peers is not None:
+            # a shared database: ours live, the others' as their records say (theirs wait
+            # for their workers, and ours; their workers' slots as their holders last wrote)
+            me, queue, now = self.peers.me, self.dispatch.queue, self.clock()
+            theirs = [a for a in await PendingBook(self.db).waiting() if _elsewhere(a, me)]
+            items = sorted(
+                [*queue.items(), *(_queue_item(a, now) for a in theirs)],
+                key=lambda item: item.queued_at,
+            )
+            elsewhere = _record_supply(
+                [a for a in await WorkerBook(self.db).all() if _elsewhere(a, me)]
+            )
+
+            def supply(placement: Placement) -> tuple[int, int]:
+                (ours, ours_free), (others, others_free) = (
+                    queue.supply(placement),
+                    elsewhere(placement),
+                )
+                return ours + others, ours_free + others_free
+
+        elif self.dispatch is not None:
             queue = self.dispatch.queue
             items = queue.items()
             supply = queue.supply
@@ -471,7 +560,9 @@ class RepoAdmin:
             raise UserError(f"invalid offset {offset}: expected 0 or more")
         return _paged(*await RunBook(self.db).page(request.run, offset))
 
-    async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply:
+    async def workflow_cancel(self, request: RunRef, *, here: bool = False) -> WorkflowRunReply:
+        """Cancel a running run (or one step of it) where it runs: here, or on a shared
+        database through the orchestrator running it (``here``: a peer's ask)."""
         header = await RunBook(self.db).header(request.run)
         run_id = header["runId"]
         if header["status"] != Status.RUNNING:
@@ -481,6 +572,12 @@ class RepoAdmin:
                 "a running workflow is cancelled by the orchestrator that runs it: pass "
                 "--server URL or set SWAMP_SERVE_URL (or run it in the repo of 'swamp serve')"
             )
+        runner = header.get("orchestrator")
+        runner = self.peers.serving(runner) if self.peers and isinstance(runner, str) else None
+        if runner is not None and not here and self.engine.ending(run_id) is None:
+            asked = RunRef(run=run_id, step=request.step, reason=request.reason)
+            reply = await self._ask(runner, "peer.workflow.cancel", asked, CANCEL_WAIT + 10.0)
+            return WorkflowRunReply.decode(reply)
         reason = request.reason or "cancelled by 'swamp workflow cancel'"
         if request.step is not None:
             return await self._cancel_step(run_id, request.step, reason)
@@ -612,6 +709,11 @@ def _queue_item(attrs: dict, now: float) -> QueueItem:
         priority=attrs["priority"] if isinstance(attrs.get("priority"), int) else 0,
         submitter=attrs["submitter"] if isinstance(attrs.get("submitter"), str) else None,
     )
+
+
+def _elsewhere(attrs: dict, me: str) -> bool:
+    """A record another orchestrator of a shared database wrote as its own."""
+    return attrs.get("orchestrator", me) != me
 
 
 def _record_supply(records: list[dict]) -> Callable[[Placement], tuple[int, int]]:

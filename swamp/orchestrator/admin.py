@@ -16,6 +16,7 @@ from swamp.domain.scopes import VERBS, Scope
 from swamp.errors import NotFound
 from swamp.orchestrator.admin_auth import Principal
 from swamp.orchestrator.dispatch import DispatchService
+from swamp.orchestrator.peers import PEER_ADMIN
 from swamp.orchestrator.pool import Pool
 from swamp.protocol.admin import OPERATIONS, AdminApi
 from swamp.protocol.messages import Empty, Message
@@ -65,6 +66,14 @@ class Admin:
 
         handle.__name__ = name
         return handle
+
+    async def here(self, verb: str, params: dict) -> dict:
+        """A peer's ask (a ``peer.*`` verb): the admin operation on what this orchestrator
+        holds, performed here and never passed on again (the asking one checked the caller's
+        credential and scope; a peer credential reaches nothing else)."""
+        name, request_type = OPERATIONS[PEER_ADMIN[verb]]
+        operation = getattr(self.api, name)
+        return (await operation(request_type.decode(params), here=True)).to_json()
 
     async def server_info(self, call: IncomingCall, caller: Principal) -> dict:
         Empty.decode(call.params)

@@ -210,6 +210,8 @@ class Connection:
         peers = self.dispatch.peers
         if peers is None:
             raise Forbidden("this orchestrator serves no shared database")
+        if call.method != "peer.dispatch":  # an admin verb about what this one holds
+            return await self.admin.here(call.method, call.params)
         return await peers.dispatch(identity.name, call.params, None if call.quiet else call.emit)
 
     async def _enroll(self, call: IncomingCall) -> dict:

@@ -58,13 +58,17 @@ from swamp.domain.scheduler import Requirement
 from swamp.domain.step_logs import LogOwner
 from swamp.errors import (
     Busy,
+    CallTimeout,
     ChannelClosed,
     ClaimGone,
+    Conflict,
     DatabaseUnavailable,
+    Forbidden,
     LockHeld,
     MalformedFrame,
     SwampError,
     Unauthorized,
+    UnknownMethod,
     UserError,
 )
 from swamp.ids import new_id
@@ -80,7 +84,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("swamp.peers")
 
 PEER = "orchestrator"  # a principal's kind: another orchestrator, by its peer credential
-PEER_VERBS = frozenset({"peer.dispatch"})
+# what a peer may call: the steps it claimed, and the admin verbs about what this one holds
+# (a worker's socket, a workflow run's task) asked through another orchestrator
+PEER_ADMIN = {
+    "peer.worker.drain": "worker.drain.ask",
+    "peer.worker.verify": "worker.verify",
+    "peer.workflow.cancel": "workflow.cancel",
+}
+PEER_VERBS = frozenset({"peer.dispatch", *PEER_ADMIN})
 CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
 # the lock an orchestrator of an earlier version held for its life (one per database, then)
 EARLIER_VERSION_LOCK = "swamp serve: the database's orchestrator"
@@ -642,6 +653,34 @@ class Peers:
         end, result = decode_ending(reply)
         told = reply.get("dispatchId") if isinstance(reply, dict) else None
         return end, result, told if isinstance(told, str) and told else dispatch_id
+
+    def serving(self, orchestrator: str | None) -> str | None:
+        """``orchestrator`` if it is another one serving the database now (a record naming it
+        is held there), else ``None`` (ours, unnamed, or one that died)."""
+        if not orchestrator or orchestrator == self.me or orchestrator not in self.known:
+            return None
+        return orchestrator
+
+    async def ask(self, orchestrator: str, verb: str, params: dict, *, wait: float | None) -> dict:
+        """Perform an admin verb (a ``peer.*`` of :data:`PEER_ADMIN`) at ``orchestrator``,
+        which holds what it is about; its reply. Its own errors come back as they are (the
+        same code, the same words); one that cannot be reached is a :class:`Conflict`."""
+        where = self.url_of(orchestrator) or orchestrator[:12]
+        try:
+            channel = await self._link(orchestrator)
+            reply = await channel.call(verb, params, timeout=wait)
+        except (ChannelClosed, CallTimeout) as exc:
+            raise Conflict(
+                f"the orchestrator holding it ({where}) did not answer: {exc.message}"
+            ) from None
+        except (Forbidden, UnknownMethod):  # an earlier version's: it takes steps, no more
+            raise Conflict(
+                f"the orchestrator holding it ({where}) cannot be asked through another "
+                "(an earlier version): ask it directly with --server"
+            ) from None
+        if not isinstance(reply, dict):
+            raise Conflict(f"the orchestrator holding it ({where}) gave no answer to read")
+        return reply
 
     async def _link(self, orchestrator: str) -> RpcChannel:
         """Our channel to ``orchestrator`` (made once, again after it closed)."""

@@ -152,8 +152,8 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
 
 def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
     """A worker token revoked through one orchestrator disconnects its worker held by the
-    other; an admin credential cannot send a step as a peer would, and a forged peer
-    credential is refused."""
+    other; an admin credential cannot send a step or ask for a drain as a peer would, and a
+    forged peer credential is refused."""
     from swamp import client
 
     database = ("--database", pg_url)
@@ -173,13 +173,19 @@ def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
 
     async def attempts() -> None:
         async with client.connect(first_url, server_token=local) as channel:
-            with pytest.raises(Forbidden, match="only another orchestrator"):
-                await channel.call("peer.dispatch", {"queueId": "q"})
+            for verb, params in (
+                ("peer.dispatch", {"queueId": "q"}),
+                ("peer.worker.drain", {"name": "edge-1"}),
+                ("peer.workflow.cancel", {"run": "r"}),
+            ):
+                with pytest.raises(Forbidden, match="only another orchestrator"):
+                    await channel.call(verb, params)
         async with client.connect(first_url, server_token="peer:someone.forged") as channel:
             with pytest.raises(Unauthorized):
                 await channel.call("worker.list", {})
-            with pytest.raises((Unauthorized, Forbidden)):
-                await channel.call("peer.dispatch", {"queueId": "q"})
+            for verb in ("peer.dispatch", "peer.worker.verify"):
+                with pytest.raises((Unauthorized, Forbidden)):
+                    await channel.call(verb, {"queueId": "q"})
 
     trio.run(attempts)
 
@@ -271,3 +277,78 @@ def test_orchestrators_each_with_its_own_ca_reach_each_other(cluster, pg_url):
     assert run.returncode == 0, run.stderr
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.strip()]
     assert result_of(lines)["worker"] == name
+
+
+def test_admin_verbs_reach_what_another_orchestrator_holds(cluster, pg_url):
+    """Behind a load balancer any orchestrator gets any admin call: verifying, draining a
+    worker and cancelling a workflow run that another holds are performed there, and the queue
+    lists every orchestrator's waiting steps, with the answers the holder itself gives."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    worker = cluster.worker(cluster.mint("w1"))
+
+    def through_second(*args: str):
+        return cluster.cli(*args, "--server", second_url, env=second_env)
+
+    report = json.loads(through_second("worker", "verify", "--json").stdout)
+    assert (report["total"], report["passed"]) == (1, 1), report
+    assert [(w["name"], w["status"]) for w in report["workers"]] == [("w1", "pass")]
+    named = json.loads(through_second("worker", "verify", "w1", "--json").stdout)
+    assert [(w["name"], w["status"]) for w in named["workers"]] == [("w1", "pass")]
+    missing = through_second("worker", "verify", "nobody")
+    assert missing.returncode != 0 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "no connected worker named 'nobody'" in missing.stderr
+
+    # a run the first runs, cancelled through the second
+    (cluster.repo / "workflows" / "slow.toml").write_text(
+        'name = "slow"\n[[jobs]]\nname = "main"\n[[jobs.steps]]\nname = "wait"\n'
+        'target = "w1"\n[jobs.steps.task]\ntype = "model_method"\n'
+        'modelIdOrName = "test/steps"\nmethodName = "wait"\ninputs = { seconds = 60 }\n'
+    )
+    running = cluster.spawn("workflow", "run", "slow", "--json", "--server", first_url)
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    cancelled = through_second("workflow", "cancel", started["runId"][:8], "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["run"]["status"] == "cancelled"
+    assert running.wait_exit() != 0
+
+    # a step waiting at the first is in the queue the second lists
+    waiting = cluster.spawn(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=x",
+        "--label", "pool=nobody", "--server", first_url, "--json",
+    )  # fmt: skip
+    wait_until(
+        lambda: (
+            [
+                (i["requirement"], i.get("methodName"))
+                for i in json.loads(through_second("worker", "queue", "--json").stdout)["items"]
+            ]
+            == [("pool=nobody", "echo")]
+        ),
+        what="the first's waiting step in the second's queue",
+    )
+    waiting.signal(signal.SIGINT)
+    waiting.wait_exit()
+
+    # the first stopped (alive to the database, deaf to everyone): its worker gets no verdict
+    # and says why, and the verify still answers
+    first.signal(signal.SIGSTOP)
+    try:
+        stuck = json.loads(through_second("worker", "verify", "--json").stdout)
+    finally:
+        first.signal(signal.SIGCONT)
+    [verdict] = stuck["workers"]
+    assert (verdict["name"], verdict["status"]) == ("w1", "error"), stuck
+    assert verdict["error"].startswith(f"the orchestrator holding it ({first_url}) did not answer")
+    wait_until(
+        lambda: json.loads(through_second("worker", "verify", "--json").stdout)["passed"] == 1,
+        what="the first to answer again",
+    )
+
+    # drained through the second: the worker leaves with exit 0
+    drained = through_second("worker", "drain", "w1", "--json")
+    assert drained.returncode == 0, drained.stderr
+    assert json.loads(drained.stdout) == {"name": "w1", "running": 0, "already": False}
+    assert worker.wait_exit() == 0
