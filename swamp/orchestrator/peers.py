@@ -151,13 +151,14 @@ class Peers:
         reconcile: Reconcile,
         ca_pem: str | None = None,
         clock: Callable[[], float] = time.time,
+        me: str | None = None,
     ) -> None:
         self.table = table
         self.database = database  # the URL: liveness locks and LISTEN take connections of their own
         self.reconcile = reconcile
         self.ca_pem = ca_pem  # our own CA's certificate, when serve made one (peers trust it)
         self.clock = clock
-        self.me = new_id()
+        self.me = me or new_id()  # (given: what opened the database names it already)
         self.credential = peer_credential(self.me, secrets.token_hex(32))
         self.url = ""  # set once listening
         self.known: dict[str, PeerRow] = {}  # the orchestrators registered, as last read

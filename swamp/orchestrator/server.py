@@ -45,6 +45,7 @@ from swamp.domain.urls import is_loopback
 from swamp.domain.worker_names import is_fleet
 from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.errors import CannotListen, SwampError, UserError
+from swamp.ids import new_id
 from swamp.orchestrator import listener
 from swamp.orchestrator.admin_auth import new_local_credential
 from swamp.orchestrator.admission import PENDING_MESSAGE_BYTES
@@ -422,18 +423,29 @@ async def _serve(
     if options.database is None:
         storage = open_sqlite(repo)
     else:
-        storage = await open_postgres(options.database)
+        me = new_id()  # this orchestrator's, for its life: what it writes names it
+        storage = await open_postgres(options.database, orchestrator=me)
         assert storage.peers is not None
-        db = storage.db
-        peers = Peers(
-            storage.peers,
-            options.database,
-            reconcile=lambda dead: reconcile_left(
+        from swamp.store.pg_step_logs import PgLogStore  # (the driver is there: it opened)
+
+        db, logs = storage.db, storage.logs
+
+        async def reconcile(dead: str) -> dict:
+            changed = await reconcile_left(
                 db,
                 lambda attrs: attrs.get("orchestrator") == dead,
                 why=f"its orchestrator ({dead[:12]}) died",
-            ),
+            )
+            assert isinstance(logs, PgLogStore)
+            changed["logs"] = await logs.end_left(time.time(), dead)  # its lines stopped
+            return changed
+
+        peers = Peers(
+            storage.peers,
+            options.database,
+            reconcile=reconcile,
             ca_pem=own_tls.ca_pem if own_tls else None,
+            me=me,
         )
     # where the records are, for the CLI in the repo while this runs and after it stopped
     # (once they are reachable: a database that cannot be opened changes nothing here)
@@ -520,6 +532,10 @@ async def _serve_on(
     else:
         # a shared database: what an orchestrator that is gone left (the living's is theirs)
         swept.update(await reconcile_left(db, _unowned))
+        from swamp.store.pg_step_logs import PgLogStore
+
+        assert isinstance(storage.logs, PgLogStore)
+        await storage.logs.end_left(time.time(), None)  # an earlier version's, left open
         for what, count in (await peers.bury_at_boot()).items():
             swept[what] = swept.get(what, 0) + count
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)

@@ -83,8 +83,9 @@ def open_sqlite(repo: Repo) -> Storage:
     )
 
 
-async def open_postgres(url: str) -> Storage:
-    """The record store and the step logs on one pool, their tables made if need be."""
+async def open_postgres(url: str, *, orchestrator: str | None = None) -> Storage:
+    """The record store and the step logs on one pool, their tables made if need be
+    (``orchestrator``: the id of the one opening it, which its step logs name)."""
     where = check_database_url(url)
     try:
         from swamp.store.pg_peers import PgPeers
@@ -97,7 +98,7 @@ async def open_postgres(url: str) -> Storage:
         ) from None
     db = await PgStore.open(url)
     try:
-        logs = await PgLogStore.open(db.pool)
+        logs = await PgLogStore.open(db.pool, orchestrator=orchestrator)
         peers = await PgPeers.open(db.pool)
     except BaseException:
         await db.aclose()

@@ -60,6 +60,8 @@ CREATE INDEX IF NOT EXISTS step_log_run_step ON step_log (run_id, job, step)
     WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS step_log_owner ON step_log (model_type, model_name)
     WHERE run_id IS NULL;
+ALTER TABLE step_log ADD COLUMN IF NOT EXISTS orchestrator TEXT COLLATE "C";
+CREATE INDEX IF NOT EXISTS step_log_open ON step_log (orchestrator) WHERE ended_epoch IS NULL;
 CREATE SEQUENCE IF NOT EXISTS step_log_chunk_id;
 CREATE TABLE IF NOT EXISTS step_log_chunk (
     id          BIGINT PRIMARY KEY,
@@ -85,17 +87,20 @@ def _marks(count: int, start: int = 1) -> str:
 class PgLogStore:
     """:class:`~swamp.store.step_logs.LogStore` on a PostgreSQL pool (the record store's)."""
 
-    def __init__(self, pool: pg.Pool) -> None:
+    def __init__(self, pool: pg.Pool, *, orchestrator: str | None = None) -> None:
         self.pool = pool
+        # the orchestrator writing (its logs name it: whoever reconciles it when it dies
+        # ends those it left open); None for a writer of no orchestrator
+        self.orchestrator = orchestrator
 
     def __repr__(self) -> str:
         return f"<PgLogStore {self.pool!r}>"
 
     @classmethod
-    async def open(cls, pool: pg.Pool) -> PgLogStore:
+    async def open(cls, pool: pg.Pool, *, orchestrator: str | None = None) -> PgLogStore:
         """The store on ``pool``, its tables made if they are not there yet."""
         await pg.make_schema(pool, _SCHEMA)
-        return cls(pool)
+        return cls(pool, orchestrator=orchestrator)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -117,10 +122,11 @@ class PgLogStore:
                     params += [s.log_id, s.owner.run_id, s.owner.workflow, s.owner.job]
                     params += [s.owner.step, s.owner.model_type, s.owner.model_name]
                     params += [s.owner.method, s.worker, s.attempt, float(s.started_epoch)]
-                values = ",".join(f"({_marks(11, 11 * n + 1)})" for n in range(len(rows)))
+                    params.append(self.orchestrator)
+                values = ",".join(f"({_marks(12, 12 * n + 1)})" for n in range(len(rows)))
                 await conn.execute(
                     "INSERT INTO step_log (log_id, run_id, workflow, job, step, model_type, "
-                    "model_name, method, worker, attempt, started_epoch) "
+                    "model_name, method, worker, attempt, started_epoch, orchestrator) "
                     f"VALUES {values} ON CONFLICT (log_id) DO NOTHING",
                     params,
                 )
@@ -193,11 +199,21 @@ class PgLogStore:
             )
 
     async def end_open(self, now: float) -> int:
-        """Boot: the logs no orchestrator writes any more ended. (With several orchestrators,
-        the logs of the one that went: its id is a later part of this store's work.)"""
+        """Boot, alone on the database: the logs no orchestrator writes any more ended."""
         async with self.pool.connection() as conn:
             done = await conn.execute(
                 "UPDATE step_log SET ended_epoch = $1 WHERE ended_epoch IS NULL", (float(now),)
+            )
+        return done.rowcount
+
+    async def end_left(self, now: float, orchestrator: str | None) -> int:
+        """The logs ``orchestrator`` left open ended: one that died, whose lines stopped
+        coming (``None``: those of a writer that named none, an earlier version's)."""
+        async with self.pool.connection() as conn:
+            done = await conn.execute(
+                "UPDATE step_log SET ended_epoch = $1 WHERE ended_epoch IS NULL AND "
+                + ("orchestrator IS NULL" if orchestrator is None else "orchestrator = $2"),
+                (float(now),) if orchestrator is None else (float(now), orchestrator),
             )
         return done.rowcount
 

@@ -126,6 +126,9 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
         return [lease["state"] for lease in leases] == ["active"]
 
     wait_until(running_lease_written, what="the running step's lease in the database")
+    open_logs = "SELECT orchestrator FROM step_log WHERE ended_epoch IS NULL"
+    wait_until(lambda: len(_rows(pg_url, open_logs)) == 1, what="the running step's log")
+    [(writer,)] = _rows(pg_url, open_logs)  # the first's, which runs it on its worker
     mark = worker.mark()
     first.signal(signal.SIGKILL)
     first.wait_exit()
@@ -148,6 +151,11 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
     assert states == ["completed", "expired"], states
     [record] = _latest(pg_url, "swamp/worker")
     assert json.loads(record)["status"] != "disconnected"
+    # the log of the copy it ran, left open when it died, is ended (so is the second's)
+    assert writer is not None and writer.isalnum()
+    wait_until(lambda: _rows(pg_url, open_logs) == [], what="every step log ended")
+    ended = f"SELECT count(*) FROM step_log WHERE orchestrator = '{writer}'"
+    assert _rows(pg_url, ended) == [(1,)]
 
 
 def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):

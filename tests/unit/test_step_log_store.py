@@ -10,7 +10,7 @@ import trio
 import trio.lowlevel
 
 from swamp.domain.step_logs import LogOwner
-from swamp.store.datastore import Datastore
+from swamp.store.datastore import Datastore, iso
 from swamp.store.step_logs import (
     Chunk,
     LogEnd,
@@ -137,6 +137,31 @@ async def test_the_logs_left_open_end_at_boot(logs):
     assert await logs.end_open(1.8e9 + 60) == 1
     [info] = await logs.logs_by_id(["ee01"])
     assert info.ended_at is not None
+
+
+async def test_the_logs_a_dead_orchestrator_left_open_end_and_no_others(pg_url):
+    """On a shared database each orchestrator's logs name it: whoever reconciles a dead one
+    ends the logs it left open, and leaves the living's (and ended ones) as they were."""
+    from swamp.store import pg
+    from swamp.store.pg_step_logs import PgLogStore
+
+    async with pg.Pool(pg_url, size=2) as pool:
+        dead = await PgLogStore.open(pool, orchestrator="aa")
+        living = PgLogStore(pool, orchestrator="bb")
+        earlier = PgLogStore(pool)  # an earlier version's: it named none
+        await dead.write([start("ff01"), start("ff02")], [], [LogEnd("ff02", 1.8e9, 0, 0)], cap=BIG)
+        await living.write([start("ff03")], [], [], cap=BIG)
+        await earlier.write([start("ff04")], [], [], cap=BIG)
+        assert await living.end_left(1.8e9 + 60, "aa") == 1
+        assert await living.end_left(1.8e9 + 60, None) == 1
+        infos = {i.log_id: i for i in await living.logs_by_id(["ff01", "ff02", "ff03", "ff04"])}
+        ends = {log_id: info.ended_at for log_id, info in infos.items()}
+        assert ends == {
+            "ff01": iso(1.8e9 + 60),  # left open by the dead one: ended now
+            "ff02": iso(1.8e9),  # ended by it: as it was
+            "ff03": None,  # the living's: still open
+            "ff04": iso(1.8e9 + 60),
+        }
 
 
 @pytest.mark.postgres
