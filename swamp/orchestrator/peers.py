@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from swamp.bookkeeping.workers import key as worker_key
 from swamp.client import connect
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.episodes import Ending, EpisodeEnd
@@ -338,10 +339,10 @@ class Peers:
             if payload != self.me:
                 self._wake.set()
             return
-        if claim:
+        step = published(said)
+        if claim and step is None:  # (else a step for a worker of ours, told to us alone)
             self._claimed_now(said)
             return
-        step = published(said)
         if step is None or step.origin == self.me:
             return
         if len(self._offers) >= MAX_OFFERS:
@@ -543,10 +544,15 @@ class Peers:
     # -- the origin's side: publish, take claims, send the step ---------------------------------
 
     async def publish(self, queue_id: str, placement: Placement, priority: int, submitter: str):
-        """A step of ours waits: every orchestrator may claim it from now on."""
+        """A step of ours waits: every orchestrator may claim it from now on. One for a named
+        worker wakes only the orchestrator holding that worker (none if it is held here: its
+        slot comes free here; the others' passes still see it should the worker move)."""
+        record = worker_key(placement.target) if placement.target else None
         await self.table.publish(
             SharedStep(queue_id, self.me, placement.to_json(), priority, submitter, self.clock()),
             wake=CHANNEL,
+            holder=None if record is None else (record.model_type, record.model_name, record.name),
+            holder_prefix=CLAIMS_PREFIX,
         )
 
     def withdraw_soon(self, queue_id: str) -> None:

@@ -132,10 +132,20 @@ class PgPeers:
 
     # -- the shared queue --------------------------------------------------------------------
 
-    async def publish(self, step: SharedStep, *, wake: str = "swamp_orchestrators") -> None:
-        """Insert it and tell every orchestrator listening on ``wake``, in one round trip: the
+    async def publish(
+        self,
+        step: SharedStep,
+        *,
+        wake: str = "swamp_orchestrators",
+        holder: tuple[str, str, str] | None = None,
+        holder_prefix: str = "",
+    ) -> None:
+        """Insert it and tell the orchestrators listening on ``wake``, in one round trip: the
         notification carries the step as :func:`published` reads it, so a claimer need not
-        read the table first."""
+        read the table first. ``holder``: the key of the record of the one worker that may
+        take it (a targeted step) — the notification goes only to the orchestrator that
+        record names (its channel, ``holder_prefix`` and its id), none if it is the origin
+        itself; to ``wake`` when the worker is held by none."""
         said = _ENCODE(
             {
                 "step": step.queue_id,
@@ -147,21 +157,35 @@ class PgPeers:
         )
         if len(said.encode()) > MAX_PAYLOAD:  # (a placement of many long labels) a plain
             said = step.origin  # wake-up: the others read it from the table
-        await self._execute(
+        row = (
+            step.queue_id,
+            step.origin,
+            _ENCODE(step.placement),
+            step.priority,
+            step.submitter,
+            step.queued_epoch,
+            wake,
+            said,
+        )
+        added = (
             "WITH added AS (INSERT INTO swamp_shared_queue (queue_id, origin, placement, "
             "priority, submitter, queued_epoch) VALUES ($1, $2, $3, $4, $5, $6) "
-            "ON CONFLICT (queue_id) DO NOTHING RETURNING 1) "
-            "SELECT pg_notify($7, $8) FROM added",
-            (
-                step.queue_id,
-                step.origin,
-                _ENCODE(step.placement),
-                step.priority,
-                step.submitter,
-                step.queued_epoch,
-                wake,
-                said,
-            ),
+            "ON CONFLICT (queue_id) DO NOTHING RETURNING 1)"
+        )
+        if holder is None:
+            await self._execute(f"{added} SELECT pg_notify($7, $8) FROM added", row)
+            return
+        # the worker's record as last written (its primary key's order): who holds it
+        await self._execute(
+            f"{added}, record AS (SELECT attributes::jsonb AS a FROM data WHERE "
+            "model_type = $9 AND model_name = $10 AND name = $11 ORDER BY version DESC "
+            "LIMIT 1), held AS (SELECT a->>'orchestrator' AS id FROM record WHERE "
+            "a->>'status' <> 'disconnected'), told AS (SELECT CASE "
+            "WHEN (SELECT id FROM held) = $2 THEN NULL "
+            "WHEN (SELECT id FROM held) <> '' THEN $12 || left((SELECT id FROM held), 32) "
+            "ELSE $7 END AS channel) "
+            "SELECT pg_notify(channel, $8) FROM added, told WHERE channel IS NOT NULL",
+            (*row, *holder, holder_prefix),
         )
 
     async def withdraw(self, queue_id: str) -> None:

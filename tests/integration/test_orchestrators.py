@@ -72,6 +72,14 @@ def test_two_orchestrators_share_one_database(cluster, pg_url, tmp_path):
     assert result["status"] == "succeeded" and result["worker"] == name
     assert logs_of(lines) == ["first", "second"]
 
+    # one for that worker by name, through the second: told to the first alone, run there
+    named = cluster.cli(
+        "model", "method", "run", "swamp/echo", "echo", "--arg", "message=named",
+        "--target", name, "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    assert result_of([json.loads(x) for x in named.stdout.splitlines()])["worker"] == name
+
     # either says which orchestrator holds the worker's socket
     for env in ({}, second_env):
         url = first_url if not env else second_url

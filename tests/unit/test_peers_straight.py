@@ -41,7 +41,7 @@ class FakeTable:
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    async def publish(self, step, *, wake):
+    async def publish(self, step, *, wake, holder=None, holder_prefix=""):
         await trio.lowlevel.checkpoint()
         self.published.append(step.queue_id)
 

@@ -6,6 +6,8 @@ a malformed step is refused, never half taken."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
@@ -137,3 +139,69 @@ def test_a_step_travels_whole_and_a_malformed_one_is_refused():
     for broken_reply in ([], {"how": "exploded", "worker": "w", "reason": ""}, {"how": "lost"}):
         with pytest.raises(MalformedFrame):
             decode_ending(broken_reply)
+
+
+async def test_a_step_for_a_named_worker_wakes_only_the_orchestrator_holding_it(pg_url):
+    """Its notification goes to the holder's own channel, as the worker's record names it;
+    none at all when the origin holds it; every orchestrator when nobody does (no record, or
+    one that says disconnected: it may enroll anywhere)."""
+    from swamp.bookkeeping.workers import WorkerBook
+    from swamp.bookkeeping.workers import key as worker_key
+    from swamp.domain.peers import CLAIMS_PREFIX, claims_channel
+    from swamp.store.pg_store import PgStore
+
+    store = await PgStore.open(pg_url)
+    try:
+        table = await PgPeers.open(store.pool)
+        for name, holder in (("w-a", "a"), ("w-b", "b"), ("w-gone", "a")):
+            await WorkerBook(store, owner=holder).enrolled(
+                name=name, instance_id="i", machine_id="m", token="t", labels={},
+                platform="linux", arch="x86_64", capacity=1, version="1",
+            )  # fmt: skip
+        await WorkerBook(store, owner="a").set_status("w-gone", "disconnected")
+        heard: dict[str, list[str]] = {}
+        async with (
+            await pg.connect(pg_url) as conn,
+            trio.open_nursery() as nursery,
+        ):
+            channels = {"all": "swamp_orchestrators", "a": claims_channel("a")}
+            channels["b"] = claims_channel("b")
+            for channel in channels.values():
+                await conn.listen(channel)
+            by_channel = {channel: who for who, channel in channels.items()}
+
+            last = trio.Event()  # notifications come in the order of their commits
+
+            async def hear() -> None:
+                while True:
+                    batch = await conn.wait_notifications()
+                    for note in batch.received:
+                        heard.setdefault(by_channel[note.channel], []).append(note.payload)
+                        if '"q4"' in note.payload:
+                            last.set()
+
+            nursery.start_soon(hear)
+            for queue_id, target in (
+                ("q1", "w-a"),
+                ("q2", "w-b"),
+                ("q3", "w-none"),
+                ("q5", "w-gone"),
+            ):
+                record = worker_key(target)
+                await table.publish(
+                    waiting(queue_id, "b", target=target),
+                    holder=(record.model_type, record.model_name, record.name),
+                    holder_prefix=CLAIMS_PREFIX,
+                )
+            await table.publish(waiting("q4", "b"))  # no worker named: every one
+            with trio.fail_after(10):
+                await last.wait()  # q4, sent last (q2's holder is its origin: none for it)
+            nursery.cancel_scope.cancel()
+        steps = {who: [json.loads(s)["step"] for s in said] for who, said in heard.items()}
+        assert steps == {"a": ["q1"], "all": ["q3", "q5", "q4"]}, steps
+        # each is in the table for every pass to see (should the worker move)
+        assert sorted(s.queue_id for s in await table.claimable("c")) == [
+            "q1", "q2", "q3", "q4", "q5"
+        ]  # fmt: skip
+    finally:
+        await store.aclose()
