@@ -34,7 +34,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -105,9 +105,18 @@ CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the ste
 DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
 # connection dropped takes its own back within seconds (serve's retry is at most 2 s)
 LIVENESS_RETRY = 1.0
+LINK_RETRY = 2.0  # seconds a peer that could not be reached is not tried again
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
+
+
+@dataclass
+class _Linking:
+    """An attempt to link to a peer, which callers arriving meanwhile wait for."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    failure: str | None = None  # why it failed (every waiter is told the same)
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,8 @@ class Peers:
         self._watched: set[str] = set()
         self._wake = trio.Event()
         self._links: dict[str, RpcChannel] = {}
-        self._linking: dict[str, trio.Event] = {}
+        self._linking: dict[str, _Linking] = {}  # a link being made, per orchestrator
+        self._unreachable: dict[str, tuple[float, str]] = {}  # until when, and why
         self._nursery: trio.Nursery | None = None
         self._withdrawn: list[str] = []  # our steps to take out of the shared queue
         self._done: list[str] = []  # claims of ours sent to us: their rows to delete
@@ -690,32 +700,55 @@ class Peers:
         return reply
 
     async def _link(self, orchestrator: str) -> RpcChannel:
-        """Our channel to ``orchestrator`` (made once, again after it closed)."""
+        """Our channel to ``orchestrator`` (made once, again after it closed). One attempt at
+        a time, whose failure every caller waiting on it shares, and which later callers get
+        at once for :data:`LINK_RETRY` seconds: a peer that does not answer (stopped, cut off)
+        costs one connect timeout, not one per step that wanted to go there."""
         while True:
             channel = self._links.get(orchestrator)
             if channel is not None and not channel.closed:
                 return channel
+            failed = self._unreachable.get(orchestrator)
+            if failed is not None and trio.current_time() < failed[0]:
+                raise ChannelClosed(failed[1])
             making = self._linking.get(orchestrator)
             if making is None:
                 break
-            await making.wait()
-        made = self._linking[orchestrator] = trio.Event()
+            await making.done.wait()
+            if making.failure is not None:
+                raise ChannelClosed(making.failure)
+        made = self._linking[orchestrator] = _Linking()
         try:
             row = self.known.get(orchestrator)
             if row is None or not row.url:  # a newcomer, or one that was not listening yet
                 row = await self.table.get(orchestrator)
             if row is None or not row.url:
-                raise ChannelClosed(f"orchestrator {orchestrator[:12]} is not serving")
+                made.failure = f"orchestrator {orchestrator[:12]} is not serving"
+                raise ChannelClosed(made.failure)
             assert self._nursery is not None
             try:
                 channel = await self._nursery.start(self._keep_link, row)
             except (SwampError, OSError) as exc:
-                raise ChannelClosed(f"cannot reach orchestrator {row.url}: {exc}") from None
+                made.failure = f"cannot reach orchestrator {row.url}: {exc}"
+                self._unreachable_until(orchestrator, made.failure)
+                raise ChannelClosed(made.failure) from None
+            self._unreachable.pop(orchestrator, None)
             self._links[orchestrator] = channel
             return channel
+        except trio.Cancelled:
+            raise  # (its caller left: a waiter tries for itself)
+        except Exception as exc:
+            if made.failure is None:  # (the registry could not be read: the same for all)
+                made.failure = f"no link to orchestrator {orchestrator[:12]}: {exc}"
+            raise
         finally:
             del self._linking[orchestrator]
-            made.set()
+            made.done.set()
+
+    def _unreachable_until(self, orchestrator: str, why: str) -> None:
+        now = trio.current_time()
+        self._unreachable = {k: v for k, v in self._unreachable.items() if v[0] > now}
+        self._unreachable[orchestrator] = (now + LINK_RETRY, why)
 
     async def _keep_link(self, row: PeerRow, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """A channel to a peer for as long as it stays open (a failure to open it is the

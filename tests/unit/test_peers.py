@@ -7,14 +7,17 @@ peer's credential."""
 from __future__ import annotations
 
 import socket
+from functools import partial
 
 import pytest
 import trio
 
 from swamp.domain.episodes import Ending
 from swamp.domain.peers import PeerRow
-from swamp.errors import DatabaseUnavailable
-from swamp.orchestrator.peers import CLAIM_HOLD, Claim, Held, Peers
+from swamp.errors import ChannelClosed, DatabaseUnavailable
+from swamp.orchestrator.peers import CLAIM_HOLD, LINK_RETRY, Claim, Held, Peers
+
+CONNECT_TIMEOUT = 10  # swamp.protocol.transport.open_websocket's default
 
 
 class FakeTable:
@@ -131,6 +134,49 @@ async def test_a_claimer_that_cannot_be_reached_is_a_lost_episode_not_a_crash():
             end, result, _ = await peers.run_there(Claim("q1", "B", "w1", "d1"), {}, emit)
         nursery.cancel_scope.cancel()
     assert end.how is Ending.BUSY and result is None
+
+
+async def test_a_peer_that_never_answers_costs_one_connect_timeout_not_one_per_step(
+    autojump_clock,
+):
+    """A peer alive to the database and deaf to everyone (SIGSTOP): its socket accepts and
+    never answers. Twenty steps that want to go there at once share one attempt and its
+    failure; a step soon after fails at once; after the retry delay a new attempt is made."""
+    accepted: list[trio.SocketStream] = []
+
+    async def hold(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        await trio.sleep_forever()
+
+    peers, table, _ = _peers()
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        table.rows["B"] = PeerRow("B", f"ws://127.0.0.1:{port}", "hash", None, 0.0)
+        peers._nursery = nursery
+        failures: list[str] = []
+
+        async def send() -> None:
+            try:
+                await peers._link("B")
+            except ChannelClosed as exc:
+                failures.append(exc.message)
+
+        began = trio.current_time()
+        async with trio.open_nursery() as steps:
+            for _ in range(20):
+                steps.start_soon(send)
+        took = trio.current_time() - began
+        assert len(failures) == 20 and len(set(failures)) == 1, failures
+        assert len(accepted) == 1 and took < 2 * CONNECT_TIMEOUT, (len(accepted), took)
+        with pytest.raises(ChannelClosed):  # at once, no new connection
+            await peers._link("B")
+        assert len(accepted) == 1 and trio.current_time() - began == took
+        await trio.sleep(LINK_RETRY)
+        with pytest.raises(ChannelClosed):
+            await peers._link("B")
+        assert len(accepted) == 2  # tried again
+        nursery.cancel_scope.cancel()
 
 
 # -- SQLite mode (the default) ---------------------------------------------------------------
