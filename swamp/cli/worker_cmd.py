@@ -462,7 +462,8 @@ def drain(
     machine out of a fleet without losing a step, from wherever the CLI reaches the
     orchestrator. A worker already draining is left as it is.
 
-    Needs the orchestrator that holds the worker (--server, SWAMP_SERVE_URL, or the repo's
+    Needs a running orchestrator: the one that holds the worker, or any other serving the
+    same database, which asks it (--server, SWAMP_SERVE_URL, or the repo's
     .swamp/serve.json) and the admin scope. --json prints {name, running, already}.
     """
     from swamp.protocol.messages import WorkerDrainRequest
@@ -504,7 +505,8 @@ def verify(
 
     Prints one row per worker (pass / fail / error, and for a failure the seam that broke and
     why) and a summary. Exit 1 if any worker did not pass, or if there was nothing to verify.
-    Needs a running orchestrator (--server, SWAMP_SERVE_URL, or the repo's .swamp/serve.json).
+    Needs a running orchestrator (--server, SWAMP_SERVE_URL, or the repo's .swamp/serve.json);
+    where several serve one database, any of them asks each to probe its own workers.
     """
     from swamp.domain.labels import parse_labels
     from swamp.protocol.messages import VerifyRequest

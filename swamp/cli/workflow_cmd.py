@@ -661,8 +661,9 @@ def cancel(
     route: Route = ROUTE,
     json_output: bool = JSON,
 ) -> None:
-    """Cancel a run in the orchestrator that runs it: its running steps are cancelled on their
-    workers, its queued steps leave the queue, the run is recorded cancelled.
+    """Cancel a run in the orchestrator that runs it (asked through any other serving the same
+    database): its running steps are cancelled on their workers, its queued steps leave the
+    queue, the run is recorded cancelled.
 
     With --step JOB.STEP only that step is cancelled (on its worker, or out of the queue): it
     ends failed with the reason, its dependants follow their conditions as after any failure
