@@ -47,6 +47,7 @@ from swamp.errors import (
     Conflict,
     NeedsOrchestrator,
     NotFound,
+    SwampError,
     UnknownMethod,
     UserError,
 )
@@ -358,18 +359,25 @@ class RepoAdmin:
         verdicts: dict[str, Verdict] = {}
         verifier = self.verifier
 
+        def keep(verdict: Verdict) -> None:
+            # a worker that just moved may be seen by two (its old socket, dead, not yet
+            # noticed here): a verdict beats an error
+            held = verdicts.get(verdict.name)
+            if held is None or (held.status == "error" and verdict.status != "error"):
+                verdicts[verdict.name] = verdict
+
         async def probe(member_name: str) -> None:
-            verdicts[member_name] = await verifier.probe(member_name)
+            keep(await verifier.probe(member_name))
 
         async def ask(orchestrator: str) -> None:
             try:
                 report = VerifyReport.decode(
                     await self._ask(orchestrator, "peer.worker.verify", request, VERIFY_WAIT)
                 )
-            except Conflict as exc:  # unreachable: its workers get no verdict, and say why
+            except SwampError as exc:  # no answer there: its workers get none, and say why
                 report = await self._unverified(orchestrator, labels, request.name, exc.message)
             for verdict in report.workers:
-                verdicts.setdefault(verdict.name, verdict)
+                keep(verdict)
 
         async with open_unwrapping_nursery() as nursery:
             for member in members:
@@ -399,9 +407,8 @@ class RepoAdmin:
                 [*queue.items(), *(_queue_item(a, now) for a in theirs)],
                 key=lambda item: item.queued_at,
             )
-            elsewhere = _record_supply(
-                [a for a in await WorkerBook(self.db).all() if _elsewhere(a, me)]
-            )
+            workers = await WorkerBook(self.db).all() if items else []  # (nothing waits: none)
+            elsewhere = _record_supply([a for a in workers if _elsewhere(a, me)])
 
             def supply(placement: Placement) -> tuple[int, int]:
                 (ours, ours_free), (others, others_free) = (

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -65,6 +66,10 @@ from swamp.store.retry import retry_busy
 from swamp.store.step_logs import LogStore
 from swamp.tls import authority
 from swamp.tls.authority import ServerTls
+
+if TYPE_CHECKING:  # (PostgreSQL's driver: only when serving one)
+    from swamp.store.pg_peers import PgPeers
+    from swamp.store.pg_step_logs import PgLogStore
 
 log = logging.getLogger("swamp.serve")
 
@@ -436,8 +441,9 @@ async def _serve(
                 lambda attrs: attrs.get("orchestrator") == dead,
                 why=f"its orchestrator ({dead[:12]}) died",
             )
-            assert isinstance(logs, PgLogStore)
+            assert isinstance(logs, PgLogStore) and storage.peers is not None
             changed["logs"] = await logs.end_left(time.time(), dead)  # its lines stopped
+            changed["logs"] += await end_unnamed_logs(logs, storage.peers, gone=(me, dead))
             return changed
 
         peers = Peers(
@@ -487,6 +493,15 @@ async def reconcile_left(db: Records, orphaned: Orphaned, *, why: str = RESTART)
     }
 
 
+async def end_unnamed_logs(logs: PgLogStore, table: PgPeers, *, gone: tuple[str, ...]) -> int:
+    """End the step logs no orchestrator named (an earlier version's, left open) — only once
+    none but ``gone`` (this one, one being buried) serves the database: an orchestrator of
+    that version may be alive beside this one, still writing them."""
+    if any(row.id not in gone for row in await table.orchestrators()):
+        return 0
+    return await logs.end_left(time.time(), None)
+
+
 def advertised(url: str, host: str) -> str:
     """Where the other orchestrators reach this one by default: the URL it listens on, with
     this machine's name for an address that means every one (theirs, on another machine)."""
@@ -534,10 +549,10 @@ async def _serve_on(
         swept.update(await reconcile_left(db, _unowned))
         from swamp.store.pg_step_logs import PgLogStore
 
-        assert isinstance(storage.logs, PgLogStore)
-        await storage.logs.end_left(time.time(), None)  # an earlier version's, left open
         for what, count in (await peers.bury_at_boot()).items():
             swept[what] = swept.get(what, 0) + count
+        assert isinstance(storage.logs, PgLogStore) and storage.peers is not None
+        await end_unnamed_logs(storage.logs, storage.peers, gone=(peers.me,))
     messages.prepare()  # every message's code, before the first frame (and the gc freeze)
     tune_collector()
     if any(swept.values()):

@@ -60,8 +60,6 @@ CREATE INDEX IF NOT EXISTS step_log_run_step ON step_log (run_id, job, step)
     WHERE run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS step_log_owner ON step_log (model_type, model_name)
     WHERE run_id IS NULL;
-ALTER TABLE step_log ADD COLUMN IF NOT EXISTS orchestrator TEXT COLLATE "C";
-CREATE INDEX IF NOT EXISTS step_log_open ON step_log (orchestrator) WHERE ended_epoch IS NULL;
 CREATE SEQUENCE IF NOT EXISTS step_log_chunk_id;
 CREATE TABLE IF NOT EXISTS step_log_chunk (
     id          BIGINT PRIMARY KEY,
@@ -78,6 +76,29 @@ CREATE INDEX IF NOT EXISTS step_log_chunk_log ON step_log_chunk (log_id, id)
 _WRITE_LOCK = 0x534C4F47  # 'SLOG': batches commit one at a time, in the order of their ids
 ROWS_PER_STATEMENT = 500  # rows of a multi-row INSERT (parameters stay far below 65,535)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
+_HAS_WRITER = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'step_log' AND column_name = 'orchestrator'"
+)
+
+
+async def _name_the_writers(pool: pg.Pool) -> None:
+    """Add ``step_log.orchestrator`` (and the index of open logs by writer) to a table made
+    without it — only then: ``ALTER TABLE`` takes the table's exclusive lock even when it
+    changes nothing, and every start would wait behind a reader and hold up every writer."""
+    async with pool.connection() as conn:
+        if (await conn.execute(_HAS_WRITER)).rows:
+            return
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", (pg.SCHEMA_LOCK,))
+        if (await conn.execute(_HAS_WRITER)).rows:
+            return  # another start added it meanwhile
+        await conn.execute('ALTER TABLE step_log ADD COLUMN orchestrator TEXT COLLATE "C"')
+        await conn.execute(
+            "CREATE INDEX step_log_open ON step_log (orchestrator) WHERE ended_epoch IS NULL"
+        )
 
 
 def _marks(count: int, start: int = 1) -> str:
@@ -98,8 +119,10 @@ class PgLogStore:
 
     @classmethod
     async def open(cls, pool: pg.Pool, *, orchestrator: str | None = None) -> PgLogStore:
-        """The store on ``pool``, its tables made if they are not there yet."""
+        """The store on ``pool``, its tables made if they are not there yet (and a table an
+        earlier version made given the column that names each log's writer)."""
         await pg.make_schema(pool, _SCHEMA)
+        await _name_the_writers(pool)
         return cls(pool, orchestrator=orchestrator)
 
     # -- writes ------------------------------------------------------------------------------

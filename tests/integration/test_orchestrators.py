@@ -329,6 +329,19 @@ def test_admin_verbs_reach_what_another_orchestrator_holds(cluster, pg_url):
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(cancelled.stdout)["run"]["status"] == "cancelled"
     assert running.wait_exit() != 0
+    # one step of it, through the second: the step ends failed with the reason, the run too
+    running = cluster.spawn("workflow", "run", "slow", "--json", "--server", first_url)
+    started = running.wait_for(lambda e: e.get("event", {}).get("line") == "waiting")["event"]
+    one = through_second(
+        "workflow", "cancel", started["runId"][:8], "--step", "main.wait", "--reason", "enough",
+        "--json",
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    assert running.wait_exit() != 0
+    run = cluster.cli_json("workflow", "history", "get", started["runId"])["run"]
+    [step] = run["jobs"][0]["steps"]
+    assert (run["status"], step["status"]) == ("failed", "failed"), step
+    assert "enough" in step["error"], step
 
     # a step waiting at the first is in the queue the second lists
     waiting = cluster.spawn(
@@ -345,6 +358,10 @@ def test_admin_verbs_reach_what_another_orchestrator_holds(cluster, pg_url):
         ),
         what="the first's waiting step in the second's queue",
     )
+    [summary] = json.loads(through_second("worker", "queue", "--json").stdout)["summary"]
+    assert (summary["requirement"], summary["waiting"], summary["connected"]) == (
+        "pool=nobody", 1, 0,
+    )  # fmt: skip
     waiting.signal(signal.SIGINT)
     waiting.wait_exit()
 
@@ -353,8 +370,11 @@ def test_admin_verbs_reach_what_another_orchestrator_holds(cluster, pg_url):
     first.signal(signal.SIGSTOP)
     try:
         stuck = json.loads(through_second("worker", "verify", "--json").stdout)
+        refused = through_second("worker", "drain", "w1")  # one line, exit 1, nothing done
     finally:
         first.signal(signal.SIGCONT)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"the orchestrator holding it ({first_url}) did not answer" in refused.stderr
     [verdict] = stuck["workers"]
     assert (verdict["name"], verdict["status"]) == ("w1", "error"), stuck
     assert verdict["error"].startswith(f"the orchestrator holding it ({first_url}) did not answer")

@@ -164,6 +164,55 @@ async def test_the_logs_a_dead_orchestrator_left_open_end_and_no_others(pg_url):
         }
 
 
+async def test_unnamed_logs_end_only_once_no_other_orchestrator_serves(pg_url):
+    """An earlier version's orchestrator names none of its logs, and may be alive beside this
+    one: they are ended only once nobody but this one (and one being buried) is registered."""
+    from swamp.domain.peers import PeerRow
+    from swamp.orchestrator.server import end_unnamed_logs
+    from swamp.store import pg
+    from swamp.store.pg_peers import PgPeers
+    from swamp.store.pg_step_logs import PgLogStore
+
+    async with pg.Pool(pg_url, size=2) as pool:
+        logs, table = await PgLogStore.open(pool), await PgPeers.open(pool)
+        await logs.write([start("ab01")], [], [], cap=BIG)  # named by none
+        for me in ("me", "dead", "earlier"):
+            await table.register(PeerRow(me, f"ws://{me}.invalid", "", None, 1.0))
+        assert await end_unnamed_logs(logs, table, gone=("me",)) == 0
+        assert await end_unnamed_logs(logs, table, gone=("me", "dead")) == 0  # "earlier" lives
+        await table.forget("earlier")
+        assert await end_unnamed_logs(logs, table, gone=("me", "dead")) == 1
+        [info] = await logs.logs_by_id(["ab01"])
+        assert info.ended_at is not None
+
+
+async def test_a_table_of_an_earlier_version_is_given_the_writer_column_and_no_start_waits(
+    pg_url,
+):
+    """A ``step_log`` made without the column gets it (its rows name no writer); once it has
+    it, a start takes no lock on the table: it never waits behind a reader (nor holds up
+    every writer while it waits)."""
+    from swamp.store import pg
+    from swamp.store.pg_step_logs import _SCHEMA, PgLogStore
+
+    async with pg.Pool(pg_url, size=3) as pool:
+        await pg.make_schema(pool, _SCHEMA)  # the table as an earlier version made it
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO step_log (log_id, model_type, model_name, method, attempt, "
+                "started_epoch) VALUES ('cd01', 't', 'n', 'm', 1, 1.0)"
+            )
+        logs = await PgLogStore.open(pool, orchestrator="me")
+        await logs.write([start("cd02")], [], [], cap=BIG)
+        async with pool.connection() as conn:
+            rows = await conn.execute("SELECT log_id, orchestrator FROM step_log ORDER BY log_id")
+            assert rows.rows == [("cd01", None), ("cd02", "me")]
+        async with pool.connection() as reader, reader.transaction():
+            await reader.execute("SELECT count(*) FROM step_log")  # holds its share lock
+            with trio.fail_after(10):  # (an ALTER would wait for the reader's end)
+                await PgLogStore.open(pool, orchestrator="other")
+
+
 @pytest.mark.postgres
 @pytest.mark.integration
 async def test_racing_writers_never_let_a_follower_step_past_a_chunk(pg_url):
