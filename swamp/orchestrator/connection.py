@@ -210,9 +210,19 @@ class Connection:
         peers = self.dispatch.peers
         if peers is None:
             raise Forbidden("this orchestrator serves no shared database")
+        if call.method == "peer.outcome":  # a step it sent, whose link broke: still running?
+            return peers.outcome_asked(identity.name, call.params)
+        if call.method == "peer.cancel":
+            return peers.cancel_asked(identity.name, call.params)
         if call.method != "peer.dispatch":  # an admin verb about what this one holds
             return await self.admin.here(call.method, call.params)
-        return await peers.dispatch(identity.name, call.params, None if call.quiet else call.emit)
+        channel = self.channel
+        return await peers.dispatch(
+            identity.name,
+            call.params,
+            None if call.quiet else call.emit,
+            link_closed=lambda: channel.closed,
+        )
 
     async def _enroll(self, call: IncomingCall) -> dict:
         """The first call of a worker socket (its payload is decoded by the enrollment)."""

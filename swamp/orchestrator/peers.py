@@ -27,6 +27,7 @@ cancelling the call cancels the step there. Only the holder ever dispatches to a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -73,6 +74,7 @@ from swamp.errors import (
     UserError,
 )
 from swamp.ids import new_id
+from swamp.orchestrator.outliving import Outliving
 from swamp.protocol.messages import DispatchResult
 from swamp.protocol.rpc import RpcChannel
 
@@ -92,7 +94,9 @@ PEER_ADMIN = {
     "peer.worker.verify": "worker.verify",
     "peer.workflow.cancel": "workflow.cancel",
 }
-PEER_VERBS = frozenset({"peer.dispatch", *PEER_ADMIN})
+# …and, about a step it sent here whose link broke: does it still run, and cancel it
+PEER_OUTCOMES = frozenset({"peer.outcome", "peer.cancel"})
+PEER_VERBS = frozenset({"peer.dispatch", *PEER_ADMIN, *PEER_OUTCOMES})
 CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
 # the lock an orchestrator of an earlier version held for its life (one per database, then)
 EARLIER_VERSION_LOCK = "swamp serve: the database's orchestrator"
@@ -106,6 +110,8 @@ DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer 
 # connection dropped takes its own back within seconds (serve's retry is at most 2 s)
 LIVENESS_RETRY = 1.0
 LINK_RETRY = 2.0  # seconds a peer that could not be reached is not tried again
+ASK_AGAIN = 2.0  # seconds between asks after a broken link: does our step still run there?
+ASK_WAIT = 10.0  # seconds such an ask may take
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
@@ -186,6 +192,10 @@ class Peers:
         self._taking: set[str] = set()  # claims heard of and sent on: to mark taken
         self._offers: deque[SharedStep] = deque()  # others' steps just published
         self._offered = trio.Event()
+        # steps claimed here, which outlive a broken link to their origin; and ours, sent to
+        # a claimer whose link broke: waiting for its outcome (woken by its notification)
+        self.outliving = Outliving(keep=self._keep_outcome)
+        self._outcomes: dict[str, trio.Event] = {}
         # handed to run(): the queue (its tickets and slots), and how to run a claimed step
         self.queue: DispatchQueue | None = None
         self.run_claimed: Callable[..., Awaitable[dict]] | None = None
@@ -295,6 +305,7 @@ class Peers:
         self.queue, self.run_claimed = queue, run_claimed
         async with open_unwrapping_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.outliving.serve)
             await nursery.start(self.waker.run)
             await nursery.start(self._hear)
             await self._refresh()
@@ -348,6 +359,11 @@ class Peers:
         if not isinstance(said, dict):  # a plain wake-up: its sender's id
             if payload != self.me:
                 self._wake.set()
+            return
+        if claim and "outcome" in said:  # a step of ours, whose link broke, has ended there
+            waiting = self._outcomes.get(str(said["outcome"]))
+            if waiting is not None:
+                waiting.set()
             return
         step = published(said)
         if claim and step is None:  # (else a step for a worker of ours, told to us alone)
@@ -639,10 +655,18 @@ class Peers:
                     worker, dispatch_id = told_worker, told_id
             await emit(event)
 
+        # this sending's own id: how we ask after it should the link break (a straight
+        # send's dispatch id is chosen there, and told only once it runs)
+        send_id = new_id()
         sent = (
-            params
+            {**params, "sendId": send_id}
             if claim.direct
-            else {**params, "queueId": claim.queue_id, "dispatchId": claim.dispatch_id}
+            else {
+                **params,
+                "queueId": claim.queue_id,
+                "dispatchId": claim.dispatch_id,
+                "sendId": send_id,
+            }
         )
         try:
             channel = await self._link(claim.orchestrator)
@@ -659,17 +683,96 @@ class Peers:
         except (ClaimGone, Busy) as exc:  # nothing ran there: queue it again
             return EpisodeEnd(Ending.BUSY, worker, exc.message), None, dispatch_id
         except ChannelClosed as exc:
+            # the link broke: the step runs on there and its outcome is kept for us, unless
             # the orchestrator holding the worker is gone (its worker stops the step when its
-            # socket drops): the step runs again after the fence, unless it had an effect
+            # socket drops) — then it runs again after the fence, unless it had an effect
             where = self.url_of(claim.orchestrator) or claim.orchestrator[:12]
-            lost = f"the orchestrator holding it ({where}) was lost: {exc.message}"
-            return EpisodeEnd(Ending.LOST, worker, lost, has_writes=had_effect), None, dispatch_id
+            answer = await self._after_break(claim.orchestrator, send_id)
+            if answer is None:
+                lost = f"the orchestrator holding it ({where}) was lost: {exc.message}"
+                end = EpisodeEnd(Ending.LOST, worker, lost, has_writes=had_effect)
+                return end, None, dispatch_id
+            reply = answer.get("reply")
+            if not isinstance(reply, dict):  # it refused before anything ran, or failed
+                error = answer.get("error")
+                said = error.get("message") if isinstance(error, dict) else None
+                refused = f"the orchestrator holding it ({where}): {said or 'no answer'}"
+                return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
         except SwampError as exc:
             refused = f"({exc.code}) {exc.message}"
             return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
         end, result = decode_ending(reply)
         told = reply.get("dispatchId") if isinstance(reply, dict) else None
         return end, result, told if isinstance(told, str) and told else dispatch_id
+
+    async def _after_break(self, orchestrator: str, send_id: str) -> dict | None:
+        """Our step ran at ``orchestrator`` when the link to it broke: its kept outcome once
+        it is written (``{"reply": …}`` or ``{"error": …}``), or ``None`` when it will not be
+        — that orchestrator died, or it says the step does not run there and kept nothing
+        (it never ran, or its answer went as the link broke). Cancelled (our caller left),
+        the step is cancelled there if that can be asked."""
+        woken = self._outcomes[send_id] = trio.Event()
+        try:
+            while True:
+                # (gone first: what it kept before it died is read after, never missed)
+                gone = orchestrator not in self.known  # died, and what it left reconciled
+                try:
+                    kept = await self.table.take_outcome(send_id, self.me)
+                    if kept is not None or gone:
+                        return kept
+                    if await self._asked_outcome(orchestrator, send_id) == "unknown":
+                        # not running there: kept just before it said so, or never
+                        return await self.table.take_outcome(send_id, self.me)
+                except SwampError as exc:  # the database is away: nothing is decided
+                    log.warning("step %s waits for the database: %s", send_id[:12], exc)
+                with trio.move_on_after(ASK_AGAIN):
+                    await woken.wait()
+                woken = self._outcomes[send_id] = trio.Event()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(ASK_WAIT):
+                await self._cancel_there(orchestrator, send_id)
+            raise
+        finally:
+            self._outcomes.pop(send_id, None)
+
+    async def _asked_outcome(self, orchestrator: str, send_id: str) -> str:
+        """``running``, ``unknown``, or ``""`` when the orchestrator could not be asked."""
+        try:
+            channel = await self._link(orchestrator)
+            said = await channel.call("peer.outcome", {"sendId": send_id}, timeout=ASK_WAIT)
+        except (ChannelClosed, CallTimeout):
+            return ""
+        except SwampError:  # an earlier version's: it stopped the step when the link broke
+            return "unknown"
+        state = said.get("state") if isinstance(said, dict) else None
+        return state if state in ("running", "unknown") else ""
+
+    async def _cancel_there(self, orchestrator: str, send_id: str) -> None:
+        try:
+            channel = await self._link(orchestrator)
+            await channel.call("peer.cancel", {"sendId": send_id}, timeout=ASK_WAIT)
+        except SwampError as exc:
+            log.info("could not cancel step %s at %s: %s", send_id[:12], orchestrator[:12], exc)
+        with contextlib.suppress(SwampError):
+            await self.table.drop_outcome(send_id, self.me)
+
+    async def _keep_outcome(self, origin: str, send_id: str, answer: dict) -> bool:
+        return await self.table.write_outcome(
+            send_id, origin, self.me, answer, wake=claims_channel(origin), at=self.clock()
+        )
+
+    def outcome_asked(self, caller: str, params: dict) -> dict:
+        """``peer.outcome`` / ``peer.cancel``: about a step ``caller`` sent here."""
+        send_id = params.get("sendId")
+        if not isinstance(send_id, str) or not send_id:
+            raise MalformedFrame("a step's outcome is asked by its sendId")
+        return self.outliving.outcome(caller, send_id)
+
+    def cancel_asked(self, caller: str, params: dict) -> dict:
+        send_id = params.get("sendId")
+        if not isinstance(send_id, str) or not send_id:
+            raise MalformedFrame("a step is cancelled by its sendId")
+        return {"cancelled": self.outliving.cancel(caller, send_id)}
 
     def serving(self, orchestrator: str | None) -> str | None:
         """``orchestrator`` if it is another one serving the database now (a record naming it
@@ -826,14 +929,16 @@ class Peers:
                 if queue_id in rows:
                     self._done.append(queue_id)  # its row goes (a claim sent later is refused)
 
-    async def dispatch(self, caller: str, params: dict, emit) -> dict:
+    async def dispatch(
+        self, caller: str, params: dict, emit, *, link_closed: Callable[[], bool] = lambda: False
+    ) -> dict:
         """``peer.dispatch``: a step we claimed, sent by its origin: run it on the slot we
         reserved, relaying its events; the reply says how it ended. Without a ``queueId`` it
         is sent straight (a direct claim): run at once if a worker here is free for it — a
         step waiting here is never robbed —, else :class:`ClaimGone` and nothing ran."""
         queue_id = params.get("queueId")
         if queue_id is None:
-            return await self._direct(params, emit)
+            return await self._direct(caller, params, emit, link_closed)
         if not isinstance(queue_id, str):
             raise MalformedFrame("peer.dispatch needs queueId as text")
         held = self.held.get(queue_id)
@@ -844,9 +949,25 @@ class Peers:
         assert self.run_claimed is not None
         self._done.append(queue_id)  # its row goes with the next pass (nobody needs it now)
         self._wake.set()
-        return await self.run_claimed(held.member, held.dispatch_id, params, emit)
+        return await self._run_outliving(
+            caller, held.member, held.dispatch_id, params, emit, link_closed
+        )
 
-    async def _direct(self, params: dict, emit) -> dict:
+    async def _run_outliving(self, caller, member, dispatch_id, params, emit, link_closed) -> dict:
+        """Run it so that a broken link to ``caller`` does not stop it (:mod:`outliving`),
+        known by the id its sender gave this sending (an earlier version's: its dispatch's)."""
+        run_claimed = self.run_claimed
+        assert run_claimed is not None
+        send_id = params.get("sendId")
+        return await self.outliving.run(
+            caller,
+            send_id if isinstance(send_id, str) and send_id else dispatch_id,
+            lambda relay: run_claimed(member, dispatch_id, params, relay),
+            emit,
+            link_closed,
+        )
+
+    async def _direct(self, caller: str, params: dict, emit, link_closed) -> dict:
         placement = params.get("placement")
         placement = placement_of(placement) if isinstance(placement, dict) else None
         if placement is None or not placement.is_remote():
@@ -856,7 +977,7 @@ class Peers:
         if slot is None:
             raise ClaimGone("no worker of this orchestrator is free for it now")
         member, dispatch_id = slot
-        return await self.run_claimed(member, dispatch_id, params, emit)
+        return await self._run_outliving(caller, member, dispatch_id, params, emit, link_closed)
 
     async def identify(self, credential: str) -> str | Unauthorized:
         """The id of the orchestrator a peer credential is, or why it is none (never raises;

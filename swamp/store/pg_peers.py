@@ -12,6 +12,10 @@ Two small tables beside the records (``swamp.orchestrator.peers`` uses them):
   compare-and-swap (``claimed_by`` from NULL), the origin *takes* the claim (``taken``) and
   sends the step to the claimer, which runs it on its own socket and deletes the row; a step
   whose origin gave up on it is deleted by its origin, claimed or not.
+- ``swamp_shared_outcome``: how a step run for another orchestrator ended, written by the
+  claimer only when its link to the origin broke before it could answer (the relay is the
+  normal way; this is what makes a broken relay lose nothing). The origin takes it (deletes
+  it) once; an origin's rows go with it.
 
 Every statement is one round trip and its own transaction; nothing here holds a lock.
 """
@@ -45,7 +49,15 @@ CREATE TABLE IF NOT EXISTS swamp_shared_queue (
 );
 CREATE INDEX IF NOT EXISTS swamp_shared_queue_origin ON swamp_shared_queue (origin);
 CREATE INDEX IF NOT EXISTS swamp_shared_queue_claimer ON swamp_shared_queue (claimed_by)
-    WHERE claimed_by IS NOT NULL
+    WHERE claimed_by IS NOT NULL;
+CREATE TABLE IF NOT EXISTS swamp_shared_outcome (
+    send_id       TEXT COLLATE "C" PRIMARY KEY,
+    origin        TEXT COLLATE "C" NOT NULL,
+    claimer       TEXT COLLATE "C" NOT NULL,
+    reply         TEXT NOT NULL,
+    written_epoch DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS swamp_shared_outcome_origin ON swamp_shared_outcome (origin)
 """
 _ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 MAX_PAYLOAD = 7000  # bytes of a NOTIFY's payload (the server refuses 8000 and more)
@@ -128,7 +140,46 @@ class PgPeers:
             await conn.execute(
                 "DELETE FROM swamp_shared_queue WHERE claimed_by = $1 AND taken", (orchestrator,)
             )
+            await conn.execute(
+                "DELETE FROM swamp_shared_outcome WHERE origin = $1", (orchestrator,)
+            )
             await conn.execute("DELETE FROM swamp_orchestrator WHERE id = $1", (orchestrator,))
+
+    # -- outcomes a broken relay could not carry ------------------------------------------------
+
+    async def write_outcome(
+        self, send_id: str, origin: str, claimer: str, reply: dict, *, wake: str, at: float
+    ) -> bool:
+        """Keep how ``send_id`` ended for ``origin`` and tell it (on ``wake``, its own
+        channel), in one round trip; nothing if ``origin`` is gone (nobody would take it).
+        Whether it was kept."""
+        result = await self._execute(
+            "WITH kept AS (INSERT INTO swamp_shared_outcome (send_id, origin, claimer, "
+            "reply, written_epoch) SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM "
+            "swamp_orchestrator WHERE id = $2) ON CONFLICT (send_id) DO NOTHING "
+            "RETURNING 1) SELECT pg_notify($6, $7) FROM kept",
+            (send_id, origin, claimer, _ENCODE(reply), at, wake,
+             _ENCODE({"outcome": send_id})),
+        )  # fmt: skip
+        return bool(result.rows)
+
+    async def take_outcome(self, send_id: str, origin: str) -> dict | None:
+        """The outcome kept for ``origin``'s ``send_id``, deleted as it is read (once)."""
+        result = await self._execute(
+            "DELETE FROM swamp_shared_outcome WHERE send_id = $1 AND origin = $2 RETURNING reply",
+            (send_id, origin),
+        )
+        if not result.rows:
+            return None
+        reply = json.loads(result.rows[0][0])
+        return reply if isinstance(reply, dict) else {}
+
+    async def drop_outcome(self, send_id: str, origin: str) -> None:
+        """``origin`` no longer waits for it (its caller left)."""
+        await self._execute(
+            "DELETE FROM swamp_shared_outcome WHERE send_id = $1 AND origin = $2",
+            (send_id, origin),
+        )
 
     # -- the shared queue --------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 
 import pytest
 import trio
@@ -388,3 +389,84 @@ def test_admin_verbs_reach_what_another_orchestrator_holds(cluster, pg_url):
     assert drained.returncode == 0, drained.stderr
     assert json.loads(drained.stdout) == {"name": "w1", "running": 0, "already": False}
     assert worker.wait_exit() == 0
+
+
+def _cut_links(from_pid: int, to_url: str) -> int:
+    """Destroy every TCP connection process ``from_pid`` holds to ``to_url``'s port (the
+    kernel resets both ends, as a broken network would); how many it cut."""
+    port = to_url.rsplit(":", 1)[1]
+    listed = subprocess.run(
+        ["ss", "-tnpH", "state", "established", "dport", "=", f":{port}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    cut = 0
+    for line in listed.splitlines():
+        if f"pid={from_pid}," not in line:
+            continue
+        local = line.split()[2]  # (state is filtered: recv-q, send-q, local, peer, process)
+        sport = local.rsplit(":", 1)[1]
+        subprocess.run(
+            ["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{port}", "sport", "=", f":{sport}"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        cut += 1
+    return cut
+
+
+def test_a_broken_link_between_orchestrators_loses_nothing(cluster, pg_url, tmp_path):
+    """Sent through the second, running on the first's worker, when the link between the two
+    orchestrators breaks (its TCP connection reset by the kernel; both stay up): the step runs
+    on to its end, its outcome is kept in the database for the second, which answers its
+    client with it — run once, succeeded, never run again."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, second_env = _serve_other(cluster, "second", *database)
+    worker = cluster.worker(cluster.mint("w1"))
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = (
+        f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
+    )
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--target", "w1", "--server", second_url, "--json", env=second_env,
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    assert _cut_links(second.p.pid, first_url) >= 1
+    wait_until(
+        lambda: "broke while step" in first.log.read_text(),
+        what="the first to see the link break and run the step on",
+    )
+    go.touch()
+    assert client.wait_exit() == 0, client.lines
+    result = result_of(client.events())
+    assert (result["status"], result["worker"]) == ("succeeded", "w1"), result
+    assert runs.read_text().count("run") == 1  # never run again
+    assert not [e for e in client.events() if e.get("event", {}).get("kind") == "redispatch"]
+    assert _rows(pg_url, "SELECT count(*) FROM swamp_shared_outcome") == [(0,)]  # taken
+    assert worker.p.poll() is None
+
+
+def test_a_client_that_leaves_stops_its_step_on_the_other_orchestrators_worker(cluster, pg_url):
+    """Ctrl-C on a client of the second, its step running on the first's worker: the link
+    stands, so the step is cancelled there (not run on as after a broken link)."""
+    database = ("--database", pg_url)
+    cluster.serve(*database)
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    worker = cluster.worker(cluster.mint("w1"))
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg",
+        "command=echo started; sleep 60", "--target", "w1", "--server", second_url, "--json",
+        env=second_env,
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    client.signal(signal.SIGINT)
+    assert client.wait_exit() == 130
+    finished = worker.wait_for(lambda e: e.get("event") == "dispatch_finished")
+    assert finished.get("status") != "succeeded", finished
+    wait_until(
+        lambda: (
+            [json.loads(a)["state"] for a in _latest(pg_url, "swamp/step-lease")] == ["cancelled"]
+        ),
+        what="the first's lease of it to end cancelled",
+    )

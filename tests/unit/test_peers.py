@@ -81,7 +81,10 @@ async def test_peer_dispatch_releases_the_slot_when_the_claim_row_cannot_be_dele
     peers.held["q1"] = Held(MEMBER, "d1", "origin", trio.current_time() + CLAIM_HOLD)  # type: ignore[arg-type]
     table.claims["q1"] = True
     table.done_fails = DatabaseUnavailable("the database is away")
-    await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peers.outliving.serve)  # (where claimed steps run)
+        await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+        nursery.cancel_scope.cancel()
     assert "q1" not in peers.held
     with pytest.raises(DatabaseUnavailable):
         await peers._withdraw_pending()  # the row's deletion fails now, and is kept for later
@@ -96,8 +99,11 @@ async def test_peer_dispatch_releases_the_slot_when_cancelled_before_the_step_ru
     peers.held["q1"] = Held(MEMBER, "d1", "origin", trio.current_time() + CLAIM_HOLD)  # type: ignore[arg-type]
     table.claims["q1"] = True
     table.done_hangs = True
-    with trio.move_on_after(0.2):
-        await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peers.outliving.serve)
+        with trio.move_on_after(0.2):
+            await peers.dispatch("origin", {"queueId": "q1", "dispatchId": "d1"}, None)
+        nursery.cancel_scope.cancel()
     assert "q1" not in peers.held
     assert queue.released == [(MEMBER, "d1")], "the slot reserved for the peer leaked"
 

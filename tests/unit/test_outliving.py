@@ -1,0 +1,130 @@
+"""A step run for another orchestrator (``swamp.orchestrator.outliving``), in-process: the
+origin's cancel stops it and it settles first; a broken link does not — it runs on, says it
+runs while asked, and its answer (or its error) is kept for the origin; an origin cancels only
+its own steps."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from swamp.errors import ClaimGone
+from swamp.orchestrator.outliving import Outliving
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, str, dict]] = []
+        self.keep_fails = 0
+        self.outliving = Outliving(keep=self.keep)
+        self.closed = False
+        self.release = trio.Event()
+        self.stopped = False
+        self.kept_now = trio.Event()
+
+    async def keep(self, origin: str, send_id: str, answer: dict) -> bool:
+        if self.keep_fails:
+            self.keep_fails -= 1
+            raise ClaimGone("the database is away")
+        self.kept.append((origin, send_id, answer))
+        self.kept_now.set()
+        return True
+
+    async def step(self, emit) -> dict:
+        await emit({"kind": "log", "line": "started"})
+        try:
+            await self.release.wait()
+        except trio.Cancelled:
+            self.stopped = True
+            raise
+        await emit({"kind": "log", "line": "finished"})
+        return {"how": "succeeded"}
+
+
+@pytest.fixture
+async def harness():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.outliving.serve)
+        yield h, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_origins_cancel_stops_the_step_and_it_settles_first(harness):
+    h, nursery = harness
+    events: list[dict] = []
+
+    async def emit(event: dict) -> None:
+        events.append(event)
+
+    with trio.move_on_after(1) as scope:
+        await h.outliving.run("A", "s1", h.step, emit, lambda: h.closed)
+    assert scope.cancelled_caught and h.stopped  # stopped before the call returned
+    assert h.outliving.running == {} and h.kept == []
+    assert events == [{"kind": "log", "line": "started"}]
+
+
+async def test_a_broken_link_lets_the_step_run_on_and_keeps_its_answer(harness, autojump_clock):
+    h, nursery = harness
+    events: list[dict] = []
+
+    async def emit(event: dict) -> None:
+        if h.closed:
+            raise ClaimGone("closed")  # (any coded error: the link is going)
+        events.append(event)
+
+    with trio.CancelScope() as call:
+
+        async def break_link() -> None:
+            await trio.sleep(1)
+            h.closed = True
+            call.cancel()  # as the channel cancels its handlers when its socket goes
+
+        nursery.start_soon(break_link)
+        await h.outliving.run("A", "s1", h.step, emit, lambda: h.closed)
+    assert call.cancelled_caught and not h.stopped
+    assert h.outliving.outcome("A", "s1") == {"state": "running"}
+    assert h.outliving.outcome("B", "s1") == {"state": "unknown"}  # only its origin's
+    h.keep_fails = 2  # the database away twice: it keeps trying
+    h.release.set()
+    await h.kept_now.wait()
+    await trio.testing.wait_all_tasks_blocked()  # (its run forgotten once kept)
+    assert h.kept == [("A", "s1", {"reply": {"how": "succeeded"}})]
+    assert h.outliving.outcome("A", "s1") == {"state": "unknown"}  # kept: not here now
+    assert events == [{"kind": "log", "line": "started"}]  # nothing after the break
+
+
+async def test_an_error_after_a_broken_link_is_kept_as_the_answer(harness):
+    h, nursery = harness
+
+    async def refused(emit) -> dict:
+        await h.release.wait()
+        raise ClaimGone("no worker here is free for it")
+
+    with trio.CancelScope() as call:
+        nursery.start_soon(lambda: _close_soon(h, call))
+        await h.outliving.run("A", "s2", refused, None, lambda: h.closed)
+    h.release.set()
+    await h.kept_now.wait()
+    [(origin, send_id, answer)] = h.kept
+    assert (origin, send_id) == ("A", "s2")
+    assert answer == {"error": {"code": "claim_gone", "message": "no worker here is free for it"}}
+
+
+async def test_an_origin_cancels_only_its_own_step(harness):
+    h, nursery = harness
+    with trio.CancelScope() as call:
+        nursery.start_soon(lambda: _close_soon(h, call))
+        await h.outliving.run("A", "s3", h.step, None, lambda: h.closed)
+    assert not h.outliving.cancel("B", "s3") and not h.stopped
+    assert h.outliving.cancel("A", "s3")
+    await trio.testing.wait_all_tasks_blocked()
+    assert h.outliving.running == {}
+    assert h.stopped and h.kept == []  # cancelled: nothing to keep
+
+
+async def _close_soon(h: Harness, call: trio.CancelScope) -> None:
+    await trio.sleep(0.01)
+    h.closed = True
+    call.cancel()
