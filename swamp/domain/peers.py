@@ -53,6 +53,12 @@ class PeerRow:
     credential_hash: str
     ca_pem: str | None
     started_epoch: float
+    # what it can do beyond the first version of several orchestrators (an earlier one's row
+    # says nothing): ``outliving`` — a step it runs for another outlives a broken link
+    features: frozenset[str] = frozenset()
+
+
+FEATURES = frozenset({"outliving"})  # this version's
 
 
 @dataclass(frozen=True)

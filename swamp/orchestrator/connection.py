@@ -137,6 +137,9 @@ class Connection:
         self.admission.left(self)
         if self.member is not None:
             self.membership.disconnected(self.member, self.channel)
+        identity, peers = self.identity, self.dispatch.peers
+        if isinstance(identity, Principal) and identity.kind == PEER and peers is not None:
+            peers.outliving.link_lost(identity.name)  # what it was just told may not arrive
 
     async def _pending_deadline(self) -> None:
         """Close the socket if it has not earned a role in time (an enrollment under way is
@@ -221,7 +224,8 @@ class Connection:
             identity.name,
             call.params,
             None if call.quiet else call.emit,
-            link_closed=lambda: channel.closed,
+            # its socket went — not its caller's cancel, even one read just before the close
+            link_closed=lambda: channel.closed and not call.cancel_asked,
         )
 
     async def _enroll(self, call: IncomingCall) -> dict:

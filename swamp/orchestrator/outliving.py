@@ -9,28 +9,36 @@ it (``peer.cancel``: its caller left). So a broken relay loses nothing, and the 
 step again only if this orchestrator died (its liveness lock says so) or never ran it, by the
 lease rules: never two copies at once.
 
-One window stays: an answer sent as the link broke, which the origin never got and which is
-not kept (the run had ended with the link still up). The origin asks, hears "unknown", and
-goes by what it knows: a step that had an effect fails with that reason, one that had none
-runs again — as for a worker lost at the same instant.
+An answer sent just before the link broke may never have arrived: the answers of the last
+:data:`RECENT` seconds are kept too when a link goes (the origin takes those it waits for;
+the others are collected later), and the origin is told "running" until they are.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from swamp.errors import SwampError
+from swamp.errors import ChannelClosed, SwampError
 
 log = logging.getLogger("swamp.peers")
 
 KEEP_RETRY = 1.0  # seconds between attempts to keep an outcome while the database is away
+RECENT = 60.0  # seconds an answer given may still be in flight when its link goes (a link
+# is given up on after its peer's silence: three heartbeats and more)
+RECENT_MAX = 64  # answers remembered so, per origin
 
 Run = Callable[[Callable[[dict], Awaitable[None]]], Awaitable[dict]]  # emit → its answer
 Keep = Callable[[str, str, dict], Awaitable[bool]]  # origin, sending's id, answer → kept
+
+
+class NotStarted(Exception):
+    """The run did not start (this orchestrator is stopping, or the sending id is taken):
+    its slot is the caller's to give back."""
 
 
 class _Relay:
@@ -45,17 +53,17 @@ class _Relay:
             return
         try:
             await self._emit(event)
-        except SwampError:  # the link is going: what follows goes nowhere
+        except ChannelClosed:  # the link is going: what follows goes nowhere
             self.cut = True
 
 
 @dataclass
 class _Running:
-    origin: str
     scope: trio.CancelScope
     done: trio.Event = field(default_factory=trio.Event)
     reply: dict | None = None
     error: Exception | None = None
+    cancelled: bool = False  # by its origin: nothing to keep
 
 
 class Outliving:
@@ -63,7 +71,8 @@ class Outliving:
 
     def __init__(self, keep: Keep) -> None:
         self.keep = keep
-        self.running: dict[str, _Running] = {}  # by the sending's id
+        self.running: dict[tuple[str, str], _Running] = {}  # by origin and sending's id
+        self._recent: dict[str, deque[tuple[str, dict, float]]] = {}  # answers given
         self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
@@ -84,13 +93,15 @@ class Outliving:
         emit: Callable[[dict], Awaitable[None]] | None,
         link_closed: Callable[[], bool],
     ) -> dict:
-        """Run ``run`` for ``origin``; its answer. Cancelled by the origin (its link open),
-        the run is cancelled and settles first, as if awaited here; cancelled because the
-        link closed, it runs on and its answer is kept for the origin."""
-        assert self._nursery is not None
+        """Run ``run`` for ``origin``; its answer. Cancelled by the origin, the run is
+        cancelled and settles first, as if awaited here; cancelled because the link closed,
+        it runs on and its answer is kept for the origin. :class:`NotStarted` if it could
+        not start."""
+        key = (origin, send_id)
+        if key in self.running:
+            raise NotStarted("a step with that sending id runs here already")
         relay = _Relay(emit)
-        running = _Running(origin, trio.CancelScope())
-        self.running[send_id] = running
+        running = _Running(trio.CancelScope())
 
         async def body() -> None:
             try:
@@ -102,13 +113,24 @@ class Outliving:
             finally:
                 running.done.set()
             try:
-                answer = self._answer(running)
-                if relay.cut and answer is not None:  # nobody waits on the link: the database
+                answer = _answer(running)
+                if answer is None or running.cancelled:
+                    return
+                if relay.cut or link_closed():  # nobody waits on the link: the database
                     await self._keep(origin, send_id, answer)
+                else:  # given on the link: remembered a while, should the link go now
+                    recent = self._recent.setdefault(origin, deque(maxlen=RECENT_MAX))
+                    recent.append((send_id, answer, trio.current_time()))
             finally:
-                self.running.pop(send_id, None)  # (only now: "running" until it is kept)
+                self.running.pop(key, None)  # (only now: "running" until it is kept)
 
-        self._nursery.start_soon(body)
+        if self._nursery is None:
+            raise NotStarted("claimed steps are not run here yet")
+        try:
+            self._nursery.start_soon(body)
+        except RuntimeError:  # the nursery is closing: this orchestrator stops
+            raise NotStarted("this orchestrator is stopping") from None
+        self.running[key] = running
         try:
             await running.done.wait()
         except trio.Cancelled:
@@ -121,7 +143,8 @@ class Outliving:
                     send_id[:12],
                 )
             else:
-                running.scope.cancel()  # the origin's cancel: the step stops, and settles
+                running.cancelled = True  # the origin's cancel: the step stops, and settles
+                running.scope.cancel()
                 with trio.CancelScope(shield=True):
                     await running.done.wait()
             raise
@@ -130,16 +153,33 @@ class Outliving:
         assert running.reply is not None
         return running.reply
 
-    @staticmethod
-    def _answer(running: _Running) -> dict | None:
-        """What the origin is told of a run that ended (``None``: it was cancelled)."""
-        if running.reply is not None:
-            return {"reply": running.reply}
-        if isinstance(running.error, SwampError):
-            return {"error": {"code": running.error.code, "message": running.error.message}}
-        if running.error is not None:
-            return {"error": {"code": "internal", "message": str(running.error)}}
-        return None
+    def link_lost(self, origin: str) -> None:
+        """A link from ``origin`` closed: the answers given it in the last :data:`RECENT`
+        seconds may not have arrived; they are kept for it (it takes those it waits for)."""
+        recent = self._recent.pop(origin, None)
+        if not recent or self._nursery is None:
+            return
+        since = trio.current_time() - RECENT
+        given = [(send_id, answer) for send_id, answer, at in recent if at >= since]
+        if not given:
+            return
+        marker = _Running(trio.CancelScope())  # "running" to the origin until kept
+
+        async def keep_all() -> None:
+            try:
+                for send_id, answer in given:
+                    await self._keep(origin, send_id, answer)
+            finally:
+                for send_id, _ in given:
+                    if self.running.get((origin, send_id)) is marker:
+                        del self.running[(origin, send_id)]
+
+        for send_id, _ in given:
+            self.running.setdefault((origin, send_id), marker)
+        try:
+            self._nursery.start_soon(keep_all)
+        except RuntimeError:
+            pass  # stopping: the origin hears "unknown" and goes by the lease rules
 
     async def _keep(self, origin: str, send_id: str, answer: dict) -> None:
         while True:
@@ -148,20 +188,34 @@ class Outliving:
                 return
             except SwampError as exc:  # the database is away: again (its origin asks meanwhile)
                 log.warning("could not keep the outcome of step %s: %s", send_id[:12], exc)
-                await trio.sleep(KEEP_RETRY)
+            except Exception:  # never the end of the runs beside it
+                log.exception("keeping the outcome of step %s failed", send_id[:12])
+                return
+            await trio.sleep(KEEP_RETRY)
 
     def outcome(self, origin: str, send_id: str) -> dict:
         """``peer.outcome``: whether a step sent by ``origin`` still runs here (or its answer
         is being kept); ``unknown`` when it does not (ended, or never run here)."""
-        running = self.running.get(send_id)
-        if running is not None and running.origin == origin:
+        if (origin, send_id) in self.running:
             return {"state": "running"}
         return {"state": "unknown"}
 
     def cancel(self, origin: str, send_id: str) -> bool:
         """``peer.cancel``: the origin's caller left; whether a run was cancelled."""
-        running = self.running.get(send_id)
-        if running is None or running.origin != origin:
+        running = self.running.get((origin, send_id))
+        if running is None or running.done.is_set():
             return False
+        running.cancelled = True
         running.scope.cancel()
         return True
+
+
+def _answer(running: _Running) -> dict | None:
+    """What the origin is told of a run that ended (``None``: it was cancelled)."""
+    if running.reply is not None:
+        return {"reply": running.reply}
+    if isinstance(running.error, SwampError):
+        return {"error": {"code": running.error.code, "message": running.error.message}}
+    if running.error is not None:
+        return {"error": {"code": "internal", "message": str(running.error)}}
+    return None

@@ -46,6 +46,7 @@ from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain.episodes import Ending, EpisodeEnd
 from swamp.domain.peers import (
     CLAIMS_PREFIX,
+    FEATURES,
     PeerRow,
     SharedStep,
     claims_channel,
@@ -74,9 +75,9 @@ from swamp.errors import (
     UserError,
 )
 from swamp.ids import new_id
-from swamp.orchestrator.outliving import Outliving
+from swamp.orchestrator.outliving import NotStarted, Outliving
 from swamp.protocol.messages import DispatchResult
-from swamp.protocol.rpc import RpcChannel
+from swamp.protocol.rpc import RpcChannel, no_events
 
 if TYPE_CHECKING:
     from swamp.orchestrator.pool import Member
@@ -112,6 +113,7 @@ LIVENESS_RETRY = 1.0
 LINK_RETRY = 2.0  # seconds a peer that could not be reached is not tried again
 ASK_AGAIN = 2.0  # seconds between asks after a broken link: does our step still run there?
 ASK_WAIT = 10.0  # seconds such an ask may take
+OUTCOME_LIFE = 600.0  # seconds a kept outcome waits to be taken (it is, within seconds)
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
@@ -206,6 +208,7 @@ class Peers:
         # (trio time): the next such step is sent straight to it (see Claim)
         self.hints: dict[Requirement, tuple[str, float]] = {}
         self._refresh_at = 0.0  # trio time: when the registry is read again
+        self._collect_at = 0.0  # …and when the kept outcomes nobody took are collected
         self.lost_liveness: trio.Event = trio.Event()
 
     def __repr__(self) -> str:
@@ -232,6 +235,7 @@ class Peers:
                                 credential_hash(self.credential),
                                 self.ca_pem,
                                 self.clock(),
+                                FEATURES,
                             )
                         )
                         started = True
@@ -479,8 +483,13 @@ class Peers:
 
     async def _refresh(self) -> None:
         """Who serves the database (a newcomer is watched from now on): read at most every
-        :data:`REFRESH` seconds, not at every wake-up."""
-        self._refresh_at = trio.current_time() + REFRESH
+        :data:`REFRESH` seconds, not at every wake-up. (And now and then, the outcomes kept
+        that nobody took.)"""
+        now = trio.current_time()
+        self._refresh_at = now + REFRESH
+        if now >= self._collect_at:
+            self._collect_at = now + OUTCOME_LIFE / 10
+            await self.table.collect_outcomes(self.clock() - OUTCOME_LIFE)
         rows = await self.table.orchestrators()
         self.known = {row.id: row for row in rows}
         assert self._nursery is not None
@@ -693,10 +702,13 @@ class Peers:
                 end = EpisodeEnd(Ending.LOST, worker, lost, has_writes=had_effect)
                 return end, None, dispatch_id
             reply = answer.get("reply")
-            if not isinstance(reply, dict):  # it refused before anything ran, or failed
+            if not isinstance(reply, dict):  # refused before anything ran, or it failed there
                 error = answer.get("error")
+                code = error.get("code") if isinstance(error, dict) else None
                 said = error.get("message") if isinstance(error, dict) else None
-                refused = f"the orchestrator holding it ({where}): {said or 'no answer'}"
+                if code in (ClaimGone.code, Busy.code):  # as on the link: queue it again
+                    return EpisodeEnd(Ending.BUSY, worker, str(said)), None, dispatch_id
+                refused = f"({code}) {said or 'no answer'}"
                 return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
         except SwampError as exc:
             refused = f"({exc.code}) {exc.message}"
@@ -708,20 +720,24 @@ class Peers:
     async def _after_break(self, orchestrator: str, send_id: str) -> dict | None:
         """Our step ran at ``orchestrator`` when the link to it broke: its kept outcome once
         it is written (``{"reply": …}`` or ``{"error": …}``), or ``None`` when it will not be
-        — that orchestrator died, or it says the step does not run there and kept nothing
-        (it never ran, or its answer went as the link broke). Cancelled (our caller left),
-        the step is cancelled there if that can be asked."""
+        — that orchestrator died, it is of a version that stops such a step, or it says the
+        step does not run there and kept nothing (it never ran there). Nothing else decides:
+        while it cannot be asked, we wait. Cancelled (our caller left), the step is
+        cancelled there if that can be asked."""
         woken = self._outcomes[send_id] = trio.Event()
         try:
             while True:
-                # (gone first: what it kept before it died is read after, never missed)
-                gone = orchestrator not in self.known  # died, and what it left reconciled
                 try:
+                    # gone first, from the registry itself (ours may be a pass old): what it
+                    # kept before it died is read after, never missed
+                    row = await self.table.get(orchestrator)
                     kept = await self.table.take_outcome(send_id, self.me)
-                    if kept is not None or gone:
+                    if kept is not None or row is None:
                         return kept
+                    if "outliving" not in row.features:
+                        return None  # an earlier version's: it stopped the step (lease rules)
                     if await self._asked_outcome(orchestrator, send_id) == "unknown":
-                        # not running there: kept just before it said so, or never
+                        # not running there: kept just before it said so, or never run there
                         return await self.table.take_outcome(send_id, self.me)
                 except SwampError as exc:  # the database is away: nothing is decided
                     log.warning("step %s waits for the database: %s", send_id[:12], exc)
@@ -736,14 +752,14 @@ class Peers:
             self._outcomes.pop(send_id, None)
 
     async def _asked_outcome(self, orchestrator: str, send_id: str) -> str:
-        """``running``, ``unknown``, or ``""`` when the orchestrator could not be asked."""
+        """``running``, ``unknown``, or ``""`` when it could not say (unreachable, or any
+        refusal: only its own word that the step does not run there decides anything)."""
         try:
             channel = await self._link(orchestrator)
             said = await channel.call("peer.outcome", {"sendId": send_id}, timeout=ASK_WAIT)
-        except (ChannelClosed, CallTimeout):
+        except SwampError as exc:
+            log.info("could not ask %s about step %s: %s", orchestrator[:12], send_id[:12], exc)
             return ""
-        except SwampError:  # an earlier version's: it stopped the step when the link broke
-            return "unknown"
         state = said.get("state") if isinstance(said, dict) else None
         return state if state in ("running", "unknown") else ""
 
@@ -955,17 +971,26 @@ class Peers:
 
     async def _run_outliving(self, caller, member, dispatch_id, params, emit, link_closed) -> dict:
         """Run it so that a broken link to ``caller`` does not stop it (:mod:`outliving`),
-        known by the id its sender gave this sending (an earlier version's: its dispatch's)."""
+        known by the id its sender gave this sending. One sent without (an earlier version's
+        origin, which runs the step again when the link breaks) runs inside the call, as that
+        version expects: a broken link stops it."""
         run_claimed = self.run_claimed
         assert run_claimed is not None
         send_id = params.get("sendId")
-        return await self.outliving.run(
-            caller,
-            send_id if isinstance(send_id, str) and send_id else dispatch_id,
-            lambda relay: run_claimed(member, dispatch_id, params, relay),
-            emit,
-            link_closed,
-        )
+        if not isinstance(send_id, str) or not send_id or len(send_id) > 64:
+            return await run_claimed(member, dispatch_id, params, emit or no_events)
+        try:
+            return await self.outliving.run(
+                caller,
+                send_id,
+                lambda relay: run_claimed(member, dispatch_id, params, relay),
+                emit,
+                link_closed,
+            )
+        except NotStarted as exc:
+            assert self.queue is not None
+            self.queue.release(member, dispatch_id)
+            raise ClaimGone(str(exc)) from None
 
     async def _direct(self, caller: str, params: dict, emit, link_closed) -> dict:
         placement = params.get("placement")

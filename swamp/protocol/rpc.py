@@ -96,6 +96,11 @@ class IncomingCall:
         self._scope = scope  # the handler's: the caller's cancel, or stop(), cancels it
         self.stopped: SwampError | None = None  # why stop() ended it, if it did
 
+    @property
+    def cancel_asked(self) -> bool:
+        """Whether the caller said to cancel it (not: its socket went)."""
+        return self.id in self.channel._cancel_asked
+
     def stop(self, why: SwampError) -> None:
         """End the handler from this side: it is cancelled, and the caller is answered ``why``
         (not ``cancelled``). A handler needs no cancel scope of its own for this."""
@@ -198,6 +203,7 @@ class RpcChannel:
         "_ids",
         "_pending",
         "_incoming",
+        "_cancel_asked",
         "_sending",
         "_settled",
         "outbox",
@@ -249,6 +255,7 @@ class RpcChannel:
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._incoming: dict[str, trio.CancelScope] = {}
+        self._cancel_asked: set[str] = set()  # incoming calls the peer said to cancel
         self._sending = False  # the writer is inside transport.send
         # made by finish() and set (then dropped) as answers are handed over and sent
         self._settled: trio.Event | None = None
@@ -572,6 +579,7 @@ class RpcChannel:
         elif isinstance(frame, frames.Cancel):
             running = self._incoming.get(frame.id)
             if running is not None:
+                self._cancel_asked.add(frame.id)
                 running.cancel()
         elif isinstance(frame, frames.Ping):
             await self._send_quietly(frames.Pong(self._announce()))
@@ -614,6 +622,7 @@ class RpcChannel:
                 )
         finally:
             self._incoming.pop(request.id, None)
+            self._cancel_asked.discard(request.id)
             self._settle()
 
     # -- sending ----------------------------------------------------------------------------

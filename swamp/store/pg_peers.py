@@ -85,6 +85,31 @@ def _step(row: tuple) -> SharedStep:
     )
 
 
+_PEER_COLUMNS = "id, url, credential_hash, ca_pem, started_epoch, features"
+_HAS_FEATURES = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'swamp_orchestrator' AND column_name = 'features'"
+)
+
+
+def _peer(row: tuple) -> PeerRow:
+    features = frozenset((row[5] or "").split())
+    return PeerRow(row[0], row[1], row[2], row[3], float(row[4]), features)
+
+
+async def _add_features(pool: pg.Pool) -> None:
+    """Give a registry an earlier version made the column that says what each orchestrator
+    can do — only when it lacks it (``ALTER TABLE`` locks the table even when it changes
+    nothing)."""
+    async with pool.connection() as conn:
+        if (await conn.execute(_HAS_FEATURES)).rows:
+            return
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", (pg.SCHEMA_LOCK,))
+        if not (await conn.execute(_HAS_FEATURES)).rows:
+            await conn.execute("ALTER TABLE swamp_orchestrator ADD COLUMN features TEXT")
+
+
 class PgPeers:
     """The two tables on a pool (the record store's)."""
 
@@ -97,6 +122,7 @@ class PgPeers:
     @classmethod
     async def open(cls, pool: pg.Pool) -> PgPeers:
         await pg.make_schema(pool, _SCHEMA)
+        await _add_features(pool)
         return cls(pool)
 
     async def _execute(self, sql: str, params: tuple = ()) -> pg.Result:
@@ -107,25 +133,24 @@ class PgPeers:
 
     async def register(self, row: PeerRow) -> None:
         await self._execute(
-            "INSERT INTO swamp_orchestrator (id, url, credential_hash, ca_pem, started_epoch) "
-            "VALUES ($1, $2, $3, $4, $5)",
-            (row.id, row.url, row.credential_hash, row.ca_pem, row.started_epoch),
-        )
+            "INSERT INTO swamp_orchestrator (id, url, credential_hash, ca_pem, started_epoch, "
+            "features) VALUES ($1, $2, $3, $4, $5, $6)",
+            (row.id, row.url, row.credential_hash, row.ca_pem, row.started_epoch,
+             " ".join(sorted(row.features))),
+        )  # fmt: skip
 
     async def orchestrators(self) -> list[PeerRow]:
         result = await self._execute(
-            "SELECT id, url, credential_hash, ca_pem, started_epoch FROM swamp_orchestrator "
-            "ORDER BY started_epoch, id"
+            f"SELECT {_PEER_COLUMNS} FROM swamp_orchestrator ORDER BY started_epoch, id"
         )
-        return [PeerRow(r[0], r[1], r[2], r[3], float(r[4])) for r in result.rows]
+        return [_peer(r) for r in result.rows]
 
     async def get(self, orchestrator: str) -> PeerRow | None:
         result = await self._execute(
-            "SELECT id, url, credential_hash, ca_pem, started_epoch FROM swamp_orchestrator "
-            "WHERE id = $1",
+            f"SELECT {_PEER_COLUMNS} FROM swamp_orchestrator WHERE id = $1",
             (orchestrator,),
         )
-        return next((PeerRow(r[0], r[1], r[2], r[3], float(r[4])) for r in result.rows), None)
+        return next((_peer(r) for r in result.rows), None)
 
     async def forget(self, orchestrator: str) -> None:
         """``orchestrator`` is gone and what it left is reconciled: its row, the steps it was
@@ -173,6 +198,15 @@ class PgPeers:
             return None
         reply = json.loads(result.rows[0][0])
         return reply if isinstance(reply, dict) else {}
+
+    async def collect_outcomes(self, before_epoch: float) -> int:
+        """Delete the outcomes kept before ``before_epoch``: one its origin takes is taken
+        within seconds; an older one was never going to be (its answer had arrived after
+        all, or its origin stopped waiting)."""
+        result = await self._execute(
+            "DELETE FROM swamp_shared_outcome WHERE written_epoch < $1", (before_epoch,)
+        )
+        return result.rowcount
 
     async def drop_outcome(self, send_id: str, origin: str) -> None:
         """``origin`` no longer waits for it (its caller left)."""

@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from swamp.errors import ClaimGone
-from swamp.orchestrator.outliving import Outliving
+from swamp.errors import ChannelClosed, ClaimGone, FrameTooLarge
+from swamp.orchestrator.outliving import NotStarted, Outliving
 
 
 class Harness:
@@ -71,7 +71,7 @@ async def test_a_broken_link_lets_the_step_run_on_and_keeps_its_answer(harness, 
 
     async def emit(event: dict) -> None:
         if h.closed:
-            raise ClaimGone("closed")  # (any coded error: the link is going)
+            raise ChannelClosed("the link went")
         events.append(event)
 
     with trio.CancelScope() as call:
@@ -128,3 +128,52 @@ async def _close_soon(h: Harness, call: trio.CancelScope) -> None:
     await trio.sleep(0.01)
     h.closed = True
     call.cancel()
+
+
+async def test_answers_given_just_before_the_link_went_are_kept_and_said_running_till_then(
+    harness,
+):
+    """An answer sent as the link broke may never have arrived: when the link goes, the
+    answers of the last moments are kept for the origin, which hears "running" until then."""
+    h, nursery = harness
+
+    async def quick(emit) -> dict:
+        return {"how": "succeeded", "n": 1}
+
+    assert await h.outliving.run("A", "s4", quick, None, lambda: False) == {
+        "how": "succeeded",
+        "n": 1,
+    }
+    await trio.testing.wait_all_tasks_blocked()
+    assert h.kept == [] and h.outliving.outcome("A", "s4") == {"state": "unknown"}
+    h.outliving.link_lost("A")
+    assert h.outliving.outcome("A", "s4") == {"state": "running"}  # (being kept)
+    await h.kept_now.wait()
+    await trio.testing.wait_all_tasks_blocked()
+    assert h.kept == [("A", "s4", {"reply": {"how": "succeeded", "n": 1}})]
+    assert h.outliving.outcome("A", "s4") == {"state": "unknown"}
+    h.outliving.link_lost("A")  # once only
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(h.kept) == 1
+
+
+async def test_a_sending_id_runs_once_and_only_a_closed_link_cuts_the_relay(harness):
+    h, nursery = harness
+
+    async def run_twice() -> None:
+        with pytest.raises(NotStarted):
+            await h.outliving.run("A", "s5", h.step, None, lambda: False)
+
+    with trio.move_on_after(0.5):
+        async with trio.open_nursery() as inner:
+            inner.start_soon(h.outliving.run, "A", "s5", h.step, None, lambda: False)
+            await trio.testing.wait_all_tasks_blocked()
+            await run_twice()  # the same origin and id: refused, the first untouched
+            assert not h.stopped
+            inner.cancel_scope.cancel()
+
+    async def too_large(event: dict) -> None:
+        raise FrameTooLarge("one event too large")
+
+    with pytest.raises(FrameTooLarge):  # an event's own error is the step's, not a cut link
+        await h.outliving.run("A", "s6", h.step, too_large, lambda: False)

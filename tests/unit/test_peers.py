@@ -263,3 +263,89 @@ async def test_only_a_token_written_here_tells_the_others(tmp_path):
     await live.reread("t", tell=False)  # an enrollment's read
     assert news.waker.marked == 1
     store.close()
+
+
+# -- after a broken link: waiting for the claimer's outcome ----------------------------------
+
+
+class OutcomeTable(FakeTable):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcomes: dict[str, dict] = {}
+        self.dropped: list[str] = []
+
+    async def take_outcome(self, send_id, origin):
+        await trio.lowlevel.checkpoint()
+        return self.outcomes.pop(send_id, None)
+
+    async def drop_outcome(self, send_id, origin):
+        self.dropped.append(send_id)
+
+
+def _waiting_peers(features=frozenset({"outliving"})):
+    table = OutcomeTable()
+    peers = Peers(table, "postgresql://unused.invalid/db", reconcile=None)  # type: ignore[arg-type]
+    table.rows["B"] = PeerRow("B", "ws://b.invalid", "hash", None, 0.0, features)
+    asked: list[str] = []
+    answers: list[str] = []  # scripted: what each ask hears ("" — it could not be asked)
+
+    async def asked_outcome(orchestrator, send_id):
+        asked.append(send_id)
+        return answers.pop(0) if answers else "running"
+
+    peers._asked_outcome = asked_outcome  # type: ignore[method-assign]
+    return peers, table, asked, answers
+
+
+async def test_a_claimer_of_an_earlier_version_is_not_waited_for(autojump_clock):
+    """It stopped the step when the link broke (that version's way): the lease rules go."""
+    peers, table, asked, _ = _waiting_peers(features=frozenset())
+    assert await peers._after_break("B", "s1") is None and asked == []
+
+
+async def test_no_answer_and_a_refusal_decide_nothing_the_kept_outcome_does(autojump_clock):
+    """Unreachable, or refused (its credential check failed on a blip): we wait — only the
+    outcome, the claimer's death or its own "unknown" decide."""
+    peers, table, asked, answers = _waiting_peers()
+    answers += ["", "", "running"]
+
+    async def kept_later() -> None:
+        await trio.sleep(5)
+        table.outcomes["s1"] = {"reply": {"how": "succeeded"}}
+        peers._outcomes["s1"].set()  # (its notification)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kept_later)
+        assert await peers._after_break("B", "s1") == {"reply": {"how": "succeeded"}}
+    assert len(asked) == 3
+
+
+async def test_a_claimer_missing_from_a_stale_registry_copy_is_asked_not_taken_for_dead(
+    autojump_clock,
+):
+    """Our copy of the registry is a pass old; the claimer registered since: asked."""
+    peers, table, asked, answers = _waiting_peers()
+    peers.known = {}  # (it is in the table)
+    answers.append("unknown")
+    assert await peers._after_break("B", "s1") is None and asked == ["s1"]
+
+
+async def test_a_claimer_that_died_leaves_what_it_kept_read_once(autojump_clock):
+    peers, table, asked, _ = _waiting_peers()
+    table.outcomes["s1"] = {"reply": {"how": "failed"}}
+    del table.rows["B"]  # buried: what it kept before is read all the same
+    assert await peers._after_break("B", "s1") == {"reply": {"how": "failed"}}
+    assert await peers._after_break("B", "s2") is None and asked == []
+
+
+async def test_a_caller_leaving_while_it_waits_cancels_the_step_there(autojump_clock):
+    peers, table, asked, _ = _waiting_peers()
+    cancelled: list[str] = []
+
+    async def cancel_there(orchestrator, send_id):
+        cancelled.append(send_id)
+
+    peers._cancel_there = cancel_there  # type: ignore[method-assign]
+    with trio.move_on_after(10):
+        await peers._after_break("B", "s1")
+    assert cancelled == ["s1"] and "s1" not in peers._outcomes
