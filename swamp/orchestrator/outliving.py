@@ -157,13 +157,14 @@ class Outliving:
         """A link from ``origin`` closed: the answers given it in the last :data:`RECENT`
         seconds may not have arrived; they are kept for it (it takes those it waits for)."""
         recent = self._recent.pop(origin, None)
-        if not recent or self._nursery is None:
-            return
         since = trio.current_time() - RECENT
-        given = [(send_id, answer) for send_id, answer, at in recent if at >= since]
-        if not given:
+        self._keep_given(origin, [(s, a) for s, a, at in recent or () if at >= since])
+
+    def _keep_given(self, origin: str, given: list[tuple[str, dict]]) -> None:
+        """Keep answers already given on a link, each "running" to its origin until kept."""
+        if not given or self._nursery is None:
             return
-        marker = _Running(trio.CancelScope())  # "running" to the origin until kept
+        marker = _Running(trio.CancelScope())
 
         async def keep_all() -> None:
             try:
@@ -197,6 +198,13 @@ class Outliving:
         """``peer.outcome``: whether a step sent by ``origin`` still runs here (or its answer
         is being kept); ``unknown`` when it does not (ended, or never run here)."""
         if (origin, send_id) in self.running:
+            return {"state": "running"}
+        recent = self._recent.get(origin)
+        given = next((item for item in recent or () if item[0] == send_id), None)
+        if recent is not None and given is not None:
+            # answered on a link this end has not seen go yet (the origin has): kept now
+            recent.remove(given)
+            self._keep_given(origin, [(send_id, given[1])])
             return {"state": "running"}
         return {"state": "unknown"}
 

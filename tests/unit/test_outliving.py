@@ -145,7 +145,7 @@ async def test_answers_given_just_before_the_link_went_are_kept_and_said_running
         "n": 1,
     }
     await trio.testing.wait_all_tasks_blocked()
-    assert h.kept == [] and h.outliving.outcome("A", "s4") == {"state": "unknown"}
+    assert h.kept == []  # given on the link: nothing kept while it stands
     h.outliving.link_lost("A")
     assert h.outliving.outcome("A", "s4") == {"state": "running"}  # (being kept)
     await h.kept_now.wait()
@@ -177,3 +177,23 @@ async def test_a_sending_id_runs_once_and_only_a_closed_link_cuts_the_relay(harn
 
     with pytest.raises(FrameTooLarge):  # an event's own error is the step's, not a cut link
         await h.outliving.run("A", "s6", h.step, too_large, lambda: False)
+
+
+async def test_an_answer_asked_after_before_this_end_saw_its_link_go_is_kept(harness):
+    """The origin saw the link break first and asks over a new one: an answer given on the
+    old link (which this end still thinks stands) is kept for it, "running" until then."""
+    h, nursery = harness
+
+    async def quick(emit) -> dict:
+        return {"how": "succeeded"}
+
+    await h.outliving.run("A", "s7", quick, None, lambda: False)
+    await trio.testing.wait_all_tasks_blocked()
+    assert h.outliving.outcome("A", "s7") == {"state": "running"}
+    await h.kept_now.wait()
+    await trio.testing.wait_all_tasks_blocked()
+    assert h.kept == [("A", "s7", {"reply": {"how": "succeeded"}})]
+    assert h.outliving.outcome("A", "s7") == {"state": "unknown"}
+    h.outliving.link_lost("A")  # the old link's close, noticed now: kept once only
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(h.kept) == 1
