@@ -10,8 +10,10 @@ step again only if this orchestrator died (its liveness lock says so) or never r
 lease rules: never two copies at once.
 
 An answer sent just before the link broke may never have arrived: the answers of the last
-:data:`RECENT` seconds are kept too when a link goes (the origin takes those it waits for;
-the others are collected later), and the origin is told "running" until they are.
+:data:`RECENT` seconds (the last :data:`RECENT_MAX` of them) are kept too when a link goes,
+or when the origin asks after one (the origin takes those it waits for; the others are
+collected later), and the origin is told "running" until they are. Past those bounds the
+origin hears "unknown" and fails the step with that reason: never run twice on a doubt.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ log = logging.getLogger("swamp.peers")
 KEEP_RETRY = 1.0  # seconds between attempts to keep an outcome while the database is away
 RECENT = 60.0  # seconds an answer given may still be in flight when its link goes (a link
 # is given up on after its peer's silence: three heartbeats and more)
-RECENT_MAX = 64  # answers remembered so, per origin
+RECENT_MAX = 1024  # answers remembered so, per origin
 
 Run = Callable[[Callable[[dict], Awaitable[None]]], Awaitable[dict]]  # emit → its answer
 Keep = Callable[[str, str, dict], Awaitable[bool]]  # origin, sending's id, answer → kept

@@ -114,6 +114,7 @@ LINK_RETRY = 2.0  # seconds a peer that could not be reached is not tried again
 ASK_AGAIN = 2.0  # seconds between asks after a broken link: does our step still run there?
 ASK_WAIT = 10.0  # seconds such an ask may take
 OUTCOME_LIFE = 600.0  # seconds a kept outcome waits to be taken (it is, within seconds)
+UNKNOWN: dict = {}  # a claimer's word: the step does not run there, and nothing was kept
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
@@ -697,6 +698,15 @@ class Peers:
             # socket drops) — then it runs again after the fence, unless it had an effect
             where = self.url_of(claim.orchestrator) or claim.orchestrator[:12]
             answer = await self._after_break(claim.orchestrator, send_id)
+            if answer is UNKNOWN:
+                # it does not run there and nothing was kept: its answer went as the link
+                # broke, and what it did cannot be told (its effects went with the relay)
+                # — never run twice on a doubt
+                lost = (
+                    f"the link to the orchestrator running it ({where}) broke as it answered: "
+                    "whether it ran to its end is not known, so it is not run again"
+                )
+                return EpisodeEnd(Ending.LOST, worker, lost, has_writes=True), None, dispatch_id
             if answer is None:
                 lost = f"the orchestrator holding it ({where}) was lost: {exc.message}"
                 end = EpisodeEnd(Ending.LOST, worker, lost, has_writes=had_effect)
@@ -719,10 +729,10 @@ class Peers:
 
     async def _after_break(self, orchestrator: str, send_id: str) -> dict | None:
         """Our step ran at ``orchestrator`` when the link to it broke: its kept outcome once
-        it is written (``{"reply": …}`` or ``{"error": …}``), or ``None`` when it will not be
-        — that orchestrator died, it is of a version that stops such a step, or it says the
-        step does not run there and kept nothing (it never ran there). Nothing else decides:
-        while it cannot be asked, we wait. Cancelled (our caller left), the step is
+        it is written (``{"reply": …}`` or ``{"error": …}``); ``None`` when it will not be —
+        that orchestrator died, or is of a version that stops such a step (the lease rules);
+        :data:`UNKNOWN` when it says the step does not run there and kept nothing. Nothing
+        else decides: while it cannot be asked, we wait. Cancelled (our caller left), the step is
         cancelled there if that can be asked."""
         woken = self._outcomes[send_id] = trio.Event()
         try:
@@ -737,8 +747,9 @@ class Peers:
                     if "outliving" not in row.features:
                         return None  # an earlier version's: it stopped the step (lease rules)
                     if await self._asked_outcome(orchestrator, send_id) == "unknown":
-                        # not running there: kept just before it said so, or never run there
-                        return await self.table.take_outcome(send_id, self.me)
+                        # not running there: kept just before it said so, or not known there
+                        kept = await self.table.take_outcome(send_id, self.me)
+                        return UNKNOWN if kept is None else kept
                 except SwampError as exc:  # the database is away: nothing is decided
                     log.warning("step %s waits for the database: %s", send_id[:12], exc)
                 with trio.move_on_after(ASK_AGAIN):

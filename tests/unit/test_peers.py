@@ -15,7 +15,7 @@ import trio
 from swamp.domain.episodes import Ending
 from swamp.domain.peers import PeerRow
 from swamp.errors import ChannelClosed, DatabaseUnavailable
-from swamp.orchestrator.peers import CLAIM_HOLD, LINK_RETRY, Claim, Held, Peers
+from swamp.orchestrator.peers import CLAIM_HOLD, LINK_RETRY, UNKNOWN, Claim, Held, Peers
 
 CONNECT_TIMEOUT = 10  # swamp.protocol.transport.open_websocket's default
 
@@ -326,8 +326,8 @@ async def test_a_claimer_missing_from_a_stale_registry_copy_is_asked_not_taken_f
     """Our copy of the registry is a pass old; the claimer registered since: asked."""
     peers, table, asked, answers = _waiting_peers()
     peers.known = {}  # (it is in the table)
-    answers.append("unknown")
-    assert await peers._after_break("B", "s1") is None and asked == ["s1"]
+    answers.append("unknown")  # and nothing kept: a doubt
+    assert await peers._after_break("B", "s1") is UNKNOWN and asked == ["s1"]
 
 
 async def test_a_claimer_that_died_leaves_what_it_kept_read_once(autojump_clock):
@@ -349,3 +349,31 @@ async def test_a_caller_leaving_while_it_waits_cancels_the_step_there(autojump_c
     with trio.move_on_after(10):
         await peers._after_break("B", "s1")
     assert cancelled == ["s1"] and "s1" not in peers._outcomes
+
+
+async def test_a_doubt_after_a_broken_link_fails_the_step_never_runs_it_twice():
+    """The claimer says the step does not run there and nothing was kept: its answer went
+    with the link, and so may its effects — the step is not run again (it fails, saying
+    why); the claimer dead instead, the lease rules go as they always did."""
+    peers, table, _, _ = _waiting_peers()
+
+    class Broken:
+        async def call(self, *args, **kwargs):
+            raise ChannelClosed("the link went")
+
+    async def link(orchestrator):
+        return Broken()
+
+    peers._link = link  # type: ignore[method-assign]
+    for said, has_writes in ((UNKNOWN, True), (None, False)):
+
+        async def after_break(orchestrator, send_id, said=said):
+            return said
+
+        peers._after_break = after_break  # type: ignore[method-assign]
+        end, result, _ = await peers.run_there(Claim("q1", "B", "w1", "d1"), {}, _ignore)
+        assert (end.how, end.has_writes, result) == (Ending.LOST, has_writes, None), end
+
+
+async def _ignore(event) -> None:
+    pass
