@@ -57,7 +57,7 @@ from swamp.domain.peers import (
 )
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
-from swamp.domain.scheduler import Requirement
+from swamp.domain.scheduler import Requirement, Slots
 from swamp.domain.step_logs import LogOwner
 from swamp.errors import (
     Busy,
@@ -205,6 +205,7 @@ class Peers:
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
         self.reconciled = 0  # dead orchestrators this one reconciled
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
+        self.waiting_kinds: set[Requirement] = set()  # …and what they need
         # which orchestrator last claimed a step of each requirement of ours, until when
         # (trio time): the next such step is sent straight to it (see Claim)
         self.hints: dict[Requirement, tuple[str, float]] = {}
@@ -409,7 +410,9 @@ class Peers:
                 if self.queue is None or not self.queue.pool.members:
                     continue
                 try:
-                    await self._claim_one(self.queue, step)
+                    if not await self._claim_one(self.queue, step):
+                        _note_kind(self.waiting_kinds, step)  # (a pass looks again)
+                        self.others_waiting += 1
                 except SwampError as exc:
                     log.warning("could not claim step %s: %s", step.queue_id[:12], exc)
                     self._wake.set()
@@ -900,11 +903,14 @@ class Peers:
     # -- the claimer's side ----------------------------------------------------------------------
 
     async def _claim(self) -> None:
-        """Claim what our free workers can take of others' waiting steps."""
+        """Claim what our free workers can take of others' waiting steps (and note the kinds
+        of those left waiting: a step sent straight here does not go before them)."""
         queue = self.queue
         if queue is None or not queue.pool.members:
+            self.waiting_kinds = set()
             return  # no worker here: nothing to claim with
         self.others_waiting = 0
+        kinds: set[Requirement] = set()
         after: SharedStep | None = None
         while True:
             page = await self.table.claimable(self.me, after=after, limit=CLAIM_PAGE)
@@ -912,9 +918,23 @@ class Peers:
             for step in page:
                 if await self._claim_one(queue, step):
                     self.others_waiting -= 1
+                else:
+                    _note_kind(kinds, step)
             if len(page) < CLAIM_PAGE:
+                self.waiting_kinds = kinds
                 return
             after = page[-1]
+
+    def _older_waits_for(self, member: Member) -> bool:
+        """Whether a step of another orchestrator that ``member`` could take was left waiting
+        in the shared queue by the last look (a pass, or a publication heard)."""
+        if not self.waiting_kinds:
+            return False
+        slots = Slots(member.name, labels=member.labels, platform=member.platform, arch=member.arch)
+        return any(
+            kind.target == member.name if kind.target else slots.satisfies(kind)
+            for kind in self.waiting_kinds
+        )
 
     async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> bool:
         """Claim ``step`` if a free worker here matches it; whether it did."""
@@ -1013,6 +1033,10 @@ class Peers:
         if slot is None:
             raise ClaimGone("no worker of this orchestrator is free for it now")
         member, dispatch_id = slot
+        if self._older_waits_for(member):  # others' steps it could take were there first
+            self.queue.release(member, dispatch_id)
+            self._wake.set()  # a pass claims them with this slot
+            raise ClaimGone("steps of its kind wait in the shared queue: it waits its turn")
         return await self._run_outliving(caller, member, dispatch_id, params, emit, link_closed)
 
     async def identify(self, credential: str) -> str | Unauthorized:
@@ -1031,6 +1055,12 @@ class Peers:
         ):
             return refused
         return row.id
+
+
+def _note_kind(kinds: set[Requirement], step: SharedStep) -> None:
+    placement = placement_of(step.placement)
+    if placement is not None:
+        kinds.add(Requirement.of(placement))
 
 
 def published(said: dict) -> SharedStep | None:

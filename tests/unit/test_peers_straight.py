@@ -7,13 +7,15 @@ the oldest go; the receiver refuses what it cannot read and reserves nothing."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import trio
 import trio.testing
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.episodes import Ending, EpisodeEnd
-from swamp.domain.peers import PeerRow
+from swamp.domain.peers import PeerRow, SharedStep
 from swamp.domain.placement import Placement
 from swamp.domain.scheduler import Requirement
 from swamp.errors import ClaimGone, DispatchFailed, MalformedFrame
@@ -279,3 +281,77 @@ async def _noop(event) -> None:
 
 def _info(priority: int) -> StepInfo:
     return StepInfo(ECHO.type, "default", "echo", priority=priority)
+
+
+class EdgeQueue(SlotQueue):
+    """Its one free worker is ``w1``, labelled fleet=edge."""
+
+    def reserve_for_peer(self, requirement):
+        slot = super().reserve_for_peer(requirement)
+        if slot is None:
+            return None
+        member = types.SimpleNamespace(
+            name="w1", labels={"fleet": "edge"}, platform="linux", arch="x86_64"
+        )
+        return member, slot[1]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "runs"),
+    [
+        (set(), True),
+        ({R}, False),  # one of its kind waits there: it goes first
+        ({Requirement(target="w1")}, False),  # one for that very worker
+        ({Requirement.of(Placement(labels={"fleet": "core"}))}, True),  # not for this worker
+        ({Requirement(target="w2")}, True),
+    ],
+)
+async def test_a_straight_step_waits_its_turn_behind_others_steps_its_worker_could_take(
+    waiting, runs
+):
+    """Sent straight while steps of other orchestrators that the free worker here could take
+    wait in the shared queue: it is refused (it then waits for a claim, in order), the slot
+    goes back and a pass claims theirs — a stream of straight sends never starves them."""
+    peers, _ = _peers()
+    queue = EdgeQueue(free=1)
+    peers.queue = queue  # type: ignore[assignment]
+    peers.waiting_kinds = set(waiting)
+    ran: list[str] = []
+
+    async def run_claimed(member, dispatch_id, params, emit):
+        ran.append(dispatch_id)
+        queue.release(member, dispatch_id)
+        return {}
+
+    peers.run_claimed = run_claimed
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peers.outliving.serve)
+        if runs:
+            await peers.dispatch("A", {"placement": EDGE.to_json(), "sendId": "s1"}, None)
+        else:
+            with pytest.raises(ClaimGone, match="waits its turn"):
+                await peers.dispatch("A", {"placement": EDGE.to_json(), "sendId": "s1"}, None)
+            assert peers._wake.is_set()  # a pass claims theirs now
+        nursery.cancel_scope.cancel()
+    assert (len(ran) == 1) == runs and queue.free == 1
+
+
+async def test_a_pass_notes_the_kinds_of_others_steps_it_left_waiting():
+    """What a pass could not claim (no free worker here for it) is noted; the next pass that
+    leaves none waiting forgets it."""
+    peers, table = _peers()
+    queue = SlotQueue(free=0)
+    queue.pool = types.SimpleNamespace(members={"w1": object()})  # type: ignore[attr-defined]
+    peers.queue = queue  # type: ignore[assignment]
+    waiting = [SharedStep("q1", "C", EDGE.to_json(), 0, "local", 1.0)]
+
+    async def claimable(me, *, after=None, limit):
+        await trio.lowlevel.checkpoint()
+        return list(waiting)
+
+    table.claimable = claimable  # type: ignore[attr-defined]
+    await peers._claim()
+    assert peers.waiting_kinds == {R} and peers.others_waiting == 1
+    waiting.clear()
+    await peers._claim()
+    assert peers.waiting_kinds == set() and peers.others_waiting == 0
