@@ -205,7 +205,7 @@ class Peers:
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
         self.reconciled = 0  # dead orchestrators this one reconciled
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
-        self.waiting_kinds: set[Requirement] = set()  # …and what they need
+        self.waiting_kinds: dict[Requirement, set[str]] = {}  # …what they need, whose they are
         # which orchestrator last claimed a step of each requirement of ours, until when
         # (trio time): the next such step is sent straight to it (see Claim)
         self.hints: dict[Requirement, tuple[str, float]] = {}
@@ -907,10 +907,10 @@ class Peers:
         of those left waiting: a step sent straight here does not go before them)."""
         queue = self.queue
         if queue is None or not queue.pool.members:
-            self.waiting_kinds = set()
+            self.waiting_kinds = {}
             return  # no worker here: nothing to claim with
         self.others_waiting = 0
-        kinds: set[Requirement] = set()
+        kinds: dict[Requirement, set[str]] = {}
         after: SharedStep | None = None
         while True:
             page = await self.table.claimable(self.me, after=after, limit=CLAIM_PAGE)
@@ -925,15 +925,17 @@ class Peers:
                 return
             after = page[-1]
 
-    def _older_waits_for(self, member: Member) -> bool:
-        """Whether a step of another orchestrator that ``member`` could take was left waiting
-        in the shared queue by the last look (a pass, or a publication heard)."""
+    def _older_waits_for(self, member: Member, sender: str) -> bool:
+        """Whether a step that ``member`` could take, of an orchestrator other than
+        ``sender`` (whose own steps of a kind never wait behind one it sends straight), was
+        left waiting in the shared queue by the last look (a pass, or a publication heard)."""
         if not self.waiting_kinds:
             return False
         slots = Slots(member.name, labels=member.labels, platform=member.platform, arch=member.arch)
         return any(
-            kind.target == member.name if kind.target else slots.satisfies(kind)
-            for kind in self.waiting_kinds
+            (kind.target == member.name if kind.target else slots.satisfies(kind))
+            for kind, origins in self.waiting_kinds.items()
+            if origins - {sender}
         )
 
     async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> bool:
@@ -1033,7 +1035,7 @@ class Peers:
         if slot is None:
             raise ClaimGone("no worker of this orchestrator is free for it now")
         member, dispatch_id = slot
-        if self._older_waits_for(member):  # others' steps it could take were there first
+        if self._older_waits_for(member, caller):  # others' steps it could take came first
             self.queue.release(member, dispatch_id)
             self._wake.set()  # a pass claims them with this slot
             raise ClaimGone("steps of its kind wait in the shared queue: it waits its turn")
@@ -1057,10 +1059,10 @@ class Peers:
         return row.id
 
 
-def _note_kind(kinds: set[Requirement], step: SharedStep) -> None:
+def _note_kind(kinds: dict[Requirement, set[str]], step: SharedStep) -> None:
     placement = placement_of(step.placement)
     if placement is not None:
-        kinds.add(Requirement.of(placement))
+        kinds.setdefault(Requirement.of(placement), set()).add(step.origin)
 
 
 def published(said: dict) -> SharedStep | None:

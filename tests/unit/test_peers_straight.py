@@ -299,11 +299,13 @@ class EdgeQueue(SlotQueue):
 @pytest.mark.parametrize(
     ("waiting", "runs"),
     [
-        (set(), True),
-        ({R}, False),  # one of its kind waits there: it goes first
-        ({Requirement(target="w1")}, False),  # one for that very worker
-        ({Requirement.of(Placement(labels={"fleet": "core"}))}, True),  # not for this worker
-        ({Requirement(target="w2")}, True),
+        ({}, True),
+        ({R: {"C"}}, False),  # another's of its kind waits there: it goes first
+        ({Requirement(target="w1"): {"C"}}, False),  # one for that very worker
+        ({Requirement.of(Placement(labels={"fleet": "core"})): {"C"}}, True),  # not for it
+        ({Requirement(target="w2"): {"C"}}, True),
+        ({R: {"A"}}, True),  # the sender's own (it sends none straight past its own)
+        ({R: {"A", "C"}}, False),
     ],
 )
 async def test_a_straight_step_waits_its_turn_behind_others_steps_its_worker_could_take(
@@ -315,7 +317,7 @@ async def test_a_straight_step_waits_its_turn_behind_others_steps_its_worker_cou
     peers, _ = _peers()
     queue = EdgeQueue(free=1)
     peers.queue = queue  # type: ignore[assignment]
-    peers.waiting_kinds = set(waiting)
+    peers.waiting_kinds = {kind: set(origins) for kind, origins in waiting.items()}
     ran: list[str] = []
 
     async def run_claimed(member, dispatch_id, params, emit):
@@ -351,7 +353,7 @@ async def test_a_pass_notes_the_kinds_of_others_steps_it_left_waiting():
 
     table.claimable = claimable  # type: ignore[attr-defined]
     await peers._claim()
-    assert peers.waiting_kinds == {R} and peers.others_waiting == 1
+    assert peers.waiting_kinds == {R: {"C"}} and peers.others_waiting == 1
     waiting.clear()
     await peers._claim()
-    assert peers.waiting_kinds == set() and peers.others_waiting == 0
+    assert peers.waiting_kinds == {} and peers.others_waiting == 0
