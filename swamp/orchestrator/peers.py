@@ -115,6 +115,7 @@ ASK_AGAIN = 2.0  # seconds between asks after a broken link: does our step still
 ASK_WAIT = 10.0  # seconds such an ask may take
 OUTCOME_LIFE = 600.0  # seconds a kept outcome waits to be taken (it is, within seconds)
 UNKNOWN: dict = {}  # a claimer's word: the step does not run there, and nothing was kept
+CLAIMED, NO_SLOT, PASSED = "claimed", "no slot", "passed"  # what a claim attempt came to
 CANCEL_SETTLE = 30.0  # as an episode's: a cancelled step's slot is free when the call returns
 
 Reconcile = Callable[[str], Awaitable[dict]]  # a dead orchestrator's id → what was changed
@@ -410,7 +411,8 @@ class Peers:
                 if self.queue is None or not self.queue.pool.members:
                     continue
                 try:
-                    if not await self._claim_one(self.queue, step):
+                    # (in its turn: one heard now never takes a slot an older one waits for)
+                    if await self._claim_one(self.queue, step, in_turn=True) == NO_SLOT:
                         _note_kind(self.waiting_kinds, step)  # (a pass looks again)
                         self.others_waiting += 1
                 except SwampError as exc:
@@ -482,6 +484,7 @@ class Peers:
                 await self._claim()
                 await self._expire_holds()
             except SwampError as exc:  # the database is away: the next pass
+                self.waiting_kinds = {}  # (what a pass noted goes stale: straight sends go)
                 log.warning("the shared queue's pass failed: %s", exc)
                 await trio.sleep(1.0)
 
@@ -916,37 +919,56 @@ class Peers:
             page = await self.table.claimable(self.me, after=after, limit=CLAIM_PAGE)
             self.others_waiting += len(page)
             for step in page:
-                if await self._claim_one(queue, step):
+                said = await self._claim_one(queue, step)
+                if said == CLAIMED:
                     self.others_waiting -= 1
-                else:
+                elif said == NO_SLOT:  # (not one lost to another claimer, nor unreadable)
                     _note_kind(kinds, step)
             if len(page) < CLAIM_PAGE:
                 self.waiting_kinds = kinds
                 return
             after = page[-1]
 
-    def _older_waits_for(self, member: Member, sender: str) -> bool:
-        """Whether a step that ``member`` could take, of an orchestrator other than
-        ``sender`` (whose own steps of a kind never wait behind one it sends straight), was
-        left waiting in the shared queue by the last look (a pass, or a publication heard)."""
+    def _older_waits_for(self, member: Member, sender: str, requirement: Requirement) -> bool:
+        """Whether a step that ``member`` could take was left waiting in the shared queue by
+        the last look (a pass, or a publication heard) — of a living orchestrator, and not
+        of ``sender``'s own of ``requirement`` (it sends none straight past one of those)."""
         if not self.waiting_kinds:
             return False
-        slots = Slots(member.name, labels=member.labels, platform=member.platform, arch=member.arch)
-        return any(
-            (kind.target == member.name if kind.target else slots.satisfies(kind))
-            for kind, origins in self.waiting_kinds.items()
-            if origins - {sender}
+        slots = Slots(
+            member.name,
+            member.instance_id,
+            labels=member.labels,
+            platform=member.platform,
+            arch=member.arch,
         )
+        for kind, origins in self.waiting_kinds.items():
+            waiting = {o for o in origins if o in self.known}  # (a dead one's: not for long)
+            if kind == requirement:
+                waiting.discard(sender)
+            if waiting and slots.satisfies(kind):
+                return True
+        return False
 
-    async def _claim_one(self, queue: DispatchQueue, step: SharedStep) -> bool:
-        """Claim ``step`` if a free worker here matches it; whether it did."""
+    async def _claim_one(
+        self, queue: DispatchQueue, step: SharedStep, *, in_turn: bool = False
+    ) -> str:
+        """Claim ``step`` if a free worker here matches it: :data:`CLAIMED`, :data:`NO_SLOT`,
+        or :data:`PASSED` (unreadable here, another claimed it first, or — ``in_turn`` —
+        an older step the worker could take waits: the slot goes back, a pass decides)."""
         placement = placement_of(step.placement)
         if placement is None:
-            return False  # not a placement this version reads: another's to claim
-        slot = queue.reserve_for_peer(Requirement.of(placement))
+            return PASSED  # not a placement this version reads: another's to claim
+        requirement = Requirement.of(placement)
+        slot = queue.reserve_for_peer(requirement)
         if slot is None:
-            return False
+            return NO_SLOT
         member, dispatch_id = slot
+        if in_turn and self._older_waits_for(member, step.origin, requirement):
+            queue.release(member, dispatch_id)
+            _note_kind(self.waiting_kinds, step)
+            self._wake.set()
+            return PASSED
         try:
             won = await self.table.claim(
                 step.queue_id, self.me, member.name, dispatch_id, wake=CLAIMS_PREFIX
@@ -956,11 +978,11 @@ class Peers:
             raise
         if not won:
             queue.release(member, dispatch_id)
-            return False
+            return PASSED
         self.held[step.queue_id] = Held(
             member, dispatch_id, step.origin, trio.current_time() + CLAIM_HOLD
         )  # (the claim woke its origin, which takes it)
-        return True
+        return CLAIMED
 
     async def _expire_holds(self) -> None:
         """A claim its origin withdrew, or did not send within :data:`CLAIM_HOLD`, lets its
@@ -1035,7 +1057,7 @@ class Peers:
         if slot is None:
             raise ClaimGone("no worker of this orchestrator is free for it now")
         member, dispatch_id = slot
-        if self._older_waits_for(member, caller):  # others' steps it could take came first
+        if self._older_waits_for(member, caller, Requirement.of(placement)):  # came first
             self.queue.release(member, dispatch_id)
             self._wake.set()  # a pass claims them with this slot
             raise ClaimGone("steps of its kind wait in the shared queue: it waits its turn")

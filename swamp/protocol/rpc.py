@@ -99,7 +99,7 @@ class IncomingCall:
     @property
     def cancel_asked(self) -> bool:
         """Whether the caller said to cancel it (not: its socket went)."""
-        return self.id in self.channel._cancel_asked
+        return self.channel.cancel_asked(self.id)
 
     def stop(self, why: SwampError) -> None:
         """End the handler from this side: it is cancelled, and the caller is answered ``why``
@@ -338,6 +338,10 @@ class RpcChannel:
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket with a code and reason the peer will see, and stop serving."""
         self.abort(code, reason or "closed")
+
+    def cancel_asked(self, call_id: str) -> bool:
+        """Whether the peer sent a cancel for its call ``call_id`` (still being handled)."""
+        return call_id in self._cancel_asked
 
     def on_close(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` the moment the channel closes, whatever the cause. Owners

@@ -24,7 +24,7 @@ from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService, RunRequest
 from swamp.orchestrator.episode import Episodes
-from swamp.orchestrator.peers import MAX_HINTS, Claim, Peers
+from swamp.orchestrator.peers import CLAIMED, MAX_HINTS, PASSED, Claim, Peers
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.plugins import default_registry
@@ -291,7 +291,11 @@ class EdgeQueue(SlotQueue):
         if slot is None:
             return None
         member = types.SimpleNamespace(
-            name="w1", labels={"fleet": "edge"}, platform="linux", arch="x86_64"
+            name="w1",
+            instance_id="inst-1",
+            labels={"fleet": "edge"},
+            platform="linux",
+            arch="x86_64",
         )
         return member, slot[1]
 
@@ -304,8 +308,11 @@ class EdgeQueue(SlotQueue):
         ({Requirement(target="w1"): {"C"}}, False),  # one for that very worker
         ({Requirement.of(Placement(labels={"fleet": "core"})): {"C"}}, True),  # not for it
         ({Requirement(target="w2"): {"C"}}, True),
-        ({R: {"A"}}, True),  # the sender's own (it sends none straight past its own)
+        ({Requirement(target="inst-1"): {"C"}}, False),  # …by its instance id
+        ({R: {"A"}}, True),  # the sender's own of its kind (it sends none straight past one)
         ({R: {"A", "C"}}, False),
+        ({Requirement(target="w1"): {"A"}}, False),  # the sender's own, of another kind
+        ({R: {"gone"}}, True),  # an orchestrator that is no more (its rows go with it)
     ],
 )
 async def test_a_straight_step_waits_its_turn_behind_others_steps_its_worker_could_take(
@@ -318,6 +325,7 @@ async def test_a_straight_step_waits_its_turn_behind_others_steps_its_worker_cou
     queue = EdgeQueue(free=1)
     peers.queue = queue  # type: ignore[assignment]
     peers.waiting_kinds = {kind: set(origins) for kind, origins in waiting.items()}
+    peers.known["A"] = _row("A")  # (the sender serves the database too)
     ran: list[str] = []
 
     async def run_claimed(member, dispatch_id, params, emit):
@@ -357,3 +365,45 @@ async def test_a_pass_notes_the_kinds_of_others_steps_it_left_waiting():
     waiting.clear()
     await peers._claim()
     assert peers.waiting_kinds == {} and peers.others_waiting == 0
+
+
+async def test_a_publication_heard_does_not_take_a_slot_an_older_step_waits_for():
+    """Heard just now (the refused step itself, published again, say): it does not take the
+    freed slot before another's older step of a kind the worker could take; the pass,
+    woken, claims in priority and age order."""
+    peers, table = _peers()
+    queue = EdgeQueue(free=1)
+    peers.queue = queue  # type: ignore[assignment]
+    peers.waiting_kinds = {R: {"C"}}
+    claims: list[str] = []
+
+    async def claim(queue_id, claimer, worker, dispatch_id, *, wake):
+        claims.append(queue_id)
+        return True
+
+    table.claim = claim  # type: ignore[attr-defined]
+    heard = SharedStep("qA", "A", EDGE.to_json(), 0, "local", 2.0)
+    assert await peers._claim_one(queue, heard, in_turn=True) == PASSED  # type: ignore[arg-type]
+    assert claims == [] and queue.free == 1 and peers._wake.is_set()
+    assert peers.waiting_kinds[R] == {"A", "C"}
+    older = SharedStep("qC", "C", EDGE.to_json(), 0, "local", 1.0)
+    assert await peers._claim_one(queue, older) == CLAIMED  # type: ignore[arg-type]  # (a pass)
+    assert claims == ["qC"]
+
+
+async def test_a_claim_lost_to_another_notes_nothing():
+    peers, table = _peers()
+    queue = EdgeQueue(free=1)
+    queue.pool = types.SimpleNamespace(members={"w1": object()})  # type: ignore[attr-defined]
+    peers.queue = queue  # type: ignore[assignment]
+
+    async def claimable(me, *, after=None, limit):
+        await trio.lowlevel.checkpoint()
+        return [SharedStep("q1", "C", EDGE.to_json(), 0, "local", 1.0)]
+
+    async def claim(queue_id, claimer, worker, dispatch_id, *, wake):
+        return False  # another orchestrator's claim won
+
+    table.claimable, table.claim = claimable, claim  # type: ignore[attr-defined]
+    await peers._claim()
+    assert peers.waiting_kinds == {} and queue.free == 1

@@ -522,3 +522,35 @@ async def test_a_write_of_several_frames_stays_near_its_byte_bound(nursery):
     for _ in range(10):
         await far_end.receive()
     assert sum(socket.writes) == 9 and max(socket.writes) <= 3  # 256 KiB and one frame more
+
+
+async def test_a_handler_tells_its_callers_cancel_from_its_socket_going(nursery, autojump_clock):
+    """Cancelled by a cancel frame, ``cancel_asked``; cancelled because the socket closed,
+    not — however the two arrive (a peer's step outlives the one, not the other)."""
+    seen: list[tuple[bool, bool]] = []
+
+    async def handler(call):
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            seen.append((call.cancel_asked, call.channel.closed))
+            raise
+
+    a, b = pair()
+    client, server = RpcChannel(a, echo_handler), RpcChannel(b, handler)
+    await nursery.start(client.serve)
+    await nursery.start(server.serve)
+    with pytest.raises(CallTimeout):
+        await client.call("hang", timeout=1)  # (a timeout sends the cancel frame)
+    await trio.testing.wait_all_tasks_blocked()
+    assert seen == [(True, False)] and server._cancel_asked == set()  # (forgotten)
+
+    async def call_then_close() -> None:
+        with pytest.raises(ChannelClosed):
+            await client.call("hang", timeout=None)
+
+    nursery.start_soon(call_then_close)
+    await trio.testing.wait_all_tasks_blocked()
+    await client.close()
+    await trio.testing.wait_all_tasks_blocked()
+    assert seen[1:] == [(False, True)]
