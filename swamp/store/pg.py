@@ -674,6 +674,28 @@ async def make_schema(pool: Pool, schema: str) -> None:
             await conn.execute(statement)
 
 
+_HAS_COLUMN = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = $1 AND column_name = $2"
+)
+
+
+async def add_column(pool: Pool, table: str, column: str, *statements: str) -> None:
+    """Run ``statements`` (the ``ALTER TABLE`` adding ``table.column``, and what goes with it)
+    only where the column is missing, one process at a time: ``ALTER TABLE … ADD COLUMN IF NOT
+    EXISTS`` takes the table's exclusive lock even when it changes nothing, so every start
+    would wait behind any reader and hold up every writer meanwhile."""
+    async with pool.connection() as conn:
+        if (await conn.execute(_HAS_COLUMN, (table, column))).rows:
+            return
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", (SCHEMA_LOCK,))
+        if (await conn.execute(_HAS_COLUMN, (table, column))).rows:
+            return  # another start added it meanwhile
+        for statement in statements:
+            await conn.execute(statement)
+
+
 class Pool:
     """At most ``size`` connections to ``url``, opened when first needed. Tasks waiting for
     one are served first come, first served (``trio.Semaphore`` hands a freed place to the

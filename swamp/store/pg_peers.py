@@ -86,28 +86,11 @@ def _step(row: tuple) -> SharedStep:
 
 
 _PEER_COLUMNS = "id, url, credential_hash, ca_pem, started_epoch, features"
-_HAS_FEATURES = (
-    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-    "AND table_name = 'swamp_orchestrator' AND column_name = 'features'"
-)
 
 
 def _peer(row: tuple) -> PeerRow:
     features = frozenset((row[5] or "").split())
     return PeerRow(row[0], row[1], row[2], row[3], float(row[4]), features)
-
-
-async def _add_features(pool: pg.Pool) -> None:
-    """Give a registry an earlier version made the column that says what each orchestrator
-    can do — only when it lacks it (``ALTER TABLE`` locks the table even when it changes
-    nothing)."""
-    async with pool.connection() as conn:
-        if (await conn.execute(_HAS_FEATURES)).rows:
-            return
-    async with pool.connection() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", (pg.SCHEMA_LOCK,))
-        if not (await conn.execute(_HAS_FEATURES)).rows:
-            await conn.execute("ALTER TABLE swamp_orchestrator ADD COLUMN features TEXT")
 
 
 class PgPeers:
@@ -122,7 +105,12 @@ class PgPeers:
     @classmethod
     async def open(cls, pool: pg.Pool) -> PgPeers:
         await pg.make_schema(pool, _SCHEMA)
-        await _add_features(pool)
+        await pg.add_column(  # (a registry an earlier version made: what each can do)
+            pool,
+            "swamp_orchestrator",
+            "features",
+            "ALTER TABLE swamp_orchestrator ADD COLUMN features TEXT",
+        )
         return cls(pool)
 
     async def _execute(self, sql: str, params: tuple = ()) -> pg.Result:

@@ -78,29 +78,6 @@ ROWS_PER_STATEMENT = 500  # rows of a multi-row INSERT (parameters stay far belo
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
-_HAS_WRITER = (
-    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-    "AND table_name = 'step_log' AND column_name = 'orchestrator'"
-)
-
-
-async def _name_the_writers(pool: pg.Pool) -> None:
-    """Add ``step_log.orchestrator`` (and the index of open logs by writer) to a table made
-    without it — only then: ``ALTER TABLE`` takes the table's exclusive lock even when it
-    changes nothing, and every start would wait behind a reader and hold up every writer."""
-    async with pool.connection() as conn:
-        if (await conn.execute(_HAS_WRITER)).rows:
-            return
-    async with pool.connection() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", (pg.SCHEMA_LOCK,))
-        if (await conn.execute(_HAS_WRITER)).rows:
-            return  # another start added it meanwhile
-        await conn.execute('ALTER TABLE step_log ADD COLUMN orchestrator TEXT COLLATE "C"')
-        await conn.execute(
-            "CREATE INDEX step_log_open ON step_log (orchestrator) WHERE ended_epoch IS NULL"
-        )
-
-
 def _marks(count: int, start: int = 1) -> str:
     return ",".join(f"${n}" for n in range(start, start + count))
 
@@ -122,7 +99,13 @@ class PgLogStore:
         """The store on ``pool``, its tables made if they are not there yet (and a table an
         earlier version made given the column that names each log's writer)."""
         await pg.make_schema(pool, _SCHEMA)
-        await _name_the_writers(pool)
+        await pg.add_column(  # (a table an earlier version made: each log's writer)
+            pool,
+            "step_log",
+            "orchestrator",
+            'ALTER TABLE step_log ADD COLUMN orchestrator TEXT COLLATE "C"',
+            "CREATE INDEX step_log_open ON step_log (orchestrator) WHERE ended_epoch IS NULL",
+        )
         return cls(pool, orchestrator=orchestrator)
 
     # -- writes ------------------------------------------------------------------------------

@@ -194,6 +194,8 @@ def test_tokens_and_credentials_across_orchestrators(cluster, pg_url):
                 ("peer.dispatch", {"queueId": "q"}),
                 ("peer.worker.drain", {"name": "edge-1"}),
                 ("peer.workflow.cancel", {"run": "r"}),
+                ("peer.outcome", {"sendId": "s"}),
+                ("peer.cancel", {"sendId": "s"}),
             ):
                 with pytest.raises(Forbidden, match="only another orchestrator"):
                     await channel.call(verb, params)

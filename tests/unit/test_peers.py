@@ -14,7 +14,7 @@ import trio
 
 from swamp.domain.episodes import Ending
 from swamp.domain.peers import PeerRow
-from swamp.errors import ChannelClosed, DatabaseUnavailable
+from swamp.errors import ChannelClosed, DatabaseUnavailable, MalformedFrame
 from swamp.orchestrator.peers import CLAIM_HOLD, LINK_RETRY, UNKNOWN, Claim, Held, Peers
 
 CONNECT_TIMEOUT = 10  # swamp.protocol.transport.open_websocket's default
@@ -377,3 +377,14 @@ async def test_a_doubt_after_a_broken_link_fails_the_step_never_runs_it_twice():
 
 async def _ignore(event) -> None:
     pass
+
+
+@pytest.mark.parametrize("params", [{}, {"sendId": ""}, {"sendId": 5}, {"sendId": None}])
+def test_an_outcome_or_cancel_asked_without_a_sending_id_is_malformed(params):
+    peers, _, _ = _peers()
+    with pytest.raises(MalformedFrame):
+        peers.outcome_asked("A", params)
+    with pytest.raises(MalformedFrame):
+        peers.cancel_asked("A", params)
+    assert peers.outcome_asked("A", {"sendId": "s1"}) == {"state": "unknown"}
+    assert peers.cancel_asked("A", {"sendId": "s1"}) == {"cancelled": False}

@@ -205,3 +205,22 @@ async def test_a_step_for_a_named_worker_wakes_only_the_orchestrator_holding_it(
         ]  # fmt: skip
     finally:
         await store.aclose()
+
+
+async def test_a_registry_of_an_earlier_version_is_given_the_features_column(pg_url):
+    """Its rows say nothing of what their orchestrators can do (an earlier version's: not
+    waited for after a broken link); this version's say so."""
+    from swamp.domain.peers import FEATURES
+    from swamp.store.pg_peers import _SCHEMA
+
+    async with pg.Pool(pg_url, size=2) as pool:
+        await pg.make_schema(pool, _SCHEMA)  # as an earlier version made it
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO swamp_orchestrator (id, url, credential_hash, ca_pem, "
+                "started_epoch) VALUES ('old', 'ws://old', 'h', NULL, 1.0)"
+            )
+        table = await PgPeers.open(pool)
+        await table.register(PeerRow("new", "ws://new", "h", None, 2.0, FEATURES))
+        features = {row.id: row.features for row in await table.orchestrators()}
+        assert features == {"old": frozenset(), "new": FEATURES} and "outliving" in FEATURES
