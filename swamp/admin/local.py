@@ -45,11 +45,14 @@ from swamp.errors import (
     CallTimeout,
     ChannelClosed,
     Conflict,
+    MalformedFrame,
+    MalformedReply,
     NeedsOrchestrator,
     NotFound,
     SwampError,
     UnknownMethod,
     UserError,
+    from_wire,
 )
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, run_here
@@ -65,6 +68,7 @@ from swamp.protocol.messages import (
     LogsPage,
     LogsRequest,
     Message,
+    MethodFollowRequest,
     MethodRunRequest,
     NameRequest,
     PlacementSpec,
@@ -683,6 +687,32 @@ class RepoAdmin:
                 "orchestrator: pass --server URL or set SWAMP_SERVE_URL"
             )
         return await self._run_here(run, emit)
+
+    async def method_follow(self, request: MethodFollowRequest) -> RunResult:
+        """A step's outcome by its id, once it has one, whichever orchestrator placed it (its
+        record is on the database they share): how a client whose orchestrator died reads
+        it through another."""
+        steps = self.dispatch.steps if self.dispatch is not None else None
+        if steps is None:
+            if self.dispatch is None:
+                raise NeedsOrchestrator(
+                    "following a step needs a running orchestrator on a shared database: "
+                    "pass --server URL"
+                )
+            raise NotFound(
+                "this orchestrator keeps no step records (its database is its own file): a "
+                "step is followed through an orchestrator on a shared database"
+            )
+        if not request.step_id or len(request.step_id) > 64:
+            raise UserError("a step is followed by the id its 'recorded' event gave")
+        row = await steps.follow(request.step_id)
+        outcome = row.outcome or {}
+        if "error" in outcome:
+            raise from_wire(outcome["error"])
+        try:
+            return RunResult.decode(outcome.get("reply"), where="a recorded outcome")
+        except MalformedFrame as exc:
+            raise MalformedReply(f"step {request.step_id[:40]!r}: {exc.message}") from None
 
 
 def _server_token_item(held: ServerToken, *, token: str | None = None) -> ServerTokenItem:

@@ -21,11 +21,16 @@ from swamp.protocol.messages import (
     LogsPage,
     LogsRequest,
     Message,
+    MethodFollowRequest,
     MethodRunRequest,
+    NameRequest,
     QueryReply,
     QueueReply,
     RunRef,
     RunResult,
+    ServerTokenCreateRequest,
+    ServerTokenItem,
+    ServerTokenListReply,
     TokenCreateRequest,
     TokenItem,
     TokenListReply,
@@ -149,6 +154,18 @@ class RemoteAdmin:
         return await self._call(
             "model.method.run", request, RunResult, timeout=None, on_event=on_event
         )
+
+    async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem:
+        return await self._call("server.token.create", request, ServerTokenItem)
+
+    async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply:
+        return await self._call("server.token.list", request, ServerTokenListReply)
+
+    async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem:
+        return await self._call("server.token.revoke", request, ServerTokenItem)
+
+    async def method_follow(self, request: MethodFollowRequest) -> RunResult:
+        return await self._call("model.method.follow", request, RunResult, timeout=None)
 
     async def logs_read(self, request: LogsRequest) -> LogsPage:
         timeout = DEFAULT_TIMEOUT + min(max(request.wait, 0), LOGS_WAIT_MAX)

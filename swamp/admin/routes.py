@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from swamp.admin.local import RepoAdmin
 from swamp.admin.remote import RemoteAdmin
 from swamp.domain.database import shown
-from swamp.domain.urls import is_loopback, redact, sends_in_clear
-from swamp.errors import Unauthorized, UserError
+from swamp.domain.urls import is_loopback, redact, sends_in_clear, url_list
+from swamp.errors import PeerError, Unauthorized, UserError
 from swamp.protocol.admin import AdminApi
 from swamp.repo import Repo, same_server
 
@@ -67,6 +67,60 @@ def running_server(repo_dir: Path | None) -> str | None:
         return None
 
 
+def server_urls(server: str) -> tuple[str, ...]:
+    """``--server``: one orchestrator's URL, or several of one shared database separated by
+    commas (tried in turn)."""
+    return url_list(server, source="--server (SWAMP_SERVE_URL)")
+
+
+@asynccontextmanager
+async def connect_any(
+    urls: tuple[str, ...],
+    *,
+    server_token: str | None,
+    ca_cert: Path | None,
+    repo_dir: Path | None,
+) -> AsyncIterator[RemoteAdmin]:
+    """The first of ``urls`` that can be reached (one that cannot: the next; none: why the
+    last could not). Only reaching it moves on: what it answers is its own."""
+    failed: PeerError | None = None
+    for url in urls:
+        stack = AsyncExitStack()
+        try:
+            api = await stack.enter_async_context(
+                _connect(url, server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir)
+            )
+        except PeerError as exc:  # cannot connect, or closed as it did
+            failed = exc
+            continue
+        async with stack:
+            yield api
+        return
+    assert failed is not None
+    raise failed
+
+
+@asynccontextmanager
+async def _connect(
+    server: str, *, server_token: str | None, ca_cert: Path | None, repo_dir: Path | None
+) -> AsyncIterator[RemoteAdmin]:
+    credential = admin_credential(server, server_token, repo_dir)
+    ca_pem = None if ca_cert else own_ca(server, repo_dir)
+    try:
+        async with RemoteAdmin.connect(
+            server, credential=credential, ca_cert=ca_cert, ca_pem=ca_pem
+        ) as api:
+            yield api
+    except Unauthorized as exc:
+        announced = None if credential else _announced_elsewhere(server, repo_dir)
+        if announced is None:
+            raise
+        raise Unauthorized(
+            f"{exc.message} (this repo's server announced {announced}: its local "
+            f"credential is presented to that address only; pass --server {announced})"
+        ) from None
+
+
 @asynccontextmanager
 async def open_route(
     *,
@@ -82,21 +136,10 @@ async def open_route(
     if not server and prefer_server:
         server = running_server(repo_dir)
     if server:
-        credential = admin_credential(server, server_token, repo_dir)
-        ca_pem = None if ca_cert else own_ca(server, repo_dir)
-        try:
-            async with RemoteAdmin.connect(
-                server, credential=credential, ca_cert=ca_cert, ca_pem=ca_pem
-            ) as api:
-                yield api
-        except Unauthorized as exc:
-            announced = None if credential else _announced_elsewhere(server, repo_dir)
-            if announced is None:
-                raise
-            raise Unauthorized(
-                f"{exc.message} (this repo's server announced {announced}: its local "
-                f"credential is presented to that address only; pass --server {announced})"
-            ) from None
+        async with connect_any(
+            server_urls(server), server_token=server_token, ca_cert=ca_cert, repo_dir=repo_dir
+        ) as api:
+            yield api
         return
     repo = Repo.find(repo_dir)
     keeper, configured = repo.records_elsewhere()

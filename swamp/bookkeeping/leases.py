@@ -25,6 +25,7 @@ from swamp.store.records import Operations, Records
 TYPE = STEP_LEASE.type
 POLICY = STEP_LEASE.resources[0].policy
 INSTANCE = "leases"
+PAGE = 1000  # lease rows read at a time by a scan
 
 
 _ACTIVE = parse_predicate(
@@ -57,9 +58,17 @@ class LeaseBook:
         self.owner = owner
 
     def opened(
-        self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
+        self,
+        *,
+        lease_id: str,
+        worker: str,
+        model_type: str,
+        model_name: str,
+        method: str,
+        step_id: str | None = None,
     ) -> dict:
-        """The attributes of a lease that starts now (nothing is written yet)."""
+        """The attributes of a lease that starts now (nothing is written yet); ``step_id``,
+        the step it runs (whoever takes over a dead orchestrator's steps reads it)."""
         return {
             "leaseId": lease_id,
             "dispatchId": lease_id,
@@ -71,6 +80,7 @@ class LeaseBook:
             "hasWrites": False,
             "createdAt": iso(self.clock()),
             **({"orchestrator": self.owner} if self.owner else {}),
+            **({"stepId": step_id} if step_id else {}),
         }
 
     async def insert(self, attrs: dict) -> Record:
@@ -156,6 +166,21 @@ class LeaseBook:
                 await self.end(attrs["leaseId"], LeaseState.EXPIRED, error=why)
                 count += 1
         return count
+
+    async def latest_of_steps(self, step_ids: set[str], *, since_epoch: float) -> dict[str, dict]:
+        """The latest lease of each of ``step_ids`` among the leases opened since
+        ``since_epoch`` (a lease's id starts with its opening time, so this reads that range
+        of the table, a page at a time)."""
+        low = f"lease-{max(0, int(since_epoch * 1e9)):016x}"
+        latest: dict[str, dict] = {}
+        while True:
+            page = await self.db.latest_in_range(TYPE, INSTANCE, low, "lease-g", limit=PAGE)
+            for attrs in decoded(page, has_fields("leaseId", "state")):
+                if attrs.get("stepId") in step_ids:
+                    latest[attrs["stepId"]] = attrs  # (in id order: the last is the latest)
+            if len(page) < PAGE:
+                return latest
+            low = page[-1].name + "0"  # (just past it: every name is as long)
 
     async def collect(self, *, older_than_seconds: float) -> int:
         """Delete ended leases whose end is older than the retention (the store stays bounded)."""

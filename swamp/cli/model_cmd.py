@@ -260,15 +260,23 @@ def run(
         priority=check_priority(priority),
     )
 
+    from swamp.errors import ChannelClosed
+
     out = LinePump()
     progress = QueueProgress(out, live=not json_output and sys.stderr.isatty())
+    recorded: list[str] = []  # the step's id, when its orchestrator recorded it
+    reached: list[str] = []  # the orchestrator that took it
 
     async def on_event(event: dict) -> None:
+        step_id = event.get("stepId") if isinstance(event, dict) else None
+        if event.get("kind") == "recorded" and isinstance(step_id, str) and step_id:
+            recorded[:] = [step_id]
         _render_event(event, json_output, out, progress)
 
     async def run_with_progress(api):
         from swamp.concurrency import open_unwrapping_nursery
 
+        reached.append(getattr(api, "url", ""))
         async with open_unwrapping_nursery() as nursery:
             nursery.start_soon(progress.tick)
             try:
@@ -283,6 +291,11 @@ def run(
             route,
             prefer_server=placement.is_remote(),
         )
+    except ChannelClosed as exc:
+        out.close()
+        if not recorded or not route.server:
+            raise
+        result = _follow_after(recorded[0], route, reached[-1] if reached else "", exc.message)
     finally:
         out.close()
     if out.dropped:
@@ -292,6 +305,112 @@ def run(
         )
     _render_result(result, json_output)
     raise typer.Exit(0 if result.status == "succeeded" else 1)
+
+
+FOLLOW_REACH = 60.0  # seconds with no orchestrator of --server reachable before giving up
+
+
+@method_app.command("follow", short_help="Wait for a placed step's outcome, by its id.")
+@command
+def follow(
+    step_id: str = typer.Argument(
+        ..., metavar="STEP", help="The step's id ('recorded' event of run --json)."
+    ),
+    route: Route = ROUTE,
+    json_output: bool = JSON,
+) -> None:
+    """Wait for the outcome of a step placed on a worker through any orchestrator of a
+    shared database (serve --database postgresql://…), and print it as 'run' does: any
+    orchestrator of the database answers, whichever one it was sent to — that one may have
+    died since. 'run' does this by itself when its orchestrator closes the connection and
+    --server lists several (comma-separated); this is for a client that went away too.
+    Exit 0 when the method succeeded, 1 when it failed. Example:
+    swamp model method follow 3f2a… --server wss://orch-1:7420,wss://orch-2:7420
+    """
+    from swamp.admin.routes import running_server, server_urls
+    from swamp.errors import UserError
+
+    server = route.server or running_server(route.repo_dir)
+    if not server:
+        raise UserError(
+            "following a step needs its orchestrators: pass --server URL[,URL…] or set "
+            "SWAMP_SERVE_URL"
+        )
+    result = _follow(step_id, route, server_urls(server))
+    _render_result(result, json_output)
+    raise typer.Exit(0 if result.status == "succeeded" else 1)
+
+
+def _follow_after(step_id: str, route: Route, lost: str, why: str):
+    """The step's outcome through the other orchestrators of ``--server`` (a list), after
+    the one it was sent to (``lost``) closed the connection."""
+    from swamp.admin.routes import server_urls
+    from swamp.domain.text import printable
+    from swamp.errors import PeerError
+
+    urls = server_urls(route.server or "")
+    if len(urls) < 2:
+        raise PeerError(
+            f"the connection to the orchestrator closed ({why}) while step {step_id} ran: "
+            "give --server every orchestrator of the database (comma-separated) to follow "
+            "it through another"
+        )
+    at = urls.index(lost) + 1 if lost in urls else 0
+    print(
+        f"… the connection to {printable(lost or urls[0])} closed ({printable(why)}): "
+        f"following step {step_id} through another orchestrator",
+        file=sys.stderr,
+        flush=True,
+    )
+    return _follow(step_id, route, urls[at:] + urls[:at])
+
+
+def unreachable(exc) -> bool:
+    """An orchestrator that could not be reached, or closed the connection: not its answer."""
+    from swamp.errors import ChannelClosed, PeerError
+
+    return type(exc) is PeerError or isinstance(exc, ChannelClosed)
+
+
+def _follow(step_id: str, route: Route, order: tuple[str, ...]):
+    """The step's outcome through the first of ``order`` that can be reached, then the next
+    should it close too: any orchestrator of the database answers for it once it has an
+    outcome (``model.method.follow``), whoever runs it now."""
+    import trio
+
+    from swamp.admin.routes import connect_any
+    from swamp.cli.common import run_async
+    from swamp.errors import PeerError
+    from swamp.protocol.messages import MethodFollowRequest
+
+    async def follow():
+        deadline = trio.current_time() + FOLLOW_REACH
+        failed: PeerError | None = None
+        while True:
+            for url in order:
+                try:
+                    async with connect_any(
+                        (url,),
+                        server_token=route.server_token,
+                        ca_cert=route.ca_cert,
+                        repo_dir=route.repo_dir,
+                    ) as api:
+                        deadline = trio.current_time() + FOLLOW_REACH
+                        return await api.method_follow(MethodFollowRequest(step_id))
+                except PeerError as exc:  # not reached, or lost too: the next one
+                    if not unreachable(exc):
+                        raise
+                    failed = exc
+            if trio.current_time() >= deadline:
+                assert failed is not None
+                raise PeerError(
+                    f"no orchestrator of --server answered for step {step_id} in "
+                    f"{FOLLOW_REACH:g}s (the last: {failed.message}); its outcome will be "
+                    f"recorded: swamp model method follow {step_id} --server …"
+                )
+            await trio.sleep(1)
+
+    return run_async(follow)
 
 
 def _render_result(result, json_output: bool) -> None:

@@ -58,7 +58,7 @@ class PeerRow:
     features: frozenset[str] = frozenset()
 
 
-FEATURES = frozenset({"outliving"})  # this version's
+FEATURES = frozenset({"outliving", "takeover"})  # this version's
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ VERBS: dict[str, Scope] = {
     "workflow.history.get": Scope.READ,
     "data.query": Scope.READ,
     "logs.read": Scope.READ,  # what steps printed: as data.query reads what they wrote
+    "model.method.follow": Scope.READ,  # a step's outcome, by its id: as logs.read reads it
     # admin frames that change or run something
     "worker.token.create": Scope.ADMIN,
     "worker.token.revoke": Scope.ADMIN,
@@ -67,6 +68,10 @@ VERBS: dict[str, Scope] = {
     "model.method.run": Scope.ADMIN,
     "workflow.run": Scope.ADMIN,
     "workflow.cancel": Scope.ADMIN,
+    # the orchestrator's own machine only (its local credential), whatever the scope
+    "server.token.create": Scope.ADMIN,
+    "server.token.list": Scope.READ,
+    "server.token.revoke": Scope.ADMIN,
 }
 
 

@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit, urlunsplit
+
+from swamp.errors import UserError
+
+MAX_ORCHESTRATORS = 16  # URLs in one list
+_SEPARATOR = re.compile(r",\s*(?=[a-z][a-z0-9+.-]*://)", re.IGNORECASE)  # before a URL
+
+
+def url_list(text: str, *, source: str) -> tuple[str, ...]:
+    """One URL, or several separated by commas (orchestrators sharing one database: tried in
+    turn). A comma separates only before the next URL's ``scheme://`` — one inside a URL (a
+    query, a password) stays in it; blanks and stray commas around are ignored, a repeat
+    counts once. ``source`` names where the list came from, for the error."""
+    parts = _SEPARATOR.split(text)
+    urls = tuple(dict.fromkeys(part.strip(" \t,") for part in parts if part.strip(" \t,")))
+    if len(urls) > MAX_ORCHESTRATORS:
+        raise UserError(f"{source} has {len(urls)} URLs: at most {MAX_ORCHESTRATORS}")
+    return urls
 
 
 def redact(url: str) -> str:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from swamp.domain.scopes import VERBS, Scope
-from swamp.errors import NotFound
+from swamp.errors import Forbidden, NotFound
 from swamp.orchestrator.admin_auth import Principal
 from swamp.orchestrator.dispatch import DispatchService
 from swamp.orchestrator.peers import PEER_ADMIN
 from swamp.orchestrator.pool import Pool
-from swamp.protocol.admin import OPERATIONS, AdminApi
+from swamp.protocol.admin import LOCAL_ONLY, OPERATIONS, AdminApi
 from swamp.protocol.messages import Empty, Message
 from swamp.protocol.rpc import IncomingCall
 from swamp.repo import Repo
@@ -55,7 +55,14 @@ class Admin:
     def _frame(self, name: str, request_type: type[Message]):
         operation = getattr(self.api, name)
 
+        local_only = any(OPERATIONS[verb][0] == name for verb in LOCAL_ONLY)
+
         async def handle(call: IncomingCall, caller: Principal) -> dict:
+            if local_only and caller.kind == "server-token":
+                raise Forbidden(
+                    "server tokens are managed on the orchestrator's machine (its repo's "
+                    "local credential): a server token cannot mint, list or revoke them"
+                )
             request = request_type.decode(call.params)
             if name in ("method_run", "workflow_run"):  # they stream events as they go
                 emit = None if call.quiet else call.emit  # a quiet caller gets none built

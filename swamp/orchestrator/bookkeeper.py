@@ -102,7 +102,14 @@ class LeaseRows(Protocol):
     """What the bookkeeper needs of the store for lease rows (``LeaseBook`` is one)."""
 
     def opened(
-        self, *, lease_id: str, worker: str, model_type: str, model_name: str, method: str
+        self,
+        *,
+        lease_id: str,
+        worker: str,
+        model_type: str,
+        model_name: str,
+        method: str,
+        step_id: str | None = None,
     ) -> dict: ...
 
     async def insert(self, attrs: dict) -> Record: ...
@@ -272,7 +279,14 @@ class Bookkeeper:
     # -- lease rows ----------------------------------------------------------------------------
 
     def open_lease(
-        self, lease_id: str, *, worker: str, model_type: str, model_name: str, method: str
+        self,
+        lease_id: str,
+        *,
+        worker: str,
+        model_type: str,
+        model_name: str,
+        method: str,
+        step_id: str | None = None,
     ) -> Lease:
         """A lease that starts now; nothing is written yet (its row is due in
         :data:`LEASE_WRITE_DELAY`)."""
@@ -284,6 +298,7 @@ class Bookkeeper:
                 model_type=model_type,
                 model_name=model_name,
                 method=method,
+                step_id=step_id,
             ),
             trio.current_time(),
         )

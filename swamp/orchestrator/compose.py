@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -62,6 +63,8 @@ from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
 from swamp.orchestrator.step_logs import StepLogs
+from swamp.orchestrator.step_records import StepRecords
+from swamp.orchestrator.takeover import Takeovers
 from swamp.orchestrator.verification import Verifier
 from swamp.plugins import ModelRegistry
 from swamp.protocol.rpc import SilenceSweeper
@@ -76,6 +79,9 @@ from swamp.ui.live import Live
 from swamp.ui.routes import Pages, cookie_name
 from swamp.ui.sessions import Logins
 from swamp.ui.views import Sources
+
+if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database is served)
+    from swamp.store.pg_steps import PgSteps
 
 log = logging.getLogger("swamp.serve")
 
@@ -145,6 +151,7 @@ class Orchestrator:
     live: Live
     pages: Pages
     peers: Peers | None = None  # the other orchestrators (a shared database; None: alone)
+    takeovers: Takeovers | None = None  # the steps of dead ones this one settles
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every background service, in the order they were made; started before the listener
@@ -166,6 +173,19 @@ class Orchestrator:
             # -- the other orchestrators on a shared database --------------------------------
             if self.peers is not None:
                 await nursery.start(self.peers.run, self.queue, self.dispatch.run_claimed)
+            if self.dispatch.steps is not None:
+                await nursery.start(self.dispatch.steps.run)
+                if self.takeovers is not None and self.peers is not None:
+                    await nursery.start(
+                        functools.partial(
+                            self.takeovers.serve,
+                            self.dispatch.steps,
+                            self.dispatch,
+                            self.peers,
+                            self.dispatch.db,
+                            fence=self.dispatch.peer_fence,
+                        )
+                    )
             task_status.started()
 
     async def settled(self) -> None:
@@ -197,6 +217,9 @@ def compose(
     own_tls: ServerTls | None = None,
     logs: LogStore | None = None,
     peers: Peers | None = None,
+    steps: PgSteps | None = None,
+    takeovers: Takeovers | None = None,
+    database: str | None = None,
 ) -> Orchestrator:
     """Build every part, each from the ones before it. ``db`` and ``logs`` are the records' and
     the step logs' seams if the caller made them already (serve, for its boot: one for the
@@ -281,6 +304,12 @@ def compose(
     )
     reader = Reader(repo.db_path) if store is not None else None  # PostgreSQL's: awaited
     metrics.watch(pool, queue)
+    # a shared database's placed steps: recorded, so they outlive this orchestrator
+    step_records = (
+        StepRecords(steps, peers.me, url=database)
+        if steps is not None and peers is not None
+        else None
+    )
     dispatch = DispatchService(
         store,
         db,
@@ -297,6 +326,7 @@ def compose(
         logs=step_logs,
         peers=peers,
         peer_fence=fence_seconds(settings.heartbeat_seconds),
+        steps=step_records,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
     if unset:
@@ -380,4 +410,5 @@ def compose(
         live=live,
         pages=pages,
         peers=peers,
+        takeovers=takeovers,
     )

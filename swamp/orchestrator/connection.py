@@ -217,6 +217,8 @@ class Connection:
             return peers.outcome_asked(identity.name, call.params)
         if call.method == "peer.cancel":
             return peers.cancel_asked(identity.name, call.params)
+        if call.method == "peer.step.wait":  # it took over the steps of one that died
+            return await peers.step_wait_asked(identity.name, call.params)
         if call.method != "peer.dispatch":  # an admin verb about what this one holds
             return await self.admin.here(call.method, call.params)
         channel = self.channel

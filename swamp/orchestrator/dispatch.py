@@ -32,18 +32,33 @@ from swamp.domain.read_scope import ReadScope
 from swamp.domain.scheduler import Requirement
 from swamp.domain.step_logs import LogOwner
 from swamp.domain.workers import WorkerStatus
-from swamp.errors import BY_CODE, DispatchFailed, ExecutionTimeout, MalformedFrame, StoreBroken
+from swamp.errors import (
+    BY_CODE,
+    DispatchFailed,
+    ExecutionTimeout,
+    MalformedFrame,
+    StoreBroken,
+    SwampError,
+)
 from swamp.ids import new_id, ordered_id
 from swamp.models.context import LocalContext
 from swamp.models.framework import ModelType
 from swamp.models.runner import run_method
 from swamp.orchestrator.episode import Emit, Episode, Episodes, Step, Work, safe_emit
-from swamp.orchestrator.peers import Claim, Peers, decode_step, encode_ending, encode_step
+from swamp.orchestrator.peers import (
+    Claim,
+    Peers,
+    decode_step,
+    encode_ending,
+    encode_step,
+    placement_of,
+)
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue, StepInfo
 from swamp.orchestrator.step_logs import StepLogs
+from swamp.orchestrator.step_records import StepRecords
 from swamp.plugins import ModelRegistry, default_seams
-from swamp.protocol.messages import DispatchResult, Redispatched, RunResult, Started
+from swamp.protocol.messages import DispatchResult, Recorded, Redispatched, RunResult, Started
 from swamp.protocol.rpc import no_events
 from swamp.repo import ModelInstance
 from swamp.store.datastore import Datastore, Record, iso
@@ -52,6 +67,7 @@ from swamp.store.records import Records
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
+CANCEL_WRITE = 2.0  # seconds a cancelled step's outcome may take to be recorded
 __all__ = ["DispatchService", "RunRequest", "run_here", "Emit"]
 
 
@@ -72,6 +88,9 @@ class RunRequest:
     started_at: str | None = None  # when the run was asked for (its result says so)
     priority: int = 0  # among waiting steps, higher goes first (swamp.domain.priority)
     submitter: str = ""  # who asked (local, token:NAME): the queue shares slots between them
+    # a step taken over from an orchestrator that died: its id, and its dispatches so far
+    step_id: str | None = None
+    attempts: int = 0
 
     def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
         """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
@@ -100,6 +119,105 @@ class RunRequest:
             return default
         seconds = parse_timeout(text, what="--timeout")  # "0": none, whatever the default
         return None if seconds is None else float(seconds)
+
+
+# -- a placed step as recorded on a shared database -----------------------------------------
+
+
+def encode_request(request: RunRequest) -> dict:
+    """A :class:`RunRequest` as a step record keeps it (``swamp.orchestrator.step_records``):
+    its environment by name only (the values are the orchestrator's own, wherever it runs)."""
+    model = request.model
+    scope = request.scope()
+    return {
+        "model": {
+            "name": model.name,
+            "type": model.type,
+            "args": model.args,
+            "env": list(model.env),
+            "retry": model.retry,
+            "timeout": model.timeout,
+        },
+        "method": request.method,
+        "args": request.args,
+        "placement": request.placement.to_json(),
+        "env": list(request.env_names),
+        "reads": sorted([list(item) for item in scope.items]),
+        "readPatterns": list(scope.type_patterns),
+        "queueTimeout": request.queue_timeout,
+        "timeout": request.timeout,
+        "priority": request.priority,
+        "submitter": request.submitter,
+        "startedAt": request.started_at,
+    }
+
+
+def decode_request(data: dict, step_id: str) -> RunRequest:
+    """The :class:`RunRequest` a step record holds (a row is another process's data:
+    ``MalformedFrame`` when it is not one this version reads)."""
+
+    def texts(value) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise MalformedFrame("a recorded step's names are text")
+        return tuple(value)
+
+    def optional_text(value) -> str | None:
+        if value is not None and not isinstance(value, str):
+            raise MalformedFrame("a recorded step's timeouts are text")
+        return value
+
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise MalformedFrame("a recorded step names its model")
+    name, kind, model_args = model.get("name"), model.get("type"), model.get("args")
+    method, args = data.get("method"), data.get("args")
+    placement = data.get("placement")
+    placement = placement_of(placement) if isinstance(placement, dict) else None
+    priority = data.get("priority", 0)
+    if not (
+        isinstance(name, str)
+        and isinstance(kind, str)
+        and isinstance(model_args, dict)
+        and isinstance(method, str)
+        and isinstance(args, dict)
+        and placement is not None
+        and placement.is_remote()
+        and isinstance(priority, int)
+        and not isinstance(priority, bool)
+    ):
+        raise MalformedFrame("a recorded step is not one this version reads")
+    reads = data.get("reads") or []
+    if not isinstance(reads, list) or not all(
+        isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) for r in reads
+    ):
+        raise MalformedFrame("a recorded step's reads are pairs of text")
+    retry = model.get("retry")
+    instance = ModelInstance(
+        name=name,
+        type=kind,
+        args=model_args,
+        source="recorded",
+        env=texts(model.get("env") or []),
+        retry=retry if retry in ("unwritten", "never") else "never",
+        timeout=optional_text(model.get("timeout")),
+    )
+    submitter = data.get("submitter")
+    return RunRequest(
+        instance,
+        method,
+        args,
+        placement,
+        env_names=texts(data.get("env") or []),
+        read_scope=ReadScope(
+            frozenset((a, b) for a, b in reads), texts(data.get("readPatterns") or [])
+        ),
+        queue_timeout=optional_text(data.get("queueTimeout")),
+        timeout=optional_text(data.get("timeout")),
+        started_at=optional_text(data.get("startedAt")),
+        priority=priority,
+        submitter=submitter if isinstance(submitter, str) else "",
+        step_id=step_id,
+    )
 
 
 class Plan(NamedTuple):
@@ -132,8 +250,11 @@ class DispatchService:
         logs: StepLogs | None = None,
         clock=time.time,
         peers: Peers | None = None,
+        steps: StepRecords | None = None,
     ) -> None:
-        self.peers = peers  # the other orchestrators on a shared database (None: alone)
+        self.peers = peers
+        # a shared database's step records: a placed step outlives this orchestrator
+        self.steps = steps  # the other orchestrators on a shared database (None: alone)
         self.store = store
         self.db = db  # the same store, awaited: method data goes through it
         self.logs = logs  # where the lines of a method run here are kept (a worker's: episodes)
@@ -236,6 +357,8 @@ class DispatchService:
                     self.db, model_type, request, args, emit, env=self.environ_here
                 )
         else:
+            if self.steps is not None and request.workflow is None:
+                return await self._run_recorded(request, plan, emit)
             try:
                 result, worker, dispatch_id = await self._run_remote(request, plan, emit)
             except DispatchFailed as exc:
@@ -243,6 +366,17 @@ class DispatchService:
                 raise
             self.observe("outcome", result.status)
             log_id = dispatch_id if self.episodes.logs is not None else None
+        return self.result_of(request, model_type, result, worker, dispatch_id, log_id)
+
+    def result_of(
+        self,
+        request: RunRequest,
+        model_type: ModelType,
+        result: DispatchResult,
+        worker: str | None,
+        dispatch_id: str | None,
+        log_id: str | None,
+    ) -> RunResult:
         return RunResult(
             status=result.status,
             model=request.model.name,
@@ -257,6 +391,35 @@ class DispatchService:
             started_at=request.started_at,
             log_id=log_id,
         )
+
+    async def _run_recorded(self, request: RunRequest, plan: Plan, emit: Emit) -> RunResult:
+        """A placed step on a shared database: recorded first (its client is told its id),
+        its outcome written before its client hears it — so a client that loses this
+        orchestrator reads it through another (``swamp.orchestrator.step_records``)."""
+        assert self.steps is not None
+        step_id = request.step_id
+        if step_id is None:  # (a step taken over is recorded already)
+            step_id = request.step_id = new_id()
+            self.steps.opened(step_id, encode_request(request))
+        await safe_emit(emit, Recorded(step_id).to_json())
+        try:
+            result, worker, dispatch_id = await self._run_remote(request, plan, emit)
+        except SwampError as exc:
+            if isinstance(exc, DispatchFailed):
+                self.observe("outcome", exc.code)
+            await self.steps.ended(step_id, {"error": {"code": exc.code, "message": exc.message}})
+            raise
+        except trio.Cancelled:  # its caller left (or this orchestrator stops): it ended so
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WRITE):
+                await self.steps.ended(
+                    step_id, {"error": {"code": "cancelled", "message": "the step was cancelled"}}
+                )
+            raise
+        self.observe("outcome", result.status)
+        log_id = dispatch_id if self.episodes.logs is not None else None
+        reply = self.result_of(request, plan.model_type, result, worker, dispatch_id, log_id)
+        await self.steps.ended(step_id, {"reply": reply.to_json()})
+        return reply
 
     async def _run_remote(
         self, request: RunRequest, plan: Plan, emit: Emit
@@ -284,8 +447,8 @@ class DispatchService:
             request.priority,
             request.submitter,
         )
-        step_id = new_id()
-        attempt = busy = 0
+        step_id = request.step_id or new_id()
+        attempt, busy = request.attempts, 0
         straight = True  # (false once it came back from an orchestrator it was sent straight to)
         while True:
             grant = await self.queue.acquire(

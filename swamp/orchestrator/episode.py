@@ -151,6 +151,7 @@ class Episodes:
                 model_type=work.model_type.type,
                 model_name=work.model_name,
                 method=work.method,
+                step_id=step.id,
             )
             credential = self.credentials.issue_dispatch(member.name, dispatch_id)
             active.credential = credential

@@ -14,6 +14,11 @@ An answer sent just before the link broke may never have arrived: the answers of
 or when the origin asks after one (the origin takes those it waits for; the others are
 collected later), and the origin is told "running" until they are. Past those bounds the
 origin hears "unknown" and fails the step with that reason: never run twice on a doubt.
+
+When the origin died instead, the orchestrator that takes its steps over asks by step id
+(``peer.step.wait``, :meth:`Outliving.wait_step`): it is answered when the run here ends, with
+the same answer — or at once with one given or kept in the last :data:`RECENT` seconds — and
+"unknown" when no run of that step is known here.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class _Relay:
 @dataclass
 class _Running:
     scope: trio.CancelScope
+    step_id: str = ""  # the step it runs (its origin's id for it; "" if not told)
     done: trio.Event = field(default_factory=trio.Event)
     reply: dict | None = None
     error: Exception | None = None
@@ -75,6 +81,8 @@ class Outliving:
         self.keep = keep
         self.running: dict[tuple[str, str], _Running] = {}  # by origin and sending's id
         self._recent: dict[str, deque[tuple[str, dict, float]]] = {}  # answers given
+        # answers given or kept, by origin and step: for whoever takes a dead origin's steps
+        self._ended: dict[str, deque[tuple[str, dict, float]]] = {}
         self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
@@ -94,6 +102,8 @@ class Outliving:
         run: Run,
         emit: Callable[[dict], Awaitable[None]] | None,
         link_closed: Callable[[], bool],
+        *,
+        step_id: str = "",
     ) -> dict:
         """Run ``run`` for ``origin``; its answer. Cancelled by the origin, the run is
         cancelled and settles first, as if awaited here; cancelled because the link closed,
@@ -103,7 +113,7 @@ class Outliving:
         if key in self.running:
             raise NotStarted("a step with that sending id runs here already")
         relay = _Relay(emit)
-        running = _Running(trio.CancelScope())
+        running = _Running(trio.CancelScope(), step_id)
 
         async def body() -> None:
             try:
@@ -118,6 +128,9 @@ class Outliving:
                 answer = _answer(running)
                 if answer is None or running.cancelled:
                     return
+                if step_id:
+                    ended = self._ended.setdefault(origin, deque(maxlen=RECENT_MAX))
+                    ended.append((step_id, answer, trio.current_time()))
                 if relay.cut or link_closed():  # nobody waits on the link: the database
                     await self._keep(origin, send_id, answer)
                 else:  # given on the link: remembered a while, should the link go now
@@ -208,6 +221,20 @@ class Outliving:
             recent.remove(given)
             self._keep_given(origin, [(send_id, given[1])])
             return {"state": "running"}
+        return {"state": "unknown"}
+
+    async def wait_step(self, origin: str, step_id: str) -> dict:
+        """``peer.step.wait``: ``origin`` died; its step ``step_id`` ran here? The answer
+        once it ends (``{"state": "ended", "answer": …}``), ``{"state": "unknown"}`` if no
+        run of it is known here."""
+        for (sender, _), running in list(self.running.items()):
+            if sender == origin and running.step_id == step_id and not running.done.is_set():
+                await running.done.wait()
+                break
+        since = trio.current_time() - RECENT
+        for ended_step, answer, at in reversed(self._ended.get(origin) or ()):
+            if ended_step == step_id and at >= since:
+                return {"state": "ended", "answer": answer}
         return {"state": "unknown"}
 
     def cancel(self, origin: str, send_id: str) -> bool:

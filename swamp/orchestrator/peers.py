@@ -69,6 +69,7 @@ from swamp.errors import (
     Forbidden,
     LockHeld,
     MalformedFrame,
+    MalformedReply,
     SwampError,
     Unauthorized,
     UnknownMethod,
@@ -96,7 +97,7 @@ PEER_ADMIN = {
     "peer.workflow.cancel": "workflow.cancel",
 }
 # …and, about a step it sent here whose link broke: does it still run, and cancel it
-PEER_OUTCOMES = frozenset({"peer.outcome", "peer.cancel"})
+PEER_OUTCOMES = frozenset({"peer.outcome", "peer.cancel", "peer.step.wait"})
 PEER_VERBS = frozenset({"peer.dispatch", *PEER_ADMIN, *PEER_OUTCOMES})
 CHANNEL = "swamp_orchestrators"  # the NOTIFY channel: a wake-up for every orchestrator
 # the lock an orchestrator of an earlier version held for its life (one per database, then)
@@ -719,13 +720,7 @@ class Peers:
                 return end, None, dispatch_id
             reply = answer.get("reply")
             if not isinstance(reply, dict):  # refused before anything ran, or it failed there
-                error = answer.get("error")
-                code = error.get("code") if isinstance(error, dict) else None
-                said = error.get("message") if isinstance(error, dict) else None
-                if code in (ClaimGone.code, Busy.code):  # as on the link: queue it again
-                    return EpisodeEnd(Ending.BUSY, worker, str(said)), None, dispatch_id
-                refused = f"({code}) {said or 'no answer'}"
-                return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
+                return *answer_ending(answer, worker), dispatch_id
         except SwampError as exc:
             refused = f"({exc.code}) {exc.message}"
             return EpisodeEnd(Ending.REFUSED, worker, refused), None, dispatch_id
@@ -800,6 +795,31 @@ class Peers:
         if not isinstance(send_id, str) or not send_id:
             raise MalformedFrame("a step's outcome is asked by its sendId")
         return self.outliving.outcome(caller, send_id)
+
+    async def step_wait_asked(self, caller: str, params: dict) -> dict:
+        """``peer.step.wait``: ``caller`` took the steps of an origin that died; did one run
+        here? (:meth:`Outliving.wait_step`)."""
+        origin, step_id = params.get("origin"), params.get("stepId")
+        if not all(isinstance(v, str) and 0 < len(v) <= 64 for v in (origin, step_id)):
+            raise MalformedFrame("a step is asked after by its origin and stepId")
+        assert isinstance(origin, str) and isinstance(step_id, str)
+        return await self.outliving.wait_step(origin, step_id)
+
+    async def ask_step(self, orchestrator: str, origin: str, step_id: str) -> dict | None:
+        """Ask ``orchestrator`` whether it ran ``origin``'s step ``step_id``: its answer
+        once the run ends, ``None`` if no run of it is known there. A ``SwampError`` when it
+        could not be asked (nothing is decided then)."""
+        channel = await self._link(orchestrator)
+        said = await channel.call(
+            "peer.step.wait", {"origin": origin, "stepId": step_id}, timeout=None
+        )
+        if isinstance(said, dict) and said.get("state") == "ended":
+            answer = said.get("answer")
+            if isinstance(answer, dict):
+                return answer
+        if isinstance(said, dict) and said.get("state") == "unknown":
+            return None
+        raise MalformedReply(f"peer.step.wait answered {str(said)[:80]!r}")
 
     def cancel_asked(self, caller: str, params: dict) -> dict:
         send_id = params.get("sendId")
@@ -1041,6 +1061,7 @@ class Peers:
                 lambda relay: run_claimed(member, dispatch_id, params, relay),
                 emit,
                 link_closed,
+                step_id=step_id if isinstance(step_id := params.get("stepId"), str) else "",
             )
         except NotStarted as exc:
             assert self.queue is not None
@@ -1245,6 +1266,24 @@ def encode_ending(
         "hasWrites": end.has_writes,
         "result": result.to_json() if result is not None else None,
     }
+
+
+def answer_ending(answer: dict, worker: str) -> tuple[EpisodeEnd, dict | None]:
+    """How a step ended as a claimer answered for it outside the link (kept, or told to the
+    one that took its origin's steps over): ``{"reply": …}`` as on the link, or ``{"error":
+    …}`` — refused before anything ran, or failed there."""
+    reply = answer.get("reply")
+    if isinstance(reply, dict):
+        try:
+            return decode_ending(reply)
+        except MalformedFrame as exc:
+            return EpisodeEnd(Ending.MALFORMED, worker, exc.message), None
+    error = answer.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    said = error.get("message") if isinstance(error, dict) else None
+    if code in (ClaimGone.code, Busy.code):  # as on the link: queue it again
+        return EpisodeEnd(Ending.BUSY, worker, str(said)), None
+    return EpisodeEnd(Ending.REFUSED, worker, f"({code}) {said or 'no answer'}"), None
 
 
 def decode_ending(reply: object) -> tuple[EpisodeEnd, dict | None]:

@@ -56,6 +56,7 @@ from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Pool
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.storage import Storage, open_postgres, open_sqlite
+from swamp.orchestrator.takeover import Takeovers
 from swamp.plugins import default_registry
 from swamp.protocol import messages
 from swamp.repo import Repo
@@ -76,6 +77,7 @@ log = logging.getLogger("swamp.serve")
 GC_INTERVAL = 600
 LEASE_RETENTION = 3600
 RUN_RETENTION = 7 * 24 * 3600  # ended workflow runs are kept a week
+STEP_RECORD_LIFE = 24 * 3600  # a shared database's placed steps, a day after they ended
 
 
 @dataclass
@@ -286,6 +288,8 @@ async def _collect_garbage(
             removed = await forget_adhoc_runs(db, runs, logs=logs.store)
             removed += await collect_bookkeeping(db, pool, worker_retention=worker_retention)
             removed += await collect_step_logs(db, logs.store, live=logs.live_run)
+            if storage.steps is not None:  # the outcomes followers had a day to read
+                removed += await storage.steps.collect(time.time() - STEP_RECORD_LIFE)
         except (SwampError, sqlite3.Error) as exc:  # e.g. a locked database: next pass
             log.warning("garbage collection skipped: %s", exc)
             continue
@@ -424,7 +428,7 @@ async def _serve(
     task_status,
 ) -> None:
     raise_file_limit()
-    peers = None
+    peers = takeovers = None
     if options.database is None:
         storage = open_sqlite(repo)
     else:
@@ -434,6 +438,8 @@ async def _serve(
         from swamp.store.pg_step_logs import PgLogStore  # (the driver is there: it opened)
 
         db, logs = storage.db, storage.logs
+        assert storage.steps is not None
+        takeovers = Takeovers(storage.steps, me)
 
         async def reconcile(dead: str) -> dict:
             changed = await reconcile_left(
@@ -444,6 +450,8 @@ async def _serve(
             assert isinstance(logs, PgLogStore) and storage.peers is not None
             changed["logs"] = await logs.end_left(time.time(), dead)  # its lines stopped
             changed["logs"] += await end_unnamed_logs(logs, storage.peers, gone=(me, dead))
+            # its open steps are ours now (after its leases expired: what they say is final)
+            changed["steps"] = await takeovers.take(dead)
             return changed
 
         peers = Peers(
@@ -468,6 +476,7 @@ async def _serve(
                 own_tls,
                 storage,
                 peers=peers,
+                takeovers=takeovers,
                 task_status=task_status,
             )
             nursery.cancel_scope.cancel()
@@ -527,6 +536,7 @@ async def _serve_on(
     storage: Storage,
     *,
     peers: Peers | None = None,
+    takeovers: Takeovers | None = None,
     task_status,
 ) -> None:
     import hypercorn.config
@@ -600,6 +610,9 @@ async def _serve_on(
         own_tls=own_tls,
         logs=storage.logs,
         peers=peers,
+        steps=storage.steps,
+        takeovers=takeovers,
+        database=options.database,
     )
     app = parts.app
 

@@ -31,6 +31,7 @@ from swamp.store.journal import Journal
 
 if TYPE_CHECKING:
     from swamp.store.pg_peers import PgPeers
+    from swamp.store.pg_steps import PgSteps
 from swamp.store.records import Records, SqliteRecords
 from swamp.store.step_logs import LogStore, SqliteLogs, SqliteLogStore
 
@@ -52,6 +53,7 @@ class Storage:
     journal: Journal | None = None
     # PostgreSQL's: the orchestrators serving it and the shared queue (swamp.store.pg_peers)
     peers: PgPeers | None = None
+    steps: PgSteps | None = None  # PostgreSQL's: the placed steps (swamp.store.pg_steps)
 
     @property
     def shared(self) -> bool:
@@ -90,6 +92,7 @@ async def open_postgres(url: str, *, orchestrator: str | None = None) -> Storage
     try:
         from swamp.store.pg_peers import PgPeers
         from swamp.store.pg_step_logs import PgLogStore
+        from swamp.store.pg_steps import PgSteps
         from swamp.store.pg_store import PgStore
     except ImportError:
         raise UserError(
@@ -100,6 +103,7 @@ async def open_postgres(url: str, *, orchestrator: str | None = None) -> Storage
     try:
         logs = await PgLogStore.open(db.pool, orchestrator=orchestrator)
         peers = await PgPeers.open(db.pool)
+        steps = await PgSteps.open(db.pool)
     except BaseException:
         await db.aclose()
         raise
@@ -109,6 +113,7 @@ async def open_postgres(url: str, *, orchestrator: str | None = None) -> Storage
         where=where,
         adhoc_runs=functools.partial(db.adhoc_runs, excluded=INTERNAL_TYPES),
         peers=peers,
+        steps=steps,
     )
 
 

@@ -17,11 +17,16 @@ from swamp.protocol.messages import (
     LogsPage,
     LogsRequest,
     Message,
+    MethodFollowRequest,
     MethodRunRequest,
+    NameRequest,
     QueryReply,
     QueueReply,
     RunRef,
     RunResult,
+    ServerTokenCreateRequest,
+    ServerTokenItem,
+    ServerTokenListReply,
     TokenCreateRequest,
     TokenItem,
     TokenListReply,
@@ -69,6 +74,10 @@ class AdminApi(Protocol):
         """``submitter``: who asked, as the server knows it from the caller's credential (the
         queue shares slots between submitters); a client sends none."""
 
+    async def method_follow(self, request: MethodFollowRequest) -> RunResult:
+        """The outcome of a step placed through any orchestrator of a shared database, once
+        it has one (a client whose orchestrator died asks another)."""
+
     async def workflow_list(self, request: Empty = Empty()) -> WorkflowListReply: ...
 
     async def workflow_show(self, request: WorkflowRequest) -> WorkflowShowReply: ...
@@ -87,6 +96,12 @@ class AdminApi(Protocol):
     async def workflow_cancel(self, request: RunRef) -> WorkflowRunReply: ...
 
     async def logs_read(self, request: LogsRequest) -> LogsPage: ...
+
+    async def server_token_create(self, request: ServerTokenCreateRequest) -> ServerTokenItem: ...
+
+    async def server_token_list(self, request: Empty = Empty()) -> ServerTokenListReply: ...
+
+    async def server_token_revoke(self, request: NameRequest) -> ServerTokenItem: ...
 
 
 #: wire method → (API method, request message). The server's admin frames are exactly these.
@@ -107,5 +122,13 @@ OPERATIONS: dict[str, tuple[str, type[Message]]] = {
     "workflow.cancel": ("workflow_cancel", RunRef),
     "data.query": ("data_query", DataQueryRequest),
     "model.method.run": ("method_run", MethodRunRequest),
+    "model.method.follow": ("method_follow", MethodFollowRequest),
     "logs.read": ("logs_read", LogsRequest),
+    # the orchestrator's own machine only (its repo's local credential): see Admin
+    "server.token.create": ("server_token_create", ServerTokenCreateRequest),
+    "server.token.list": ("server_token_list", Empty),
+    "server.token.revoke": ("server_token_revoke", NameRequest),
 }
+#: the verbs only the orchestrator's own machine may call (its repo's local credential, as
+#: straight on its repo): a server token never mints or revokes another
+LOCAL_ONLY = frozenset({"server.token.create", "server.token.list", "server.token.revoke"})

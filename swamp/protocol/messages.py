@@ -185,6 +185,15 @@ class Dropped(Message):
 
 
 @dataclass(frozen=True)
+class Recorded(Message):
+    """The step is recorded on the database several orchestrators share, as ``step_id``:
+    should this orchestrator go, another answers for it (``model.method.follow``)."""
+
+    step_id: str
+    kind: Literal["recorded"] = "recorded"
+
+
+@dataclass(frozen=True)
 class Effects(Message):
     """From a worker, mid-dispatch: the method has had an effect outside the data plane (a
     command it ran has exited), so running it again would repeat that effect."""
@@ -241,6 +250,7 @@ Event = (
     | Queued
     | Started
     | Dropped
+    | Recorded
     | Effects
     | Accepted
     | StepEvent
@@ -255,6 +265,7 @@ _EVENTS: dict[object, type[Event]] = {
     "redispatch": Redispatched,
     "started": Started,
     "dropped": Dropped,
+    "recorded": Recorded,
     "effects": Effects,
     "accepted": Accepted,
 }
@@ -334,6 +345,14 @@ class MethodRunRequest(Message):
     queue_timeout: str | None = None  # e.g. "5m"; "0" waits forever; absent: the server's
     timeout: str | None = None  # how long it may run on a worker, e.g. "30m"; absent: the model's
     priority: int = 0  # higher goes first among waiting steps (swamp.domain.priority)
+
+
+@dataclass(frozen=True)
+class MethodFollowRequest(Message):
+    """``model.method.follow``: the outcome of a step placed through any orchestrator of a
+    shared database, by the id its ``recorded`` event gave; answered once it has one."""
+
+    step_id: str
 
 
 @dataclass(frozen=True)
@@ -545,6 +564,7 @@ REQUESTS: dict[str, type[Message]] = {
     "worker.token.list": Empty,
     "worker.token.revoke": TokenRevokeRequest,
     "model.method.run": MethodRunRequest,
+    "model.method.follow": MethodFollowRequest,
     "data.query": DataQueryRequest,
     "worker.verify": VerifyRequest,
     "worker.queue.list": Empty,
@@ -710,3 +730,13 @@ class NameRequest(Message):
 class ServerTokenCreateRequest(Message):
     name: str
     scope: str = "admin"
+
+
+# (their requests, defined above: the orchestrator's own machine only, swamp.protocol.admin)
+REQUESTS.update(
+    {
+        "server.token.create": ServerTokenCreateRequest,
+        "server.token.list": Empty,
+        "server.token.revoke": NameRequest,
+    }
+)

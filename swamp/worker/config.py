@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from swamp.domain.urls import redact, sends_in_clear
+from swamp.domain.urls import redact, sends_in_clear, url_list
 from swamp.errors import UserError
 from swamp.tls.trust import check_pin, client_context, pinned_ca, pinned_file
 
@@ -32,24 +31,11 @@ def parse_concurrency(text: str | int) -> int:
         ) from None
 
 
-MAX_ORCHESTRATORS = 16  # URLs in one list
-_SEPARATOR = re.compile(r",\s*(?=[a-z][a-z0-9+.-]*://)", re.IGNORECASE)  # before a URL
-
-
 def orchestrator_urls(text: str) -> tuple[str, ...]:
     """``SWAMP_ORCHESTRATOR_URL`` / the argument: one URL, or several separated by commas
     (orchestrators sharing one database: the worker connects to one and moves to the next
-    when it cannot reach it, or loses it). A comma separates only before the next URL's
-    ``scheme://`` — one inside a URL (a query, a password) stays in it; blanks and stray
-    commas around are ignored, a repeat counts once."""
-    parts = _SEPARATOR.split(text)
-    urls = tuple(dict.fromkeys(part.strip(" \t,") for part in parts if part.strip(" \t,")))
-    if len(urls) > MAX_ORCHESTRATORS:
-        raise UserError(
-            f"the orchestrator URL list (argument or SWAMP_ORCHESTRATOR_URL) has {len(urls)} "
-            f"URLs: at most {MAX_ORCHESTRATORS}"
-        )
-    return urls
+    when it cannot reach it, or loses it; see :func:`swamp.domain.urls.url_list`)."""
+    return url_list(text, source="the orchestrator URL list (argument or SWAMP_ORCHESTRATOR_URL)")
 
 
 @dataclass(frozen=True)

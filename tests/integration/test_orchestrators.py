@@ -472,3 +472,123 @@ def test_a_client_that_leaves_stops_its_step_on_the_other_orchestrators_worker(c
         ),
         what="the first's lease of it to end cancelled",
     )
+
+
+def _client_of_both(cluster, first_url: str, second_url: str, *args: str):
+    """A client given both orchestrators (``--server A,B``) with a server token good at
+    both (minted through the first: the database holds it): one whose orchestrator dies
+    follows its step through the other."""
+    name = f"client{len(cluster.procs)}"
+    minted = cluster.cli_json("server", "token", "create", name, "--scope", "admin")
+    return cluster.spawn(
+        "model", "method", "run", *args, "--server", f"{first_url},{second_url}", "--json",
+        env={"SWAMP_SERVER_TOKEN": minted["token"]},
+    )  # fmt: skip
+
+
+def _recorded(client) -> str:
+    return client.wait_for(lambda e: e.get("event", {}).get("kind") == "recorded")["event"][
+        "stepId"
+    ]
+
+
+def test_a_client_whose_orchestrator_dies_reads_its_step_through_the_survivor(
+    cluster, pg_url, tmp_path
+):
+    """Sent through the first, running on the second's worker, when the first is killed: the
+    step runs on there; the client, told its connection closed, follows the step through the
+    second, which took the dead one's steps over and answers with the outcome the run gave —
+    the same result and exit status, run once."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, _ = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.spawn(
+        "worker", "connect", second_url, "--json", env={"SWAMP_WORKER_TOKEN": token}
+    )
+    name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
+    client = _client_of_both(
+        cluster, first_url, second_url,
+        "command/shell", "run", "--arg", f"command={command}; echo finished",
+        "--label", "fleet=edge",
+    )  # fmt: skip
+    step_id = _recorded(client)
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    first.signal(signal.SIGKILL)
+    first.wait_exit()
+    wait_until(
+        lambda: "following step" in client.log.read_text() or client.p.poll() is not None,
+        what="the client to follow its step through the second",
+    )
+    wait_until(
+        lambda: "took over 1 step(s)" in second.log.read_text(),
+        what="the second to take the dead one's step over",
+    )
+    go.touch()
+    assert client.wait_exit() == 0, client.lines
+    result = result_of(client.events())
+    assert (result["status"], result["worker"]) == ("succeeded", name), result
+    assert runs.read_text().count("run") == 1  # never run again
+    assert f"following step {step_id}" in client.log.read_text()
+    recorded = _rows(
+        pg_url, f"SELECT owner, outcome IS NOT NULL FROM swamp_step WHERE id = '{step_id}'"
+    )
+    assert recorded and recorded[0][1] is True
+
+
+def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
+    cluster, pg_url, tmp_path
+):
+    """Two steps through the first, which holds the only worker: one runs on it, one waits
+    (the worker has one slot). The first is killed: its worker stops the running copy (no
+    effect yet) and moves to the second, which takes both steps over and — after the fence —
+    runs them again as its own. Each client follows its step through the second and gets
+    its result: nothing lost, never two copies at once."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, _ = _serve_other(cluster, "second", *database)
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.spawn(
+        "worker", "connect", f"{first_url},{second_url}", "--json",
+        env={"SWAMP_WORKER_TOKEN": token},
+    )  # fmt: skip
+    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
+    running = _client_of_both(
+        cluster, first_url, second_url,
+        "command/shell", "run", "--arg", f"command={command}", "--label", "fleet=edge",
+    )  # fmt: skip
+    running.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    waiting = _client_of_both(
+        cluster, first_url, second_url,
+        "swamp/echo", "echo", "--arg", "message=waited", "--label", "fleet=edge",
+    )  # fmt: skip
+    waiting.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")
+
+    def running_lease_written() -> bool:  # (written behind: the survivor reads it)
+        leases = [json.loads(a) for a in _latest(pg_url, "swamp/step-lease")]
+        return [lease["state"] for lease in leases] == ["active"]
+
+    wait_until(running_lease_written, what="the running step's lease in the database")
+    mark = worker.mark()
+    first.signal(signal.SIGKILL)
+    first.wait_exit()
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    wait_until(
+        lambda: "took over 2 step(s)" in second.log.read_text(),
+        what="the second to take both steps over",
+    )
+    # (one worker slot: in whichever order the second runs them, each ends once it can)
+    wait_until(lambda: runs.read_text().count("run") == 2, what="the running step run again")
+    go.touch()
+    assert waiting.wait_exit() == 0, waiting.lines
+    assert result_of(waiting.events())["status"] == "succeeded"
+    assert running.wait_exit() == 0, running.lines
+    assert result_of(running.events())["status"] == "succeeded"
+    assert runs.read_text().count("run") == 2  # the first copy, stopped; the second
+    assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]

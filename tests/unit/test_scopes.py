@@ -40,7 +40,7 @@ def test_every_admin_verb_has_a_scope_and_nothing_else_does():
 
 
 def test_every_operation_of_the_admin_api_is_a_frame():
-    """The API's operations are the frames (server tokens are managed on the repo only)."""
+    """The API's operations are the frames (server tokens only with the local credential)."""
     api = {name for name in vars(AdminApi) if not name.startswith("_")}
     assert api == {name for name, _ in OPERATIONS.values()}
 
