@@ -26,7 +26,8 @@ SERVER = typer.Option(
     "--server",
     envvar="SWAMP_SERVE_URL",
     show_default=False,
-    help="Go through a running orchestrator (ws://host:port) instead of the repo",
+    help="Go through a running orchestrator (ws://host:port) instead of the repo; several of "
+    "one shared database, comma-separated: the first that answers",
 )
 SERVER_TOKEN = typer.Option(
     None,

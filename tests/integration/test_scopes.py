@@ -93,6 +93,10 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
         listed = cluster.cli_json("worker", "list")["workers"]
         return next((w["status"] for w in listed if w["name"] == "drainee"), None)
 
+    def server_token_names() -> list[tuple[str, str]]:
+        listed = cluster.cli_json("server", "token", "list")
+        return sorted((t["name"], t["state"]) for t in listed)
+
     def sleeper_status() -> str:
         return cluster.cli_json("workflow", "history", "get", sleeper["runId"])["run"]["status"]
 
@@ -123,6 +127,20 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
         ),
         "workflow.run": ({"name": "hello"}, runs),
         "workflow.cancel": ({"run": sleeper["runId"]}, sleeper_status),
+        # past the scope, answered as the orchestrator answers them to anyone (below)
+        "model.method.follow": ({"stepId": "0" * 32}, None),
+        "server.token.create": ({"name": "minted2"}, server_token_names),
+        "server.token.list": ({}, None),
+        "server.token.revoke": ({"name": "prom"}, server_token_names),
+    }
+    # verb -> the error a token whose scope covers it gets all the same: a step is followed
+    # on a shared database only (this one's is its own file); server tokens are managed
+    # with the orchestrator machine's own credential, never with a server token
+    answered = {
+        "model.method.follow": "not_found",
+        "server.token.create": "forbidden",
+        "server.token.list": "forbidden",
+        "server.token.revoke": "forbidden",
     }
     frames = sorted(verb for verb in VERBS if not verb.startswith("GET "))
     assert sorted(cases) == frames, "every admin frame needs a case here"
@@ -133,6 +151,11 @@ async def test_every_admin_frame_checks_the_scope_and_changes_nothing_when_refus
             reply = await _call(cluster, tokens[held], verb, params)
             if not held.covers(VERBS[verb]):
                 _refused(reply, held, verb)
+                assert (probe() if probe else None) == before, f"{verb} changed something"
+                continue
+            if verb in answered:
+                assert reply["type"] == "error", (verb, held, reply)
+                assert reply["error"]["code"] == answered[verb], (verb, held, reply)
                 assert (probe() if probe else None) == before, f"{verb} changed something"
                 continue
             assert reply["type"] == "response", (verb, held, reply)  # the control

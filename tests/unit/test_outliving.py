@@ -197,3 +197,49 @@ async def test_an_answer_asked_after_before_this_end_saw_its_link_go_is_kept(har
     h.outliving.link_lost("A")  # the old link's close, noticed now: kept once only
     await trio.testing.wait_all_tasks_blocked()
     assert len(h.kept) == 1
+
+
+async def test_whoever_took_a_dead_origins_steps_is_answered_when_its_run_ends(
+    harness, autojump_clock
+):
+    """``peer.step.wait``: the origin died (its link broke); the orchestrator that took its
+    steps asks by step id and is answered once the run here ends — the same answer the origin
+    would have had — and later asks are answered at once; an unknown step, another origin's,
+    or a step of a run cancelled by its origin is "unknown"."""
+    h, nursery = harness
+
+    async def run() -> None:
+        with trio.CancelScope() as call:
+            nursery.start_soon(lambda: cut_after(call))
+            await h.outliving.run("A", "send1", h.step, None, lambda: h.closed, step_id="step1")
+
+    async def cut_after(call: trio.CancelScope) -> None:
+        await trio.sleep(1)
+        h.closed = True
+        call.cancel()
+
+    nursery.start_soon(run)
+    await trio.testing.wait_all_tasks_blocked()
+    assert await h.outliving.wait_step("A", "nothing") == {"state": "unknown"}
+    assert await h.outliving.wait_step("B", "step1") == {"state": "unknown"}  # not B's
+    answered: list[dict] = []
+
+    async def ask() -> None:
+        answered.append(await h.outliving.wait_step("A", "step1"))
+
+    nursery.start_soon(ask)
+    await trio.sleep(5)
+    assert answered == []  # it runs: the asker waits
+    h.release.set()
+    await h.kept_now.wait()
+    await trio.testing.wait_all_tasks_blocked()
+    assert answered == [{"state": "ended", "answer": {"reply": {"how": "succeeded"}}}]
+    assert await h.outliving.wait_step("A", "step1") == answered[0]  # later: at once
+
+
+async def test_a_step_its_origin_cancelled_is_unknown_to_a_taker(harness):
+    h, nursery = harness
+    with trio.move_on_after(1):
+        await h.outliving.run("A", "send1", h.step, None, lambda: h.closed, step_id="step1")
+    assert h.stopped
+    assert await h.outliving.wait_step("A", "step1") == {"state": "unknown"}
