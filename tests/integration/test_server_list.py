@@ -40,4 +40,4 @@ def test_following_a_step_needs_an_orchestrator_that_records_steps(cluster):
     assert followed.returncode == 2 and len(followed.stderr.splitlines()) == 1, followed.stderr
     assert "keeps no step records" in followed.stderr
     json_out = cluster.cli("model", "method", "follow", "0" * 32, "--json")  # serve.json's
-    assert json_out.returncode == 2 and "\"not_found\"" in json_out.stdout, json_out.stdout
+    assert json_out.returncode == 2 and '"not_found"' in json_out.stdout, json_out.stdout
