@@ -11,8 +11,9 @@ With ``--orchestrators N`` (N > 1) there are N orchestrators on one PostgreSQL (
 server, as the tests start theirs): each worker is given every URL (in its own order, so they
 spread), each client sends its steps to one picked at random, and besides the workers an
 orchestrator is SIGKILLed every ``--kill-orchestrator-every`` seconds and started again on its
-port — its workers move to the others, its waiting and running steps are theirs or fail with a
-reason (a client whose orchestrator died is told so: it cannot wait for an answer there).
+port — its workers move to the others, and its steps are taken over by the one that reconciles
+it: a client whose orchestrator died follows its step through another (as the CLI given every
+URL does) and counts the outcome it reads there.
 
 The verdict: every step got an answer (none lost); no two copies of a step ever ran at once; no
 step's effect happened twice (the command keys it on ``SWAMP_STEP_ID``, as docs/usage.md advises);
@@ -46,6 +47,7 @@ from swamp.repo import Repo
 from swamp.store.records import SqliteRecords
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests.postgres starts a server
+FOLLOW_FOR = 300.0  # seconds a client follows a step whose orchestrator died, at most
 
 
 async def main(args) -> dict:
@@ -162,6 +164,7 @@ async def _soak(root: Path, args) -> dict:
 
 async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dict:
     results: dict[int, dict] = {}
+    followed = {"steps": 0, "gave_up": 0}  # steps whose client followed them elsewhere
     kills = restarts = 0
     done = trio.Event()
     next_step = iter(range(args.steps))
@@ -170,6 +173,12 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
 
     async def client() -> None:
         from swamp.admin.remote import RemoteAdmin
+
+        recorded: list[str] = []  # the step's id, told by its orchestrator (shared only)
+
+        async def on_event(event: dict) -> None:
+            if event.get("kind") == "recorded" and isinstance(event.get("stepId"), str):
+                recorded[:] = [event["stepId"]]
 
         step = next(next_step, None)
         while step is not None:
@@ -186,7 +195,8 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
                 async with RemoteAdmin.connect(url, credential=credential) as api:
                     while step is not None:
                         sent = True
-                        result = await api.method_run(request)
+                        recorded.clear()
+                        result = await api.method_run(request, on_event)
                         results[step] = {"status": result.status, "error": result.error}
                         step = next(next_step, None)
                         if step is None:
@@ -203,9 +213,35 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
                     await trio.sleep(0.2)
                     continue
                 if step is not None and step not in results:
-                    results[step] = {"status": "failed", "error": f"{exc.code}: {exc.message}"}
+                    if exc.code == "channel_closed" and recorded:  # through another
+                        results[step] = await follow(recorded[0], n)
+                    else:
+                        results[step] = {"status": "failed", "error": f"{exc.code}: {exc.message}"}
                     step = next(next_step, None)
                 await trio.sleep(0.5)
+
+    async def follow(step_id: str, lost: int) -> dict:
+        """A step whose orchestrator died, through the others (as the CLI given every URL
+        does): its outcome once it has one, whoever settles it."""
+        from swamp.admin.remote import RemoteAdmin
+        from swamp.protocol.messages import MethodFollowRequest
+
+        followed["steps"] += 1
+        deadline = trio.current_time() + FOLLOW_FOR
+        while trio.current_time() < deadline:
+            n = rng.choice([i for i in range(len(urls)) if i != lost] or [lost])
+            try:
+                credential = repos[n].admin_credential_for(urls[n])
+                async with RemoteAdmin.connect(urls[n], credential=credential) as api:
+                    result = await api.method_follow(MethodFollowRequest(step_id))
+                return {"status": result.status, "error": result.error}
+            except SwampError as exc:
+                if exc.code in ("channel_closed", "unauthorized", "peer_error"):
+                    await trio.sleep(0.2)  # that one went too, or is starting: another
+                    continue
+                return {"status": "failed", "error": f"{exc.code}: {exc.message}"}
+        followed["gave_up"] += 1
+        return {"status": "failed", "error": f"follow: no answer in {FOLLOW_FOR:g}s"}
 
     async def chaos() -> None:
         nonlocal kills, restarts
@@ -237,7 +273,7 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
         done.set()
         inner.cancel_scope.cancel()
     elapsed = time.monotonic() - started
-    return _verdict(args, results, ledger, kills, restarts, elapsed)
+    return {**_verdict(args, results, ledger, kills, restarts, elapsed), "followed": followed}
 
 
 def _command(step: int, ledger: Path, rng: random.Random) -> str:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
     from swamp.store.pg_steps import PgSteps, StepRow
 
 log = logging.getLogger("swamp.dispatch")
-MAX_OPENED = 10_000  # requests not written yet; past it the oldest goes (with a warning)
+MAX_WAITING = 10_000  # requests (and outcomes) not written yet; past it the oldest go
 RETRY_CAP = 5.0  # seconds between attempts while the database is away
 
 
@@ -53,23 +53,16 @@ class StepRecords:
         self._ended: list[_Ending] = []
         self._due = trio.Event()
         self._changed = trio.Event()  # a followed step ended (here or elsewhere): look again
-        self.dropped = 0  # requests dropped past MAX_OPENED
+        self.dropped = 0  # rows dropped past MAX_WAITING
 
     def __repr__(self) -> str:
         return f"<StepRecords opened={len(self._opened)} ended={len(self._ended)}>"
 
     def opened(self, step_id: str, request: dict) -> None:
         """Record a step's request (written with the next batch; never waits)."""
-        if len(self._opened) >= MAX_OPENED:
-            self._opened.popleft()
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning(
-                    "%d step request(s) not recorded: the database is behind (a client that "
-                    "loses this orchestrator cannot follow those steps)",
-                    self.dropped,
-                )
         self._opened.append((step_id, request, self.clock()))
+        if len(self._opened) > MAX_WAITING:
+            self._bound()
         self._due.set()
 
     async def ended(self, step_id: str, outcome: dict) -> None:
@@ -107,16 +100,38 @@ class StepRecords:
                     self._ended[:0] = [
                         _Ending(e.step_id, e.outcome, e.at, trio.Event()) for e in ended
                     ]
+                    self._bound()
                     for ending in ended:
                         ending.done.set()
                     await trio.sleep(pause)
                     pause = min(RETRY_CAP, pause * 2)
                     self._due.set()
                     continue
+                except Exception:  # a batch the database refuses as it is: never retried
+                    log.exception("recording %d step(s) failed", len(opened) + len(ended))
                 for ending in ended:
                     ending.done.set()
                 if ended:
                     self._wake_followers()
+
+    def _bound(self) -> None:
+        """What waits for the database stays within :data:`MAX_WAITING` rows of each kind
+        (the oldest go, with a warning: their clients were answered; only a follower misses
+        them)."""
+        over = len(self._opened) - MAX_WAITING
+        for _ in range(max(0, over)):
+            self._opened.popleft()
+        ended_over = len(self._ended) - MAX_WAITING
+        if ended_over > 0:
+            del self._ended[:ended_over]
+        before = self.dropped
+        self.dropped += max(0, over) + max(0, ended_over)
+        if self.dropped > before and (before == 0 or before // 1000 != self.dropped // 1000):
+            log.warning(
+                "%d step record(s) dropped: the database is away (a client that loses this "
+                "orchestrator cannot follow those steps)",
+                self.dropped,
+            )
 
     def _wake_followers(self) -> None:
         self._changed.set()

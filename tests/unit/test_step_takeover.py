@@ -13,7 +13,7 @@ from swamp.domain.episodes import Ending, EpisodeEnd, Move
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
 from swamp.domain.takeover import decide, lease_end
-from swamp.errors import MalformedFrame, NotFound
+from swamp.errors import DatabaseUnavailable, MalformedFrame, NotFound
 from swamp.orchestrator.dispatch import RunRequest, decode_request, encode_request
 from swamp.orchestrator.step_records import StepRecords
 from swamp.repo import ModelInstance
@@ -253,3 +253,49 @@ async def test_the_latest_lease_of_each_step_is_found_a_page_at_a_time(
     assert sorted(found) == ["s1", "s2"]  # ("old" opened before: not looked at)
     assert found["s1"]["leaseId"] == lease_id(12, 3) and found["s1"]["state"] == "active"
     assert found["s2"]["stepId"] == "s2"
+
+
+# -- written behind: a database that is away never holds up a reply ---------------------------
+
+
+class AwayTable:
+    """A step table whose database is away until ``back`` is set (then it records)."""
+
+    def __init__(self) -> None:
+        self.back = False
+        self.written: list[tuple[list, list]] = []
+        self.refused = trio.Event()
+
+    async def write(self, owner, opened, ended) -> None:
+        if not self.back:
+            self.refused.set()
+            raise DatabaseUnavailable("the database is away")
+        self.written.append(([s for s, _, _ in opened], [s for s, _, _ in ended]))
+
+
+async def test_an_outcome_is_answered_while_the_database_is_away_and_written_later(
+    autojump_clock,
+):
+    table = AwayTable()
+    steps = StepRecords(table, "me")  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(steps.run)
+        steps.opened("s1", {"method": "run"})
+        with trio.fail_after(5):
+            await steps.ended("s1", {"reply": {}})  # answered: one attempt failed
+        assert table.refused.is_set() and table.written == []
+        table.back = True
+        while not table.written:  # noqa: ASYNC110 - (the retry's pause, on the fake clock)
+            await trio.sleep(1)
+        assert table.written == [(["s1"], ["s1"])]  # both, in order, once it came back
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_waits_for_the_database_is_bounded(autojump_clock, monkeypatch):
+    from swamp.orchestrator import step_records
+
+    monkeypatch.setattr(step_records, "MAX_WAITING", 3)
+    steps = StepRecords(AwayTable(), "me")  # type: ignore[arg-type]
+    for n in range(10):
+        steps.opened(f"s{n}", {})
+    assert steps.dropped == 7
