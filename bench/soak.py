@@ -185,7 +185,7 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
             command = _command(step, ledger, rng)
             request = MethodRunRequest(
                 model="command/shell", method="run", args={"command": command},
-                placement=PlacementSpec(labels={"pool": "soak"}),
+                placement=PlacementSpec(labels={"pool": "soak"}), follow=True,
             )  # fmt: skip
             n = rng.randrange(len(urls))  # the orchestrator this client sends to, until it dies
             repo, url = repos[n], urls[n]
@@ -204,7 +204,7 @@ async def _run(args, repos, urls, ledger, state, start, restart, nursery) -> dic
                         command = _command(step, ledger, rng)
                         request = MethodRunRequest(
                             model="command/shell", method="run", args={"command": command},
-                            placement=PlacementSpec(labels={"pool": "soak"}),
+                            placement=PlacementSpec(labels={"pool": "soak"}), follow=True,
                         )  # fmt: skip
             except SwampError as exc:  # the orchestrator went away mid-step: a reasoned failure
                 if exc.code == "unauthorized" or not sent:

@@ -29,6 +29,7 @@ class SwampError(Exception):
 
     code: ClassVar[str] = "error"
     exit_status: ClassVar[int] = 1
+    answered = False  # the peer sent it (an error frame), rather than it arising here
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -487,5 +488,8 @@ def from_wire(error: object) -> SwampError:
     if cls is None:
         unknown = PeerError(message)
         unknown.code = code  # type: ignore[misc]  # an instance attribute, for display only
+        unknown.answered = True
         return unknown
-    return cls(message)
+    rebuilt = cls(message)
+    rebuilt.answered = True
+    return rebuilt

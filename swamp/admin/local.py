@@ -675,6 +675,7 @@ class RepoAdmin:
             started_at=iso(self.clock()),
             priority=priority,
             submitter=submitter,
+            tell_step=request.follow,
         )
         if self.dispatch is not None:
             return await self.dispatch.run(run, emit)

@@ -70,7 +70,10 @@ def running_server(repo_dir: Path | None) -> str | None:
 def server_urls(server: str) -> tuple[str, ...]:
     """``--server``: one orchestrator's URL, or several of one shared database separated by
     commas (tried in turn)."""
-    return url_list(server, source="--server (SWAMP_SERVE_URL)")
+    urls = url_list(server, source="--server (SWAMP_SERVE_URL)")
+    if not urls:
+        raise UserError(f"--server (SWAMP_SERVE_URL) names no URL (got {server[:80]!r})")
+    return urls
 
 
 @asynccontextmanager

@@ -258,6 +258,7 @@ def run(
         queue_timeout=queue_timeout,
         timeout=timeout,
         priority=check_priority(priority),
+        follow=True,  # (told the step's id, it follows the step elsewhere if need be)
     )
 
     from swamp.errors import ChannelClosed
@@ -308,6 +309,7 @@ def run(
 
 
 FOLLOW_REACH = 60.0  # seconds with no orchestrator of --server reachable before giving up
+FOLLOW_STEADY = 10.0  # seconds a follow must have held for its loss to restart that count
 
 
 @method_app.command("follow", short_help="Wait for a placed step's outcome, by its id.")
@@ -346,16 +348,9 @@ def _follow_after(step_id: str, route: Route, lost: str, why: str):
     the one it was sent to (``lost``) closed the connection."""
     from swamp.admin.routes import server_urls
     from swamp.domain.text import printable
-    from swamp.errors import PeerError
 
     urls = server_urls(route.server or "")
-    if len(urls) < 2:
-        raise PeerError(
-            f"the connection to the orchestrator closed ({why}) while step {step_id} ran: "
-            "give --server every orchestrator of the database (comma-separated) to follow "
-            "it through another"
-        )
-    at = urls.index(lost) + 1 if lost in urls else 0
+    at = urls.index(lost) + 1 if lost in urls else 0  # (one URL: a load balancer, again)
     print(
         f"… the connection to {printable(lost or urls[0])} closed ({printable(why)}): "
         f"following step {step_id} through another orchestrator",
@@ -366,10 +361,13 @@ def _follow_after(step_id: str, route: Route, lost: str, why: str):
 
 
 def unreachable(exc) -> bool:
-    """An orchestrator that could not be reached, or closed the connection: not its answer."""
-    from swamp.errors import ChannelClosed, PeerError
+    """An orchestrator that could not be reached, or closed the connection, or of an earlier
+    version (it does not know the verb): not an answer about the step."""
+    from swamp.errors import ChannelClosed, PeerError, UnknownMethod
 
-    return type(exc) is PeerError or isinstance(exc, ChannelClosed)
+    if isinstance(exc, UnknownMethod):
+        return True
+    return not exc.answered and (type(exc) is PeerError or isinstance(exc, ChannelClosed))
 
 
 def _follow(step_id: str, route: Route, order: tuple[str, ...]):
@@ -380,14 +378,15 @@ def _follow(step_id: str, route: Route, order: tuple[str, ...]):
 
     from swamp.admin.routes import connect_any
     from swamp.cli.common import run_async
-    from swamp.errors import PeerError
+    from swamp.errors import PeerError, SwampError
     from swamp.protocol.messages import MethodFollowRequest
 
     async def follow():
         deadline = trio.current_time() + FOLLOW_REACH
-        failed: PeerError | None = None
+        failed: SwampError | None = None
         while True:
             for url in order:
+                since = trio.current_time()
                 try:
                     async with connect_any(
                         (url,),
@@ -395,12 +394,13 @@ def _follow(step_id: str, route: Route, order: tuple[str, ...]):
                         ca_cert=route.ca_cert,
                         repo_dir=route.repo_dir,
                     ) as api:
-                        deadline = trio.current_time() + FOLLOW_REACH
                         return await api.method_follow(MethodFollowRequest(step_id))
-                except PeerError as exc:  # not reached, or lost too: the next one
+                except SwampError as exc:  # not reached, or lost too: the next one
                     if not unreachable(exc):
                         raise
                     failed = exc
+                    if trio.current_time() - since >= FOLLOW_STEADY:  # it held a while
+                        deadline = trio.current_time() + FOLLOW_REACH
             if trio.current_time() >= deadline:
                 assert failed is not None
                 raise PeerError(

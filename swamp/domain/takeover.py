@@ -5,18 +5,27 @@ is written. When the orchestrator answering for it dies with the step open, the 
 reconciles it takes the step over and decides, from what is left, as the lease rules would
 have: never two copies, never an effect twice.
 
-What is left, best first:
+What is left:
 
-1. **An answer** from the orchestrator that ran its last episode for the dead one (a claimer
-   whose link broke): how that episode ended — the same :func:`~swamp.domain.episodes.next_move`
-   as any episode.
-2. **Its latest lease** (each dispatch of the step has one, naming the step): a lease left
-   active, or expired by the reconciliation, is a lost worker — run again after the fence if
-   it had no effect, failed ``write_then_drop`` if it had; a lease that ended with the method's
-   result means the step ran while its outcome died with its orchestrator: failed, not run
-   again (that result is not known); a cancelled one stays cancelled.
-3. **Nothing**: the step waited for a worker, or its first dispatch is younger than its lease
-   row. It is run again — after the fence, like any lost worker's step.
+- **Its latest lease** (each dispatch of the step has one, naming the step; a lease's id is
+  its dispatch's, and starts with the time it opened).
+- **Answers** from orchestrators that ran an episode of it for the dead one (a claimer whose
+  link broke answers whoever took the steps over, or kept its answer in the database).
+
+What decides, in order (:func:`answer_for`, :func:`still_running`, :func:`decide`):
+
+1. The latest lease is still active and names an orchestrator that serves the database: the
+   step runs there (one of an earlier version, or not asked): wait for it to end.
+2. An answer *for the latest lease's dispatch* says how that episode ended — the same
+   :func:`~swamp.domain.episodes.next_move` as any episode. An answer for an earlier episode
+   says nothing about the latest one (it ran again since).
+3. Else the latest lease by the lease rules: left active by the dead one, or expired by its
+   reconciliation, it is a lost worker — run again after the fence if it had no effect, failed
+   ``write_then_drop`` if it had; ended with the method's result, the step ran and its
+   outcome died with its orchestrator — failed, not run again; cancelled, it stays cancelled.
+4. No lease (the step waited for a worker, or its first dispatch is younger than its lease
+   row): the newest answer if there is one, else it is run again — after the fence, like any
+   lost worker's step.
 """
 
 from __future__ import annotations
@@ -49,6 +58,29 @@ def lease_end(lease: dict) -> EpisodeEnd | Next:
 def _lost(lease: dict) -> bool:
     """A ``failed`` lease that is a lost worker's (write-then-drop), not a method's result."""
     return bool(lease.get("hasWrites")) and "write-then-drop" in str(lease.get("error") or "")
+
+
+def answer_for(lease: dict | None, answers: list[tuple[str | None, dict]]) -> dict | None:
+    """Of ``answers`` (each with the dispatch id it is about, ``None`` for a refusal before
+    anything ran), the one that speaks for the step: the latest lease's own; with no lease,
+    the newest (a refusal only if nothing else)."""
+    if lease is not None:
+        latest = lease.get("leaseId")
+        return next((answer for dispatch, answer in answers if dispatch == latest), None)
+    ran = sorted((a for a in answers if a[0] is not None), key=lambda a: str(a[0]))
+    if ran:
+        return ran[-1][1]
+    return answers[-1][1] if answers else None
+
+
+def still_running(lease: dict | None, serving: set[str]) -> bool:
+    """The latest lease is active and names an orchestrator that serves the database: the
+    step runs there still (its lease ends when it does)."""
+    return (
+        lease is not None
+        and lease.get("state") == LeaseState.ACTIVE.value
+        and lease.get("orchestrator") in serving
+    )
 
 
 def decide(

@@ -58,10 +58,11 @@ class Admin:
         local_only = any(OPERATIONS[verb][0] == name for verb in LOCAL_ONLY)
 
         async def handle(call: IncomingCall, caller: Principal) -> dict:
-            if local_only and caller.kind == "server-token":
+            if local_only and caller.kind != "local":
                 raise Forbidden(
-                    "server tokens are managed on the orchestrator's machine (its repo's "
-                    "local credential): a server token cannot mint, list or revoke them"
+                    "server tokens are managed on the orchestrator's machine, with its repo's "
+                    f"local credential (serve --auth token): {caller.describe()} cannot mint, "
+                    "list or revoke them"
                 )
             request = request_type.decode(call.params)
             if name in ("method_run", "workflow_run"):  # they stream events as they go

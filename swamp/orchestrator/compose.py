@@ -182,7 +182,6 @@ class Orchestrator:
                             self.dispatch.steps,
                             self.dispatch,
                             self.peers,
-                            self.dispatch.db,
                             fence=self.dispatch.peer_fence,
                         )
                     )

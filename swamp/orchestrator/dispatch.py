@@ -91,6 +91,7 @@ class RunRequest:
     # a step taken over from an orchestrator that died: its id, and its dispatches so far
     step_id: str | None = None
     attempts: int = 0
+    tell_step: bool = False  # its client follows it elsewhere if need be: tell it the step's id
 
     def shipped_names(self, every_dispatch: tuple[str, ...]) -> tuple[str, ...]:
         """``serve --ship-env``, then the model's ``env``, then the run's ``--env``."""
@@ -124,22 +125,23 @@ class RunRequest:
 # -- a placed step as recorded on a shared database -----------------------------------------
 
 
-def encode_request(request: RunRequest) -> dict:
+def encode_request(request: RunRequest, args: dict) -> dict:
     """A :class:`RunRequest` as a step record keeps it (``swamp.orchestrator.step_records``):
-    its environment by name only (the values are the orchestrator's own, wherever it runs)."""
+    its environment by name only (the values are the orchestrator's own, wherever it runs);
+    ``args``, the method's arguments as checked (the model's merged in)."""
     model = request.model
     scope = request.scope()
     return {
         "model": {
             "name": model.name,
             "type": model.type,
-            "args": model.args,
+            "args": {},  # (in ``args``, checked and merged: a model file's are not all JSON)
             "env": list(model.env),
             "retry": model.retry,
             "timeout": model.timeout,
         },
         "method": request.method,
-        "args": request.args,
+        "args": args,
         "placement": request.placement.to_json(),
         "env": list(request.env_names),
         "reads": sorted([list(item) for item in scope.items]),
@@ -359,14 +361,22 @@ class DispatchService:
         else:
             if self.steps is not None and request.workflow is None:
                 return await self._run_recorded(request, plan, emit)
-            try:
-                result, worker, dispatch_id = await self._run_remote(request, plan, emit)
-            except DispatchFailed as exc:
-                self.observe("outcome", exc.code)
-                raise
-            self.observe("outcome", result.status)
-            log_id = dispatch_id if self.episodes.logs is not None else None
+            return await self._run_unrecorded(request, plan, emit)
         return self.result_of(request, model_type, result, worker, dispatch_id, log_id)
+
+    async def _run_unrecorded(
+        self, request: RunRequest, plan: Plan, emit: Emit, step_id: str | None = None
+    ) -> RunResult:
+        try:
+            result, worker, dispatch_id = await self._run_remote(
+                request, plan, emit, step_id=step_id
+            )
+        except DispatchFailed as exc:
+            self.observe("outcome", exc.code)
+            raise
+        self.observe("outcome", result.status)
+        log_id = dispatch_id if self.episodes.logs is not None else None
+        return self.result_of(request, plan.model_type, result, worker, dispatch_id, log_id)
 
     def result_of(
         self,
@@ -399,9 +409,13 @@ class DispatchService:
         assert self.steps is not None
         step_id = request.step_id
         if step_id is None:  # (a step taken over is recorded already)
-            step_id = request.step_id = new_id()
-            self.steps.opened(step_id, encode_request(request))
-        await safe_emit(emit, Recorded(step_id).to_json())
+            step_id = new_id()
+            if not self.steps.opened(step_id, encode_request(request, plan.args)):
+                request.step_id = None  # not JSON: run as a step nobody can follow
+                return await self._run_unrecorded(request, plan, emit, step_id)
+            request.step_id = step_id
+        if request.tell_step:
+            await safe_emit(emit, Recorded(step_id).to_json())
         try:
             result, worker, dispatch_id = await self._run_remote(request, plan, emit)
         except SwampError as exc:
@@ -422,7 +436,7 @@ class DispatchService:
         return reply
 
     async def _run_remote(
-        self, request: RunRequest, plan: Plan, emit: Emit
+        self, request: RunRequest, plan: Plan, emit: Emit, *, step_id: str | None = None
     ) -> tuple[DispatchResult, str, str]:
         model_type = plan.model_type
         timeout = effective_timeout(plan.queue_timeout, self.queue_timeout)
@@ -447,7 +461,7 @@ class DispatchService:
             request.priority,
             request.submitter,
         )
-        step_id = request.step_id or new_id()
+        step_id = request.step_id or step_id or new_id()
         attempt, busy = request.attempts, 0
         straight = True  # (false once it came back from an orchestrator it was sent straight to)
         while True:

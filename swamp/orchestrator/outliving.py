@@ -129,6 +129,7 @@ class Outliving:
                 if answer is None or running.cancelled:
                     return
                 if step_id:
+                    self._prune()
                     ended = self._ended.setdefault(origin, deque(maxlen=RECENT_MAX))
                     ended.append((step_id, answer, trio.current_time()))
                 if relay.cut or link_closed():  # nobody waits on the link: the database
@@ -223,19 +224,30 @@ class Outliving:
             return {"state": "running"}
         return {"state": "unknown"}
 
-    async def wait_step(self, origin: str, step_id: str) -> dict:
-        """``peer.step.wait``: ``origin`` died; its step ``step_id`` ran here? The answer
-        once it ends (``{"state": "ended", "answer": …}``), ``{"state": "unknown"}`` if no
-        run of it is known here."""
-        for (sender, _), running in list(self.running.items()):
-            if sender == origin and running.step_id == step_id and not running.done.is_set():
+    async def wait_step(self, step_id: str) -> dict:
+        """``peer.step.wait``: the origin of ``step_id`` died (or the one that took it over
+        from it): did it run here? The answer once it ends (``{"state": "ended", "answer":
+        …}``; the newest, if several episodes ran here), ``{"state": "unknown"}`` if no run of
+        it is known here. By the step's id alone: whoever sent it, a step id is one step."""
+        for running in list(self.running.values()):
+            if running.step_id == step_id and not running.done.is_set():
                 await running.done.wait()
-                break
-        since = trio.current_time() - RECENT
-        for ended_step, answer, at in reversed(self._ended.get(origin) or ()):
-            if ended_step == step_id and at >= since:
-                return {"state": "ended", "answer": answer}
+        self._prune()
+        for ended in self._ended.values():
+            for ended_step, answer, _ in reversed(ended):
+                if ended_step == step_id:
+                    return {"state": "ended", "answer": answer}
         return {"state": "unknown"}
+
+    def _prune(self) -> None:
+        """Answers older than :data:`RECENT` go (and the origins with none left)."""
+        since = trio.current_time() - RECENT
+        for origin in list(self._ended):
+            ended = self._ended[origin]
+            while ended and ended[0][2] < since:
+                ended.popleft()
+            if not ended:
+                del self._ended[origin]
 
     def cancel(self, origin: str, send_id: str) -> bool:
         """``peer.cancel``: the origin's caller left; whether a run was cancelled."""

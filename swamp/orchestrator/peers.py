@@ -799,20 +799,17 @@ class Peers:
     async def step_wait_asked(self, caller: str, params: dict) -> dict:
         """``peer.step.wait``: ``caller`` took the steps of an origin that died; did one run
         here? (:meth:`Outliving.wait_step`)."""
-        origin, step_id = params.get("origin"), params.get("stepId")
-        if not all(isinstance(v, str) and 0 < len(v) <= 64 for v in (origin, step_id)):
-            raise MalformedFrame("a step is asked after by its origin and stepId")
-        assert isinstance(origin, str) and isinstance(step_id, str)
-        return await self.outliving.wait_step(origin, step_id)
+        step_id = params.get("stepId")
+        if not isinstance(step_id, str) or not 0 < len(step_id) <= 64:
+            raise MalformedFrame("a step is asked after by its stepId")
+        return await self.outliving.wait_step(step_id)
 
-    async def ask_step(self, orchestrator: str, origin: str, step_id: str) -> dict | None:
-        """Ask ``orchestrator`` whether it ran ``origin``'s step ``step_id``: its answer
-        once the run ends, ``None`` if no run of it is known there. A ``SwampError`` when it
-        could not be asked (nothing is decided then)."""
+    async def ask_step(self, orchestrator: str, step_id: str) -> dict | None:
+        """Ask ``orchestrator`` whether it ran an episode of ``step_id`` for another: its
+        answer once the run ends, ``None`` if no run of it is known there. A ``SwampError``
+        when it could not be asked (nothing is decided then)."""
         channel = await self._link(orchestrator)
-        said = await channel.call(
-            "peer.step.wait", {"origin": origin, "stepId": step_id}, timeout=None
-        )
+        said = await channel.call("peer.step.wait", {"stepId": step_id}, timeout=None)
         if isinstance(said, dict) and said.get("state") == "ended":
             answer = said.get("answer")
             if isinstance(answer, dict):

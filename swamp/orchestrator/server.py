@@ -439,7 +439,7 @@ async def _serve(
 
         db, logs = storage.db, storage.logs
         assert storage.steps is not None
-        takeovers = Takeovers(storage.steps, me)
+        takeovers = Takeovers(storage.steps, me, db)
 
         async def reconcile(dead: str) -> dict:
             changed = await reconcile_left(
@@ -450,8 +450,10 @@ async def _serve(
             assert isinstance(logs, PgLogStore) and storage.peers is not None
             changed["logs"] = await logs.end_left(time.time(), dead)  # its lines stopped
             changed["logs"] += await end_unnamed_logs(logs, storage.peers, gone=(me, dead))
-            # its open steps are ours now (after its leases expired: what they say is final)
-            changed["steps"] = await takeovers.take(dead)
+            # its open steps are ours now (after its leases expired: what they say is final),
+            # with the answers claimers kept for it (forgetting it deletes them)
+            kept = await storage.peers.kept_answers(dead)
+            changed["steps"] = await takeovers.take(dead, kept)
             return changed
 
         peers = Peers(

@@ -3,18 +3,22 @@
 A step placed through an orchestrator on PostgreSQL is recorded (``swamp.store.pg_steps``) so
 that it outlives that orchestrator: its request when it is accepted, its outcome before its
 client is answered. :class:`StepRecords` writes both in batches — one task, one transaction
-for everything due — so the hot path pays no round trip for the request and shares one for
-the outcomes of steps ending together. Its client is answered once the outcome's batch was
-written, or failed (then it is still answered, and the outcome written on the next batch: a
-database that is away never holds up a reply).
+(a statement per kind) for everything due — so the hot path pays no round trip for the
+request and shares one for the outcomes of steps ending together. Its client is answered once
+the outcome's batch was written, or failed (then it is still answered, and the outcome written
+with a later batch: a database that is away never holds up a reply).
+
+Rows are encoded as they are handed over: a request that is not JSON (a value from a model
+file no JSON can hold) is not recorded, and only its step cannot be followed.
 
 :meth:`StepRecords.follow` is the other end: a client whose orchestrator died asks another for
-its step by id and is answered with the outcome once it is written, whoever writes it (a
-``NOTIFY`` when it ends, as the row is marked followed).
+its step by id and is answered with the outcome once it is written, whoever writes it (the
+end of a followed row sends a ``NOTIFY`` whose payload is its id: only its followers look).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -31,12 +35,14 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
 log = logging.getLogger("swamp.dispatch")
 MAX_WAITING = 10_000  # requests (and outcomes) not written yet; past it the oldest go
 RETRY_CAP = 5.0  # seconds between attempts while the database is away
+RECONNECT_CAP = 10.0  # seconds between attempts to listen again
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
 @dataclass
 class _Ending:
     step_id: str
-    outcome: dict
+    outcome: str  # encoded
     at: float
     done: trio.Event
 
@@ -49,38 +55,52 @@ class StepRecords:
         self.me = me
         self.url = url  # where to LISTEN for followed steps ending (None: no listener)
         self.clock = clock
-        self._opened: deque[tuple[str, dict, float]] = deque()
+        self._opened: deque[tuple[str, str, float]] = deque()
         self._ended: list[_Ending] = []
+        self._open: set[str] = set()  # recorded here, outcome not written yet
         self._due = trio.Event()
-        self._changed = trio.Event()  # a followed step ended (here or elsewhere): look again
+        self._followers: dict[str, trio.Event] = {}  # by step id: set when it may have ended
         self.dropped = 0  # rows dropped past MAX_WAITING
 
     def __repr__(self) -> str:
         return f"<StepRecords opened={len(self._opened)} ended={len(self._ended)}>"
 
-    def opened(self, step_id: str, request: dict) -> None:
-        """Record a step's request (written with the next batch; never waits)."""
-        self._opened.append((step_id, request, self.clock()))
+    def opened(self, step_id: str, request: dict) -> bool:
+        """Record a step's request (written with the next batch; never waits). False when
+        it cannot be recorded (not JSON): that step cannot be followed."""
+        try:
+            encoded = _ENCODE(request)
+        except (TypeError, ValueError) as exc:
+            log.warning("step %s is not recorded (its request is not JSON: %s)", step_id, exc)
+            return False
+        self._opened.append((step_id, encoded, self.clock()))
+        self._open.add(step_id)
         if len(self._opened) > MAX_WAITING:
             self._bound()
         self._due.set()
+        return True
+
+    def runs(self, step_id: str) -> bool:
+        """Whether the step was recorded here and its outcome is not written yet."""
+        return step_id in self._open
 
     async def ended(self, step_id: str, outcome: dict) -> None:
         """Record a step's outcome; returns once its batch was written (or failed)."""
-        ending = _Ending(step_id, outcome, self.clock(), trio.Event())
+        try:
+            encoded = _ENCODE(outcome)
+        except (TypeError, ValueError) as exc:  # (a reply is JSON already: never, but)
+            log.warning("the outcome of step %s is not recorded: %s", step_id, exc)
+            self._open.discard(step_id)
+            return
+        ending = _Ending(step_id, encoded, self.clock(), trio.Event())
         self._ended.append(ending)
         self._due.set()
         await ending.done.wait()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        from swamp.store import pg_wake
-        from swamp.store.pg_steps import CHANNEL
-
         async with trio.open_nursery() as nursery:
             if self.url is not None:
-                await nursery.start(
-                    pg_wake.listen, self.url, CHANNEL, self.me, self._wake_followers
-                )
+                await nursery.start(self._listen)
             task_status.started()
             pause = 0.1
             while True:
@@ -110,9 +130,9 @@ class StepRecords:
                 except Exception:  # a batch the database refuses as it is: never retried
                     log.exception("recording %d step(s) failed", len(opened) + len(ended))
                 for ending in ended:
+                    self._open.discard(ending.step_id)
                     ending.done.set()
-                if ended:
-                    self._wake_followers()
+                    self._wake(ending.step_id)
 
     def _bound(self) -> None:
         """What waits for the database stays within :data:`MAX_WAITING` rows of each kind
@@ -120,9 +140,11 @@ class StepRecords:
         them)."""
         over = len(self._opened) - MAX_WAITING
         for _ in range(max(0, over)):
-            self._opened.popleft()
+            self._open.discard(self._opened.popleft()[0])
         ended_over = len(self._ended) - MAX_WAITING
         if ended_over > 0:
+            for ending in self._ended[:ended_over]:
+                self._open.discard(ending.step_id)
             del self._ended[:ended_over]
         before = self.dropped
         self.dropped += max(0, over) + max(0, ended_over)
@@ -133,23 +155,61 @@ class StepRecords:
                 self.dropped,
             )
 
-    def _wake_followers(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+    async def _listen(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """LISTEN for followed steps ending (a notification's payload is the step's id);
+        after a lost connection, every follower looks again (what was sent meanwhile is not
+        coming)."""
+        from swamp.store import pg
+        from swamp.store.pg_steps import CHANNEL
+
+        assert self.url is not None
+        started, pause = False, 0.5
+        while True:
+            try:
+                async with await pg.connect(self.url) as conn:
+                    await conn.listen(CHANNEL)
+                    if started:
+                        self._wake_all()
+                    else:
+                        started = True
+                        task_status.started()
+                    pause = 0.5
+                    while True:
+                        batch = await conn.wait_notifications()
+                        if batch.missed:
+                            self._wake_all()
+                        for notification in batch.received:
+                            self._wake(notification.payload)
+            except SwampError:
+                if not started:
+                    raise
+                await trio.sleep(pause)
+                pause = min(RECONNECT_CAP, pause * 2)
+
+    def _wake(self, step_id: str) -> None:
+        event = self._followers.pop(step_id, None)
+        if event is not None:
+            event.set()
+
+    def _wake_all(self) -> None:
+        followers, self._followers = self._followers, {}
+        for event in followers.values():
+            event.set()
 
     async def follow(self, step_id: str) -> StepRow:
         """The step once it has an outcome (``NotFound`` for a step no orchestrator
         recorded). Waits for as long as it takes: its caller decides how long."""
         while True:
-            changed = self._changed
+            woken = self._followers.setdefault(step_id, trio.Event())
             row = await self.table.follow(step_id)
             if row is None:  # (it may have ended as it was marked: read it again)
                 row = await self.table.get(step_id)
             if row is None:
                 raise NotFound(
                     f"no step {step_id[:40]!r} is recorded: only a step placed on a worker "
-                    "through an orchestrator on a shared database can be followed"
+                    "through an orchestrator on a shared database can be followed (one "
+                    "whose orchestrator died within moments of taking it was not recorded)"
                 )
             if row.outcome is not None:
                 return row
-            await changed.wait()
+            await woken.wait()

@@ -20,13 +20,14 @@ A client of the dead orchestrator reads the outcome through any orchestrator
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.episodes import Move
-from swamp.domain.takeover import decide
+from swamp.domain.takeover import answer_for, decide, still_running
 from swamp.errors import MalformedFrame, SwampError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, decode_request
 from swamp.orchestrator.peers import Peers, answer_ending
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
 
 log = logging.getLogger("swamp.peers")
 ASK_AGAIN = 2.0  # seconds before asking again a peer that could not be asked
+SWEEP_EVERY = 60.0  # seconds between sweeps for open steps nobody settles
+SWEEP_AGE = 60.0  # seconds a step is open before a sweep may take it
 CLOCK_SKEW = 60.0  # seconds: a step's leases are looked for from this long before it opened
 
 
@@ -47,18 +50,19 @@ class Takeovers:
     """The steps this orchestrator took over, settling. Made before anything is served (the
     boot buries the dead first); the steps taken then are settled once :meth:`serve` runs."""
 
-    def __init__(self, table: PgSteps, me: str) -> None:
+    def __init__(self, table: PgSteps, me: str, db: Records) -> None:
         self.table = table
         self.me = me
+        self.db = db
         self.settling: dict[str, str] = {}  # step id → the orchestrator it was taken from
         self.taken = 0
-        self._waiting: list[tuple[str, StepRow]] = []  # taken before serve started
+        # taken before serve started: (dead, row, kept answers, latest lease)
+        self._waiting: list[tuple[str, StepRow, list[dict], dict | None]] = []
         self._nursery: trio.Nursery | None = None
         # what settling uses (given to serve)
         self.records: StepRecords | None = None
         self.dispatch: DispatchService | None = None
         self.peers: Peers | None = None
-        self.db: Records | None = None
         self.fence = 0.0  # seconds before a step that may still run somewhere runs here
 
     def __repr__(self) -> str:
@@ -69,30 +73,35 @@ class Takeovers:
         records: StepRecords,
         dispatch: DispatchService,
         peers: Peers,
-        db: Records,
         *,
         fence: float,
         task_status=trio.TASK_STATUS_IGNORED,
     ) -> None:
-        self.records, self.dispatch, self.peers, self.db = records, dispatch, peers, db
+        self.records, self.dispatch, self.peers = records, dispatch, peers
         self.fence = fence
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             waiting, self._waiting = self._waiting, []
-            for dead, row in waiting:
-                nursery.start_soon(self._settle, dead, row)
+            for settle in waiting:
+                nursery.start_soon(self._settle, *settle)
+            nursery.start_soon(self._sweep_now_and_then)
             task_status.started()
             await trio.sleep_forever()
 
-    async def take(self, dead: str) -> int:
-        """Make ``dead``'s open steps ours and settle each (beside the caller); how many."""
+    async def take(self, dead: str, kept: list[dict] | None = None) -> int:
+        """Make ``dead``'s open steps ours and settle each (beside the caller); how many.
+        ``kept``: the answers claimers kept in the database for it (read before it is
+        forgotten, which deletes them)."""
         rows = await self.table.take_over(dead, self.me)
+        rows = [row for row in rows if row.id not in self.settling]
+        leases = await self._latest_leases(rows)
         for row in rows:
             self.settling[row.id] = dead
+            settle = (dead, row, list(kept or ()), leases.get(row.id))
             if self._nursery is None:
-                self._waiting.append((dead, row))
+                self._waiting.append(settle)
             else:
-                self._nursery.start_soon(self._settle, dead, row)
+                self._nursery.start_soon(self._settle, *settle)
         self.taken += len(rows)
         if rows:
             log.info(
@@ -103,91 +112,150 @@ class Takeovers:
             )
         return len(rows)
 
-    async def _settle(self, dead: str, row: StepRow) -> None:
+    async def _latest_leases(self, rows: list[StepRow]) -> dict[str, dict]:
+        """The latest lease of each of ``rows``' steps, in one scan (from the oldest)."""
+        if not rows:
+            return {}
+        since = min(row.opened_epoch for row in rows) - CLOCK_SKEW
+        return await LeaseBook(self.db).latest_of_steps({row.id for row in rows}, since_epoch=since)
+
+    async def sweep(self) -> int:
+        """Take over the open steps nobody settles: those of an owner that is gone from the
+        registry (reconciled by an orchestrator of an earlier version, or written late by
+        one taken for dead), and our own that neither run nor settle here (taken in a
+        statement whose answer was lost). Only steps older than :data:`SWEEP_AGE`: a new
+        orchestrator records steps a moment before it is registered."""
+        assert self.peers is not None and self.records is not None
+        before = time.time() - SWEEP_AGE
+        serving = {row.id for row in await self.peers.table.orchestrators()}
+        taken = 0
+        for owner in await self.table.open_owners(before):
+            if owner not in serving:
+                taken += await self.take(owner)
+        mine = [
+            row
+            for row in await self.table.open_of(self.me, before)
+            if row.id not in self.settling and not self.records.runs(row.id)
+        ]
+        leases = await self._latest_leases(mine)
+        for row in mine:
+            self.settling[row.id] = self.me
+            assert self._nursery is not None
+            self._nursery.start_soon(self._settle, self.me, row, [], leases.get(row.id))
+        return taken + len(mine)
+
+    async def _sweep_now_and_then(self) -> None:
+        while True:
+            await trio.sleep(SWEEP_EVERY)
+            try:
+                await self.sweep()
+            except SwampError as exc:
+                log.warning("the sweep of steps nobody settles was skipped: %s", exc)
+
+    async def _settle(
+        self, dead: str, row: StepRow, kept: list[dict], lease: dict | None
+    ) -> None:
         try:
-            await self._settle_one(dead, row)
+            await self._settle_one(dead, row, kept, lease)
         except Exception:  # never the end of the others: the step fails saying so
             log.exception("settling step %s taken from %s failed", row.id[:12], dead[:12])
-            await self._fail(row.id, "internal", "settling it after its orchestrator died failed")
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._fail(
+                    row.id, "internal", "settling it after its orchestrator died failed"
+                )
         finally:
             self.settling.pop(row.id, None)
 
-    async def _settle_one(self, dead: str, row: StepRow) -> None:
-        assert self.db is not None
+    async def _settle_one(
+        self, dead: str, row: StepRow, kept: list[dict], lease: dict | None
+    ) -> None:
+        assert self.peers is not None
+        fresh = True  # (the lease read at the take: fresh for the first pass)
+        while True:
+            try:
+                answers = kept + await self._answers_of_others(row.id)
+                if not fresh:
+                    lease = (await self._latest_leases([row])).get(row.id)
+                fresh = False
+                serving = {r.id for r in await self.peers.table.orchestrators()} - {dead}
+            except SwampError as exc:  # the database (or a peer) is away: nothing is decided
+                log.warning("step %s waits to be settled: %s", row.id[:12], exc)
+                await trio.sleep(ASK_AGAIN)
+                continue
+            if still_running(lease, serving):  # (one of an earlier version, not asked)
+                await trio.sleep(ASK_AGAIN)
+                continue
+            answer = answer_for(
+                lease, [(_dispatch_of(a), a) for a in answers]
+            )
+            break
+        end = result = None
+        if answer is not None:
+            end, result = answer_ending(answer, str((lease or {}).get("workerName") or "?"))
         try:
             request = decode_request(row.request or {}, row.id)
         except MalformedFrame as exc:
-            await self._fail(
-                row.id,
-                "outcome_lost",
-                f"its orchestrator died and its request was not recorded ({exc.message}): "
-                "it cannot be run again",
-            )
-            return
-        answer = await self._answer_of_others(dead, row.id)
-        end = result = lease = None
-        if answer is not None:
-            end, result = answer_ending(answer, "?")
-        else:
-            lease = (
-                await LeaseBook(self.db).latest_of_steps(
-                    {row.id}, since_epoch=row.opened_epoch - CLOCK_SKEW
-                )
-            ).get(row.id)
-        model_type = request.model.type
+            request = None
+            unreadable = exc.message
+        name = request.model.name if request else "?"
+        method = f"{request.model.type}.{request.method}" if request else "?"
         then = decide(
             end,
             lease,
-            model=request.model.name,
-            method=f"{model_type}.{request.method}",
-            retry=request.model.retry,
+            model=name,
+            method=method,
+            retry=request.model.retry if request else "never",
         )
         log.info(
-            "step %s of orchestrator %s (%s.%s): %s%s",
+            "step %s of orchestrator %s (%s): %s%s",
             row.id[:12],
             dead[:12],
-            model_type,
-            request.method,
+            method,
             then.move.value,
             f" ({then.reason})" if then.reason else "",
         )
-        if then.move is Move.FINISH:
-            await self._finish(row.id, request, result, end.worker if end else None)
-        elif then.move is Move.FAIL:
+        if then.move is Move.FAIL:
             await self._fail(row.id, then.code, then.reason)
+        elif request is None:
+            await self._fail(
+                row.id,
+                "outcome_lost",
+                f"its orchestrator died and its request was not recorded ({unreadable}): "
+                "its outcome is not known",
+            )
+        elif then.move is Move.FINISH:
+            await self._finish(row.id, request, result, end.worker if end else None)
         else:
             await trio.sleep(self.fence)  # a copy still running behind a partition stops first
             request.attempts = 1 if lease is not None or end is not None else 0
             await self._run_again(request)
 
-    async def _answer_of_others(self, dead: str, step_id: str) -> dict | None:
-        """The answer of the orchestrator that ran ``step_id`` for ``dead`` (``None``: none
-        did, as far as every living one says). Every living one is asked at once; each that
-        cannot be asked is asked again until it answers or is gone."""
+    async def _answers_of_others(self, step_id: str) -> list[dict]:
+        """The answers of the orchestrators that ran an episode of ``step_id`` for another
+        (each living one is asked at once, and answers when its run ends; each that cannot
+        be asked is asked again until it answers or is gone)."""
         assert self.peers is not None
         answers: list[dict] = []
 
         async def here() -> None:  # (it may have been claimed by this one)
             assert self.peers is not None
-            said = await self.peers.outliving.wait_step(dead, step_id)
+            said = await self.peers.outliving.wait_step(step_id)
             if said.get("state") == "ended":
                 answers.append(said["answer"])
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(here)
             for row in await self.peers.table.orchestrators():
-                if row.id in (self.me, dead) or "takeover" not in row.features:
+                if row.id == self.me or "takeover" not in row.features:
                     continue
-                nursery.start_soon(self._ask_until_answered, row.id, dead, step_id, answers)
-        return answers[0] if answers else None
+                nursery.start_soon(self._ask_until_answered, row.id, step_id, answers)
+        return answers
 
-    async def _ask_until_answered(
-        self, peer: str, dead: str, step_id: str, answers: list[dict]
-    ) -> None:
+    async def _ask_until_answered(self, peer: str, step_id: str, answers: list[dict]) -> None:
         assert self.peers is not None
         while True:
             try:
-                answer = await self.peers.ask_step(peer, dead, step_id)
+                answer = await self.peers.ask_step(peer, step_id)
             except SwampError as exc:
                 try:
                     gone = await self.peers.table.get(peer) is None
@@ -227,3 +295,10 @@ class Takeovers:
         except SwampError as exc:  # recorded by the run — or refused before it: recorded here
             await self._fail(request.step_id, exc.code, exc.message)  # (the first one stands)
             return None
+
+
+def _dispatch_of(answer: dict) -> str | None:
+    """The dispatch an answer is about (``None``: refused before anything ran)."""
+    reply = answer.get("reply")
+    dispatch = reply.get("dispatchId") if isinstance(reply, dict) else None
+    return dispatch if isinstance(dispatch, str) and dispatch else None

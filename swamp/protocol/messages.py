@@ -345,6 +345,9 @@ class MethodRunRequest(Message):
     queue_timeout: str | None = None  # e.g. "5m"; "0" waits forever; absent: the server's
     timeout: str | None = None  # how long it may run on a worker, e.g. "30m"; absent: the model's
     priority: int = 0  # higher goes first among waiting steps (swamp.domain.priority)
+    # the client can follow the step through another orchestrator: tell it the step's id (a
+    # ``recorded`` event; on a shared database only)
+    follow: bool = False
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,15 @@ class PgPeers:
         )
         return result.rowcount
 
+    async def kept_answers(self, origin: str) -> list[dict]:
+        """Every answer kept for ``origin`` (read before it is forgotten: whoever takes its
+        steps over decides with them)."""
+        result = await self._execute(
+            "SELECT reply FROM swamp_shared_outcome WHERE origin = $1", (origin,)
+        )
+        answers = [json.loads(row[0]) for row in result.rows]
+        return [a for a in answers if isinstance(a, dict)]
+
     async def drop_outcome(self, send_id: str, origin: str) -> None:
         """``origin`` no longer waits for it (its caller left)."""
         await self._execute(

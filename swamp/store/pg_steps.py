@@ -33,8 +33,24 @@ CREATE INDEX IF NOT EXISTS swamp_step_ended ON swamp_step (ended_epoch)
     WHERE ended_epoch IS NOT NULL
 """
 CHANNEL = "swamp_step_ended"  # a followed step ended (the payload: its id)
-_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 _COLUMNS = "id, owner, request, outcome, opened_epoch"
+ROWS_PER_STATEMENT = 500  # (three parameters a row: far below the protocol's 65,535)
+
+
+def _chunks(rows: list) -> list[list]:
+    return [rows[i : i + ROWS_PER_STATEMENT] for i in range(0, len(rows), ROWS_PER_STATEMENT)]
+
+
+def _values(count: int, width: int, *, first: int, owner: bool = True) -> str:
+    """``($2, $1, $3, $4), …`` for ``count`` rows of ``width`` parameters from ``$first``
+    (with ``owner``, ``$1`` after each row's first: the owner shared by every row)."""
+    rows = []
+    for n in range(count):
+        marks = [f"${first + n * width + k}" for k in range(width)]
+        if owner:
+            marks.insert(1, "$1")
+        rows.append(f"({', '.join(marks)})")
+    return ", ".join(rows)
 
 
 @dataclass(frozen=True)
@@ -72,28 +88,32 @@ class PgSteps:
     async def write(
         self,
         owner: str,
-        opened: list[tuple[str, dict, float]],
-        ended: list[tuple[str, dict, float]],
+        opened: list[tuple[str, str, float]],
+        ended: list[tuple[str, str, float]],
     ) -> None:
-        """Requests (id, request, when) and outcomes (id, outcome, when) in one transaction.
-        A request never replaces anything; the first outcome stands; a followed step that
+        """Requests (id, encoded request, when) and outcomes (id, encoded outcome, when) in
+        one transaction, a statement per kind (:data:`ROWS_PER_STATEMENT` rows at most). A
+        request never replaces anything; the first outcome stands; a followed step that
         ends notifies."""
         async with self.pool.connection() as conn, conn.transaction():
-            for step_id, request, at in opened:
+            for rows in _chunks(opened):
                 await conn.execute(
-                    "INSERT INTO swamp_step (id, owner, request, opened_epoch) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO UPDATE SET request = "
-                    "EXCLUDED.request WHERE swamp_step.request IS NULL",
-                    (step_id, owner, _ENCODE(request), at),
+                    "INSERT INTO swamp_step (id, owner, request, opened_epoch) VALUES "
+                    + _values(len(rows), 3, first=2)
+                    + " ON CONFLICT (id) DO UPDATE SET request = EXCLUDED.request "
+                    "WHERE swamp_step.request IS NULL",
+                    (owner, *(v for row in rows for v in row)),
                 )
-            for step_id, outcome, at in ended:
+            for rows in _chunks(ended):
                 await conn.execute(
                     "WITH ended AS (INSERT INTO swamp_step (id, owner, outcome, opened_epoch, "
-                    "ended_epoch) VALUES ($1, $2, $3, $4, $4) ON CONFLICT (id) DO UPDATE SET "
+                    "ended_epoch) SELECT v.id, $2, v.outcome, v.at, v.at FROM (VALUES "
+                    + _values(len(rows), 3, first=3, owner=False)
+                    + ") AS v (id, outcome, at) ON CONFLICT (id) DO UPDATE SET "
                     "outcome = EXCLUDED.outcome, ended_epoch = EXCLUDED.ended_epoch "
-                    "WHERE swamp_step.outcome IS NULL RETURNING followed) "
-                    "SELECT pg_notify($5, $1) FROM ended WHERE followed",
-                    (step_id, owner, _ENCODE(outcome), at, CHANNEL),
+                    "WHERE swamp_step.outcome IS NULL RETURNING id, followed) "
+                    "SELECT pg_notify($1, id) FROM ended WHERE followed",
+                    (CHANNEL, owner, *(v for row in rows for v in row)),
                 )
 
     async def get(self, step_id: str) -> StepRow | None:
@@ -104,13 +124,17 @@ class PgSteps:
         return next((_row(r) for r in result.rows), None)
 
     async def follow(self, step_id: str) -> StepRow | None:
-        """The step, marked followed (its end will notify) unless it ended already."""
+        """The step, marked followed first unless it ended (its end will notify). Two
+        statements: the read's snapshot is taken after the mark committed, so an end written
+        since is either read here or sees the mark and notifies."""
         async with self.pool.connection() as conn:
-            result = await conn.execute(
-                "WITH marked AS (UPDATE swamp_step SET followed = TRUE WHERE id = $1 AND "
-                f"outcome IS NULL RETURNING {_COLUMNS}) SELECT * FROM marked UNION ALL "
-                f"SELECT {_COLUMNS} FROM swamp_step WHERE id = $1 AND outcome IS NOT NULL",
+            await conn.execute(
+                "UPDATE swamp_step SET followed = TRUE WHERE id = $1 AND outcome IS NULL "
+                "AND NOT followed",
                 (step_id,),
+            )
+            result = await conn.execute(
+                f"SELECT {_COLUMNS} FROM swamp_step WHERE id = $1", (step_id,)
             )
         return next((_row(r) for r in result.rows), None)
 
@@ -126,6 +150,26 @@ class PgSteps:
         rows = [_row(r) for r in result.rows]
         rows.sort(key=lambda row: row.opened_epoch)
         return rows
+
+    async def open_owners(self, before_epoch: float) -> list[str]:
+        """Who answers for the steps opened before ``before_epoch`` that have not ended."""
+        async with self.pool.connection() as conn:
+            result = await conn.execute(
+                "SELECT DISTINCT owner FROM swamp_step WHERE outcome IS NULL AND "
+                "opened_epoch < $1",
+                (before_epoch,),
+            )
+        return [str(row[0]) for row in result.rows]
+
+    async def open_of(self, owner: str, before_epoch: float) -> list[StepRow]:
+        """``owner``'s steps opened before ``before_epoch`` that have not ended."""
+        async with self.pool.connection() as conn:
+            result = await conn.execute(
+                f"SELECT {_COLUMNS} FROM swamp_step WHERE owner = $1 AND outcome IS NULL "
+                "AND opened_epoch < $2 ORDER BY opened_epoch",
+                (owner, before_epoch),
+            )
+        return [_row(r) for r in result.rows]
 
     async def collect(self, before_epoch: float) -> int:
         """Delete the steps that ended before ``before_epoch`` (their outcome was read long

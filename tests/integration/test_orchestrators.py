@@ -508,6 +508,16 @@ def test_a_client_whose_orchestrator_dies_reads_its_step_through_the_survivor(
         "worker", "connect", second_url, "--json", env={"SWAMP_WORKER_TOKEN": token}
     )
     name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
+    # a model whose file holds a value no JSON can (a TOML date), overridden by the run: the
+    # step runs (its record holds the arguments as checked) and the orchestrator stays up
+    (cluster.repo / "models" / "dated.toml").write_text(
+        'type = "swamp/echo"\n[args]\nmessage = 2024-01-01\n'
+    )
+    dated = cluster.cli(
+        "model", "method", "run", "dated", "echo", "--arg", "message=hi", "--label",
+        "fleet=edge", "--server", first_url, "--json",
+    )  # fmt: skip
+    assert dated.returncode == 0, dated.stderr
     go, runs = tmp_path / "go", tmp_path / "runs"
     command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
     client = _client_of_both(

@@ -204,8 +204,8 @@ async def test_whoever_took_a_dead_origins_steps_is_answered_when_its_run_ends(
 ):
     """``peer.step.wait``: the origin died (its link broke); the orchestrator that took its
     steps asks by step id and is answered once the run here ends — the same answer the origin
-    would have had — and later asks are answered at once; an unknown step, another origin's,
-    or a step of a run cancelled by its origin is "unknown"."""
+    would have had — and later asks are answered at once (whoever asks: a step's id is one
+    step); an unknown step, or a step of a run cancelled by its origin, is "unknown"."""
     h, nursery = harness
 
     async def run() -> None:
@@ -220,12 +220,11 @@ async def test_whoever_took_a_dead_origins_steps_is_answered_when_its_run_ends(
 
     nursery.start_soon(run)
     await trio.testing.wait_all_tasks_blocked()
-    assert await h.outliving.wait_step("A", "nothing") == {"state": "unknown"}
-    assert await h.outliving.wait_step("B", "step1") == {"state": "unknown"}  # not B's
+    assert await h.outliving.wait_step("nothing") == {"state": "unknown"}
     answered: list[dict] = []
 
     async def ask() -> None:
-        answered.append(await h.outliving.wait_step("A", "step1"))
+        answered.append(await h.outliving.wait_step("step1"))
 
     nursery.start_soon(ask)
     await trio.sleep(5)
@@ -234,7 +233,7 @@ async def test_whoever_took_a_dead_origins_steps_is_answered_when_its_run_ends(
     await h.kept_now.wait()
     await trio.testing.wait_all_tasks_blocked()
     assert answered == [{"state": "ended", "answer": {"reply": {"how": "succeeded"}}}]
-    assert await h.outliving.wait_step("A", "step1") == answered[0]  # later: at once
+    assert await h.outliving.wait_step("step1") == answered[0]  # later: at once
 
 
 async def test_a_step_its_origin_cancelled_is_unknown_to_a_taker(harness):
@@ -242,4 +241,4 @@ async def test_a_step_its_origin_cancelled_is_unknown_to_a_taker(harness):
     with trio.move_on_after(1):
         await h.outliving.run("A", "send1", h.step, None, lambda: h.closed, step_id="step1")
     assert h.stopped
-    assert await h.outliving.wait_step("A", "step1") == {"state": "unknown"}
+    assert await h.outliving.wait_step("step1") == {"state": "unknown"}

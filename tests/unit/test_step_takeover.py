@@ -6,13 +6,15 @@ that decides what becomes of a taken-over step (``swamp.domain.takeover``)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
 from swamp.domain.episodes import Ending, EpisodeEnd, Move
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
-from swamp.domain.takeover import decide, lease_end
+from swamp.domain.takeover import answer_for, decide, lease_end, still_running
 from swamp.errors import DatabaseUnavailable, MalformedFrame, NotFound
 from swamp.orchestrator.dispatch import RunRequest, decode_request, encode_request
 from swamp.orchestrator.step_records import StepRecords
@@ -22,6 +24,7 @@ from swamp.store.pg_steps import PgSteps
 from tests.unit.test_store_contract import records  # noqa: F401 - the fixture (both stores)
 
 RULE = {"model": "m", "method": "command/shell.run", "retry": "unwritten"}
+J = json.dumps
 
 
 def lease(state: str, *, has_writes: bool = False, error: str | None = None) -> dict:
@@ -77,6 +80,31 @@ def test_a_lease_end_names_its_worker_and_reason():
     assert (end.how, end.worker, end.reason) == (Ending.LOST, "w1", "its orchestrator (abc) died")
 
 
+def test_an_answer_speaks_only_for_the_episode_of_the_latest_lease():
+    """An earlier episode's answer (busy on a claimer) says nothing of the latest one (which
+    ran on the dead orchestrator's worker and completed): the latest lease decides — the step
+    ran and is not run again."""
+    earlier = {"reply": {"dispatchId": "0001", "how": "busy", "worker": "w", "reason": ""}}
+    latest = {**lease("completed"), "leaseId": "0002"}
+    assert answer_for(latest, [("0001", earlier)]) is None
+    assert decide(None, latest, **RULE).code == "outcome_lost"
+    own = {"reply": {"dispatchId": "0002", "how": "succeeded", "worker": "w", "reason": ""}}
+    assert answer_for(latest, [("0001", earlier), ("0002", own)]) is own
+    # no lease (not written yet): the newest answer; a refusal only if nothing else
+    refused = {"error": {"code": "claim_gone", "message": "no slot"}}
+    assert answer_for(None, [(None, refused), ("0001", earlier), ("0002", own)]) is own
+    assert answer_for(None, [(None, refused)]) is refused
+    assert answer_for(None, []) is None
+
+
+def test_a_lease_still_active_at_a_living_orchestrator_means_it_runs_there():
+    active = {**lease("active"), "orchestrator": "c"}
+    assert still_running(active, {"c", "t"})
+    assert not still_running(active, {"t"})  # its orchestrator is gone: lost
+    assert not still_running({**active, "state": "expired"}, {"c"})
+    assert not still_running(None, {"c"})
+
+
 # -- the request as recorded ---------------------------------------------------------------------
 
 
@@ -95,15 +123,14 @@ def request() -> RunRequest:
 
 
 def test_a_request_is_recorded_with_its_environment_by_name_and_read_back_whole():
-    recorded = encode_request(request())
+    recorded = encode_request(request(), {"command": "make all"})
     assert recorded["env"] == ["EXTRA"] and recorded["model"]["env"] == ["TOKEN"]
     assert "environment" not in recorded  # names only: never a value
     back = decode_request(recorded, "s1")
     original = request()
     assert back.step_id == "s1"
-    assert (back.model.name, back.model.type, back.model.args) == (
-        original.model.name, original.model.type, original.model.args,
-    )  # fmt: skip
+    # the arguments as checked (the model's merged in): a model file's are not all JSON
+    assert (back.model.name, back.model.type, back.model.args) == ("builder", "command/shell", {})
     assert (back.model.env, back.model.retry, back.model.timeout) == (("TOKEN",), "never", "30m")
     assert (back.method, back.args, back.placement) == (
         "run",
@@ -132,11 +159,11 @@ def test_a_request_is_recorded_with_its_environment_by_name_and_read_back_whole(
 )
 def test_a_recorded_request_this_version_cannot_read_is_refused(damage):
     with pytest.raises(MalformedFrame):
-        decode_request({**encode_request(request()), **damage}, "s1")
+        decode_request({**encode_request(request(), {}), **damage}, "s1")
 
 
 def test_an_unknown_retry_policy_is_read_as_the_safer_one():
-    recorded = encode_request(request())
+    recorded = encode_request(request(), {"command": "make all"})
     recorded["model"]["retry"] = "sometimes"
     assert decode_request(recorded, "s1").model.retry == "never"
 
@@ -151,20 +178,22 @@ async def table(pg_url):
 
 
 async def test_the_first_outcome_stands_whatever_order_the_writes_come_in(table):
-    await table.write("a", [], [("s1", {"reply": {"n": 1}}, 2.0)])  # (its request a batch later)
-    await table.write("a", [("s1", {"method": "run"}, 1.0)], [("s1", {"reply": {"n": 2}}, 3.0)])
+    await table.write("a", [], [("s1", J({"reply": {"n": 1}}), 2.0)])  # (request: a batch later)
+    await table.write(
+        "a", [("s1", J({"method": "run"}), 1.0)], [("s1", J({"reply": {"n": 2}}), 3.0)]
+    )
     row = await table.get("s1")
     assert row is not None
     assert (row.owner, row.request, row.outcome) == ("a", {"method": "run"}, {"reply": {"n": 1}})
-    await table.write("a", [("s1", {"method": "other"}, 4.0)], [])
+    await table.write("a", [("s1", J({"method": "other"}), 4.0)], [])
     assert (await table.get("s1")).request == {"method": "run"}  # never replaced
     assert await table.get("nothing") is None
 
 
 async def test_one_taker_wins_a_dead_orchestrators_open_steps(table):
-    await table.write("dead", [(f"s{i}", {}, float(i)) for i in range(3)], [])
-    await table.write("dead", [], [("s1", {"reply": {}}, 9.0)])  # ended: not taken
-    await table.write("alive", [("mine", {}, 1.0)], [])
+    await table.write("dead", [(f"s{i}", "{}", float(i)) for i in range(3)], [])
+    await table.write("dead", [], [("s1", J({"reply": {}}), 9.0)])  # ended: not taken
+    await table.write("alive", [("mine", "{}", 1.0)], [])
     taken: dict[str, list[str]] = {}
 
     async def take(me: str) -> None:
@@ -181,7 +210,9 @@ async def test_one_taker_wins_a_dead_orchestrators_open_steps(table):
 
 
 async def test_ended_steps_are_collected_after_their_life(table):
-    await table.write("a", [("old", {}, 1.0), ("open", {}, 1.0)], [("old", {"reply": {}}, 2.0)])
+    await table.write(
+        "a", [("old", "{}", 1.0), ("open", "{}", 1.0)], [("old", J({"reply": {}}), 2.0)]
+    )
     assert await table.collect(3.0) == 1
     assert await table.get("old") is None and await table.get("open") is not None
 
@@ -192,7 +223,7 @@ async def test_a_follower_is_woken_when_another_orchestrator_writes_the_outcome(
     async with trio.open_nursery() as nursery:
         await nursery.start(here.run)
         await nursery.start(there.run)
-        await table.write("there", [("s1", {"method": "run"}, 1.0)], [])
+        await table.write("there", [("s1", J({"method": "run"}), 1.0)], [])
         followed: list[dict] = []
         answered = trio.Event()
 
@@ -289,6 +320,15 @@ async def test_an_outcome_is_answered_while_the_database_is_away_and_written_lat
             await trio.sleep(1)
         assert table.written == [(["s1"], ["s1"])]  # both, in order, once it came back
         nursery.cancel_scope.cancel()
+
+
+def test_a_request_that_is_not_json_is_not_recorded():
+    import datetime
+
+    steps = StepRecords(AwayTable(), "me")  # type: ignore[arg-type]
+    assert not steps.opened("s1", {"args": {"when": datetime.date(2024, 1, 1)}})
+    assert not steps.runs("s1")
+    assert steps.opened("s2", {"args": {"when": "2024-01-01"}}) and steps.runs("s2")
 
 
 async def test_what_waits_for_the_database_is_bounded(autojump_clock, monkeypatch):
