@@ -232,8 +232,11 @@ def run(
 
     When no matching worker is free the step waits in the queue ('swamp worker queue' lists
     it) and runs the moment one enrolls or frees a slot, or fails after --queue-timeout.
-    Ctrl-C while it waits takes it out of the queue. Logs stream as they happen. Exit 0 when
-    the method succeeded, 1 when it failed or timed out waiting. Example:
+    Ctrl-C while it waits takes it out of the queue. Logs stream as they happen. With
+    orchestrators sharing one database, give --server all of them (comma-separated, or a
+    load balancer): if the one running the step goes away, the command follows the step
+    through another and ends as it would have. Exit 0 when the method succeeded, 1 when it
+    failed or timed out waiting. Example:
     swamp model method run command/shell run --arg command='uname -a' --label gpu=true
     """
     from swamp.domain.durations import parse_timeout

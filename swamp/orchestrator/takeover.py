@@ -173,10 +173,12 @@ class Takeovers:
         fresh = True  # (the lease read at the take: fresh for the first pass)
         while True:
             try:
-                answers = kept + await self._answers_of_others(row.id)
+                answers = await self._answers_of_others(row.id)
                 if not fresh:
                     lease = (await self._latest_leases([row])).get(row.id)
                 fresh = False
+                if lease is not None:  # (kept answers are the dead one's, of every step:
+                    answers += kept  # one speaks for this step only by its lease's dispatch)
                 serving = {r.id for r in await self.peers.table.orchestrators()} - {dead}
             except SwampError as exc:  # the database (or a peer) is away: nothing is decided
                 log.warning("step %s waits to be settled: %s", row.id[:12], exc)
