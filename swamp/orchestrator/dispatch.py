@@ -67,7 +67,6 @@ from swamp.store.records import Records
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
-CANCEL_WRITE = 2.0  # seconds a cancelled step's outcome may take to be recorded
 __all__ = ["DispatchService", "RunRequest", "run_here", "Emit"]
 
 
@@ -403,8 +402,8 @@ class DispatchService:
         )
 
     async def _run_recorded(self, request: RunRequest, plan: Plan, emit: Emit) -> RunResult:
-        """A placed step on a shared database: recorded first (its client is told its id),
-        its outcome written before its client hears it — so a client that loses this
+        """A placed step on a shared database: recorded first (its client, if it asks, is told
+        its id), its outcome as its client hears it — so a client that loses this
         orchestrator reads it through another (``swamp.orchestrator.step_records``)."""
         assert self.steps is not None
         step_id = request.step_id
@@ -421,18 +420,18 @@ class DispatchService:
         except SwampError as exc:
             if isinstance(exc, DispatchFailed):
                 self.observe("outcome", exc.code)
-            await self.steps.ended(step_id, {"error": {"code": exc.code, "message": exc.message}})
+            error = {"code": exc.code, "message": exc.message}
+            await self.steps.ended(step_id, {"error": error}, wait=False)
             raise
         except trio.Cancelled:  # its caller left (or this orchestrator stops): it ended so
-            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WRITE):
-                await self.steps.ended(
-                    step_id, {"error": {"code": "cancelled", "message": "the step was cancelled"}}
-                )
+            cancelled = {"code": "cancelled", "message": "the step was cancelled"}
+            with trio.CancelScope(shield=True):
+                await self.steps.ended(step_id, {"error": cancelled}, wait=False)
             raise
         self.observe("outcome", result.status)
         log_id = dispatch_id if self.episodes.logs is not None else None
         reply = self.result_of(request, plan.model_type, result, worker, dispatch_id, log_id)
-        await self.steps.ended(step_id, {"reply": reply.to_json()})
+        await self.steps.ended(step_id, {"reply": reply.to_json()}, wait=False)
         return reply
 
     async def _run_remote(
