@@ -361,7 +361,7 @@ class DispatchService:
             if self.steps is not None and request.workflow is None:
                 return await self._run_recorded(request, plan, emit)
             return await self._run_unrecorded(request, plan, emit)
-        return self.result_of(request, model_type, result, worker, dispatch_id, log_id)
+        return self.result_of(request, model_type.type, result, worker, dispatch_id, log_id)
 
     async def _run_unrecorded(
         self, request: RunRequest, plan: Plan, emit: Emit, step_id: str | None = None
@@ -375,12 +375,12 @@ class DispatchService:
             raise
         self.observe("outcome", result.status)
         log_id = dispatch_id if self.episodes.logs is not None else None
-        return self.result_of(request, plan.model_type, result, worker, dispatch_id, log_id)
+        return self.result_of(request, plan.model_type.type, result, worker, dispatch_id, log_id)
 
     def result_of(
         self,
         request: RunRequest,
-        model_type: ModelType,
+        model_type: str,
         result: DispatchResult,
         worker: str | None,
         dispatch_id: str | None,
@@ -389,7 +389,7 @@ class DispatchService:
         return RunResult(
             status=result.status,
             model=request.model.name,
-            model_type=model_type.type,
+            model_type=model_type,
             method=request.method,
             duration_ms=result.duration_ms,
             outputs=result.outputs,
@@ -413,14 +413,18 @@ class DispatchService:
                 request.step_id = None  # not JSON: run as a step nobody can follow
                 return await self._run_unrecorded(request, plan, emit, step_id)
             request.step_id = step_id
-        if request.tell_step:
-            await safe_emit(emit, Recorded(step_id).to_json())
         try:
+            if request.tell_step:
+                await safe_emit(emit, Recorded(step_id).to_json())
             result, worker, dispatch_id = await self._run_remote(request, plan, emit)
         except SwampError as exc:
             if isinstance(exc, DispatchFailed):
                 self.observe("outcome", exc.code)
             error = {"code": exc.code, "message": exc.message}
+            await self.steps.ended(step_id, {"error": error}, wait=False)
+            raise
+        except Exception as exc:  # (a defect: the step still ends, saying so)
+            error = {"code": "internal", "message": f"the step failed here: {exc!r}"[:400]}
             await self.steps.ended(step_id, {"error": error}, wait=False)
             raise
         except trio.Cancelled:  # its caller left (or this orchestrator stops): it ended so
@@ -430,7 +434,7 @@ class DispatchService:
             raise
         self.observe("outcome", result.status)
         log_id = dispatch_id if self.episodes.logs is not None else None
-        reply = self.result_of(request, plan.model_type, result, worker, dispatch_id, log_id)
+        reply = self.result_of(request, plan.model_type.type, result, worker, dispatch_id, log_id)
         await self.steps.ended(step_id, {"reply": reply.to_json()}, wait=False)
         return reply
 

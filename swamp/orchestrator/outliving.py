@@ -233,10 +233,14 @@ class Outliving:
             if running.step_id == step_id and not running.done.is_set():
                 await running.done.wait()
         self._prune()
-        for ended in self._ended.values():
-            for ended_step, answer, _ in reversed(ended):
-                if ended_step == step_id:
-                    return {"state": "ended", "answer": answer}
+        found = [
+            (at, answer)
+            for ended in self._ended.values()
+            for ended_step, answer, at in ended
+            if ended_step == step_id
+        ]
+        if found:
+            return {"state": "ended", "answer": max(found, key=lambda item: item[0])[1]}
         return {"state": "unknown"}
 
     def _prune(self) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from swamp.errors import NotFound, SwampError
+from swamp.errors import CallTimeout, DatabaseUnavailable, NotFound, SwampError
 
 if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database is served)
     from swamp.store.pg_steps import PgSteps, StepRow
@@ -105,6 +105,17 @@ class StepRecords:
             await ending.done.wait()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if self.url is None:  # (a table given whole: tests)
+            await self._run(self.table, task_status=task_status)
+            return
+        from swamp.store import pg
+        from swamp.store.pg_steps import PgSteps
+
+        # a connection of its own: the batches never hold one the dispatch path waits for
+        async with pg.Pool(self.url, size=1) as pool:
+            await self._run(PgSteps(pool), task_status=task_status)
+
+    async def _run(self, writer: PgSteps, *, task_status) -> None:
         async with trio.open_nursery() as nursery:
             if self.url is not None:
                 await nursery.start(self._listen)
@@ -116,11 +127,11 @@ class StepRecords:
                 opened, self._opened = list(self._opened), deque()
                 ended, self._ended = self._ended, []
                 try:
-                    await self.table.write(
+                    await writer.write(
                         self.me, opened, [(e.step_id, e.outcome, e.at) for e in ended]
                     )
                     pause = 0.1
-                except SwampError as exc:
+                except (DatabaseUnavailable, CallTimeout) as exc:
                     log.warning("could not record %d step(s): %s", len(opened) + len(ended), exc)
                     # again with the next batch; the clients are answered meanwhile
                     self._opened.extendleft(reversed(opened))
@@ -136,6 +147,8 @@ class StepRecords:
                     continue
                 except Exception:  # a batch the database refuses as it is: never retried
                     log.exception("recording %d step(s) failed", len(opened) + len(ended))
+                    for step_id, _, _ in opened:
+                        self._open.discard(step_id)
                 for ending in ended:
                     self._open.discard(ending.step_id)
                     ending.done.set()
@@ -208,10 +221,17 @@ class StepRecords:
         recorded). Waits for as long as it takes: its caller decides how long."""
         while True:
             woken = self._followers.setdefault(step_id, trio.Event())
-            row = await self.table.follow(step_id)
-            if row is None:  # (it may have ended as it was marked: read it again)
-                row = await self.table.get(step_id)
+            try:
+                row = await self.table.follow(step_id)
+                if row is None:  # (it may have ended as it was marked: read it again)
+                    row = await self.table.get(step_id)
+            except (DatabaseUnavailable, CallTimeout) as exc:  # not the step's: wait
+                log.warning("following step %s waits for the database: %s", step_id[:12], exc)
+                await trio.sleep(RETRY_CAP)
+                continue
             if row is None:
+                if not woken.is_set() and self._followers.get(step_id) is woken:
+                    del self._followers[step_id]
                 raise NotFound(
                     f"no step {step_id[:40]!r} is recorded: only a step placed on a worker "
                     "through an orchestrator on a shared database can be followed (one "

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from swamp.bookkeeping.leases import LeaseBook
-from swamp.domain.episodes import Move
+from swamp.bookkeeping.leases import key as lease_key
+from swamp.domain.episodes import Move, Next
 from swamp.domain.takeover import answer_for, decide, still_running
 from swamp.errors import MalformedFrame, SwampError
 from swamp.orchestrator.dispatch import DispatchService, RunRequest, decode_request
@@ -43,6 +44,8 @@ log = logging.getLogger("swamp.peers")
 ASK_AGAIN = 2.0  # seconds before asking again a peer that could not be asked
 SWEEP_EVERY = 60.0  # seconds between sweeps for open steps nobody settles
 SWEEP_AGE = 60.0  # seconds a step is open before a sweep may take it
+STILL_RUNNING_MAX = 3600.0  # seconds a step whose lease stays active elsewhere is waited for
+UNREAD = object()  # a step's latest lease, not read yet
 CLOCK_SKEW = 60.0  # seconds: a step's leases are looked for from this long before it opened
 
 
@@ -57,7 +60,7 @@ class Takeovers:
         self.settling: dict[str, str] = {}  # step id → the orchestrator it was taken from
         self.taken = 0
         # taken before serve started: (dead, row, kept answers, latest lease)
-        self._waiting: list[tuple[str, StepRow, list[dict], dict | None]] = []
+        self._waiting: list[tuple[str, StepRow, list[dict], object]] = []
         self._nursery: trio.Nursery | None = None
         # what settling uses (given to serve)
         self.records: StepRecords | None = None
@@ -94,10 +97,16 @@ class Takeovers:
         forgotten, which deletes them)."""
         rows = await self.table.take_over(dead, self.me)
         rows = [row for row in rows if row.id not in self.settling]
-        leases = await self._latest_leases(rows)
-        for row in rows:
+        for row in rows:  # (before any await: a sweep meanwhile must not settle them too)
             self.settling[row.id] = dead
-            settle = (dead, row, list(kept or ()), leases.get(row.id))
+        try:
+            leases: dict[str, dict] | None = await self._latest_leases(rows)
+        except SwampError as exc:  # each reads its own, again and again, as it settles
+            log.warning("the leases of %s's steps are read as each settles: %s", dead[:12], exc)
+            leases = None
+        for row in rows:
+            lease = UNREAD if leases is None else leases.get(row.id)
+            settle = (dead, row, list(kept or ()), lease)
             if self._nursery is None:
                 self._waiting.append(settle)
             else:
@@ -119,6 +128,17 @@ class Takeovers:
         since = min(row.opened_epoch for row in rows) - CLOCK_SKEW
         return await LeaseBook(self.db).latest_of_steps({row.id for row in rows}, since_epoch=since)
 
+    async def _lease_again(self, lease: dict | None) -> object:
+        """``lease`` as it is stored now (:data:`UNREAD` if it cannot be read: a scan then)."""
+        lease_id = (lease or {}).get("leaseId")
+        if not isinstance(lease_id, str):
+            return UNREAD
+        try:
+            record = await self.db.latest(lease_key(lease_id))
+        except SwampError:
+            return UNREAD
+        return record.attributes if record is not None else UNREAD
+
     async def sweep(self) -> int:
         """Take over the open steps nobody settles: those of an owner that is gone from the
         registry (reconciled by an orchestrator of an earlier version, or written late by
@@ -137,11 +157,11 @@ class Takeovers:
             for row in await self.table.open_of(self.me, before)
             if row.id not in self.settling and not self.records.runs(row.id)
         ]
-        leases = await self._latest_leases(mine)
-        for row in mine:
+        for row in mine:  # (before any await)
             self.settling[row.id] = self.me
+        for row in mine:
             assert self._nursery is not None
-            self._nursery.start_soon(self._settle, self.me, row, [], leases.get(row.id))
+            self._nursery.start_soon(self._settle, self.me, row, [], UNREAD)
         return taken + len(mine)
 
     async def _sweep_now_and_then(self) -> None:
@@ -152,9 +172,7 @@ class Takeovers:
             except SwampError as exc:
                 log.warning("the sweep of steps nobody settles was skipped: %s", exc)
 
-    async def _settle(
-        self, dead: str, row: StepRow, kept: list[dict], lease: dict | None
-    ) -> None:
+    async def _settle(self, dead: str, row: StepRow, kept: list[dict], lease: object) -> None:
         try:
             await self._settle_one(dead, row, kept, lease)
         except Exception:  # never the end of the others: the step fails saying so
@@ -166,30 +184,32 @@ class Takeovers:
         finally:
             self.settling.pop(row.id, None)
 
-    async def _settle_one(
-        self, dead: str, row: StepRow, kept: list[dict], lease: dict | None
-    ) -> None:
+    async def _settle_one(self, dead: str, row: StepRow, kept: list[dict], read: object) -> None:
+        """``read``: its latest lease as read when it was taken (:data:`UNREAD`: not yet)."""
         assert self.peers is not None
-        fresh = True  # (the lease read at the take: fresh for the first pass)
+        waited = 0.0
         while True:
             try:
                 answers = await self._answers_of_others(row.id)
-                if not fresh:
-                    lease = (await self._latest_leases([row])).get(row.id)
-                fresh = False
+                if read is UNREAD or answers:  # (an answer's lease may be newer than read)
+                    read = (await self._latest_leases([row])).get(row.id)
+                lease = read if isinstance(read, dict) else None
                 if lease is not None:  # (kept answers are the dead one's, of every step:
                     answers += kept  # one speaks for this step only by its lease's dispatch)
-                serving = {r.id for r in await self.peers.table.orchestrators()} - {dead}
+                peers = await self.peers.table.orchestrators()
             except SwampError as exc:  # the database (or a peer) is away: nothing is decided
                 log.warning("step %s waits to be settled: %s", row.id[:12], exc)
                 await trio.sleep(ASK_AGAIN)
                 continue
-            if still_running(lease, serving):  # (one of an earlier version, not asked)
+            answer = answer_for(lease, [(_dispatch_of(a), a) for a in answers])
+            serving = {r.id for r in peers} - ({dead} - {self.me})
+            if answer is None and still_running(lease, serving) and waited < STILL_RUNNING_MAX:
+                # (at one of an earlier version, not asked): its lease ends when it does
                 await trio.sleep(ASK_AGAIN)
+                waited += ASK_AGAIN
+                read = await self._lease_again(lease)  # (that one row, not a scan)
                 continue
-            answer = answer_for(
-                lease, [(_dispatch_of(a), a) for a in answers]
-            )
+            earlier = any("takeover" not in r.features for r in peers)
             break
         end = result = None
         if answer is not None:
@@ -208,6 +228,20 @@ class Takeovers:
             method=method,
             retry=request.model.retry if request else "never",
         )
+        if (
+            then.move is not Move.FAIL
+            and end is None
+            and (earlier or still_running(lease, serving))
+        ):
+            # an orchestrator of an earlier version serves the database (its leases name no
+            # step: whether it ran this one cannot be told), or a lease never ended
+            then = Next(
+                Move.FAIL,
+                "outcome_lost",
+                "its orchestrator died, and whether it ran elsewhere cannot be told (an "
+                "orchestrator of an earlier version serves the database, or its lease there "
+                "never ended): it is not run again",
+            )
         log.info(
             "step %s of orchestrator %s (%s): %s%s",
             row.id[:12],
@@ -229,6 +263,9 @@ class Takeovers:
             await self._finish(row.id, request, result, end.worker if end else None)
         else:
             await trio.sleep(self.fence)  # a copy still running behind a partition stops first
+            now = await self.table.get(row.id)
+            if now is None or now.outcome is not None or now.owner != self.me:
+                return  # it ended meanwhile (or is another's): nothing to run
             request.attempts = 1 if lease is not None or end is not None else 0
             await self._run_again(request)
 
@@ -281,8 +318,7 @@ class Takeovers:
         except MalformedFrame as exc:
             await self._fail(step_id, "dispatch_failed", exc.message)
             return
-        model_type = self.dispatch.registry.runnable(request.model.type)
-        reply = self.dispatch.result_of(request, model_type, ran, worker, None, None)
+        reply = self.dispatch.result_of(request, request.model.type, ran, worker, None, None)
         await self.records.ended(step_id, {"reply": reply.to_json()})
 
     async def _fail(self, step_id: str, code: str, reason: str) -> None:

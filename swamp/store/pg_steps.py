@@ -41,6 +41,17 @@ def _chunks(rows: list) -> list[list]:
     return [rows[i : i + ROWS_PER_STATEMENT] for i in range(0, len(rows), ROWS_PER_STATEMENT)]
 
 
+def _first_of_each(rows: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """Each step once (its first row): one statement may not change a row twice."""
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        if row[0] not in seen:
+            seen.add(row[0])
+            kept.append(row)
+    return kept
+
+
 def _values(count: int, width: int, *, first: int, owner: bool = True) -> str:
     """``($2, $1, $3, $4), …`` for ``count`` rows of ``width`` parameters from ``$first``
     (with ``owner``, ``$1`` after each row's first: the owner shared by every row)."""
@@ -93,8 +104,10 @@ class PgSteps:
     ) -> None:
         """Requests (id, encoded request, when) and outcomes (id, encoded outcome, when) in
         one transaction, a statement per kind (:data:`ROWS_PER_STATEMENT` rows at most). A
-        request never replaces anything; the first outcome stands; a followed step that
-        ends notifies."""
+        request never replaces anything; the first outcome stands, and only the step's owner
+        writes it (one taken for dead and back cannot overwrite its taker's); a followed step
+        that ends notifies."""
+        opened, ended = _first_of_each(opened), _first_of_each(ended)  # (one row once)
         async with self.pool.connection() as conn, conn.transaction():
             for rows in _chunks(opened):
                 await conn.execute(
@@ -111,7 +124,8 @@ class PgSteps:
                     + _values(len(rows), 3, first=3, owner=False)
                     + ") AS v (id, outcome, at) ON CONFLICT (id) DO UPDATE SET "
                     "outcome = EXCLUDED.outcome, ended_epoch = EXCLUDED.ended_epoch "
-                    "WHERE swamp_step.outcome IS NULL RETURNING id, followed) "
+                    "WHERE swamp_step.outcome IS NULL AND swamp_step.owner = EXCLUDED.owner "
+                    "RETURNING id, followed) "
                     "SELECT pg_notify($1, id) FROM ended WHERE followed",
                     (CHANNEL, owner, *(v for row in rows for v in row)),
                 )
@@ -155,8 +169,7 @@ class PgSteps:
         """Who answers for the steps opened before ``before_epoch`` that have not ended."""
         async with self.pool.connection() as conn:
             result = await conn.execute(
-                "SELECT DISTINCT owner FROM swamp_step WHERE outcome IS NULL AND "
-                "opened_epoch < $1",
+                "SELECT DISTINCT owner FROM swamp_step WHERE outcome IS NULL AND opened_epoch < $1",
                 (before_epoch,),
             )
         return [str(row[0]) for row in result.rows]
