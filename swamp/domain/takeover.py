@@ -23,9 +23,11 @@ What decides, in order (:func:`answer_for`, :func:`still_running`, :func:`decide
    reconciliation, it is a lost worker — run again after the fence if it had no effect, failed
    ``write_then_drop`` if it had; ended with the method's result, the step ran and its
    outcome died with its orchestrator — failed, not run again; cancelled, it stays cancelled.
-4. No lease (the step waited for a worker, or its first dispatch is younger than its lease
-   row): the newest answer if there is one, else it is run again — after the fence, like any
-   lost worker's step.
+4. No lease: the newest answer if there is one; else, if its record says it was waiting for
+   a worker (the mark is cleared, and written, before a step that waited is dispatched), it
+   is run again — after the fence, like any lost worker's step; else it may have been sent
+   to a worker the moment its orchestrator died (a dispatch's lease row comes within 50 ms,
+   at its end for most): whether it ran cannot be told, so it fails ``outcome_lost``.
 """
 
 from __future__ import annotations
@@ -90,14 +92,23 @@ def decide(
     model: str,
     method: str,
     retry: str,
+    waiting: bool = False,
 ) -> Next:
     """The taken-over step's next move: ``end`` is how its last episode ended as the
     orchestrator that ran it answered (None: no answer), ``lease`` its latest lease (None:
-    none). ``FINISH`` only with an answer (which carries the result)."""
+    none), ``waiting`` what its record says. ``FINISH`` only with an answer (which carries
+    the result)."""
     if end is not None:
         return next_move(end, model=model, method=method, retry=retry)
     if lease is None:
-        return Next(Move.REQUEUE, reason=f"{ORPHANED} while it waited for a worker")
+        if waiting:
+            return Next(Move.REQUEUE, reason=f"{ORPHANED} while it waited for a worker")
+        return Next(
+            Move.FAIL,
+            "outcome_lost",
+            f"{ORPHANED} as it sent it to a worker: whether it ran cannot be told, so it is "
+            "not run again",
+        )
     settled = lease_end(lease)
     if isinstance(settled, Next):
         return settled

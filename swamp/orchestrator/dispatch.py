@@ -467,10 +467,26 @@ class DispatchService:
         step_id = request.step_id or step_id or new_id()
         attempt, busy = request.attempts, 0
         straight = True  # (false once it came back from an orchestrator it was sent straight to)
+        steps = self.steps if self.steps is not None and self.steps.runs(step_id) else None
+        acquire_emit = emit
+        if steps is not None:  # its record says so while it waits (see step_records)
+
+            async def acquire_emit(event: dict) -> None:
+                if event.get("kind") == "queued":
+                    steps.waiting(step_id)
+                await emit(event)
+
         while True:
             grant = await self.queue.acquire(
-                request.placement, info, deadline=deadline, emit=emit, straight=straight
+                request.placement, info, deadline=deadline, emit=acquire_emit, straight=straight
             )
+            if steps is not None and grant.queue_id is not None:
+                try:
+                    await steps.left_queue(step_id)
+                except BaseException:  # (cancelled: the slot it was given goes back)
+                    if grant.member is not None:
+                        self.queue.release(grant.member, grant.dispatch_id)
+                    raise
             member, dispatch_id = grant.member, grant.dispatch_id
             attempt += 1
             if grant.claim is not None:  # another orchestrator's worker runs it

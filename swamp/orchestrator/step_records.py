@@ -57,6 +57,8 @@ class StepRecords:
         self.clock = clock
         self._opened: deque[tuple[str, str, float]] = deque()
         self._ended: list[_Ending] = []
+        self._waits: list[tuple[str, bool]] = []  # waiting for a worker, or not any more
+        self._left: list[trio.Event] = []  # set when the batch with those marks was written
         self._open: set[str] = set()  # recorded here, outcome not written yet
         self._due = trio.Event()
         self._followers: dict[str, trio.Event] = {}  # by step id: set when it may have ended
@@ -79,6 +81,30 @@ class StepRecords:
             self._bound()
         self._due.set()
         return True
+
+    async def adopt(self, step_id: str) -> None:
+        """A step taken over, about to run here as this orchestrator's own: its record is
+        kept as one opened here (its wait marked), from not waiting (written now)."""
+        self._open.add(step_id)
+        await self.left_queue(step_id)
+
+    def waiting(self, step_id: str) -> None:
+        """The step waits for a worker (written with the next batch; never waits): its
+        taker may run it again with no lease to say otherwise."""
+        if step_id in self._open:
+            self._waits.append((step_id, True))
+            self._due.set()
+
+    async def left_queue(self, step_id: str) -> None:
+        """The step leaves the queue for a worker: written before it is dispatched (a step
+        that waited has waited: this costs it one round trip). Returns after the attempt."""
+        if step_id not in self._open:
+            return
+        written = trio.Event()
+        self._waits.append((step_id, False))
+        self._left.append(written)
+        self._due.set()
+        await written.wait()
 
     def runs(self, step_id: str) -> bool:
         """Whether the step was recorded here and its outcome is not written yet."""
@@ -126,9 +152,11 @@ class StepRecords:
                 self._due = trio.Event()
                 opened, self._opened = list(self._opened), deque()
                 ended, self._ended = self._ended, []
+                waits, self._waits = self._waits, []
+                left, self._left = self._left, []
                 try:
                     await writer.write(
-                        self.me, opened, [(e.step_id, e.outcome, e.at) for e in ended]
+                        self.me, opened, [(e.step_id, e.outcome, e.at) for e in ended], waits
                     )
                     pause = 0.1
                 except (DatabaseUnavailable, CallTimeout) as exc:
@@ -139,8 +167,11 @@ class StepRecords:
                         _Ending(e.step_id, e.outcome, e.at, trio.Event()) for e in ended
                     ]
                     self._bound()
+                    self._waits[:0] = waits
                     for ending in ended:
                         ending.done.set()
+                    for written in left:  # (dispatched all the same: a database away)
+                        written.set()
                     await trio.sleep(pause)
                     pause = min(RETRY_CAP, pause * 2)
                     self._due.set()
@@ -149,6 +180,8 @@ class StepRecords:
                     log.exception("recording %d step(s) failed", len(opened) + len(ended))
                     for step_id, _, _ in opened:
                         self._open.discard(step_id)
+                for written in left:
+                    written.set()
                 for ending in ended:
                     self._open.discard(ending.step_id)
                     ending.done.set()

@@ -227,6 +227,7 @@ class Takeovers:
             model=name,
             method=method,
             retry=request.model.retry if request else "never",
+            waiting=row.waiting,
         )
         if (
             then.move is not Move.FAIL
@@ -267,6 +268,8 @@ class Takeovers:
             if now is None or now.outcome is not None or now.owner != self.me:
                 return  # it ended meanwhile (or is another's): nothing to run
             request.attempts = 1 if lease is not None or end is not None else 0
+            assert self.records is not None
+            await self.records.adopt(row.id)  # (its record marked as ours say: not waiting)
             await self._run_again(request)
 
     async def _answers_of_others(self, step_id: str) -> list[dict]:

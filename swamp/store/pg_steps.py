@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS swamp_step (
     request       TEXT,
     outcome       TEXT,
     followed      BOOLEAN NOT NULL DEFAULT FALSE,
+    waiting       BOOLEAN NOT NULL DEFAULT FALSE,
     opened_epoch  DOUBLE PRECISION NOT NULL,
     ended_epoch   DOUBLE PRECISION
 );
@@ -33,7 +34,7 @@ CREATE INDEX IF NOT EXISTS swamp_step_ended ON swamp_step (ended_epoch)
     WHERE ended_epoch IS NOT NULL
 """
 CHANNEL = "swamp_step_ended"  # a followed step ended (the payload: its id)
-_COLUMNS = "id, owner, request, outcome, opened_epoch"
+_COLUMNS = "id, owner, request, outcome, opened_epoch, waiting"
 ROWS_PER_STATEMENT = 500  # (three parameters a row: far below the protocol's 65,535)
 
 
@@ -71,6 +72,9 @@ class StepRow:
     request: dict | None  # None: its outcome was written before its request (a batch apart)
     outcome: dict | None  # None: it has not ended
     opened_epoch: float
+    # it waits for a worker (set as it starts waiting, cleared before it is dispatched):
+    # with no lease, the one thing that says it was not sent anywhere
+    waiting: bool = False
 
 
 def _json(text: str | None) -> dict | None:
@@ -81,7 +85,9 @@ def _json(text: str | None) -> dict | None:
 
 
 def _row(row: tuple) -> StepRow:
-    return StepRow(str(row[0]), str(row[1]), _json(row[2]), _json(row[3]), float(row[4]))
+    return StepRow(
+        str(row[0]), str(row[1]), _json(row[2]), _json(row[3]), float(row[4]), bool(row[5])
+    )
 
 
 class PgSteps:
@@ -101,6 +107,7 @@ class PgSteps:
         owner: str,
         opened: list[tuple[str, str, float]],
         ended: list[tuple[str, str, float]],
+        waits: list[tuple[str, bool]] = (),  # type: ignore[assignment]
     ) -> None:
         """Requests (id, encoded request, when) and outcomes (id, encoded outcome, when) in
         one transaction, a statement per kind (:data:`ROWS_PER_STATEMENT` rows at most). A
@@ -116,6 +123,15 @@ class PgSteps:
                     + " ON CONFLICT (id) DO UPDATE SET request = EXCLUDED.request "
                     "WHERE swamp_step.request IS NULL",
                     (owner, *(v for row in rows for v in row)),
+                )
+            last = {step_id: waiting for step_id, waiting in waits}  # (each one's last)
+            for rows in _chunks(list(last.items())):
+                pairs = (f"(${2 * n + 1}, ${2 * n + 2}::boolean)" for n in range(len(rows)))
+                marks = ", ".join(pairs)
+                await conn.execute(
+                    f"UPDATE swamp_step SET waiting = v.w FROM (VALUES {marks}) AS v (id, w) "
+                    "WHERE swamp_step.id = v.id AND swamp_step.outcome IS NULL",
+                    tuple(v for step_id, w in rows for v in (step_id, "t" if w else "f")),
                 )
             for rows in _chunks(ended):
                 await conn.execute(

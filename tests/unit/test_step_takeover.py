@@ -43,9 +43,12 @@ def test_an_answer_from_the_orchestrator_that_ran_it_decides_as_any_episode():
     assert decide(busy, None, **RULE).move is Move.REQUEUE
 
 
-def test_no_answer_and_no_lease_means_it_waited_and_runs_again():
-    then = decide(None, None, **RULE)
+def test_no_answer_and_no_lease_runs_again_only_if_its_record_says_it_waited():
+    then = decide(None, None, **RULE, waiting=True)
     assert then.move is Move.REQUEUE and "waited" in then.reason
+    # else it may have been sent the moment its orchestrator died (no lease row yet)
+    then = decide(None, None, **RULE)
+    assert (then.move, then.code) == (Move.FAIL, "outcome_lost")
 
 
 @pytest.mark.parametrize(
@@ -209,6 +212,18 @@ async def test_one_taker_wins_a_dead_orchestrators_open_steps(table):
     assert (await table.get("mine")).owner == "e"
 
 
+async def test_a_wait_is_marked_and_cleared_in_order_and_never_after_the_end(table):
+    await table.write("a", [("s1", "{}", 1.0), ("s2", "{}", 1.0)], [], [("s1", True)])
+    assert (await table.get("s1")).waiting and not (await table.get("s2")).waiting
+    await table.write("a", [], [], [("s1", False), ("s2", True), ("s2", False)])
+    assert not (await table.get("s1")).waiting and not (await table.get("s2")).waiting
+    await table.write("a", [], [("s1", J({"reply": {}}), 2.0)], [])
+    await table.write("a", [], [], [("s1", True)])  # ended: left as it was
+    assert not (await table.get("s1")).waiting
+    [taken] = [row for row in await table.take_over("a", "b") if row.id == "s2"]
+    assert taken.waiting is False
+
+
 async def test_ended_steps_are_collected_after_their_life(table):
     await table.write(
         "a", [("old", "{}", 1.0), ("open", "{}", 1.0)], [("old", J({"reply": {}}), 2.0)]
@@ -297,7 +312,7 @@ class AwayTable:
         self.written: list[tuple[list, list]] = []
         self.refused = trio.Event()
 
-    async def write(self, owner, opened, ended) -> None:
+    async def write(self, owner, opened, ended, waits=()) -> None:
         if not self.back:
             self.refused.set()
             raise DatabaseUnavailable("the database is away")
