@@ -109,13 +109,16 @@ class PgSteps:
         ended: list[tuple[str, str, float]],
         waits: list[tuple[str, bool]] = (),  # type: ignore[assignment]
     ) -> None:
-        """Requests (id, encoded request, when) and outcomes (id, encoded outcome, when) in
-        one transaction, a statement per kind (:data:`ROWS_PER_STATEMENT` rows at most). A
+        """Requests (id, encoded request, when), waits (id, waiting) and outcomes (id,
+        encoded outcome, when), a statement per kind (:data:`ROWS_PER_STATEMENT` rows at most). A
         request never replaces anything; the first outcome stands, and only the step's owner
         writes it (one taken for dead and back cannot overwrite its taker's); a followed step
         that ends notifies."""
         opened, ended = _first_of_each(opened), _first_of_each(ended)  # (one row once)
-        async with self.pool.connection() as conn, conn.transaction():
+        # each statement its own transaction: a batch cut short is written again whole, and
+        # every statement is an upsert that a second writing changes nothing by (no BEGIN
+        # and COMMIT round trips on a path every placed step takes)
+        async with self.pool.connection() as conn:
             for rows in _chunks(opened):
                 await conn.execute(
                     "INSERT INTO swamp_step (id, owner, request, opened_epoch) VALUES "
