@@ -32,6 +32,11 @@ def _latest(url: str, model_type: str) -> list[str]:
     ]
 
 
+def _lease_states(url: str) -> list[str]:
+    """The state of every lease as last written."""
+    return [json.loads(a)["state"] for a in _latest(url, "swamp/step-lease")]
+
+
 def _serve_other(cluster, name: str, *extra: str):
     """A second orchestrator, in a repo of its own (one per repo), on the same database."""
     other = cluster.tmp / name
@@ -130,11 +135,10 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
     )  # fmt: skip
     client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
 
-    def running_lease_written() -> bool:  # (the first writes it behind: wait for it)
-        leases = [json.loads(a) for a in _latest(pg_url, "swamp/step-lease")]
-        return [lease["state"] for lease in leases] == ["active"]
-
-    wait_until(running_lease_written, what="the running step's lease in the database")
+    wait_until(
+        lambda: _lease_states(pg_url) == ["active"],
+        what="the running step's lease in the database (written behind)",
+    )
     open_logs = "SELECT orchestrator FROM step_log WHERE ended_epoch IS NULL"
     wait_until(lambda: len(_rows(pg_url, open_logs)) == 1, what="the running step's log")
     [(writer,)] = _rows(pg_url, open_logs)  # the first's, which runs it on its worker
@@ -467,9 +471,7 @@ def test_a_client_that_leaves_stops_its_step_on_the_other_orchestrators_worker(c
     finished = worker.wait_for(lambda e: e.get("event") == "dispatch_finished")
     assert finished.get("status") != "succeeded", finished
     wait_until(
-        lambda: (
-            [json.loads(a)["state"] for a in _latest(pg_url, "swamp/step-lease")] == ["cancelled"]
-        ),
+        lambda: _lease_states(pg_url) == ["cancelled"],
         what="the first's lease of it to end cancelled",
     )
 
@@ -580,11 +582,10 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     )  # fmt: skip
     waiting.wait_for(lambda e: e.get("event", {}).get("kind") == "queued")
 
-    def running_lease_written() -> bool:  # (written behind: the survivor reads it)
-        leases = [json.loads(a) for a in _latest(pg_url, "swamp/step-lease")]
-        return [lease["state"] for lease in leases] == ["active"]
-
-    wait_until(running_lease_written, what="the running step's lease in the database")
+    wait_until(
+        lambda: _lease_states(pg_url) == ["active"],
+        what="the running step's lease in the database (written behind)",
+    )
     mark = worker.mark()
     first.signal(signal.SIGKILL)
     first.wait_exit()

@@ -4,18 +4,11 @@ steps (a shared database), and every refusal is one line with an exit status oth
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from tests.integration.test_orchestrator_list import _closed_port
+
 pytestmark = pytest.mark.integration
-
-
-def _closed_port() -> int:
-    """A port nothing listens on (bound, then let go)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_first_orchestrator_that_answers_is_used(cluster):
