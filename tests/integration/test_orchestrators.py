@@ -32,6 +32,16 @@ def _latest(url: str, model_type: str) -> list[str]:
     ]
 
 
+def _fleet_worker(cluster, *urls: str):
+    """A worker of the fleet token ``edge`` (label ``fleet=edge``) given ``urls``, enrolled."""
+    token = cluster.mint_fleet("edge", "2")
+    worker = cluster.spawn(
+        "worker", "connect", ",".join(urls), "--json", env={"SWAMP_WORKER_TOKEN": token}
+    )
+    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    return worker
+
+
 def _lease_states(url: str) -> list[str]:
     """The state of every lease as last written."""
     return [json.loads(a)["state"] for a in _latest(url, "swamp/step-lease")]
@@ -121,12 +131,7 @@ def test_a_step_whose_holder_dies_runs_again_on_the_survivor(cluster, pg_url, tm
     first = cluster.serve(*database)
     first_url = cluster.url
     _, second_url, second_env = _serve_other(cluster, "second", *database)
-    token = cluster.mint_fleet("edge", "2")
-    worker = cluster.spawn(
-        "worker", "connect", f"{first_url},{second_url}", "--json",
-        env={"SWAMP_WORKER_TOKEN": token},
-    )  # fmt: skip
-    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    worker = _fleet_worker(cluster, first_url, second_url)
     go, runs = tmp_path / "go", tmp_path / "runs"
     command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
     client = cluster.spawn(
@@ -504,11 +509,8 @@ def test_a_client_whose_orchestrator_dies_reads_its_step_through_the_survivor(
     database = ("--database", pg_url)
     first = cluster.serve(*database)
     first_url = cluster.url
-    second, second_url, _ = _serve_other(cluster, "second", *database)
-    token = cluster.mint_fleet("edge", "2")
-    worker = cluster.spawn(
-        "worker", "connect", second_url, "--json", env={"SWAMP_WORKER_TOKEN": token}
-    )
+    second, second_url, second_env = _serve_other(cluster, "second", *database)
+    worker = _fleet_worker(cluster, second_url)
     name = worker.wait_for(lambda e: e.get("event") == "enrolled")["workerName"]
     # a model whose file holds a value no JSON can (a TOML date), overridden by the run: the
     # step runs (its record holds the arguments as checked) and the orchestrator stays up
@@ -545,10 +547,19 @@ def test_a_client_whose_orchestrator_dies_reads_its_step_through_the_survivor(
     assert (result["status"], result["worker"]) == ("succeeded", name), result
     assert runs.read_text().count("run") == 1  # never run again
     assert f"following step {step_id}" in client.log.read_text()
-    recorded = _rows(
-        pg_url, f"SELECT owner, outcome IS NOT NULL FROM swamp_step WHERE id = '{step_id}'"
+    recorded = _rows(pg_url, f"SELECT outcome IS NOT NULL FROM swamp_step WHERE id = '{step_id}'")
+    assert recorded == [(True,)]
+    assert "Traceback" not in second.log.read_text()
+    # bad input on the new surfaces: one line, exit 2, nothing changed
+    for bad in ("x" * 65, ""):
+        refused = cluster.cli(
+            "model", "method", "follow", bad, "--server", second_url, env=second_env
+        )
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    unknown = cluster.cli(
+        "model", "method", "follow", "0" * 32, "--server", second_url, env=second_env
     )
-    assert recorded and recorded[0][1] is True
+    assert unknown.returncode == 2 and "no step" in unknown.stderr, unknown.stderr
 
 
 def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
@@ -563,12 +574,7 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     first = cluster.serve(*database)
     first_url = cluster.url
     second, second_url, _ = _serve_other(cluster, "second", *database)
-    token = cluster.mint_fleet("edge", "2")
-    worker = cluster.spawn(
-        "worker", "connect", f"{first_url},{second_url}", "--json",
-        env={"SWAMP_WORKER_TOKEN": token},
-    )  # fmt: skip
-    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    worker = _fleet_worker(cluster, first_url, second_url)
     go, runs = tmp_path / "go", tmp_path / "runs"
     command = f"echo run >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
     running = _client_of_both(

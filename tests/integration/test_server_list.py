@@ -22,6 +22,10 @@ def test_the_first_orchestrator_that_answers_is_used(cluster):
     refused = cluster.cli("worker", "list", "--server", too_many)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert "at most 16" in refused.stderr
+    for empty in (",", " , "):
+        nothing = cluster.cli("worker", "list", "--server", empty)
+        assert nothing.returncode == 2 and len(nothing.stderr.splitlines()) == 1, nothing.stderr
+        assert "names no URL" in nothing.stderr
 
 
 def test_following_a_step_needs_an_orchestrator_that_records_steps(cluster):

@@ -388,3 +388,16 @@ def test_an_outcome_or_cancel_asked_without_a_sending_id_is_malformed(params):
         peers.cancel_asked("A", params)
     assert peers.outcome_asked("A", {"sendId": "s1"}) == {"state": "unknown"}
     assert peers.cancel_asked("A", {"sendId": "s1"}) == {"cancelled": False}
+
+
+@pytest.mark.parametrize(
+    "params", [{}, {"stepId": ""}, {"stepId": 5}, {"stepId": None}, {"stepId": "x" * 65}]
+)
+async def test_a_step_asked_after_without_a_good_step_id_is_malformed(params):
+    """``peer.step.wait`` (a taker asking whether a step ran here): a bad id is refused,
+    never waited on; a good one nobody ran here is "unknown" at once."""
+    peers, _, _ = _peers()
+    with pytest.raises(MalformedFrame):
+        await peers.step_wait_asked("A", params)
+    with trio.fail_after(5):
+        assert await peers.step_wait_asked("A", {"stepId": "s1"}) == {"state": "unknown"}
