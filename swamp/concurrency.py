@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import trio
 
 from swamp.compat import BaseExceptionGroup
+
+T = TypeVar("T")
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -38,4 +43,45 @@ async def open_unwrapping_nursery() -> AsyncIterator[trio.Nursery]:
             raise real[0] from None
         if not real and leaves:
             raise leaves[0] from None
+        raise
+
+
+def run_interruptibly(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run(fn, *args)`` with Ctrl-C taken as an event: ``fn`` is cancelled, its cleanup
+    runs, and ``KeyboardInterrupt`` is raised once ``trio.run`` has returned.
+
+    Trio's own delivery raises ``KeyboardInterrupt`` in whatever unprotected code runs when the
+    signal lands; landing inside a nursery's bookkeeping it once broke trio itself (an internal
+    error, exit 1, instead of "interrupted" and 130). A second Ctrl-C during the cleanup waits
+    in the receiver. Off the main thread (no signals there) it is plain ``trio.run``.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return trio.run(fn, *args)
+    interrupted = False
+
+    async def body() -> T:
+        nonlocal interrupted
+        scope = trio.CancelScope()
+
+        async def watch(interrupts: AsyncIterator[int]) -> None:
+            nonlocal interrupted
+            async for _ in interrupts:
+                interrupted = True
+                scope.cancel()
+
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+            async with open_unwrapping_nursery() as nursery:
+                nursery.start_soon(watch, interrupts)
+                try:
+                    with scope:
+                        return await fn(*args)
+                finally:
+                    nursery.cancel_scope.cancel()
+        raise KeyboardInterrupt  # the scope caught its cancel: Ctrl-C
+
+    try:
+        return trio.run(body)
+    except BaseException:
+        if interrupted:  # Ctrl-C wins over whatever it broke on its way out
+            raise KeyboardInterrupt from None
         raise

@@ -161,9 +161,10 @@ def repo_path(repo_dir: Path | None) -> Path:
 
 
 def run_async(fn, *args):
-    import trio
+    """Run a command's coroutine; Ctrl-C cancels it, then says "interrupted" (exit 130)."""
+    from swamp.concurrency import run_interruptibly
 
-    return trio.run(fn, *args)
+    return run_interruptibly(fn, *args)
 
 
 def with_admin(operation: Callable, route: Route, *, prefer_server: bool = False):

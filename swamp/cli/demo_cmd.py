@@ -30,8 +30,7 @@ def demo(
     (it takes no new work, finishes the step, exits 0); then everything is shut down and the
     temporary directory removed, on Ctrl-C too. Exit 0 when every section showed what it
     claims; --json prints the facts each section checked."""
-    import trio
-
+    from swamp.cli.common import run_async
     from swamp.demo import run_demo
 
-    raise typer.Exit(trio.run(run_demo, workers, keep, json_output))
+    raise typer.Exit(run_async(run_demo, workers, keep, json_output))
