@@ -76,3 +76,19 @@ class SharedStep:
     worker: str | None = None
     dispatch_id: str | None = None
     taken: bool = False
+
+
+LET_GO_MARGIN = 2.0  # seconds kept between the last of our copies stopping and another's start
+
+
+def let_go_after(*, death_grace: float, fence: float, noticed_within: float) -> float:
+    """How long an orchestrator that lost its liveness lock (and has not taken it back) may
+    keep its workers before it must let them go — close their sockets, so they stop the steps
+    they run for it and move to an orchestrator that holds the database.
+
+    Its peers may take it for dead once the server freed its lock: they look again
+    ``death_grace`` later, reconcile it, and run its steps again ``fence`` after that — the
+    earliest another copy can start. Its own connection learns of the loss up to
+    ``noticed_within`` late (a partition is told by keepalives, not by a reset), and what is
+    left must hold a margin. Zero: at once (short heartbeats give short fences)."""
+    return max(0.0, death_grace + fence - noticed_within - LET_GO_MARGIN)

@@ -62,6 +62,7 @@ from swamp.orchestrator.peers import Peers
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
+from swamp.orchestrator.self_fence import SelfFence
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.orchestrator.step_records import StepRecords
 from swamp.orchestrator.takeover import Takeovers
@@ -152,6 +153,7 @@ class Orchestrator:
     pages: Pages
     peers: Peers | None = None  # the other orchestrators (a shared database; None: alone)
     takeovers: Takeovers | None = None  # the steps of dead ones this one settles
+    self_fence: SelfFence | None = None  # lets the workers go when the database is lost
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every background service, in the order they were made; started before the listener
@@ -173,6 +175,8 @@ class Orchestrator:
             # -- the other orchestrators on a shared database --------------------------------
             if self.peers is not None:
                 await nursery.start(self.peers.run, self.queue, self.dispatch.run_claimed)
+            if self.self_fence is not None:
+                await nursery.start(self.self_fence.run)
             if self.dispatch.steps is not None:
                 await nursery.start(self.dispatch.steps.run)
                 if self.takeovers is not None and self.peers is not None:
@@ -382,6 +386,7 @@ def compose(
         policy=policy,
         admission=admission,
     )
+    dispatch.letting_go = lambda: membership.letting_go
     return Orchestrator(
         store=store,
         db=db,
@@ -410,4 +415,7 @@ def compose(
         pages=pages,
         peers=peers,
         takeovers=takeovers,
+        self_fence=None
+        if peers is None
+        else SelfFence.given(peers, membership, fence=fence_seconds(settings.heartbeat_seconds)),
     )

@@ -26,7 +26,13 @@ from swamp.domain.workers import (
     check_platform_word,
     check_version,
 )
-from swamp.errors import ProtocolMismatch, SwampError, TokenInvalid, UserError
+from swamp.errors import (
+    DatabaseUnavailable,
+    ProtocolMismatch,
+    SwampError,
+    TokenInvalid,
+    UserError,
+)
 from swamp.orchestrator.live_tokens import LiveTokens
 from swamp.orchestrator.membership import HOLD_BACK, Membership
 from swamp.orchestrator.pool import Member, Pool
@@ -103,6 +109,7 @@ class Enrollment:
 
     async def _enroll(self, channel: RpcChannel, raw: dict) -> tuple[EnrollReply, Member]:
         params = check_enrollment(raw)
+        self._refuse_while_letting_go()
         twin = _present(self.pool.by_instance_id(params.instance_id))
         clash = instance_clash(params, twin)
         if clash is not None:
@@ -123,9 +130,16 @@ class Enrollment:
         if not isinstance(decision, Admit):
             raise decision.error  # a refusal, or a full fleet: the worker waits and asks again
         assert isinstance(redeemed, Redeemed)  # only a redeemed token admits
+        self._refuse_while_letting_go()  # (it may have begun while the token was redeemed)
         if decision.replaces and existing is not None and existing.channel is not None:
             existing.channel.abort(CLOSE_REPLACED, "replaced by a newer connection")
         return await self._join(channel, params, redeemed, decision)
+
+    def _refuse_while_letting_go(self) -> None:
+        """A worker is refused, as by an orchestrator away, while this one lets its workers
+        go (it lost its hold on the database): it tries the next orchestrator it knows."""
+        if self.membership.letting_go is not None:
+            raise DatabaseUnavailable(self.membership.letting_go)
 
     async def _redeem(self, params: EnrollRequest) -> Redeemed | SwampError:
         """The token's answer: its redemption (the worker's name and grant), or its refusal."""

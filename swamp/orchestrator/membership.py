@@ -32,6 +32,7 @@ from swamp.store.datastore import iso
 log = logging.getLogger("swamp.gateway")
 
 CLOSE_SHUTDOWN = 1001
+CLOSE_LET_GO = 1013  # "try again later": this orchestrator lost its hold on the database
 DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout", "asked")  # asked: worker drain
 HOLD_BACK = 300.0  # seconds a machine that left a dispatch unacknowledged gets no work
 
@@ -58,6 +59,9 @@ class Membership:
         # --verify-on-enroll: probe each enrolling worker before it becomes schedulable (the
         # probe itself is given to run(): it dispatches through episodes, which report here)
         self.verify_on_enroll = verify_on_enroll
+        # why workers are refused now (``let_go``: this orchestrator lost its hold on a shared
+        # database), or None
+        self.letting_go: str | None = None
         self.clock = clock
         self.grace = Deadlines("grace windows")
         # machines that left a dispatch unacknowledged: held back for a while, reconnected or
@@ -197,9 +201,25 @@ class Membership:
             )
 
     async def shutdown(self) -> None:
+        self._close_all(CLOSE_SHUTDOWN, "orchestrator shutting down")
+
+    def let_go(self, reason: str) -> int:
+        """Close every worker's socket and take none until :meth:`take_again` (``reason``
+        refuses them meanwhile): their running steps stop, and they move to another
+        orchestrator. How many were let go."""
+        self.letting_go = reason
+        return self._close_all(CLOSE_LET_GO, reason)
+
+    def take_again(self) -> None:
+        self.letting_go = None
+
+    def _close_all(self, code: int, reason: str) -> int:
+        closed = 0
         for member in list(self.pool.members.values()):
             if member.connected and member.channel is not None:
-                member.channel.abort(CLOSE_SHUTDOWN, "orchestrator shutting down")
+                member.channel.abort(code, reason)
+                closed += 1
+        return closed
 
     # -- running -----------------------------------------------------------------------------
 

@@ -206,6 +206,10 @@ class Peers:
         self.run_claimed: Callable[..., Awaitable[dict]] | None = None
         self.held: dict[str, Held] = {}  # queue id → our slot reserved for a peer's step
         self.reconciled = 0  # dead orchestrators this one reconciled
+        # whether our liveness lock is held now (``swamp.orchestrator.self_fence`` lets our
+        # workers go when it stays lost)
+        self.holding = False
+        self._holding_changed = trio.Event()
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
         self.waiting_kinds: dict[Requirement, set[str]] = {}  # …what they need, whose they are
         # which orchestrator last claimed a step of each requirement of ours, until when
@@ -248,11 +252,13 @@ class Peers:
                         raise self._taken_for_dead()
                     else:
                         log.info("holds its liveness lock again")
+                    self._hold(True)
                     pause = LIVENESS_RETRY
                     await trio.sleep_forever()
             except LockHeld:
                 if not started:
                     raise
+                self._hold(False)
                 if await self._forgotten():
                     raise self._taken_for_dead() from None
                 log.warning(
@@ -263,9 +269,21 @@ class Peers:
             except DatabaseUnavailable as exc:  # LockLost too
                 if not started:
                     raise
+                self._hold(False)
                 log.warning("lost the liveness lock (%s): taking it again in %gs", exc, pause)
             await trio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    def _hold(self, holding: bool) -> None:
+        if holding != self.holding:
+            self.holding = holding
+            self._holding_changed.set()
+            self._holding_changed = trio.Event()
+
+    async def until_holding(self, holding: bool = True) -> None:
+        """Until our liveness lock is held (``holding``) or not."""
+        while self.holding != holding:
+            await self._holding_changed.wait()
 
     async def _forgotten(self) -> bool:
         try:

@@ -14,7 +14,8 @@ and :class:`LockLost` raised, so nothing goes on believing it holds what another
 A holder that vanishes without closing (a partitioned machine) keeps the lock until the server
 notices the dead connection: set the server's TCP keepalives to seconds, and still fence what
 is written (``swamp.domain.holding``). The lock's own connection sends keepalives every few
-seconds (:data:`KEEPALIVES`), so a holder cut off learns it in about 15 seconds.
+seconds (:data:`KEEPALIVES`), so a holder cut off learns it within 10 seconds
+(:data:`NOTICED_WITHIN`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from swamp.store import pg
 # (the system's default keepalive starts after two hours), not after the next holder took over.
 KEEPALIVES = {
     "keepalives": 1,
-    "keepalives_idle": 5,
+    "keepalives_idle": 3,
     "keepalives_interval": 2,
     "keepalives_count": 3,
-    "tcp_user_timeout": 15000,
+    "tcp_user_timeout": 10000,
 }
+NOTICED_WITHIN = 10.0  # seconds: the longest a holder cut off goes on believing it holds
 
 
 def lock_key(name: str) -> int:

@@ -7,6 +7,7 @@ reconciles what the dead one left."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 
@@ -609,3 +610,122 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     assert result_of(running.events())["status"] == "succeeded"
     assert runs.read_text().count("run") == 2  # the first copy, stopped; the second
     assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]
+
+
+def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go(
+    cluster, pg_url, tmp_path
+):
+    """The first's liveness lock lost — its connection ended by the server — and taken by
+    another (as a peer looking at it would, or the server freeing it for a connection cut
+    off): it lets its workers go, so the step running there stops at once instead of running
+    on beside a copy a peer may start; the worker moves to the second and runs steps through
+    it; a worker given only the first is refused, saying why. Once the first holds its lock
+    again it takes workers again, and its step, run again after the fence, succeeds: run
+    twice, never at once."""
+    from swamp.domain.peers import liveness_lock
+    from swamp.store import pg
+    from swamp.store.pg_locks import lock_key
+
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    _, second_url, second_env = _serve_other(cluster, "second", *database)
+    worker = _fleet_worker(cluster, first_url, second_url)
+    name = worker.events()[-1]["workerName"]
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = (
+        f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; echo done"
+    )
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", "fleet=edge", "--json",
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    [first_copy] = runs.read_text().split()
+
+    [(me,)] = _rows(pg_url, f"SELECT id FROM swamp_orchestrator WHERE url = '{first_url}'")
+    key = lock_key(liveness_lock(me)) & 0xFFFF_FFFF_FFFF_FFFF
+    holder = (
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        f"AND classid = {key >> 32} AND objid = {key & 0xFFFF_FFFF}"
+    )
+    [(pid,)] = _rows(pg_url, holder)
+    waiting = holder.replace("SELECT pid", "SELECT count(*)").replace(
+        "AND granted", "AND NOT granted"
+    )
+    taken = trio.Event()
+    release = trio.Event()
+
+    async def hold_its_lock() -> None:  # its connection ended, then its lock held here
+        async with await pg.connect(pg_url) as conn:
+            await conn.execute("SELECT pg_terminate_backend($1)", (pid,))
+            # the server queues this one: it holds the lock the moment the ended session
+            # lets it go, before the first asks again (it tries, never waits, each second)
+            await conn.execute("SELECT pg_advisory_lock($1)", (lock_key(liveness_lock(me)),))
+            taken.set()
+            await release.wait()
+
+    mark = worker.mark()
+    only_first = None
+
+    async def scenario() -> None:
+        nonlocal only_first
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_its_lock)
+            await taken.wait()
+            await trio.to_thread.run_sync(
+                lambda: worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+            )
+            # its first copy stopped as its socket closed: its process is gone
+            await trio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: not os.path.exists(f"/proc/{first_copy}"),
+                    what="the first copy's process to end",
+                )
+            )
+            assert not go.exists()
+            listed = cluster.cli_json("worker", "list", "--server", second_url, env=second_env)
+            assert [(w["name"], w.get("orchestrator")) for w in listed["workers"]] == [
+                (name, second_url)
+            ]
+            # a worker that knows only the first is refused while it lets workers go
+            only_first = _spawn_fleet_worker(cluster, first_url)
+            said = await trio.to_thread.run_sync(
+                lambda: only_first.wait_for(lambda e: e.get("event") == "disconnected")
+            )
+            assert "lost its hold on its PostgreSQL database" in said["reason"], said
+            assert "let its 1 worker(s) go" in first.log.read_text()
+            # a step sent through it meanwhile is refused at once, saying why
+            refused = cluster.cli("model", "method", "run", "swamp/echo", "echo",
+                                  "--arg", "message=x", "--label", "fleet=edge")  # fmt: skip
+            assert refused.returncode != 0
+            assert "lost its hold on its PostgreSQL database" in refused.stderr, refused.stderr
+            # the second has looked at the lock (free once, held since) and waits on it again:
+            # let go now, the first takes it back before the second would look a second time
+            await trio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: _rows(pg_url, waiting) != [(0,)],
+                    what="the second to wait on the first's lock again",
+                )
+            )
+            release.set()
+
+    trio.run(scenario)
+    # holding its lock again, it takes workers again
+    assert only_first is not None
+    only_first.wait_for(lambda e: e.get("event") == "enrolled")
+    # its step ran again after the fence (on the worker the second holds now) and succeeds
+    wait_until(lambda: len(runs.read_text().split()) == 2, what="the step to run again")
+    go.touch()
+    assert client.wait_exit() == 0
+    assert result_of(client.events())["status"] == "succeeded"
+    assert first.p.poll() is None
+    assert "takes workers again" in first.log.read_text()
+
+
+def _spawn_fleet_worker(cluster, *urls: str):
+    """A worker of the fleet token ``solo`` given ``urls``, not waited for."""
+    token = cluster.mint_fleet("solo", "2")
+    return cluster.spawn(
+        "worker", "connect", ",".join(urls), "--json", env={"SWAMP_WORKER_TOKEN": token}
+    )
