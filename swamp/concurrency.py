@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -52,36 +53,42 @@ def run_interruptibly(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 
     Trio's own delivery raises ``KeyboardInterrupt`` in whatever unprotected code runs when the
     signal lands; landing inside a nursery's bookkeeping it once broke trio itself (an internal
-    error, exit 1, instead of "interrupted" and 130). A second Ctrl-C during the cleanup waits
-    in the receiver. Off the main thread (no signals there) it is plain ``trio.run``.
+    error, exit 1, instead of "interrupted" and 130). Here a handler of our own is installed
+    before trio starts (so trio installs none): it only asks for the cancel. A second Ctrl-C
+    during the cleanup changes nothing; one after ``fn`` returned leaves its result alone;
+    the signal receivers of ``serve`` and ``worker connect`` take it over while they are open
+    and hand it back. A SIGINT that is ignored (a background job) or handled by someone else
+    stays so, and off the main thread (no signals there) this is plain ``trio.run``.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         return trio.run(fn, *args)
     interrupted = False
+    running: list[tuple[trio.lowlevel.TrioToken, trio.CancelScope]] = []
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        for token, scope in running:  # (none yet: the scope is cancelled as it opens)
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
 
     async def body() -> T:
-        nonlocal interrupted
-        scope = trio.CancelScope()
-
-        async def watch(interrupts: AsyncIterator[int]) -> None:
-            nonlocal interrupted
-            async for _ in interrupts:
-                interrupted = True
+        with trio.CancelScope() as scope:
+            running.append((trio.lowlevel.current_trio_token(), scope))
+            if interrupted:
                 scope.cancel()
-
-        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
-            async with open_unwrapping_nursery() as nursery:
-                nursery.start_soon(watch, interrupts)
-                try:
-                    with scope:
-                        return await fn(*args)
-                finally:
-                    nursery.cancel_scope.cancel()
+            return await fn(*args)
         raise KeyboardInterrupt  # the scope caught its cancel: Ctrl-C
 
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         return trio.run(body)
     except BaseException:
         if interrupted:  # Ctrl-C wins over whatever it broke on its way out
             raise KeyboardInterrupt from None
         raise
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -45,6 +45,7 @@ from swamp.errors import (
     CallTimeout,
     ChannelClosed,
     Conflict,
+    DatabaseUnavailable,
     MalformedFrame,
     MalformedReply,
     NeedsOrchestrator,
@@ -678,6 +679,9 @@ class RepoAdmin:
             tell_step=request.follow,
         )
         if self.dispatch is not None:
+            refused = self.dispatch.letting_go() if placement.is_remote() else None
+            if refused is not None:  # its workers are let go: the step would wait for none
+                raise DatabaseUnavailable(refused)
             return await self.dispatch.run(run, emit)
         if request.queue_timeout is not None:
             parse_queue_timeout(request.queue_timeout, what="--queue-timeout")

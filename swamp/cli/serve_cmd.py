@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from swamp.cli.common import JSON, REPO_DIR, command, repo_path
+from swamp.cli.common import JSON, REPO_DIR, command, repo_path, run_async
 
 
 class EscapingFormatter(logging.Formatter):
@@ -268,7 +268,6 @@ def serve(
     header) and, on loopback, unknown Host names are refused; workers get none of this
     process's environment unless it is named (--ship-env, a model's env, a run's --env).
     """
-    import trio
 
     from swamp.domain.durations import parse_duration, parse_timeout
     from swamp.domain.priority import parse_aging
@@ -350,4 +349,4 @@ def serve(
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    trio.run(run, repo, options)
+    run_async(run, repo, options)  # (Ctrl-C before it listens: "interrupted", 130)

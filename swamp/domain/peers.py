@@ -78,17 +78,32 @@ class SharedStep:
     taken: bool = False
 
 
+# The longest an orchestrator's liveness lock connection goes on believing it holds the lock
+# once cut off: ``swamp.store.pg_locks`` sets its keepalives so (the first probe after 3 s of
+# silence, then every 2 s, the connection given up at the first probe past the 10 s of
+# ``tcp_user_timeout``: 11 s), and a second more.
+LOCK_LOSS_NOTICED_WITHIN = 12.0
 LET_GO_MARGIN = 2.0  # seconds kept between the last of our copies stopping and another's start
 
 
-def let_go_after(*, death_grace: float, fence: float, noticed_within: float) -> float:
+def rerun_fence(fence: float, *, death_grace: float) -> float:
+    """How long after an orchestrator was reconciled (taken for dead) its steps wait before
+    they run again elsewhere: the lease's ``fence``, and never less than an orchestrator cut
+    off needs to notice it lost its lock and let its workers go (:func:`let_go_after`) —
+    short heartbeats give short fences, the lock's keepalives do not shorten."""
+    return max(fence, LOCK_LOSS_NOTICED_WITHIN + LET_GO_MARGIN - death_grace)
+
+
+def let_go_after(*, death_grace: float, fence: float) -> float:
     """How long an orchestrator that lost its liveness lock (and has not taken it back) may
     keep its workers before it must let them go — close their sockets, so they stop the steps
     they run for it and move to an orchestrator that holds the database.
 
     Its peers may take it for dead once the server freed its lock: they look again
-    ``death_grace`` later, reconcile it, and run its steps again ``fence`` after that — the
-    earliest another copy can start. Its own connection learns of the loss up to
-    ``noticed_within`` late (a partition is told by keepalives, not by a reset), and what is
-    left must hold a margin. Zero: at once (short heartbeats give short fences)."""
-    return max(0.0, death_grace + fence - noticed_within - LET_GO_MARGIN)
+    ``death_grace`` later, reconcile it, and run its steps again :func:`rerun_fence` after
+    that — the earliest another copy can start. It learns of the loss up to
+    :data:`LOCK_LOSS_NOTICED_WITHIN` late (a partition is told by keepalives, not by a
+    reset), and a margin is kept. Every orchestrator must have the same ``fence`` (the same
+    ``--heartbeat``)."""
+    earliest_rerun = death_grace + rerun_fence(fence, death_grace=death_grace)
+    return max(0.0, earliest_rerun - LOCK_LOSS_NOTICED_WITHIN - LET_GO_MARGIN)

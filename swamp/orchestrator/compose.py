@@ -39,6 +39,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.peers import let_go_after, rerun_fence
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
@@ -58,7 +59,7 @@ from swamp.orchestrator.episode import Episodes
 from swamp.orchestrator.live_tokens import LiveTokens
 from swamp.orchestrator.membership import Membership
 from swamp.orchestrator.metrics import Metrics
-from swamp.orchestrator.peers import Peers
+from swamp.orchestrator.peers import DEATH_GRACE, Peers
 from swamp.orchestrator.pool import Member, Pool
 from swamp.orchestrator.queue import DispatchQueue
 from swamp.orchestrator.records import WorkerRecords
@@ -328,7 +329,9 @@ def compose(
         default_timeout=settings.default_timeout,
         logs=step_logs,
         peers=peers,
-        peer_fence=fence_seconds(settings.heartbeat_seconds),
+        peer_fence=fence_seconds(settings.heartbeat_seconds)
+        if peers is None
+        else rerun_fence(fence_seconds(settings.heartbeat_seconds), death_grace=DEATH_GRACE),
         steps=step_records,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]
@@ -417,5 +420,11 @@ def compose(
         takeovers=takeovers,
         self_fence=None
         if peers is None
-        else SelfFence.given(peers, membership, fence=fence_seconds(settings.heartbeat_seconds)),
+        else SelfFence(
+            peers,
+            membership,
+            after=let_go_after(
+                death_grace=DEATH_GRACE, fence=fence_seconds(settings.heartbeat_seconds)
+            ),
+        ),
     )

@@ -34,7 +34,6 @@ from swamp.domain.step_logs import LogOwner
 from swamp.domain.workers import WorkerStatus
 from swamp.errors import (
     BY_CODE,
-    DatabaseUnavailable,
     DispatchFailed,
     ExecutionTimeout,
     MalformedFrame,
@@ -273,7 +272,8 @@ class DispatchService:
         # it depends on the heartbeat the worker was told
         self.fence = fence
         self.peer_fence = peer_fence  # …and after losing another orchestrator's worker
-        # why no step goes to a worker now (``Membership.letting_go``: set by compose), or None
+        # why a client's step for a worker is refused now (``Membership.letting_go``: set by
+        # compose), or None; a step taken over waits for the workers to come back instead
         self.letting_go: Callable[[], str | None] = lambda: None
         self.queue_timeout = queue_timeout  # serve --queue-timeout; None: the default
         self.environ = dict(os.environ if environ is None else environ)
@@ -361,9 +361,6 @@ class DispatchService:
                     self.db, model_type, request, args, emit, env=self.environ_here
                 )
         else:
-            refused = self.letting_go()
-            if refused is not None:  # (its workers are let go: the step would wait for none)
-                raise DatabaseUnavailable(refused)
             if self.steps is not None and request.workflow is None:
                 return await self._run_recorded(request, plan, emit)
             return await self._run_unrecorded(request, plan, emit)

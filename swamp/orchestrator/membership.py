@@ -33,6 +33,8 @@ log = logging.getLogger("swamp.gateway")
 
 CLOSE_SHUTDOWN = 1001
 CLOSE_LET_GO = 1013  # "try again later": this orchestrator lost its hold on the database
+# (a close reason holds 120 bytes: the enrollment's refusal says the rest)
+LET_GO_REASON = "this orchestrator lost its hold on its database: try another"
 DRAIN_REASONS = ("signal", "max-dispatches", "idle-timeout", "asked")  # asked: worker drain
 HOLD_BACK = 300.0  # seconds a machine that left a dispatch unacknowledged gets no work
 
@@ -100,6 +102,9 @@ class Membership:
             self._release(member)  # its time was up while the enrollment was written
         if verify:
             self._to_verify_send.send_nowait(member)
+        if self.letting_go is not None and member.channel is not None:
+            # its enrollment was under way as the workers were let go: it goes too
+            member.channel.abort(CLOSE_LET_GO, LET_GO_REASON)
 
     # -- drains, disconnects and the grace window --------------------------------------------
 
@@ -208,7 +213,7 @@ class Membership:
         refuses them meanwhile): their running steps stop, and they move to another
         orchestrator. How many were let go."""
         self.letting_go = reason
-        return self._close_all(CLOSE_LET_GO, reason)
+        return self._close_all(CLOSE_LET_GO, LET_GO_REASON)
 
     def take_again(self) -> None:
         self.letting_go = None

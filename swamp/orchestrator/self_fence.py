@@ -8,6 +8,10 @@ steps it ran here, as on any lost connection, and moves to an orchestrator it ca
 takes no worker until the lock is held again. Taken back in time (a dropped connection, the
 server restarted quickly), nothing is let go; reconciled by a peer meanwhile, it stops
 (``Peers.hold_liveness``).
+
+The wait counts from the first loss until the lock has been held again for ``steady``
+seconds (a peer's grace): a peer that saw it free once and looks again later must not find
+the wait started afresh by a moment's hold in between.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import logging
 
 import trio
 
-from swamp.domain.peers import let_go_after
 from swamp.orchestrator.membership import Membership
 from swamp.orchestrator.peers import DEATH_GRACE, Peers
 
@@ -29,37 +32,49 @@ LETTING_GO = (
 
 
 class SelfFence:
-    def __init__(self, peers: Peers, membership: Membership, *, after: float) -> None:
+    def __init__(
+        self, peers: Peers, membership: Membership, *, after: float, steady: float = DEATH_GRACE
+    ) -> None:
         self.peers = peers
         self.membership = membership
         self.after = after  # seconds the lock may be lost before the workers are let go
+        self.steady = steady  # seconds held again before a loss is forgotten
         self.let_go = 0  # how many times they were (for the tests and the log)
-
-    @classmethod
-    def given(cls, peers: Peers, membership: Membership, *, fence: float) -> SelfFence:
-        """With the wait its peers' ``fence`` (theirs is ours: one ``--heartbeat`` for all)
-        and this database's lock connections allow."""
-        from swamp.store.pg_locks import NOTICED_WITHIN  # (the driver: serving one)
-
-        after = let_go_after(death_grace=DEATH_GRACE, fence=fence, noticed_within=NOTICED_WITHIN)
-        return cls(peers, membership, after=after)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             await self.peers.until_holding(False)
-            with trio.move_on_after(self.after):
-                await self.peers.until_holding(True)
-                continue  # taken back in time
+            lost_at = trio.current_time()
+            if await self._back_in_time(lost_at + self.after):
+                log.info(
+                    "took its liveness lock back within %gs and held it %gs: its workers stay",
+                    self.after,
+                    self.steady,
+                )
+                continue
             closed = self.membership.let_go(LETTING_GO)
             self.let_go += 1
             log.warning(
-                "its liveness lock has been lost for %gs: let its %d worker(s) go (their steps "
-                "stop; they move to another orchestrator) and takes none until it holds the "
-                "lock again",
+                "its liveness lock was lost and not held again within %gs: let its %d "
+                "worker(s) go (their steps stop; they move to another orchestrator); it takes "
+                "none until it holds the lock again",
                 self.after,
                 closed,
             )
             await self.peers.until_holding(True)
             self.membership.take_again()
             log.info("holds its liveness lock again: takes workers again")
+
+    async def _back_in_time(self, deadline: float) -> bool:
+        """Whether the lock is held again by ``deadline`` and then held for ``steady``
+        seconds without a loss (a loss meanwhile keeps counting toward ``deadline``)."""
+        while True:
+            with trio.move_on_at(deadline):
+                await self.peers.until_holding(True)
+            if not self.peers.holding:
+                return False  # the deadline passed
+            with trio.move_on_after(self.steady):
+                await self.peers.until_holding(False)
+                continue  # lost again before it was steady: the first loss's deadline holds
+            return True

@@ -636,12 +636,18 @@ async def _serve_on(
     stop = trio.Event()
 
     async def stop_on_signal() -> None:
+        """The first SIGINT or SIGTERM shuts down; later ones are heard and change nothing
+        until the services stop (the receiver stays open: a second one must not land in
+        whatever code runs then, nor end the process before its last writes)."""
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                break
-        await parts.membership.shutdown()
-        stop.set()
+                name = signal.Signals(signum).name
+                if stop.is_set():
+                    log.info("received %s: already shutting down", name)
+                    continue
+                log.info("received %s: shutting down", name)
+                await parts.membership.shutdown()
+                stop.set()
 
     try:
         async with open_unwrapping_nursery() as nursery:
@@ -679,7 +685,7 @@ async def _serve_on(
                 nursery.start_soon(
                     _collect_garbage, storage, parts.pool, options.worker_retention, parts.logs
                 )
-                server.start_soon(stop_on_signal)
+                nursery.start_soon(stop_on_signal)  # (cancelled once the services stop)
                 task_status.started(url)
             # The listener has returned: every connection is closed or past its graceful timeout.
             with trio.move_on_after(5):

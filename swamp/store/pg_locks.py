@@ -14,8 +14,8 @@ and :class:`LockLost` raised, so nothing goes on believing it holds what another
 A holder that vanishes without closing (a partitioned machine) keeps the lock until the server
 notices the dead connection: set the server's TCP keepalives to seconds, and still fence what
 is written (``swamp.domain.holding``). The lock's own connection sends keepalives every few
-seconds (:data:`KEEPALIVES`), so a holder cut off learns it within 10 seconds
-(:data:`NOTICED_WITHIN`).
+seconds (:data:`KEEPALIVES`), so a holder cut off learns it within about 11 seconds
+(``swamp.domain.peers.LOCK_LOSS_NOTICED_WITHIN``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ KEEPALIVES = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10000,
 }
-NOTICED_WITHIN = 10.0  # seconds: the longest a holder cut off goes on believing it holds
+# (what ``swamp.domain.peers.LOCK_LOSS_NOTICED_WITHIN`` counts on: about 11 s)
 
 
 def lock_key(name: str) -> int:

@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import subprocess
+import time
+from datetime import datetime
 
 import pytest
 import trio
@@ -612,20 +614,49 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]
 
 
+class _ItsLock:
+    """An orchestrator's liveness lock, as the test takes it: its connection ended by the
+    server (``pg_terminate_backend``), and — if ``hold`` — the lock taken and held here (the
+    server queues this session: it holds the lock the moment the ended one lets it go, before
+    the orchestrator asks again; it tries, never waits, every second or two)."""
+
+    def __init__(self, pg_url: str, url: str) -> None:
+        from swamp.domain.peers import liveness_lock
+        from swamp.store.pg_locks import lock_key
+
+        self.pg_url = pg_url
+        [(me,)] = _rows(pg_url, f"SELECT id FROM swamp_orchestrator WHERE url = '{url}'")
+        self.key = lock_key(liveness_lock(me))
+        unsigned = self.key & 0xFFFF_FFFF_FFFF_FFFF
+        self.holder = (
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+            f"AND classid = {unsigned >> 32} AND objid = {unsigned & 0xFFFF_FFFF}"
+        )
+
+    def end_its_connection(self) -> None:
+        [(pid,)] = _rows(self.pg_url, self.holder)
+        _rows(self.pg_url, f"SELECT pg_terminate_backend({pid})")
+
+    async def hold(self, taken: trio.Event, release: trio.Event) -> None:
+        from swamp.store import pg
+
+        async with await pg.connect(self.pg_url) as conn:
+            [(pid,)] = (await conn.execute(self.holder)).rows
+            await conn.execute("SELECT pg_terminate_backend($1)", (pid,))
+            await conn.execute("SELECT pg_advisory_lock($1)", (self.key,))
+            taken.set()
+            await release.wait()
+
+
 def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go(
     cluster, pg_url, tmp_path
 ):
-    """The first's liveness lock lost — its connection ended by the server — and taken by
-    another (as a peer looking at it would, or the server freeing it for a connection cut
-    off): it lets its workers go, so the step running there stops at once instead of running
-    on beside a copy a peer may start; the worker moves to the second and runs steps through
-    it; a worker given only the first is refused, saying why. Once the first holds its lock
-    again it takes workers again, and its step, run again after the fence, succeeds: run
-    twice, never at once."""
-    from swamp.domain.peers import liveness_lock
-    from swamp.store import pg
-    from swamp.store.pg_locks import lock_key
-
+    """The first's liveness lock lost and held by another (as a peer looking at it would, or
+    as the server frees it for a connection cut off): with serve's short heartbeat it lets
+    its workers go at once, so the step running there stops instead of running on beside a
+    copy a peer may start; the worker moves to the second; a worker given only the first is
+    refused saying why, and so is a step sent through it. The step, queued again after the
+    fence, is claimed by the second and succeeds: run twice, never at once."""
     database = ("--database", pg_url)
     first = cluster.serve(*database)
     first_url = cluster.url
@@ -633,94 +664,118 @@ def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go
     worker = _fleet_worker(cluster, first_url, second_url)
     name = worker.events()[-1]["workerName"]
     go, runs = tmp_path / "go", tmp_path / "runs"
-    command = (
-        f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; echo done"
-    )
+    command = f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
     client = cluster.spawn(
         "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
         "--label", "fleet=edge", "--json",
     )  # fmt: skip
     client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
     [first_copy] = runs.read_text().split()
-
-    [(me,)] = _rows(pg_url, f"SELECT id FROM swamp_orchestrator WHERE url = '{first_url}'")
-    key = lock_key(liveness_lock(me)) & 0xFFFF_FFFF_FFFF_FFFF
-    holder = (
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-        f"AND classid = {key >> 32} AND objid = {key & 0xFFFF_FFFF}"
-    )
-    [(pid,)] = _rows(pg_url, holder)
-    waiting = holder.replace("SELECT pid", "SELECT count(*)").replace(
-        "AND granted", "AND NOT granted"
-    )
-    taken = trio.Event()
-    release = trio.Event()
-
-    async def hold_its_lock() -> None:  # its connection ended, then its lock held here
-        async with await pg.connect(pg_url) as conn:
-            await conn.execute("SELECT pg_terminate_backend($1)", (pid,))
-            # the server queues this one: it holds the lock the moment the ended session
-            # lets it go, before the first asks again (it tries, never waits, each second)
-            await conn.execute("SELECT pg_advisory_lock($1)", (lock_key(liveness_lock(me)),))
-            taken.set()
-            await release.wait()
-
+    its_lock = _ItsLock(pg_url, first_url)
+    taken, release = trio.Event(), trio.Event()
     mark = worker.mark()
-    only_first = None
 
     async def scenario() -> None:
-        nonlocal only_first
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(hold_its_lock)
+            nursery.start_soon(its_lock.hold, taken, release)
             await taken.wait()
-            await trio.to_thread.run_sync(
-                lambda: worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
-            )
-            # its first copy stopped as its socket closed: its process is gone
-            await trio.to_thread.run_sync(
-                lambda: wait_until(
-                    lambda: not os.path.exists(f"/proc/{first_copy}"),
-                    what="the first copy's process to end",
-                )
-            )
-            assert not go.exists()
-            listed = cluster.cli_json("worker", "list", "--server", second_url, env=second_env)
-            assert [(w["name"], w.get("orchestrator")) for w in listed["workers"]] == [
-                (name, second_url)
-            ]
-            # a worker that knows only the first is refused while it lets workers go
-            only_first = _spawn_fleet_worker(cluster, first_url)
-            said = await trio.to_thread.run_sync(
-                lambda: only_first.wait_for(lambda e: e.get("event") == "disconnected")
-            )
-            assert "lost its hold on its PostgreSQL database" in said["reason"], said
-            assert "let its 1 worker(s) go" in first.log.read_text()
-            # a step sent through it meanwhile is refused at once, saying why
-            refused = cluster.cli("model", "method", "run", "swamp/echo", "echo",
-                                  "--arg", "message=x", "--label", "fleet=edge")  # fmt: skip
-            assert refused.returncode != 0
-            assert "lost its hold on its PostgreSQL database" in refused.stderr, refused.stderr
-            # the second has looked at the lock (free once, held since) and waits on it again:
-            # let go now, the first takes it back before the second would look a second time
-            await trio.to_thread.run_sync(
-                lambda: wait_until(
-                    lambda: _rows(pg_url, waiting) != [(0,)],
-                    what="the second to wait on the first's lock again",
-                )
-            )
+            await trio.to_thread.run_sync(checks)
             release.set()
 
+    def checks() -> None:
+        worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+        # its first copy stopped as its socket closed: its process is gone
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{first_copy}"),
+            what="the first copy's process to end",
+        )
+        listed = cluster.cli_json("worker", "list", "--server", second_url, env=second_env)
+        assert [(w["name"], w.get("orchestrator")) for w in listed["workers"]] == [
+            (name, second_url)
+        ]
+        # a worker that knows only the first is refused while it lets workers go
+        only_first = _spawn_fleet_worker(cluster, first_url)
+        said = only_first.wait_for(lambda e: e.get("event") == "disconnected")
+        assert "lost its hold on its PostgreSQL database" in said["reason"], said
+        assert "let its 1 worker(s) go" in first.log.read_text()
+        # a step sent through it meanwhile is refused at once, saying why
+        refused = cluster.cli("model", "method", "run", "swamp/echo", "echo",
+                              "--arg", "message=x", "--label", "fleet=edge")  # fmt: skip
+        assert refused.returncode != 0
+        assert "lost its hold on its PostgreSQL database" in refused.stderr, refused.stderr
+        # its step, queued again after the fence, is claimed by the second and runs there
+        wait_until(lambda: len(runs.read_text().split()) == 2, what="the step to run again")
+        go.touch()
+        assert client.wait_exit() == 0
+        assert result_of(client.events())["status"] == "succeeded"
+
     trio.run(scenario)
-    # holding its lock again, it takes workers again
-    assert only_first is not None
-    only_first.wait_for(lambda e: e.get("event") == "enrolled")
-    # its step ran again after the fence (on the worker the second holds now) and succeeds
+
+
+def test_a_lone_orchestrator_keeps_its_workers_through_a_blip_and_takes_them_back(
+    cluster, pg_url, tmp_path
+):
+    """Alone on its database, with a heartbeat that leaves it time (3 s: it may go 2 s
+    without its lock): its lock's connection ended and taken back at once changes nothing —
+    the step runs on, the worker stays. Its lock held elsewhere, it lets the worker go no
+    sooner than that wait, refuses it meanwhile saying why, and once it holds the lock
+    again takes it back; the step, stopped with the socket, runs again and succeeds."""
+    first = cluster.serve("--database", pg_url, "--heartbeat", "3s")
+    worker = _spawn_fleet_worker(cluster, cluster.url)
+    worker.wait_for(lambda e: e.get("event") == "enrolled")
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", "fleet=solo", "--json",
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    [first_copy] = runs.read_text().split()
+    its_lock = _ItsLock(pg_url, cluster.url)
+
+    # a blip: the connection ended, the lock taken back at once
+    mark = worker.mark()
+    its_lock.end_its_connection()
+    wait_until(
+        lambda: "took its liveness lock back within 2s" in first.log.read_text(),
+        what="the lock taken back in time",
+    )
+    assert [e for e in worker.events()[mark:] if e.get("event") == "disconnected"] == []
+    assert os.path.exists(f"/proc/{first_copy}") and runs.read_text().split() == [first_copy]
+
+    # held elsewhere: let go after the wait, refused meanwhile, taken back once it is free
+    taken, release = trio.Event(), trio.Event()
+    mark = worker.mark()
+    before = time.time()
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(its_lock.hold, taken, release)
+            await taken.wait()
+            await trio.to_thread.run_sync(checks)
+            release.set()
+
+    def checks() -> None:
+        dropped = worker.wait_for(lambda e: e.get("event") == "disconnected", start=mark)
+        at = datetime.fromisoformat(dropped["time"].replace("Z", "+00:00")).timestamp()
+        assert at - before >= 2 - 0.01, at - before  # not before the wait (clock rounding)
+        refused = worker.wait_for(
+            lambda e: "lost its hold on its PostgreSQL database" in e.get("reason", ""),
+            start=mark,
+        )
+        assert refused["event"] == "disconnected"
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{first_copy}"),
+            what="the first copy's process to end",
+        )
+
+    trio.run(scenario)
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    assert "holds its liveness lock again: takes workers again" in first.log.read_text()
     wait_until(lambda: len(runs.read_text().split()) == 2, what="the step to run again")
     go.touch()
     assert client.wait_exit() == 0
     assert result_of(client.events())["status"] == "succeeded"
-    assert first.p.poll() is None
-    assert "takes workers again" in first.log.read_text()
 
 
 def _spawn_fleet_worker(cluster, *urls: str):

@@ -96,7 +96,13 @@ def test_the_orchestrator_outlives_a_restart_of_its_database(cluster, postgres_c
         # refused at once (it let its workers go: serve's short heartbeat leaves it no
         # time to take its lock back first), or failed as it wrote: either says why
         code, lines = cluster.run(*shell, "--arg", "command=echo down")
-        assert code != 0 and "PostgreSQL" in json.dumps(lines), lines
+        refusals = [line["error"] for line in lines if "error" in line]
+        results = [line["result"] for line in lines if "result" in line]
+        assert code != 0 and (
+            [(e["code"], "lost its hold on its PostgreSQL database" in e["message"])
+             for e in refusals] == [("database_unavailable", True)]
+            or "PostgreSQL" in results[0]["error"]
+        ), lines  # fmt: skip
         assert serve.p.poll() is None and worker.p.poll() is None
     finally:
         postgres_cluster.start_again()

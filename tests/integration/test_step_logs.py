@@ -262,7 +262,9 @@ def test_a_reader_that_stops_reading_never_slows_the_step(cluster):
         first = Lines(_OneLine(stalled.stdout))  # its first line, then it is read no more
         assert first.first.wait(TIMEOUT) and first.head == ["talk │ ready"]
         gate.write_text("go\n")  # now the step prints, the follower following
-        assert runner.wait_exit(SLOW) == 0
+        status = runner.wait_exit(SLOW)
+        said = "\n".join(runner.lines[-10:]) + runner.log.read_text()[-2000:]
+        assert status == 0, said
         assert stalled.poll() is None  # still waiting to write what it was given
         shown = cluster.cli("logs", f"{run_id}/talk", timeout=SLOW)
         assert shown.stdout.splitlines() == ["ready", *(str(n) for n in range(1, lines + 1))]

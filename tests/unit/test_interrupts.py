@@ -67,3 +67,45 @@ def test_an_error_without_ctrl_c_is_the_error():
 
     with pytest.raises(NotFound, match="no such model"):
         run_interruptibly(command)
+
+
+def test_ctrl_c_just_as_the_command_ends_leaves_its_result_alone():
+    async def command() -> int:
+        await trio.lowlevel.checkpoint()
+        _press_ctrl_c()  # handled at once; no checkpoint follows in the command
+        return 7
+
+    assert run_interruptibly(command) == 7
+
+
+def test_a_signal_receiver_inside_the_command_takes_ctrl_c_while_it_is_open():
+    """As ``serve`` and ``worker connect`` do: their receiver hears it, nothing is
+    cancelled; closed, it hands Ctrl-C back."""
+
+    async def command() -> str:
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            _press_ctrl_c()
+            async for signum in signals:
+                assert signum == signal.SIGINT
+                break
+        await trio.sleep(0.01)
+        return "drained"
+
+    assert run_interruptibly(command) == "drained"
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A command started with SIGINT ignored (a background job of a script) is not made
+    interruptible."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+
+        async def command() -> str:
+            _press_ctrl_c()
+            await trio.sleep(0.01)
+            return "done"
+
+        assert run_interruptibly(command) == "done"
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

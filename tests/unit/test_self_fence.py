@@ -8,7 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from swamp.domain.peers import LET_GO_MARGIN, let_go_after
+from swamp.domain.peers import LET_GO_MARGIN, LOCK_LOSS_NOTICED_WITHIN, let_go_after, rerun_fence
+from swamp.orchestrator.compose import fence_seconds
+from swamp.orchestrator.peers import DEATH_GRACE
 from swamp.orchestrator.self_fence import LETTING_GO, SelfFence
 
 
@@ -16,7 +18,7 @@ class Lock:
     """The liveness lock's state as ``Peers`` keeps it (``holding``, ``until_holding``)."""
 
     def __init__(self) -> None:
-        self.holding = True
+        self.holding = False
         self._changed = trio.Event()
 
     def hold(self, holding: bool) -> None:
@@ -35,41 +37,74 @@ class Workers:
     def __init__(self) -> None:
         self.letting_go: str | None = None
         self.done: list[str] = []
+        self.clock = lambda: 0.0
 
     def let_go(self, reason: str) -> int:
+        assert reason == LETTING_GO
         self.letting_go = reason
-        self.done.append("let go")
+        self.done.append(f"let go at {self.clock():g}")
         return 2
 
     def take_again(self) -> None:
         self.letting_go = None
-        self.done.append("taken again")
+        self.done.append(f"taken again at {self.clock():g}")
 
 
-def test_the_wait_leaves_room_for_the_peers_fence_and_a_late_notice():
-    # the default --heartbeat (5 s): the fence is 17 s, a peer looks again after 5 s, the lock's
-    # connection learns of a cut within 10 s
-    assert let_go_after(death_grace=5, fence=17, noticed_within=10) == 10
-    assert 5 + 17 - 10 - let_go_after(death_grace=5, fence=17, noticed_within=10) == LET_GO_MARGIN
-    # short heartbeats leave no time: at once
-    assert let_go_after(death_grace=5, fence=5, noticed_within=10) == 0
+@pytest.mark.parametrize("heartbeat", [0.5, 1, 2, 3, 5, 10, 30])
+def test_the_last_copy_stops_before_a_peer_may_start_another(heartbeat):
+    """Whatever the heartbeat: noticed as late as the keepalives allow, then the wait, then a
+    margin — and the peers' rerun comes no sooner (they wait the longer fence if need be)."""
+    fence = fence_seconds(heartbeat)
+    wait = let_go_after(death_grace=DEATH_GRACE, fence=fence)
+    earliest_rerun = DEATH_GRACE + rerun_fence(fence, death_grace=DEATH_GRACE)
+    assert wait >= 0 and rerun_fence(fence, death_grace=DEATH_GRACE) >= fence
+    assert LOCK_LOSS_NOTICED_WITHIN + wait + LET_GO_MARGIN <= earliest_rerun + 1e-9
 
 
-@pytest.mark.parametrize("lost_for, let_go", [(9.0, False), (11.0, True)])
-def test_workers_are_let_go_only_once_the_lock_stayed_lost(lost_for, let_go):
+def test_the_default_heartbeat_rides_out_a_database_restart_of_several_seconds():
+    assert let_go_after(death_grace=DEATH_GRACE, fence=fence_seconds(5)) == 8
+    assert let_go_after(death_grace=DEATH_GRACE, fence=fence_seconds(1)) == 0
+
+
+def run_fence(script, *, after=10.0, steady=5.0) -> tuple[list[str], Workers]:
+    """Run the fence over ``script`` — (seconds from the start, holding) — on trio's clock;
+    what it did to the workers, each with when."""
     lock, workers = Lock(), Workers()
-    fence = SelfFence(lock, workers, after=10.0)  # type: ignore[arg-type]
+    fence = SelfFence(lock, workers, after=after, steady=steady)  # type: ignore[arg-type]
+    done: list[str] = []
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(fence.run)
-            lock.hold(False)
-            await trio.sleep(lost_for)
-            assert (workers.letting_go == LETTING_GO) is let_go
-            lock.hold(True)
-            await trio.sleep(1)
+            lock.hold(True)  # (as Peers: not held until registered)
+            start = trio.current_time()
+            workers.clock = lambda: trio.current_time() - start
+            for at, holding in script:
+                await trio.sleep_until(start + at)
+                lock.hold(holding)
+            await trio.sleep(after + steady + 1)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert workers.done == (["let go", "taken again"] if let_go else [])
-    assert workers.letting_go is None and fence.let_go == int(let_go)
+    done.extend(workers.done)
+    return done, workers
+
+
+def test_a_lock_taken_back_in_time_lets_nothing_go():
+    done, workers = run_fence([(0, False), (9, True)])
+    assert done == [] and workers.letting_go is None
+
+
+def test_a_lock_lost_past_the_wait_lets_the_workers_go_until_it_is_held_again():
+    done, workers = run_fence([(0, False), (11, True)])
+    assert done == ["let go at 10", "taken again at 11"] and workers.letting_go is None
+
+
+def test_a_moment_held_in_between_does_not_start_the_wait_afresh():
+    """Lost, held 2 s (less than a peer's grace), lost again: a peer that saw it free the
+    first time may take it for dead on its second look, so the wait runs from the first
+    loss."""
+    done, _ = run_fence([(0, False), (3, True), (5, False)])
+    assert done == ["let go at 10"]
+    steady, _ = run_fence([(0, False), (3, True), (9, False)])  # held 6 s: a new loss
+    assert steady == ["let go at 19"]
