@@ -616,9 +616,9 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
 
 class _ItsLock:
     """An orchestrator's liveness lock, as the test takes it: its connection ended by the
-    server (``pg_terminate_backend``), and — if ``hold`` — the lock taken and held here (the
-    server queues this session: it holds the lock the moment the ended one lets it go, before
-    the orchestrator asks again; it tries, never waits, every second or two)."""
+    server (``pg_terminate_backend``), and — :meth:`held_while` — the lock taken and held
+    here (the server queues this session: it holds the lock the moment the ended one lets it
+    go, before the orchestrator asks again; it tries, never waits, every second or two)."""
 
     def __init__(self, pg_url: str, url: str) -> None:
         from swamp.domain.peers import liveness_lock
@@ -637,15 +637,19 @@ class _ItsLock:
         [(pid,)] = _rows(self.pg_url, self.holder)
         _rows(self.pg_url, f"SELECT pg_terminate_backend({pid})")
 
-    async def hold(self, taken: trio.Event, release: trio.Event) -> None:
+    def held_while(self, checks) -> None:
+        """Its connection ended and its lock held here while ``checks()`` runs (in a thread:
+        it may block), given back after."""
         from swamp.store import pg
 
-        async with await pg.connect(self.pg_url) as conn:
-            [(pid,)] = (await conn.execute(self.holder)).rows
-            await conn.execute("SELECT pg_terminate_backend($1)", (pid,))
-            await conn.execute("SELECT pg_advisory_lock($1)", (self.key,))
-            taken.set()
-            await release.wait()
+        async def hold() -> None:
+            async with await pg.connect(self.pg_url) as conn:
+                [(pid,)] = (await conn.execute(self.holder)).rows
+                await conn.execute("SELECT pg_terminate_backend($1)", (pid,))
+                await conn.execute("SELECT pg_advisory_lock($1)", (self.key,))
+                await trio.to_thread.run_sync(checks)
+
+        trio.run(hold)
 
 
 def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go(
@@ -664,23 +668,9 @@ def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go
     worker = _fleet_worker(cluster, first_url, second_url)
     name = worker.events()[-1]["workerName"]
     go, runs = tmp_path / "go", tmp_path / "runs"
-    command = f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
-    client = cluster.spawn(
-        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
-        "--label", "fleet=edge", "--json",
-    )  # fmt: skip
-    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
-    [first_copy] = runs.read_text().split()
+    client, first_copy = _held_step(cluster, "fleet=edge", go, runs)
     its_lock = _ItsLock(pg_url, first_url)
-    taken, release = trio.Event(), trio.Event()
     mark = worker.mark()
-
-    async def scenario() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(its_lock.hold, taken, release)
-            await taken.wait()
-            await trio.to_thread.run_sync(checks)
-            release.set()
 
     def checks() -> None:
         worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
@@ -709,7 +699,7 @@ def test_an_orchestrator_that_loses_its_hold_on_the_database_lets_its_workers_go
         assert client.wait_exit() == 0
         assert result_of(client.events())["status"] == "succeeded"
 
-    trio.run(scenario)
+    its_lock.held_while(checks)
 
 
 def test_a_lone_orchestrator_keeps_its_workers_through_a_blip_and_takes_them_back(
@@ -724,13 +714,7 @@ def test_a_lone_orchestrator_keeps_its_workers_through_a_blip_and_takes_them_bac
     worker = _spawn_fleet_worker(cluster, cluster.url)
     worker.wait_for(lambda e: e.get("event") == "enrolled")
     go, runs = tmp_path / "go", tmp_path / "runs"
-    command = f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
-    client = cluster.spawn(
-        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
-        "--label", "fleet=solo", "--json",
-    )  # fmt: skip
-    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
-    [first_copy] = runs.read_text().split()
+    client, first_copy = _held_step(cluster, "fleet=solo", go, runs)
     its_lock = _ItsLock(pg_url, cluster.url)
 
     # a blip: the connection ended, the lock taken back at once
@@ -744,16 +728,8 @@ def test_a_lone_orchestrator_keeps_its_workers_through_a_blip_and_takes_them_bac
     assert os.path.exists(f"/proc/{first_copy}") and runs.read_text().split() == [first_copy]
 
     # held elsewhere: let go after the wait, refused meanwhile, taken back once it is free
-    taken, release = trio.Event(), trio.Event()
     mark = worker.mark()
     before = time.time()
-
-    async def scenario() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(its_lock.hold, taken, release)
-            await taken.wait()
-            await trio.to_thread.run_sync(checks)
-            release.set()
 
     def checks() -> None:
         dropped = worker.wait_for(lambda e: e.get("event") == "disconnected", start=mark)
@@ -769,13 +745,26 @@ def test_a_lone_orchestrator_keeps_its_workers_through_a_blip_and_takes_them_bac
             what="the first copy's process to end",
         )
 
-    trio.run(scenario)
+    its_lock.held_while(checks)
     worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
     assert "holds its liveness lock again: takes workers again" in first.log.read_text()
     wait_until(lambda: len(runs.read_text().split()) == 2, what="the step to run again")
     go.touch()
     assert client.wait_exit() == 0
     assert result_of(client.events())["status"] == "succeeded"
+
+
+def _held_step(cluster, label: str, go, runs):
+    """A client running a step on ``label`` that appends its pid to ``runs`` and runs until
+    ``go`` exists; started: the client and the first copy's pid."""
+    command = f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done"
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", label, "--json",
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    [first_copy] = runs.read_text().split()
+    return client, first_copy
 
 
 def _spawn_fleet_worker(cluster, *urls: str):
