@@ -62,9 +62,20 @@ class SelfFence:
                 self.after,
                 closed,
             )
-            await self.peers.until_holding(True)
+            await self._steady()
             self.membership.take_again()
             log.info("holds its liveness lock again: takes workers again")
+
+    async def _steady(self) -> None:
+        """Until the lock has been held for ``steady`` seconds without a loss (a peer that
+        saw it free just before may take it for dead on its next look: its workers must not
+        be back by then)."""
+        while True:
+            await self.peers.until_holding(True)
+            with trio.move_on_after(self.steady):
+                await self.peers.until_holding(False)
+                continue
+            return
 
     async def _back_in_time(self, deadline: float) -> bool:
         """Whether the lock is held again by ``deadline`` and then held for ``steady``

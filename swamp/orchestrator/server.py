@@ -638,7 +638,8 @@ async def _serve_on(
     async def stop_on_signal() -> None:
         """The first SIGINT or SIGTERM shuts down; later ones are heard and change nothing
         until the services stop (the receiver stays open: a second one must not land in
-        whatever code runs then, nor end the process before its last writes)."""
+        whatever code runs meanwhile). The last writes after that (at most
+        ``CLOSE_SECONDS``) are not covered: a second SIGTERM then ends the process."""
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name

@@ -14,6 +14,15 @@ from swamp.concurrency import open_unwrapping_nursery, run_interruptibly
 from swamp.errors import ChannelClosed, NotFound
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_at_a_terminal():
+    """Ctrl-C as an interactive shell leaves it (a suite started as a background job of a
+    script inherits it ignored, and these tests would wait for ever)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _press_ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 

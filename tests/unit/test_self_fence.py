@@ -95,9 +95,16 @@ def test_a_lock_taken_back_in_time_lets_nothing_go():
     assert done == [] and workers.letting_go is None
 
 
-def test_a_lock_lost_past_the_wait_lets_the_workers_go_until_it_is_held_again():
+def test_a_lock_lost_past_the_wait_lets_the_workers_go_until_it_is_held_steadily_again():
     done, workers = run_fence([(0, False), (11, True)])
-    assert done == ["let go at 10", "taken again at 11"] and workers.letting_go is None
+    assert done == ["let go at 10", "taken again at 16"] and workers.letting_go is None
+
+
+def test_workers_let_go_stay_away_while_the_lock_flickers():
+    """Held again a moment, lost again: a peer that saw it free may bury it on its next
+    look, so the workers come back only once the lock has been held a peer's grace."""
+    done, _ = run_fence([(0, False), (10.5, True), (11, False), (12, True)])
+    assert done == ["let go at 10", "taken again at 17"]
 
 
 def test_a_moment_held_in_between_does_not_start_the_wait_afresh():
