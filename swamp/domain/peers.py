@@ -5,7 +5,10 @@ acts on them; ``swamp.store.pg_peers`` keeps them)."""
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
+
+from swamp.domain.workers import fence_seconds
 
 
 def liveness_lock(orchestrator: str) -> str:
@@ -56,6 +59,9 @@ class PeerRow:
     # what it can do beyond the first version of several orchestrators (an earlier one's row
     # says nothing): ``outliving`` — a step it runs for another outlives a broken link
     features: frozenset[str] = frozenset()
+    # the longest heartbeat it has told a worker (0: not said, an earlier version): its
+    # workers cut off with it stop their copies only that many intervals later
+    heartbeat: float = 0.0
 
 
 FEATURES = frozenset({"outliving", "takeover"})  # this version's
@@ -107,3 +113,17 @@ def let_go_after(*, death_grace: float, fence: float) -> float:
     ``--heartbeat``)."""
     earliest_rerun = death_grace + rerun_fence(fence, death_grace=death_grace)
     return max(0.0, earliest_rerun - LOCK_LOSS_NOTICED_WITHIN - LET_GO_MARGIN)
+
+
+def dead_fence(fence: float, told: float, *, death_grace: float) -> float:
+    """The :func:`rerun_fence` of an orchestrator's steps once it was taken for dead: from
+    ``fence`` (this one's: the same ``--heartbeat`` everywhere) or from the longest heartbeat
+    it told its workers (``told``: it grows with the pool), whichever is longer — its workers,
+    cut off with it, kill their copies only after that many heartbeats of silence."""
+    return rerun_fence(max(fence, fence_seconds(told)), death_grace=death_grace)
+
+
+def recorded_heartbeat(told: float, base: float) -> float:
+    """What the registry keeps of a heartbeat ``told``: rounded up to a whole number of
+    ``base`` intervals, so a growing pool writes it now and then, not at every enrollment."""
+    return math.ceil(told / base - 1e-9) * base if base > 0 else told

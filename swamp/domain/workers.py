@@ -131,3 +131,14 @@ def heartbeat_interval(base: float, members: int) -> float:
     (10,000 workers: every 50 s). A socket that closes is noticed at once whatever the
     interval; it bounds only how long a frozen or cut-off machine keeps its place."""
     return max(base, members / HEARTBEATS_PER_SECOND)
+
+
+HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
+FENCE_MARGIN = 2.0
+
+
+def fence_seconds(heartbeat: float) -> float:
+    """How long after losing a worker told ``heartbeat`` its step may run elsewhere: by then
+    the worker, if it is alive behind a partition, has given up on its orchestrator and
+    killed its commands (and its reaper has, if it is frozen)."""
+    return heartbeat * HEARTBEATS_MISSED + FENCE_MARGIN

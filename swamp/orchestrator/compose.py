@@ -44,6 +44,7 @@ from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
 from swamp.domain.request_policy import RequestPolicy
 from swamp.domain.step_logs import DEFAULT_CAP_BYTES
+from swamp.domain.workers import fence_seconds
 from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
@@ -87,16 +88,7 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
 
 log = logging.getLogger("swamp.serve")
 
-HEARTBEATS_MISSED = 3  # the RPC channel's default: silent this many intervals means gone
-FENCE_MARGIN = 2.0
 CLOSE_SECONDS = 5.0  # the longest the last lease rows may take to go in at shutdown
-
-
-def fence_seconds(heartbeat: float) -> float:
-    """How long after losing a worker its step may run elsewhere: by then the worker, if it is
-    alive behind a partition, has given up on us and killed its commands (and its reaper has,
-    if it is frozen)."""
-    return heartbeat * HEARTBEATS_MISSED + FENCE_MARGIN
 
 
 def _fence(member: Member) -> float:
@@ -390,6 +382,8 @@ def compose(
         admission=admission,
     )
     dispatch.letting_go = lambda: membership.letting_go
+    if peers is not None:
+        membership.telling = peers.telling
     return Orchestrator(
         store=store,
         db=db,

@@ -531,7 +531,12 @@ class DispatchService:
             if then.move is Move.FAIL:
                 raise BY_CODE.get(then.code, DispatchFailed)(then.reason)
             if then.move is Move.FENCE_THEN_REQUEUE:
-                fence = self.fence(member) if member is not None else self.peer_fence
+                if member is not None:
+                    fence = self.fence(member)
+                elif grant.claim is not None and self.peers is not None:  # (its workers' fence)
+                    fence = self.peers.fence_of(grant.claim.orchestrator, self.peer_fence)
+                else:
+                    fence = self.peer_fence
                 log.warning(
                     "worker %s lost before the step had an effect (%s): queueing it again "
                     "after %gs",

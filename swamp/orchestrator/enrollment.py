@@ -226,6 +226,8 @@ class Enrollment:
         # the interval this worker is told (and held to) grows with the pool: at enrollment,
         # and later in the answer to a ping, for the members that enrolled while it was smaller
         channel.heartbeat = self.membership.channel_heartbeat()
+        if self.membership.telling is not None:
+            await self.membership.telling(channel.heartbeat)
         channel.heartbeat_source = self.membership.pool_heartbeat
         self.membership.joined(member, verify=decision.verify)
         if params.version and params.version != __version__:

@@ -64,6 +64,9 @@ class Membership:
         # why workers are refused now (``let_go``: this orchestrator lost its hold on a shared
         # database), or None
         self.letting_go: str | None = None
+        # told the heartbeat a joining worker is about to be told (``Peers.telling``: a shared
+        # database keeps the longest), or None
+        self.telling: Callable[[float], Awaitable[None]] | None = None
         self.clock = clock
         self.grace = Deadlines("grace windows")
         # machines that left a dispatch unacknowledged: held back for a while, reconnected or

@@ -52,8 +52,10 @@ from swamp.domain.peers import (
     claims_channel,
     credential_hash,
     credential_orchestrator,
+    dead_fence,
     liveness_lock,
     peer_credential,
+    recorded_heartbeat,
 )
 from swamp.domain.placement import Placement
 from swamp.domain.read_scope import ReadScope
@@ -108,6 +110,7 @@ MAX_HINTS = 1024  # requirements remembered so (past it, the oldest goes)
 MAX_OFFERS = 10_000  # published steps heard and not yet looked at (past it: a pass)
 CLAIM_PAGE = 500  # others' waiting steps read at a time (all of them, page by page)
 CLAIM_HOLD = 10.0  # seconds a claimed slot waits for its origin to send the step
+MAX_REMEMBERED = 1024  # orchestrators whose told heartbeat is remembered (the oldest go)
 DEATH_GRACE = 5.0  # a free liveness lock is looked at again after this: a peer whose
 # connection dropped takes its own back within seconds (serve's retry is at most 2 s)
 LIVENESS_RETRY = 1.0
@@ -173,6 +176,7 @@ class Peers:
         ca_pem: str | None = None,
         clock: Callable[[], float] = time.time,
         me: str | None = None,
+        heartbeat: float = 0.0,
     ) -> None:
         self.table = table
         self.database = database  # the URL: liveness locks and LISTEN take connections of their own
@@ -209,6 +213,11 @@ class Peers:
         # whether our liveness lock is held now (``swamp.orchestrator.self_fence`` lets our
         # workers go when it stays lost)
         self.holding = False
+        # the heartbeat our workers are told (serve's, until the pool grows), as the registry
+        # keeps it; and every orchestrator's, as last read
+        self.base_heartbeat = heartbeat
+        self._told = heartbeat
+        self._heartbeats: dict[str, float] = {}
         self._holding_changed = trio.Event()
         self.others_waiting = 0  # others' steps left unclaimed by the last pass
         self.waiting_kinds: dict[Requirement, set[str]] = {}  # …what they need, whose they are
@@ -244,6 +253,7 @@ class Peers:
                                 self.ca_pem,
                                 self.clock(),
                                 FEATURES,
+                                self._told,
                             )
                         )
                         started = True
@@ -273,6 +283,21 @@ class Peers:
                 log.warning("lost the liveness lock (%s): taking it again in %gs", exc, pause)
             await trio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    async def telling(self, heartbeat: float) -> None:
+        """A worker is about to be told ``heartbeat``: longer than the registry says, it is
+        written first (a peer that takes us for dead waits as long as our workers do)."""
+        if heartbeat <= self._told:
+            return
+        told = recorded_heartbeat(heartbeat, self.base_heartbeat)
+        await self.table.told(self.me, told)
+        self._told = max(self._told, told)
+
+    def fence_of(self, orchestrator: str, fence: float) -> float:
+        """How long a step of ``orchestrator``'s, taken for dead, waits before it runs again
+        here (``fence``: our own)."""
+        told = self._heartbeats.get(orchestrator, 0.0)
+        return dead_fence(fence, told, death_grace=DEATH_GRACE)
 
     def _hold(self, holding: bool) -> None:
         if holding != self.holding:
@@ -518,6 +543,10 @@ class Peers:
             await self.table.collect_outcomes(self.clock() - OUTCOME_LIFE)
         rows = await self.table.orchestrators()
         self.known = {row.id: row for row in rows}
+        for row in rows:  # (kept after its row goes: a dead claimer's steps wait its fence)
+            self._heartbeats[row.id] = row.heartbeat
+        while len(self._heartbeats) > MAX_REMEMBERED:
+            del self._heartbeats[next(iter(self._heartbeats))]
         assert self._nursery is not None
         for row in rows:
             if row.id != self.me and row.id not in self._watched:

@@ -453,7 +453,8 @@ async def _serve(
             # its open steps are ours now (after its leases expired: what they say is final),
             # with the answers claimers kept for it (forgetting it deletes them)
             kept = await storage.peers.kept_answers(dead)
-            changed["steps"] = await takeovers.take(dead, kept)
+            assert peers is not None  # (made below, before anything is reconciled)
+            changed["steps"] = await takeovers.take(dead, kept, fence=peers.fence_of(dead, 0.0))
             return changed
 
         peers = Peers(
@@ -462,6 +463,7 @@ async def _serve(
             reconcile=reconcile,
             ca_pem=own_tls.ca_pem if own_tls else None,
             me=me,
+            heartbeat=options.heartbeat_seconds,
         )
     # where the records are, for the CLI in the repo while this runs and after it stopped
     # (once they are reachable: a database that cannot be opened changes nothing here)

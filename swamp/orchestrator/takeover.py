@@ -67,6 +67,7 @@ class Takeovers:
         self.dispatch: DispatchService | None = None
         self.peers: Peers | None = None
         self.fence = 0.0  # seconds before a step that may still run somewhere runs here
+        self.fences: dict[str, float] = {}  # …longer, for a dead one whose workers were told so
 
     def __repr__(self) -> str:
         return f"<Takeovers settling={len(self.settling)} taken={self.taken}>"
@@ -91,10 +92,15 @@ class Takeovers:
             task_status.started()
             await trio.sleep_forever()
 
-    async def take(self, dead: str, kept: list[dict] | None = None) -> int:
+    async def take(self, dead: str, kept: list[dict] | None = None, *, fence: float = 0.0) -> int:
         """Make ``dead``'s open steps ours and settle each (beside the caller); how many.
         ``kept``: the answers claimers kept in the database for it (read before it is
-        forgotten, which deletes them)."""
+        forgotten, which deletes them); ``fence``: how long its steps wait before they run
+        again, if longer than ours (its workers were told a longer heartbeat)."""
+        if fence > self.fence:
+            self.fences[dead] = fence
+            while len(self.fences) > MAX_FENCES:
+                del self.fences[next(iter(self.fences))]
         rows = await self.table.take_over(dead, self.me)
         rows = [row for row in rows if row.id not in self.settling]
         for row in rows:  # (before any await: a sweep meanwhile must not settle them too)
@@ -263,7 +269,8 @@ class Takeovers:
         elif then.move is Move.FINISH:
             await self._finish(row.id, request, result, end.worker if end else None)
         else:
-            await trio.sleep(self.fence)  # a copy still running behind a partition stops first
+            # a copy still running behind a partition stops first
+            await trio.sleep(self.fences.get(dead, self.fence))
             now = await self.table.get(row.id)
             if now is None or now.outcome is not None or now.owner != self.me:
                 return  # it ended meanwhile (or is another's): nothing to run
@@ -336,6 +343,9 @@ class Takeovers:
         except SwampError as exc:  # recorded by the run — or refused before it: recorded here
             await self._fail(request.step_id, exc.code, exc.message)  # (the first one stands)
             return None
+
+
+MAX_FENCES = 1024  # dead orchestrators whose longer fence is remembered (the oldest go)
 
 
 def _dispatch_of(answer: dict) -> str | None:

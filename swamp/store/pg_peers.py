@@ -85,12 +85,12 @@ def _step(row: tuple) -> SharedStep:
     )
 
 
-_PEER_COLUMNS = "id, url, credential_hash, ca_pem, started_epoch, features"
+_PEER_COLUMNS = "id, url, credential_hash, ca_pem, started_epoch, features, heartbeat"
 
 
 def _peer(row: tuple) -> PeerRow:
     features = frozenset((row[5] or "").split())
-    return PeerRow(row[0], row[1], row[2], row[3], float(row[4]), features)
+    return PeerRow(row[0], row[1], row[2], row[3], float(row[4]), features, float(row[6] or 0))
 
 
 class PgPeers:
@@ -111,6 +111,12 @@ class PgPeers:
             "features",
             "ALTER TABLE swamp_orchestrator ADD COLUMN features TEXT",
         )
+        await pg.add_column(  # (…and the longest heartbeat each told a worker)
+            pool,
+            "swamp_orchestrator",
+            "heartbeat",
+            "ALTER TABLE swamp_orchestrator ADD COLUMN heartbeat DOUBLE PRECISION",
+        )
         return cls(pool)
 
     async def _execute(self, sql: str, params: tuple = ()) -> pg.Result:
@@ -122,10 +128,19 @@ class PgPeers:
     async def register(self, row: PeerRow) -> None:
         await self._execute(
             "INSERT INTO swamp_orchestrator (id, url, credential_hash, ca_pem, started_epoch, "
-            "features) VALUES ($1, $2, $3, $4, $5, $6)",
+            "features, heartbeat) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             (row.id, row.url, row.credential_hash, row.ca_pem, row.started_epoch,
-             " ".join(sorted(row.features))),
+             " ".join(sorted(row.features)), row.heartbeat),
         )  # fmt: skip
+
+    async def told(self, orchestrator: str, heartbeat: float) -> None:
+        """``orchestrator`` tells its workers ``heartbeat`` now (the registry keeps the
+        longest)."""
+        await self._execute(
+            "UPDATE swamp_orchestrator SET heartbeat = GREATEST(COALESCE(heartbeat, 0), $2) "
+            "WHERE id = $1",
+            (orchestrator, heartbeat),
+        )
 
     async def orchestrators(self) -> list[PeerRow]:
         result = await self._execute(

@@ -21,9 +21,9 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.domain.placement import Placement
+from swamp.domain.workers import fence_seconds
 from swamp.models.builtin import ECHO
 from swamp.orchestrator.bookkeeper import Bookkeeper
-from swamp.orchestrator.compose import fence_seconds
 from swamp.orchestrator.credentials import Credentials
 from swamp.orchestrator.dispatch import DispatchService, RunRequest
 from swamp.orchestrator.episode import Episodes

@@ -8,8 +8,14 @@ import pytest
 import trio
 import trio.testing
 
-from swamp.domain.peers import LET_GO_MARGIN, LOCK_LOSS_NOTICED_WITHIN, let_go_after, rerun_fence
-from swamp.orchestrator.compose import fence_seconds
+from swamp.domain.peers import (
+    LET_GO_MARGIN,
+    LOCK_LOSS_NOTICED_WITHIN,
+    let_go_after,
+    recorded_heartbeat,
+    rerun_fence,
+)
+from swamp.domain.workers import fence_seconds
 from swamp.orchestrator.peers import DEATH_GRACE
 from swamp.orchestrator.self_fence import LETTING_GO, SelfFence
 
@@ -115,3 +121,10 @@ def test_a_moment_held_in_between_does_not_start_the_wait_afresh():
     assert done == ["let go at 10"]
     steady, _ = run_fence([(0, False), (3, True), (9, False)])  # held 6 s: a new loss
     assert steady == ["let go at 19"]
+
+
+def test_what_the_registry_keeps_of_a_heartbeat_is_rounded_up_to_whole_intervals():
+    assert recorded_heartbeat(5.0, 5.0) == 5.0
+    assert recorded_heartbeat(5.005, 5.0) == 10.0
+    assert recorded_heartbeat(50.0, 5.0) == 50.0
+    assert recorded_heartbeat(7.0, 0.0) == 7.0  # no base: as told

@@ -224,3 +224,32 @@ async def test_a_registry_of_an_earlier_version_is_given_the_features_column(pg_
         await table.register(PeerRow("new", "ws://new", "h", None, 2.0, FEATURES))
         features = {row.id: row.features for row in await table.orchestrators()}
         assert features == {"old": frozenset(), "new": FEATURES} and "outliving" in FEATURES
+
+
+async def test_the_registry_keeps_the_longest_heartbeat_each_orchestrator_told(table, pg_url):
+    """A pool that grows tells its workers a longer heartbeat: written before the worker hears
+    it (rounded up to whole intervals, so a growing pool writes it now and then), never
+    shortened; a peer that takes it for dead waits as long as its workers would."""
+    from swamp.domain.peers import dead_fence, rerun_fence
+    from swamp.domain.workers import fence_seconds
+    from swamp.orchestrator.peers import DEATH_GRACE, Peers
+
+    peers = Peers(table, pg_url, reconcile=None, me="grown", heartbeat=5.0)  # type: ignore[arg-type]
+    await table.register(PeerRow("grown", "ws://grown", credential_hash("x"), None, 1.0,
+                                 frozenset(), 5.0))  # fmt: skip
+    assert (await table.get("grown")).heartbeat == 5.0
+    await peers.telling(5.0)  # the base: nothing to write
+    await peers.telling(20.5)  # 4,100 workers
+    assert (await table.get("grown")).heartbeat == 25.0
+    await peers.telling(21.0)  # within what is written: no write needed
+    await table.told("grown", 10.0)  # (an older write landing late) never shortens it
+    assert (await table.get("grown")).heartbeat == 25.0
+    # taken for dead: its steps wait until its workers, cut off too, have killed their copies
+    ours = fence_seconds(5.0)
+    assert dead_fence(ours, 25.0, death_grace=DEATH_GRACE) == fence_seconds(25.0)
+    assert dead_fence(ours, 0.0, death_grace=DEATH_GRACE) == rerun_fence(
+        ours, death_grace=DEATH_GRACE
+    )
+    # a registry an earlier version wrote (no heartbeat): read as not said
+    await table.register(PeerRow("old", "ws://old", credential_hash("y"), None, 2.0))
+    assert (await table.get("old")).heartbeat == 0.0
