@@ -454,7 +454,8 @@ async def _serve(
             # with the answers claimers kept for it (forgetting it deletes them)
             kept = await storage.peers.kept_answers(dead)
             assert peers is not None  # (made below, before anything is reconciled)
-            changed["steps"] = await takeovers.take(dead, kept, fence=peers.fence_of(dead, 0.0))
+            fence = peers.fence_of(dead, takeovers.fence)  # (its workers' fence, if longer)
+            changed["steps"] = await takeovers.take(dead, kept, fence=fence)
             return changed
 
         peers = Peers(
