@@ -13,6 +13,7 @@ from swamp.bookkeeping.records import (
     everything,
     has_fields,
 )
+from swamp.domain import carrying
 from swamp.domain import leases as rules
 from swamp.domain.leases import LeaseState
 from swamp.domain.query import parse as parse_predicate
@@ -141,13 +142,17 @@ class LeaseBook:
         current: Record | None = None,
         has_writes: bool = False,
     ) -> Record | None:
-        """End an active lease; ``has_writes``: it had an effect its row may not say yet."""
+        """End an active lease; ``has_writes``: it had an effect its row may not say yet. On a
+        database several share, only while it is still ours: one a burial moved to the
+        orchestrator that carried its run is that one's now (this one was taken for dead)."""
         now = iso(self.clock())
 
         def decide(current):
             if current is None or current.attributes["state"] != LeaseState.ACTIVE.value:
                 return None
             attrs = current.attributes
+            if self.owner and attrs.get("orchestrator", "") != self.owner:
+                return None
             if has_writes:
                 attrs = rules.mark_writes(attrs) or attrs
             return rules.end(attrs, state, now_iso=now, error=error)
@@ -155,17 +160,87 @@ class LeaseBook:
         record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY, current=current)
         return record
 
-    async def reconcile(self, orphaned: Orphaned = everything, *, why: str = RESTART) -> int:
+    async def reconcile(
+        self,
+        orphaned: Orphaned = everything,
+        *,
+        why: str = RESTART,
+        dead: str | None = None,
+        serving: frozenset[str] = frozenset(),
+        moved: list[str] | None = None,
+    ) -> int:
         """Boot: every lease still active belonged to the previous orchestrator: expire it
         (on a shared database, the ones ``orphaned`` says a dead orchestrator left). Only the
         active ones are held (the store streams the rest past the predicate): a boot after a
-        long burst may find hundreds of thousands of ended leases."""
+        long burst may find hundreds of thousands of ended leases. At the burial of ``dead``,
+        a lease whose run an orchestrator of ``serving`` carries moves to it instead, still
+        active (its id goes in ``moved``): see ``swamp.domain.carrying``."""
         count = 0
         for attrs in decoded(await self.db.query(_ACTIVE), has_fields("leaseId", "state")):
-            if attrs["state"] == LeaseState.ACTIVE.value and orphaned(attrs):
+            if attrs["state"] != LeaseState.ACTIVE.value or not orphaned(attrs):
+                continue
+            if dead is None:
                 await self.end(attrs["leaseId"], LeaseState.EXPIRED, error=why)
                 count += 1
+                continue
+            record = await self._bury(attrs["leaseId"], dead, serving, why)
+            now = record.attributes if record is not None else {}
+            if now.get("state") == LeaseState.ACTIVE.value and now.get("orchestrator") != dead:
+                if moved is not None:
+                    moved.append(attrs["leaseId"])
+            elif now.get("state") == LeaseState.EXPIRED.value:
+                count += 1
         return count
+
+    async def _bury(
+        self, lease_id: str, dead: str, serving: frozenset[str], why: str
+    ) -> Record | None:
+        now = iso(self.clock())
+
+        def decide(current):
+            attrs = current.attributes if current is not None else None
+            if attrs is None or attrs.get("state") != LeaseState.ACTIVE.value:
+                return None
+            if attrs.get("orchestrator") != dead:
+                return None
+            carrier = carrying.bury(attrs, dead, set(serving))
+            if carrier is not None:
+                return carrying.moved(attrs, carrier)
+            return rules.end(attrs, LeaseState.EXPIRED, now_iso=now, error=why)
+
+        record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY)
+        return record
+
+    async def mark_carried(
+        self, lease_id: str, *, carrier: str, worker: str, owner: str | None
+    ) -> dict | None:
+        """Mark the lease carried by ``carrier`` for ``worker`` (a compare-and-swap; ``owner``:
+        its step's record's); the lease as marked, or ``None`` if it may not be."""
+
+        def decide(current):
+            attrs = current.attributes if current is not None else None
+            if not carrying.carriable(attrs, worker=worker, carrier=carrier, owner=owner):
+                return None
+            return carrying.mark(attrs, carrier)
+
+        record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY)
+        attrs = record.attributes if record is not None else None
+        if attrs is None or attrs.get("carriedBy") != carrier:
+            return None
+        still = carrying.carriable(attrs, worker=worker, carrier=carrier, owner=owner)
+        return attrs if still else None
+
+    async def unmark_carried(self, lease_id: str, *, carrier: str) -> Record | None:
+        """Take ``carrier``'s mark off the lease (it gave up waiting for the burial); the lease
+        as it stands after (it may have moved to the carrier meanwhile)."""
+        record, _ = await self.db.transition(
+            key(lease_id),
+            lambda current: carrying.unmark(
+                current.attributes if current is not None else None, carrier
+            ),
+            policy=POLICY,
+        )
+        return record
 
     async def latest_of_steps(self, step_ids: set[str], *, since_epoch: float) -> dict[str, dict]:
         """The latest lease of each of ``step_ids`` among the leases opened since

@@ -307,6 +307,19 @@ class Bookkeeper:
             self._wake()
         return lease
 
+    def adopted_lease(self, record: Record) -> Lease:
+        """A lease whose row is stored already: a run carried here by its worker, whose lease
+        the burial of its old holder moved to this orchestrator (``swamp.domain.carrying``)."""
+        has_writes = bool(record.attributes.get("hasWrites"))
+        return Lease(
+            record.name.removeprefix("lease-"),
+            None,
+            trio.current_time(),
+            record=record,
+            has_writes=has_writes,
+            writes_stored=has_writes,
+        )
+
     async def end_lease(self, lease: Lease, state: LeaseState, error: str | None) -> None:
         """End the lease durably (retried while the database is locked); a lease that cannot be
         ended is expired by the next boot's reconciliation, so the step's outcome stands."""

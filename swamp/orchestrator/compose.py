@@ -39,6 +39,7 @@ from swamp.bookkeeping.tokens import TokenBook
 from swamp.bookkeeping.workers import WorkerBook
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.carrying import lost_worker_fence
 from swamp.domain.peers import let_go_after, rerun_fence
 from swamp.domain.priority import DEFAULT_AGING
 from swamp.domain.quota import WriteQuota
@@ -49,6 +50,7 @@ from swamp.domain.workflow_run import MAX_EXPANSIONS
 from swamp.orchestrator.admin import Admin
 from swamp.orchestrator.admin_auth import AdminAuth
 from swamp.orchestrator.admission import Admission
+from swamp.orchestrator.adoption import Adoptions
 from swamp.orchestrator.app import App
 from swamp.orchestrator.bookkeeper import Bookkeeper
 from swamp.orchestrator.credentials import Credentials
@@ -93,6 +95,11 @@ CLOSE_SECONDS = 5.0  # the longest the last lease rows may take to go in at shut
 
 def _fence(member: Member) -> float:
     return fence_seconds(member.heartbeat)
+
+
+def _carried_fence(member: Member) -> float:
+    """A shared database's: its workers carry their runs across a lost socket."""
+    return lost_worker_fence(member.heartbeat, carrying=True)
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,7 @@ class Orchestrator:
     peers: Peers | None = None  # the other orchestrators (a shared database; None: alone)
     takeovers: Takeovers | None = None  # the steps of dead ones this one settles
     self_fence: SelfFence | None = None  # lets the workers go when the database is lost
+    adoptions: Adoptions | None = None  # runs carried here by workers of a dead one
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Every background service, in the order they were made; started before the listener
@@ -170,6 +178,8 @@ class Orchestrator:
                 await nursery.start(self.peers.run, self.queue, self.dispatch.run_claimed)
             if self.self_fence is not None:
                 await nursery.start(self.self_fence.run)
+            if self.adoptions is not None:
+                await nursery.start(self.adoptions.serve)
             if self.dispatch.steps is not None:
                 await nursery.start(self.dispatch.steps.run)
                 if self.takeovers is not None and self.peers is not None:
@@ -314,7 +324,7 @@ def compose(
         episodes,
         queue,
         ship_env=settings.ship_env,
-        fence=_fence,
+        fence=_fence if peers is None else _carried_fence,
         queue_timeout=settings.queue_timeout,
         observe=metrics.on_dispatch,
         reader=reader,
@@ -384,6 +394,13 @@ def compose(
     dispatch.letting_go = lambda: membership.letting_go
     if peers is not None:
         membership.telling = peers.telling
+    # a shared database's runs carried across a worker's move (swamp.domain.carrying)
+    adoptions = (
+        Adoptions(db, steps, peers, episodes, queue, dispatch)
+        if steps is not None and peers is not None
+        else None
+    )
+    enrollment.adoptions = adoptions
     return Orchestrator(
         store=store,
         db=db,
@@ -412,6 +429,7 @@ def compose(
         pages=pages,
         peers=peers,
         takeovers=takeovers,
+        adoptions=adoptions,
         self_fence=None
         if peers is None
         else SelfFence(

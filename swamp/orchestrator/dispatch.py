@@ -380,6 +380,23 @@ class DispatchService:
         log_id = dispatch_id if self.episodes.logs is not None else None
         return self.result_of(request, plan.model_type.type, result, worker, dispatch_id, log_id)
 
+    def adopted_work(self, request: RunRequest) -> Work:
+        """What a run carried here from a dead orchestrator is, as its step's record says
+        (``swamp.orchestrator.adoption``): its model, read scope, timeout and log owner (its
+        arguments and environment went to the worker already)."""
+        model_type = self.registry.runnable(request.model.type)
+        model_type.method(request.method)
+        return Work(
+            model_type=model_type,
+            model_name=request.model.name,
+            method=request.method,
+            args={},
+            environment={},
+            read_scope=request.scope(),
+            timeout=request.execution_timeout(self.default_timeout),
+            owner=request.owner(model_type.type),
+        )
+
     def result_of(
         self,
         request: RunRequest,

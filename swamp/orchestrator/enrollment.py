@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from swamp import __version__
 from swamp.bookkeeping.tokens import TokenBook
+from swamp.domain.carrying import MAX_CARRY, MAX_LISTED
 from swamp.domain.claims import FLEET_LABEL, MAX_CAPACITY
 from swamp.domain.enrollment import Admit, Present, admit, instance_clash
 from swamp.domain.labels import check_labels
+from swamp.domain.leases import LEASE_ID
 from swamp.domain.text import is_printable
 from swamp.domain.tokens import Redeemed
 from swamp.domain.workers import (
@@ -41,6 +44,9 @@ from swamp.protocol.frames import PROTOCOL_VERSION
 from swamp.protocol.messages import EnrollReply, EnrollRequest
 from swamp.protocol.rpc import RpcChannel
 from swamp.store.retry import retry_busy
+
+if TYPE_CHECKING:
+    from swamp.orchestrator.adoption import Adoptions
 
 log = logging.getLogger("swamp.gateway")
 
@@ -68,6 +74,14 @@ def check_enrollment(raw: dict) -> EnrollRequest:
     check_platform_word(request.platform, "platform")
     check_platform_word(request.arch, "arch")
     check_labels(request.labels, source="enrollment labels")
+    if len(request.carried) > MAX_LISTED:
+        raise UserError(f"enrollment lists at most {MAX_LISTED} carried dispatches")
+    for run in request.carried:
+        if not LEASE_ID.fullmatch(run.dispatch_id) or not 0 <= run.seconds <= MAX_CARRY:
+            raise UserError(
+                "enrollment 'carried' holds dispatch ids (32 hex digits) and the seconds each "
+                f"is carried for (0 to {MAX_CARRY:g})"
+            )
     return request
 
 
@@ -95,6 +109,9 @@ class Enrollment:
         self.membership = membership
         self.live_tokens = live_tokens
         self.on_rejection = on_rejection  # told the error code of every refused enrollment
+        # the runs a worker carries here from a dead orchestrator (a shared database; None:
+        # this one adopts none, and tells its workers so)
+        self.adoptions: Adoptions | None = None
 
     def __repr__(self) -> str:
         return f"<Enrollment {self.pool!r}>"
@@ -229,7 +246,12 @@ class Enrollment:
         if self.membership.telling is not None:
             await self.membership.telling(channel.heartbeat)
         channel.heartbeat_source = self.membership.pool_heartbeat
+        carried: dict[str, str] = {}
+        if self.adoptions is not None and params.carried:
+            carried = await self.adoptions.listed(member, params.carried)
         self.membership.joined(member, verify=decision.verify)
+        if self.adoptions is not None and carried:
+            self.adoptions.follow(member, carried, params.carried)
         if params.version and params.version != __version__:
             log.warning(
                 "worker %s runs swamp %s, this orchestrator %s: it can download this build "
@@ -256,5 +278,7 @@ class Enrollment:
             heartbeat_seconds=channel.heartbeat,
             protocol_version=PROTOCOL_VERSION,
             orchestrator_version=__version__,
+            carry=self.adoptions is not None,
+            carried=carried,
         )
         return reply, member

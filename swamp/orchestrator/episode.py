@@ -38,6 +38,7 @@ from swamp.orchestrator.pool import Member
 from swamp.orchestrator.step_logs import StepLogs
 from swamp.protocol.messages import (
     Accepted,
+    AdoptRequest,
     Dispatched,
     DispatchRequest,
     DispatchResult,
@@ -47,6 +48,7 @@ from swamp.protocol.messages import (
     decode_event,
 )
 from swamp.protocol.rpc import no_events
+from swamp.store.datastore import Record
 
 log = logging.getLogger("swamp.dispatch")
 CANCEL_SETTLE = 30  # how long a cancelled dispatch waits for the worker to report it stopped
@@ -105,6 +107,7 @@ class ActiveDispatch:
     abandoned: str | None = None  # why it was taken back
     abandon: trio.CancelScope | None = None
     tell: Emit | None = None  # where its first effect is told (another orchestrator's step)
+    log_id: str = ""  # where its lines are kept ("": under its id)
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,6 @@ class Episodes:
         )
         if work.tell_effects:
             active.tell = emit
-        credential = None
         try:
             active.lease = self.bookkeeper.open_lease(
                 dispatch_id,
@@ -170,11 +172,60 @@ class Episodes:
                 step_id=step.id,
                 attempt=step.attempt,
             ).to_json()
-            if emit is not no_events:
-                await safe_emit(emit, Dispatched(member.name, dispatch_id).to_json())
+            said = Dispatched(member.name, dispatch_id).to_json() if emit is not no_events else None
+            return await self._hear(
+                member, active, "worker.dispatch", params, emit, work.timeout, announce=said
+            )
+        finally:
+            self._forget(active)
+
+    async def adopt(
+        self, member: Member, record: Record, work: Work, step: Step, *, log_id: str
+    ) -> Episode:
+        """A run ``member`` carried here from an orchestrator that died, whose lease (``record``)
+        its burial moved to this one (``swamp.domain.carrying``): linked to us
+        (``worker.adopt``) and heard to its end as any episode; its lines go to a log of their
+        own (``log_id``)."""
+        dispatch_id = record.attributes["leaseId"]
+        active = ActiveDispatch(
+            dispatch_id,
+            member,
+            work.model_type,
+            work.model_name,
+            read_scope=work.read_scope,
+            has_writes=bool(record.attributes.get("hasWrites")),
+            log_id=log_id,
+        )
+        active.lease = self.bookkeeper.adopted_lease(record)
+        try:
+            active.credential = self.credentials.issue_dispatch(member.name, dispatch_id)
+            self.active[dispatch_id] = active
+            if self.logs is not None and work.owner is not None:
+                self.logs.open(log_id, work.owner, worker=member.name, attempt=step.attempt)
+            params = AdoptRequest(dispatch_id, active.credential).to_json()
+            return await self._hear(member, active, "worker.adopt", params, no_events, work.timeout)
+        finally:
+            self._forget(active)
+
+    async def _hear(
+        self,
+        member: Member,
+        active: ActiveDispatch,
+        verb: str,
+        params: dict,
+        emit: Emit,
+        may_run: float | None,
+        *,
+        announce: dict | None = None,
+    ) -> Episode:
+        """Send ``verb`` and hear the dispatch to its end (``announce`` told first); its lease
+        ends as the end says."""
+        try:
+            if announce is not None:
+                await safe_emit(emit, announce)
             active.sent_at = trio.current_time()
-            self._awaiting_ack[dispatch_id] = active
-            episode = await self._call(member, active, params, emit, work.timeout)
+            self._awaiting_ack[active.id] = active
+            episode = await self._call(member, active, verb, params, emit, may_run)
             state, error = lease_ending(episode.end)
             await self._end_lease(active, state, error)
             if episode.end.how in (Ending.SUCCEEDED, Ending.FAILED):
@@ -185,16 +236,23 @@ class Episodes:
             with trio.CancelScope(shield=True):
                 await self._end_lease(active, state, error)
             raise
-        finally:
-            if credential is not None:
-                self.credentials.revoke(credential)
-            if self.logs is not None:
-                self.logs.close(dispatch_id)
-            self.active.pop(dispatch_id, None)
-            self._awaiting_ack.pop(dispatch_id, None)
+
+    def _forget(self, active: ActiveDispatch) -> None:
+        if active.credential is not None:
+            self.credentials.revoke(active.credential)
+        if self.logs is not None:
+            self.logs.close(active.log_id or active.id)
+        self.active.pop(active.id, None)
+        self._awaiting_ack.pop(active.id, None)
 
     async def _call(
-        self, member: Member, active: ActiveDispatch, params: dict, emit, may_run: float | None
+        self,
+        member: Member,
+        active: ActiveDispatch,
+        verb: str,
+        params: dict,
+        emit,
+        may_run: float | None,
     ) -> Episode:
         channel = member.channel
         if channel is None or channel.closed:
@@ -211,7 +269,7 @@ class Episodes:
                 active.abandon = abandon
                 try:
                     reply = await channel.call(
-                        "worker.dispatch",
+                        verb,
                         params,
                         timeout=None,
                         on_event=lambda event: _relay(emit, event, active, self),
@@ -329,7 +387,7 @@ async def _relay(emit: Emit, event: object, active: ActiveDispatch, episodes: Ep
         return
     active.acknowledged = True
     if episodes.logs is not None:
-        episodes.logs.append(active.id, decoded.line, decoded.stream)
+        episodes.logs.append(active.log_id or active.id, decoded.line, decoded.stream)
     await safe_emit(emit, replace(decoded, worker=worker).to_json())
 
 

@@ -104,11 +104,13 @@ class Outliving:
         link_closed: Callable[[], bool],
         *,
         step_id: str = "",
+        keep: bool = True,
     ) -> dict:
         """Run ``run`` for ``origin``; its answer. Cancelled by the origin, the run is
         cancelled and settles first, as if awaited here; cancelled because the link closed,
         it runs on and its answer is kept for the origin. :class:`NotStarted` if it could
-        not start."""
+        not start. Not ``keep``: there is no link (a run carried here from ``origin``, which
+        died): its answer is only for whoever took its step over (:meth:`wait_step`)."""
         key = (origin, send_id)
         if key in self.running:
             raise NotStarted("a step with that sending id runs here already")
@@ -132,6 +134,8 @@ class Outliving:
                     self._prune()
                     ended = self._ended.setdefault(origin, deque(maxlen=RECENT_MAX))
                     ended.append((step_id, answer, trio.current_time()))
+                if not keep:
+                    return
                 if relay.cut or link_closed():  # nobody waits on the link: the database
                     await self._keep(origin, send_id, answer)
                 else:  # given on the link: remembered a while, should the link go now

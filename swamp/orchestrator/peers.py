@@ -191,6 +191,7 @@ class Peers:
 
         self.waker = Waker(table.pool, CHANNEL, self.me)
         self._watched: set[str] = set()
+        self._gone: dict[str, trio.Event] = {}  # set once each is buried (until_gone)
         self._wake = trio.Event()
         self._links: dict[str, RpcChannel] = {}
         self._linking: dict[str, _Linking] = {}  # a link being made, per orchestrator
@@ -570,6 +571,8 @@ class Peers:
                 try:
                     async with _held(self.database, name):
                         pass  # free: dead, or its connection dropped; look again in a moment
+                    if await self.table.get(orchestrator) is None:
+                        return  # another peer buried it (it held the lock while it did)
                     await trio.sleep(DEATH_GRACE)
                     await self._bury(orchestrator)
                     return
@@ -587,6 +590,22 @@ class Peers:
                     await trio.sleep(DEATH_GRACE)
         finally:
             self._watched.discard(orchestrator)
+            gone = self._gone.pop(orchestrator, None)
+            if gone is not None:
+                gone.set()
+
+    async def until_gone(self, orchestrator: str) -> None:
+        """Until ``orchestrator`` is buried (here or by another peer), or no longer watched
+        here (this one stops): a carried run waits for it (``swamp.orchestrator.adoption``)."""
+        gone = self._gone.setdefault(orchestrator, trio.Event())
+        if orchestrator not in self._watched:
+            if await self.table.get(orchestrator) is None:
+                self._gone.pop(orchestrator, None)
+                return
+            assert self._nursery is not None
+            self._watched.add(orchestrator)
+            self._nursery.start_soon(self._watch, orchestrator)
+        await gone.wait()
 
     async def _bury(self, orchestrator: str) -> dict:
         """Reconcile what the dead ``orchestrator`` left and forget it, holding its liveness

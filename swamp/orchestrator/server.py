@@ -442,12 +442,16 @@ async def _serve(
         takeovers = Takeovers(storage.steps, me, db)
 
         async def reconcile(dead: str) -> dict:
+            assert storage.peers is not None
+            serving = frozenset(row.id for row in await storage.peers.orchestrators()) - {dead}
             changed = await reconcile_left(
                 db,
                 lambda attrs: attrs.get("orchestrator") == dead,
                 why=f"its orchestrator ({dead[:12]}) died",
+                dead=dead,
+                serving=serving,
             )
-            assert isinstance(logs, PgLogStore) and storage.peers is not None
+            assert isinstance(logs, PgLogStore)
             changed["logs"] = await logs.end_left(time.time(), dead)  # its lines stopped
             changed["logs"] += await end_unnamed_logs(logs, storage.peers, gone=(me, dead))
             # its open steps are ours now (after its leases expired: what they say is final),
@@ -494,13 +498,26 @@ async def _serve(
         await storage.aclose()
 
 
-async def reconcile_left(db: Records, orphaned: Orphaned, *, why: str = RESTART) -> dict:
+async def reconcile_left(
+    db: Records,
+    orphaned: Orphaned,
+    *,
+    why: str = RESTART,
+    dead: str | None = None,
+    serving: frozenset[str] = frozenset(),
+) -> dict:
     """What orchestrators that are gone left (``orphaned`` says which records): active leases
     expired, the workers they held disconnected, their waits orphaned, their workflow runs
     interrupted. At boot (all of it, on a database of its own), and on a shared database when
-    a peer died (``swamp.orchestrator.peers``)."""
+    a peer (``dead``) died (``swamp.orchestrator.peers``): its leases whose runs an
+    orchestrator of ``serving`` carries move to it (``swamp.domain.carrying``)."""
+    moved: list[str] = []
+    expired = await retry_busy(
+        lambda: LeaseBook(db).reconcile(orphaned, why=why, dead=dead, serving=serving, moved=moved)
+    )
     return {
-        "leases": await retry_busy(lambda: LeaseBook(db).reconcile(orphaned, why=why)),
+        "leases": expired,
+        **({"carried": len(set(moved))} if moved else {}),
         "workers": await retry_busy(lambda: WorkerBook(db).reconcile(orphaned, why=why)),
         "queued": await retry_busy(lambda: PendingBook(db).reconcile(orphaned, why=why)),
         "runs": await retry_busy(lambda: RunBook(db).reconcile(orphaned)),

@@ -31,6 +31,16 @@ def prepare(*classes: type[Message]) -> None:
 
 
 @dataclass(frozen=True)
+class CarriedRun(Message):
+    """A dispatch a worker runs on after its socket to another orchestrator was lost
+    (``swamp.domain.carrying``): listed at its next enrollment, for at most ``seconds``
+    more."""
+
+    dispatch_id: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class EnrollRequest(Message):
     """``worker.enroll``: who the worker says it is (the orchestrator checks every value)."""
 
@@ -43,11 +53,14 @@ class EnrollRequest(Message):
     version: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     capacity: int = 1
+    carried: list[CarriedRun] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class EnrollReply(Message):
-    """What the worker is admitted as."""
+    """What the worker is admitted as. ``carry``: this orchestrator adopts runs carried across
+    a lost socket (a shared database); ``carried``: what becomes of each the worker listed
+    (``wait``: until told, ``stop``: now) — one it does not name is stopped."""
 
     worker_name: str
     capacity: int
@@ -58,6 +71,8 @@ class EnrollReply(Message):
     labels: dict[str, str] = field(default_factory=dict)
     reconnect: bool = False
     orchestrator_version: str = ""
+    carry: bool = False
+    carried: dict[str, str] = field(default_factory=dict)
 
 
 # -- dispatch --------------------------------------------------------------------------------
@@ -80,6 +95,23 @@ class DispatchRequest(Message):
     takes_slot: bool = True
     step_id: str = ""
     attempt: int = 1
+
+
+@dataclass(frozen=True)
+class AdoptRequest(Message):
+    """``worker.adopt``: the orchestrator the worker moved to took over a dispatch it carries
+    (the burial of its old holder moved the lease): its events and its answer come here now,
+    as a dispatch's would, with this data-plane ``credential``."""
+
+    dispatch_id: str
+    credential: str
+
+
+@dataclass(frozen=True)
+class AbandonRequest(Message):
+    """``worker.abandon``: a dispatch the worker carries was not adopted: stop it now."""
+
+    dispatch_id: str
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
 from swamp.errors import ChannelClosed
@@ -131,6 +132,7 @@ class WebSocket:
         "_plain_known",
         "_unread",
         "stop_at",
+        "closed_by_peer",
     )
 
     def __init__(
@@ -146,6 +148,7 @@ class WebSocket:
         self.stream = stream
         # when the server stops waiting for its connections (trio time): a drain ends by then
         self.stop_at = stop_at
+        self.closed_by_peer = False  # a close frame came from the peer (a decision of its)
         self.client = connection.client
         self.frames = FastFrames(connection)
         self.max_message_size = max_message_size
@@ -346,6 +349,8 @@ class WebSocket:
                 if isinstance(result, Awaitable):
                     await result
         elif isinstance(event, CloseConnection):
+            # (1006 is never sent: it stands for a connection that ended without a close frame)
+            self.closed_by_peer = event.code != CloseReason.ABNORMAL_CLOSURE
             if self.frames.state is ConnectionState.REMOTE_CLOSING:
                 self._close = (int(event.code), event.reason or None)
                 await self._send_event(event.response())

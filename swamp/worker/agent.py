@@ -48,6 +48,7 @@ from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
 from swamp.worker.identity import instance_id, machine_id
 from swamp.worker.reaper import Reaper
+from swamp.worker.runs import Runs
 from swamp.worker.session import Session
 
 BACKOFF_START = 1.0
@@ -118,8 +119,10 @@ async def _run(
     config, reporter, mid, iid, registry, cache_dir: Path, reaper: Reaper, outcome: list[int]
 ) -> None:
     drain = Drain(reporter, max_dispatches=config.max_dispatches)
+    runs = Runs()  # every dispatch, beside the connections (one may carry it to the next)
     loop_done = trio.Event()
     async with open_unwrapping_nursery() as nursery:
+        await nursery.start(runs.serve)
 
         async def on_signals() -> None:
             with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
@@ -146,7 +149,9 @@ async def _run(
 
         async def connect_loop() -> None:
             outcome.append(
-                await _connect_loop(config, reporter, mid, iid, registry, cache_dir, reaper, drain)
+                await _connect_loop(
+                    config, reporter, mid, iid, registry, cache_dir, reaper, drain, runs
+                )
             )
             loop_done.set()
             nursery.cancel_scope.cancel()
@@ -167,6 +172,7 @@ async def _connect_loop(
     cache_dir: Path,
     reaper: Reaper,
     drain: Drain,
+    runs: Runs,
 ) -> int:
     backoff = Backoff()
     started = time.monotonic()
@@ -189,6 +195,7 @@ async def _connect_loop(
             cache_dir=cache_dir,
             reaper=reaper,
             drain=drain,
+            runs=runs,
         )
         full = False  # every place of its fleet token is taken: it waits for one
         try:

@@ -30,8 +30,12 @@ class Draining(Protocol):
     the drain outlives each connection, so it knows the session only by this."""
 
     enrollment: Any  # None until enrolled
-    active: int  # dispatches running
-    idle: trio.Event  # set while none runs
+
+    @property
+    def active(self) -> int: ...  # dispatches running
+
+    @property
+    def idle(self) -> trio.Event: ...  # set while none runs
 
     async def announce_drain(self, reason: str | None) -> None: ...
 

@@ -2,13 +2,16 @@
 
 ``query_data`` is an RPC over the control socket; ``write_resource`` / ``read_resource`` go over
 the HTTP data plane with the dispatch's own credential; logs stream back as events of the
-dispatch. The method code cannot tell it apart from the local context.
+dispatch. The method code cannot tell it apart from the local context. All of it goes through
+the run's link (``swamp.worker.runs``): while the run is carried between orchestrators, a call
+home waits, and a read cut off by the move is asked again through the next one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import httpx
@@ -17,6 +20,7 @@ import trio
 from swamp.domain.names import check_data_name
 from swamp.errors import (
     Busy,
+    ChannelClosed,
     DataPlaneError,
     MalformedFrame,
     MalformedReply,
@@ -32,7 +36,7 @@ from swamp.protocol.messages import (
     QueryDataReply,
     QueryDataRequest,
 )
-from swamp.protocol.rpc import IncomingCall, RpcChannel
+from swamp.worker.runs import Link, Run
 
 T = TypeVar("T")
 
@@ -41,11 +45,7 @@ class RemoteContext(ContextBase):
     def __init__(
         self,
         *,
-        call: IncomingCall,
-        channel: RpcChannel,
-        http: httpx.AsyncClient,
-        data_plane: str,
-        credential: str,
+        run: Run,
         dispatch_id: str,
         cache_dir=None,
         **kwargs: Any,
@@ -53,23 +53,27 @@ class RemoteContext(ContextBase):
         super().__init__(dispatch_id=dispatch_id, **kwargs)
         self.dispatch_id: str = dispatch_id  # always one: a worker runs only dispatches
         self.cache_dir = cache_dir  # the worker's cache directory (for probe seams)
-        self.call = call
-        self.channel = channel
-        self.http = http
-        self.data_plane = data_plane
-        self.headers = {"Authorization": f"Bearer {credential}"}
+        self.run = run  # where its events and calls home go (the session of the moment's)
 
     async def report_effects(self) -> None:
-        await self.call.emit(Effects().to_json())
+        await self.run.emit(Effects().to_json())
 
     async def log(self, line: str, *, stream: LogStream = "log") -> None:
-        await self.call.emit(LogLine(line=line, stream=stream).to_json())
+        await self.run.emit(LogLine(line=line, stream=stream).to_json())
 
     async def query_data(self, predicate: str) -> list[dict]:
-        request = QueryDataRequest(dispatch_id=self.dispatch_id, predicate=predicate)
-        answer = await _patiently(
-            lambda: self.channel.call("capability.queryData", request.to_json())
-        )
+        request = QueryDataRequest(dispatch_id=self.dispatch_id, predicate=predicate).to_json()
+        while True:
+            link = await self.run.linked()  # (waits while the run is carried)
+            try:
+                answer = await _patiently(
+                    partial(link.call.channel.call, "capability.queryData", request)
+                )
+                break
+            except ChannelClosed:
+                # its socket closed: carried, it is asked again through the orchestrator the
+                # worker moves to (a read); not carried, the run is stopped meanwhile
+                await self.run.unlinked(link)
         try:
             return QueryDataReply.decode(answer).records
         except MalformedFrame as exc:
@@ -105,20 +109,29 @@ class RemoteContext(ContextBase):
     async def _request(
         self, method: str, path: str, *, missing_ok: bool = False, **kwargs: Any
     ) -> httpx.Response:
-        return await _patiently(lambda: self._request_once(method, path, missing_ok, kwargs))
+        while True:
+            link = await self.run.linked()  # (waits while the run is carried)
+            try:
+                return await _patiently(
+                    partial(self._request_once, link, method, path, missing_ok, kwargs)
+                )
+            except PeerError:
+                if method != "GET" or self.run.link is link:
+                    raise  # a write may have landed: never sent twice
+                # a read: asked again through the orchestrator the worker moved to
 
     async def _request_once(
-        self, method: str, path: str, missing_ok: bool, kwargs: dict
+        self, link: Link, method: str, path: str, missing_ok: bool, kwargs: dict
     ) -> httpx.Response:
         kwargs = dict(kwargs)
-        url = self.data_plane + path
+        url = link.data_plane + path
         try:
-            response = await self.http.request(
-                method, url, headers={**self.headers, **kwargs.pop("headers", {})}, **kwargs
+            response = await link.http.request(
+                method, url, headers={**link.headers, **kwargs.pop("headers", {})}, **kwargs
             )
         except httpx.HTTPError as exc:
             raise PeerError(
-                f"the data plane at {self.data_plane} is unreachable: {type(exc).__name__}: {exc}"
+                f"the data plane at {link.data_plane} is unreachable: {type(exc).__name__}: {exc}"
             ) from None
         if response.status_code == 404 and missing_ok:
             return response

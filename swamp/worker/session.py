@@ -1,8 +1,11 @@
 """One connection to the orchestrator: enroll, then serve dispatches until the socket ends.
 
 Everything the session does lives in one nursery owned by the channel: the read loop, the
-heartbeat, the session refresh and every running dispatch (one task per slot in use). When the
-socket drops, all of it is cancelled, and the orchestrator decides what becomes of the steps.
+heartbeat and the acknowledgements. The dispatches themselves run beside it, in the worker's
+own nursery (``swamp.worker.runs``), linked to the call that asked for each. When the socket
+drops, the session ends: what runs is stopped — or, if the orchestrator said it adopts carried
+runs and the socket was lost rather than closed by it, carried to the next orchestrator
+(``swamp.domain.carrying``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import trio
 from swamp import __version__
 from swamp.concurrency import open_unwrapping_nursery
 from swamp.domain import environment
+from swamp.domain.carrying import STOP, WAIT, carry_until, may_carry
 from swamp.domain.drain import refusal
 from swamp.domain.workers import check_worker_name
 from swamp.errors import (
@@ -36,7 +40,15 @@ from swamp.hostinfo import local_platform
 from swamp.models.runner import run_method
 from swamp.plugins import ModelRegistry, default_seams
 from swamp.protocol.frames import MAX_FRAME_BYTES, PROTOCOL_VERSION
-from swamp.protocol.messages import Accepted, DispatchRequest, EnrollReply, EnrollRequest
+from swamp.protocol.messages import (
+    AbandonRequest,
+    Accepted,
+    AdoptRequest,
+    CarriedRun,
+    DispatchRequest,
+    EnrollReply,
+    EnrollRequest,
+)
 from swamp.protocol.rpc import IncomingCall, RpcChannel
 from swamp.protocol.transport import WebSocketTransport, open_websocket
 from swamp.worker.config import WorkerConfig
@@ -44,6 +56,7 @@ from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
 from swamp.worker.reaper import Reaper
 from swamp.worker.remote_context import RemoteContext
+from swamp.worker.runs import Link, Run, Runs
 
 ENROLL_TIMEOUT = 30
 CONNECT_TIMEOUT = 10
@@ -70,6 +83,7 @@ class Session:
         cache_dir: Path | None = None,
         reaper: Reaper | None = None,
         drain: Drain | None = None,
+        runs: Runs | None = None,
     ) -> None:
         self.config = config
         self.cache_dir = cache_dir
@@ -82,22 +96,34 @@ class Session:
         self._enrolled = trio.Event()
         self.drain = drain or Drain(reporter)
         self.drain.attach(self)
-        self.running: dict[str, IncomingCall] = {}
+        # every dispatch of the worker (they outlive this connection when carried)
+        self.runs = runs or Runs()
         # dispatches running and not acknowledged yet, with when each started (trio time)
         self._unacknowledged: dict[str, tuple[IncomingCall, float]] = {}
-        self.idle = trio.Event()  # set while no dispatch runs
-        self.idle.set()
         self._idle_at = math.inf  # --idle-timeout: when this session's idle time is up
         self._idle_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.active = 0
-        self.completed = 0
+        self.carry_offered = False  # the orchestrator adopts runs carried across a lost socket
+        self._transport: WebSocketTransport | None = None
         # what every method sees of this machine's environment, worked out once, not per
         # dispatch (swamp's own variables already dropped)
         self._local_env = environment.own(os.environ)
         self._data_plane = config.data_plane()  # worked out once, like the environment
         self.channel: RpcChannel | None = None
         self.http: httpx.AsyncClient | None = None
+
+    @property
+    def active(self) -> int:
+        """Dispatches running on this worker (carried ones included)."""
+        return self.runs.active
+
+    @property
+    def idle(self) -> trio.Event:
+        return self.runs.idle
+
+    @property
+    def completed(self) -> int:
+        return self.runs.completed
 
     async def run(self) -> str:
         """Connect, enroll and serve; returns why the session ended. Raises ``Rejected`` for a
@@ -112,12 +138,14 @@ class Session:
             return await self._serve(ws, context)
 
     async def _serve(self, transport: WebSocketTransport, context: ssl.SSLContext | None) -> str:
+        self._transport = transport
         async with httpx.AsyncClient(verify=context or True, timeout=30) as http:
             self.http = http
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
             async with open_unwrapping_nursery() as nursery:
                 self._nursery = nursery
+                self.runs.on_change = self._run_ended
                 await nursery.start(channel.serve)
                 await self._enroll(channel)
                 nursery.start_soon(self._acknowledge)
@@ -128,6 +156,15 @@ class Session:
                     nursery.start_soon(self.announce_drain, self.drain.reason)
                 await channel.wait_closed()
                 nursery.cancel_scope.cancel()
+            self.runs.on_change = lambda: None
+            carried = self.runs.carried()
+            if carried:
+                until = min(run.carry_until for run in carried)
+                self.reporter.emit(
+                    "carrying",
+                    dispatches=len(carried),
+                    seconds=round(max(0.0, until - trio.current_time()), 1),
+                )
             return channel.close_reason
 
     async def _enroll(self, channel: RpcChannel) -> None:
@@ -142,6 +179,7 @@ class Session:
             arch=arch,
             labels=self.config.labels,
             capacity=self.config.concurrency,
+            carried=self._listed(),
         )
         try:
             answer = await channel.call("worker.enroll", request.to_json(), timeout=ENROLL_TIMEOUT)
@@ -162,6 +200,8 @@ class Session:
             reply.reconnect,
             max(1, min(reply.capacity, self.config.concurrency)),
         )
+        self.carry_offered = reply.carry
+        self._settle_carried(reply)
         self._enrolled.set()
         if reply.heartbeat_seconds > 0:
             channel.heartbeat = reply.heartbeat_seconds
@@ -194,7 +234,7 @@ class Session:
         if call.method == "drain.ask":  # 'swamp worker drain' or the web pages: as SIGTERM
             await self.drain.trigger("asked")  # begun and announced when this returns
             return {"running": self.active}
-        if call.method != "worker.dispatch":
+        if call.method not in ("worker.dispatch", "worker.adopt", "worker.abandon"):
             raise UnknownMethod(f"unknown method {call.method!r}")
         if self.enrollment is None:
             # A step that waited for this worker is sent right behind the enrollment reply:
@@ -202,10 +242,14 @@ class Session:
             with trio.move_on_after(ENROLL_TIMEOUT):
                 await self._enrolled.wait()
             if self.enrollment is None:
-                raise UnknownMethod("worker.dispatch before enrollment")
+                raise UnknownMethod(f"{call.method} before enrollment")
         http = self.http  # made as the session starts, before it enrolls
         if http is None:
-            raise UnknownMethod("worker.dispatch before the session started")
+            raise UnknownMethod(f"{call.method} before the session started")
+        if call.method == "worker.adopt":
+            return await self._adopt(call, http)
+        if call.method == "worker.abandon":
+            return self._abandon(call)
         request = DispatchRequest.decode(call.params)
         capacity = self.enrollment.capacity
         refused = refusal(
@@ -225,71 +269,162 @@ class Session:
         method = model_type.method(request.method)
         args = method.validate(request.args)
         dispatch_id = request.dispatch_id
+        if dispatch_id in self.runs.runs:
+            raise WorkerBusy(f"dispatch {dispatch_id[:12]} runs here already")
         # the last one --max-dispatches allows
         if request.takes_slot and self.drain.accepted() and self._nursery is not None:
             self._nursery.start_soon(self.drain.trigger, "max-dispatches")
-        if self.active == 0:
-            self.idle = trio.Event()  # set again when the last slot empties
-        self.active += 1
+        run = Run(dispatch_id, takes_slot=request.takes_slot)
+        run.attach(Link(call, http, self._data_plane, request.credential))
+        ctx = RemoteContext(
+            run=run,
+            model_type=model_type,
+            model_name=request.model_name,
+            method=method.name,
+            dispatch_id=dispatch_id,
+            env=lambda: (
+                environment.with_shipped(self._local_env, request.environment)
+                | environment.step_identity(request.step_id, request.attempt)
+            ),
+            cache_dir=self.cache_dir,
+            launcher=self.reaper,
+            probe_seams=default_seams,
+        )
+        self._report(
+            "dispatch_started",
+            dispatchId=dispatch_id,
+            modelType=model_type.type,
+            method=method.name,
+        )
+        self.runs.start(run, lambda: self._execute(run, method, args, ctx))
         self._set_idle_deadline()
+        self._unacknowledged[dispatch_id] = (call, trio.current_time())
+        return await self._follow(run, call)
+
+    async def _execute(self, run: Run, method, args: dict, ctx: RemoteContext) -> None:
+        """The method, in the worker's own nursery (see ``swamp.worker.runs``): its answer or
+        error is the run's, for whichever call follows it."""
+        reporter = self.reporter  # (this session may be long gone when the run ends)
         started = time.monotonic()
-        reporting = self.reporter.per_dispatch  # lines per dispatch: --json or --verbose only
-        if reporting:
-            self._report(
-                "dispatch_started",
-                dispatchId=dispatch_id,
-                modelType=model_type.type,
-                method=method.name,
-            )
+        finished = {"dispatchId": run.id}
         try:
-            ctx = RemoteContext(
-                call=call,
-                channel=call.channel,
-                http=http,
-                data_plane=self._data_plane,
-                credential=request.credential,
-                model_type=model_type,
-                model_name=request.model_name,
-                method=method.name,
-                dispatch_id=dispatch_id,
-                env=lambda: (
-                    environment.with_shipped(self._local_env, request.environment)
-                    | environment.step_identity(request.step_id, request.attempt)
-                ),
-                cache_dir=self.cache_dir,
-                launcher=self.reaper,
-                probe_seams=default_seams,
-            )
-            self.running[dispatch_id] = call  # a second signal stops it (stop_dispatches)
-            self._unacknowledged[dispatch_id] = (call, trio.current_time())
             outcome = await run_method(method, args, ctx)
         except trio.Cancelled:
-            self._report(
-                "dispatch_finished",
-                dispatchId=dispatch_id,
-                status="stopped" if call.stopped else "cancelled",
-                durationMs=round((time.monotonic() - started) * 1000),
-            )
+            status = "stopped" if run.stopped is not None else "cancelled"
+            if reporter.per_dispatch:
+                reporter.emit(
+                    "dispatch_finished",
+                    **finished,
+                    status=status,
+                    durationMs=round((time.monotonic() - started) * 1000),
+                    **({"error": run.stopped.message} if run.stopped is not None else {}),
+                )
             raise
-        finally:
-            self.running.pop(dispatch_id, None)
-            self._unacknowledged.pop(dispatch_id, None)
-            self.active -= 1
-            if self.active == 0:
-                self.idle.set()
-                if self._nursery is not None and self.drain.draining:
-                    self._nursery.start_soon(self._check_drain)  # after this one has reported
-            self._set_idle_deadline()
-        self.completed += 1
-        if reporting:
-            self._report(
+        except Exception as exc:  # the call that follows it answers with it
+            run.error = exc
+            return
+        self.runs.completed += 1
+        run.reply = outcome.to_message().to_json()
+        if reporter.per_dispatch:
+            reporter.emit(
                 "dispatch_finished",
-                dispatchId=dispatch_id,
+                **finished,
                 status=outcome.status,
                 durationMs=round((time.monotonic() - started) * 1000),
                 error=outcome.error,
             )
-        return outcome.to_message().to_json()
+
+    async def _follow(self, run: Run, call: IncomingCall) -> dict:
+        """Wait for ``run``'s answer on ``call``. Cancelled — the orchestrator's cancel, a
+        second signal (``call.stop``), or the socket gone — the run is stopped and settles
+        first, as if it ran here; only a socket lost as :func:`may_carry` allows is the run
+        carried instead."""
+        try:
+            await run.done.wait()
+        except trio.Cancelled:
+            channel = call.channel
+            if (
+                channel.closed  # (not the caller's cancel, nor a second signal)
+                and self._may_carry()
+                and run.takes_slot
+                and not call.cancel_asked
+                and call.stopped is None
+                and not run.done.is_set()
+            ):
+                until = carry_until(channel.last_heard, channel.heartbeat, channel.missed)
+                self.runs.carry(run, until)
+            else:
+                if call.stopped is not None:  # a second signal: the run reports itself stopped
+                    run.stop(call.stopped)
+                else:
+                    run.scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await run.done.wait()
+            raise
+        finally:
+            self._unacknowledged.pop(run.id, None)
+        if run.stopped is not None:
+            raise run.stopped
+        if run.error is not None:
+            raise run.error
+        if run.reply is None:  # (stopped from outside this call: the worker is stopping)
+            raise WorkerStopped("the worker stopped it")
+        return run.reply
+
+    def _may_carry(self) -> bool:
+        """The socket is gone: whether what runs is carried (see ``swamp.domain.carrying``)."""
+        transport = self._transport
+        return may_carry(
+            offered=self.carry_offered,
+            draining=self.drain.draining,
+            closed_by_peer=transport is None or transport.closed_by_peer,
+        )
+
+    def _listed(self) -> list[CarriedRun]:
+        """What this worker carries, for the orchestrator it enrolls with."""
+        now = trio.current_time()
+        return [
+            CarriedRun(run.id, round(max(0.0, run.carry_until - now), 3))
+            for run in self.runs.carried()
+        ]
+
+    def _settle_carried(self, reply: EnrollReply) -> None:
+        """The orchestrator said what becomes of each carried run: it waits to be adopted, or
+        stops now (one it does not name, or an orchestrator that adopts none, stops)."""
+        for run in self.runs.carried():
+            said = reply.carried.get(run.id, STOP) if reply.carry else STOP
+            if said != WAIT:
+                run.stop(WorkerStopped("the orchestrator the worker moved to did not take it over"))
+
+    async def _adopt(self, call: IncomingCall, http: httpx.AsyncClient) -> dict:
+        """``worker.adopt``: a carried run is linked to this session; its answer is this
+        call's."""
+        request = AdoptRequest.decode(call.params)
+        run = self.runs.runs.get(request.dispatch_id)
+        if run is None or not run.carried:
+            raise WorkerStopped(
+                f"dispatch {request.dispatch_id[:12]} is not carried here (it ended or stopped)"
+            )
+        kept = run.attach(Link(call, http, self._data_plane, request.credential))
+        self.reporter.emit("adopted", dispatchId=run.id)
+        await call.emit(Accepted().to_json())
+        for event in kept:
+            await run.emit(event)
+        return await self._follow(run, call)
+
+    def _abandon(self, call: IncomingCall) -> dict:
+        """``worker.abandon``: a carried run nobody took over stops now."""
+        request = AbandonRequest.decode(call.params)
+        run = self.runs.runs.get(request.dispatch_id)
+        if run is not None and run.carried:
+            run.stop(WorkerStopped("the orchestrator the worker moved to did not take it over"))
+            return {"stopped": True}
+        return {"stopped": False}
+
+    def _run_ended(self) -> None:
+        self._set_idle_deadline()
+        if self.active == 0 and self._nursery is not None and self.drain.draining:
+            self._nursery.start_soon(self._check_drain)  # after this one has reported
 
     async def _acknowledge(self) -> None:
         """Tell the orchestrator, once, of every dispatch still running :data:`ACK_AFTER` after
@@ -330,9 +465,7 @@ class Session:
     def stop_dispatches(self, why: str = "a second signal during the drain stopped it") -> int:
         """Cancel every running dispatch (each then reports itself stopped, ``why``); how
         many."""
-        for call in self.running.values():
-            call.stop(WorkerStopped(why))
-        return len(self.running)
+        return self.runs.stop_all(WorkerStopped(why))
 
     def leave(self, reason: str) -> None:
         """Close the socket normally once the last answers have gone out: the drain is over

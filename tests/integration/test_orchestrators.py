@@ -614,6 +614,55 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]
 
 
+def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, tmp_path):
+    """Sent through the first, running on the first's worker, when the first is killed: the
+    worker keeps the step's command running, moves to the second and lists it; the second
+    adopts it once the dead one is buried, and the run goes on to its end there — the same
+    process, run once. The client follows the step through the second and gets its result;
+    the lease moved to the second, which ended it."""
+    database = ("--database", pg_url)
+    first = cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, _ = _serve_other(cluster, "second", *database)
+    worker = _fleet_worker(cluster, first_url, second_url)
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    command = (
+        f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; "
+        "echo finished"
+    )
+    client = _client_of_both(
+        cluster, first_url, second_url,
+        "command/shell", "run", "--arg", f"command={command}", "--label", "fleet=edge",
+    )  # fmt: skip
+    step_id = _recorded(client)
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    [pid] = runs.read_text().split()
+    wait_until(
+        lambda: _lease_states(pg_url) == ["active"],
+        what="the running step's lease in the database (written behind)",
+    )
+    [(first_id,)] = _rows(pg_url, "SELECT id FROM swamp_orchestrator ORDER BY started_epoch")[:1]
+    mark = worker.mark()
+    first.signal(signal.SIGKILL)
+    first.wait_exit()
+    carrying = worker.wait_for(lambda e: e.get("event") == "carrying", start=mark)
+    assert carrying["dispatches"] == 1 and carrying["seconds"] > 0, carrying
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    worker.wait_for(lambda e: e.get("event") == "adopted", start=mark)
+    os.kill(int(pid), 0)  # the same process runs on
+    go.touch()
+    assert client.wait_exit() == 0, client.lines
+    result = result_of(client.events())
+    assert result["status"] == "succeeded", result
+    assert runs.read_text().split() == [pid]  # run once
+    assert f"following step {step_id}" in client.log.read_text()
+    [lease] = [json.loads(a) for a in _latest(pg_url, "swamp/step-lease")]
+    assert (lease["state"], lease["carriedFrom"]) == ("completed", first_id), lease
+    assert lease["orchestrator"] != first_id and "carriedBy" not in lease
+    assert "adopted dispatch" in second.log.read_text()
+    assert "Traceback" not in second.log.read_text()
+
+
 class _ItsLock:
     """An orchestrator's liveness lock, as the test takes it: its connection ended by the
     server (``pg_terminate_backend``), and — :meth:`held_while` — the lock taken and held

@@ -16,6 +16,7 @@ from swamp.worker import agent
 from swamp.worker.config import WorkerConfig
 from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
+from swamp.worker.runs import Runs
 
 PIN = "sha256:" + "a" * 64
 
@@ -46,7 +47,7 @@ def run_loop(monkeypatch, behaviour, url, **config):
     async def main():
         try:
             return await agent._connect_loop(
-                cfg, reporter, "m", "i", None, None, None, Drain(reporter)
+                cfg, reporter, "m", "i", None, None, None, Drain(reporter), Runs()
             )
         except Enough:
             return None

@@ -17,6 +17,7 @@ from swamp.worker import agent
 from swamp.worker.config import WorkerConfig
 from swamp.worker.drain import Drain
 from swamp.worker.events import Reporter
+from swamp.worker.runs import Runs
 
 FULL = (
     "fleet token 'pool': enrollment allowance exhausted (3 / 3); a place frees when one of "
@@ -51,7 +52,9 @@ async def test_a_machine_past_a_full_fleet_is_told_the_allowance_then_waits(
     out = io.StringIO()
     reporter = Reporter(json_lines=True, stream=out)
     drain = Drain(reporter)
-    code = await agent._connect_loop(config, reporter, "m4", "i4", None, tmp_path, None, drain)
+    code = await agent._connect_loop(
+        config, reporter, "m4", "i4", None, tmp_path, None, drain, Runs()
+    )
     events = _events(out)
     kinds = [e["event"] for e in events]
     # each refusal: the orchestrator's words, then the wait; no "disconnected" or "retrying"

@@ -1,0 +1,221 @@
+"""Runs carried here by a worker whose orchestrator went away (the carrier's side).
+
+A worker that lost its socket without a word from its orchestrator carries what it runs
+(``swamp.worker.runs``) and lists it when it enrolls here. For each, :meth:`Adoptions.listed`
+marks the lease *carried by* this orchestrator — only a dead holder's own step, and only the
+worker's own lease (``swamp.domain.carrying``) — and the worker is told to wait, the run's
+slot held. Then :meth:`Adoptions.adopt` waits for the old holder's burial (here or by a peer,
+``Peers.until_gone``), at most as long as the worker carries the run:
+
+- the burial moved the lease here: the run is adopted (``Episodes.adopt``: ``worker.adopt``)
+  and heard to its end as any episode; its answer is kept by step for whoever took the step
+  over (``Outliving``, ``peer.step.wait``), which waits for it (the lease is active at a
+  serving orchestrator);
+- else the mark is taken off and the worker told to stop it (``worker.abandon``): the old
+  holder is alive after all, or expired the lease first, and its lease rules decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import trio
+
+from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.leases import key as lease_key
+from swamp.domain.carrying import MAX_LISTED, STOP, WAIT, adopted
+from swamp.errors import SwampError
+from swamp.ids import ordered_id
+from swamp.orchestrator.dispatch import DispatchService, decode_request
+from swamp.orchestrator.episode import Episodes, Step, Work
+from swamp.orchestrator.outliving import NotStarted
+from swamp.orchestrator.peers import Peers, encode_ending
+from swamp.orchestrator.pool import Member
+from swamp.orchestrator.queue import DispatchQueue
+from swamp.protocol.messages import AbandonRequest, CarriedRun
+from swamp.store.datastore import Record, parse_iso
+from swamp.store.records import Records
+
+if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database is served)
+    from swamp.store.pg_steps import PgSteps
+
+log = logging.getLogger("swamp.peers")
+MARGIN = 1.0  # seconds before the worker's own deadline the wait for the burial gives up
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A run a worker carries here, marked, waiting for its old holder's burial."""
+
+    holder: str
+    step_id: str
+    work: Work
+
+
+class Adoptions:
+    """The runs carried here, waiting for their old holder's burial or adopted."""
+
+    def __init__(
+        self,
+        db: Records,
+        steps: PgSteps,
+        peers: Peers,
+        episodes: Episodes,
+        queue: DispatchQueue,
+        dispatch: DispatchService,
+    ) -> None:
+        self.db = db
+        self.steps = steps
+        self.peers = peers
+        self.me = peers.me
+        self.episodes = episodes
+        self.queue = queue
+        self.dispatch = dispatch
+        self.leases = LeaseBook(db, owner=peers.me)
+        self.adopted = 0  # runs adopted since start
+        self.waiting: dict[str, _Carried] = {}  # by dispatch id, until settled
+        self._nursery: trio.Nursery | None = None
+
+    def __repr__(self) -> str:
+        return f"<Adoptions waiting={len(self.waiting)} adopted={self.adopted}>"
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def listed(self, member: Member, carried: list[CarriedRun]) -> dict[str, str]:
+        """At enrollment, before the member joins: what becomes of each run it carries
+        (:data:`WAIT`: marked here, its slot held — :meth:`follow` then settles it)."""
+        said: dict[str, str] = {}
+        for run in carried[:MAX_LISTED]:
+            if run.dispatch_id in said or run.dispatch_id in self.waiting:
+                continue  # (listed twice, or by a connection of the worker's still settling)
+            if len(member.active) >= member.capacity or self._nursery is None:
+                said[run.dispatch_id] = STOP
+                continue
+            marked = await self._mark(member, run.dispatch_id)
+            if marked is None:
+                said[run.dispatch_id] = STOP
+                continue
+            said[run.dispatch_id] = WAIT
+            member.active.add(run.dispatch_id)  # (before it joins: the pool counts it)
+            self.waiting[run.dispatch_id] = marked
+        return said
+
+    async def _mark(self, member: Member, dispatch_id: str) -> _Carried | None:
+        """Mark the lease carried by us; what adopting it takes, or ``None`` if it may not be
+        (not a dead holder's own step, not this worker's, or its request unreadable here)."""
+        try:
+            record = await self.db.latest(lease_key(dispatch_id))
+            lease = record.attributes if record is not None else None
+            step_id = lease.get("stepId") if lease is not None else None
+            if not isinstance(step_id, str):
+                return None
+            row = await self.steps.get(step_id)
+            if row is None or row.outcome is not None or row.request is None:
+                return None
+            work = self.dispatch.adopted_work(decode_request(row.request, step_id))
+            marked = await self.leases.mark_carried(
+                dispatch_id, carrier=self.me, worker=member.name, owner=row.owner
+            )
+        except (SwampError, ValueError) as exc:
+            log.warning("dispatch %s carried here cannot be taken over: %s", dispatch_id[:12], exc)
+            return None
+        if marked is None:
+            return None
+        holder = str(marked["orchestrator"])
+        log.info(
+            "worker %s carries dispatch %s of orchestrator %s here: waiting for its burial",
+            member.name,
+            dispatch_id[:12],
+            holder[:12],
+        )
+        return _Carried(holder, step_id, work)
+
+    def follow(self, member: Member, said: dict[str, str], carried: list[CarriedRun]) -> None:
+        """Once the member joined: settle each run it was told to carry on."""
+        assert self._nursery is not None
+        seconds = {run.dispatch_id: run.seconds for run in carried}
+        for dispatch_id, what in said.items():
+            if what == WAIT:
+                self._nursery.start_soon(self._settle, member, dispatch_id, seconds[dispatch_id])
+
+    async def _settle(self, member: Member, dispatch_id: str, seconds: float) -> None:
+        carried = self.waiting[dispatch_id]
+        try:
+            with trio.move_on_after(max(0.0, seconds - MARGIN)):
+                await self.peers.until_gone(carried.holder)
+            record = await self._still_ours(dispatch_id, member)
+            if record is None:
+                log.info(
+                    "dispatch %s carried by worker %s was not taken over: its old holder "
+                    "lives, or ended it first",
+                    dispatch_id[:12],
+                    member.name,
+                )
+                await self._abandon(member, dispatch_id)
+                return
+            await self._adopt(member, record, carried)
+        except SwampError as exc:  # the database is away: the worker's deadline stops it
+            log.warning("dispatch %s carried here was not adopted: %s", dispatch_id[:12], exc)
+        finally:
+            self.waiting.pop(dispatch_id, None)
+            self.queue.release(member, dispatch_id)
+
+    async def _still_ours(self, dispatch_id: str, member: Member) -> Record | None:
+        """The lease, if the burial moved it here; else our mark taken off (``None``)."""
+        record = await self.db.latest(lease_key(dispatch_id))
+        if record is not None and adopted(record.attributes, carrier=self.me, worker=member.name):
+            return record
+        record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
+        if record is not None and adopted(record.attributes, carrier=self.me, worker=member.name):
+            return record  # (moved as we gave up)
+        return None
+
+    async def _abandon(self, member: Member, dispatch_id: str) -> None:
+        channel = member.channel
+        if channel is None or channel.closed:
+            return
+        try:
+            await channel.call("worker.abandon", AbandonRequest(dispatch_id).to_json(), timeout=10)
+        except SwampError:
+            pass  # its own deadline stops it
+
+    async def _adopt(self, member: Member, record: Record, carried: _Carried) -> None:
+        lease_id = record.name.removeprefix("lease-")
+        work = carried.work
+        opened = parse_iso(record.attributes.get("createdAt"))
+        if work.timeout is not None and opened is not None:  # (counted from its start)
+            work = replace(work, timeout=max(0.0, work.timeout - (time.time() - opened)))
+        self.adopted += 1
+        log.info(
+            "adopted dispatch %s (step %s) of orchestrator %s on worker %s: it runs on",
+            lease_id[:12],
+            carried.step_id[:12],
+            carried.holder[:12],
+            member.name,
+        )
+
+        async def run(_relay) -> dict:
+            episode = await self.episodes.adopt(
+                member, record, work, Step(carried.step_id), log_id=ordered_id()
+            )
+            return encode_ending(episode.end, episode.result, lease_id)
+
+        try:
+            await self.peers.outliving.run(
+                carried.holder,
+                f"carried:{lease_id}",
+                run,
+                None,
+                lambda: False,
+                step_id=carried.step_id,
+                keep=False,
+            )
+        except NotStarted:  # this orchestrator stops: the lease rules settle it
+            await self._abandon(member, lease_id)
