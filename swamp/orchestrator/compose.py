@@ -97,6 +97,15 @@ def _fence(member: Member) -> float:
     return fence_seconds(member.heartbeat)
 
 
+def _peer_fence(heartbeat: float) -> float:
+    """How long a step whose worker was lost at another orchestrator (or whose orchestrator
+    died) waits before it runs again: its worker may carry it that long."""
+    return max(
+        rerun_fence(fence_seconds(heartbeat), death_grace=DEATH_GRACE),
+        lost_worker_fence(heartbeat, carrying=True),
+    )
+
+
 def _carried_fence(member: Member) -> float:
     """A shared database's: its workers carry their runs across a lost socket."""
     return lost_worker_fence(member.heartbeat, carrying=True)
@@ -333,7 +342,7 @@ def compose(
         peers=peers,
         peer_fence=fence_seconds(settings.heartbeat_seconds)
         if peers is None
-        else rerun_fence(fence_seconds(settings.heartbeat_seconds), death_grace=DEATH_GRACE),
+        else _peer_fence(settings.heartbeat_seconds),
         steps=step_records,
     )
     unset = [n for n in settings.ship_env if n not in dispatch.environ]

@@ -72,6 +72,13 @@ def _human(event: str, f: dict) -> str:
             f"{f['source']} gave a new token (the last one was refused: {f['after']}); "
             "enrolling with it"
         )
+    if event == "carrying":
+        return (
+            f"carrying {f['dispatches']} running dispatch(es) to the next orchestrator "
+            f"(for {f['seconds']:g}s at most)"
+        )
+    if event == "adopted":
+        return f"dispatch {f['dispatchId'][:8]} taken over by this orchestrator: it runs on"
     if event == "warning":
         return f"warning: {f['message']}"
     return f"{event}: {f}"

@@ -569,10 +569,10 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     cluster, pg_url, tmp_path
 ):
     """Two steps through the first, which holds the only worker: one runs on it, one waits
-    (the worker has one slot). The first is killed: its worker stops the running copy (no
-    effect yet) and moves to the second, which takes both steps over and — after the fence —
-    runs them again as its own. Each client follows its step through the second and gets
-    its result: nothing lost, never two copies at once."""
+    (the worker has one slot). The first is killed: its worker carries the running copy to
+    the second, which takes both steps over — the running one adopted where it runs, the
+    waiting one run again after the fence, once the slot is free. Each client follows its
+    step through the second and gets its result: nothing lost, nothing run twice."""
     database = ("--database", pg_url)
     first = cluster.serve(*database)
     first_url = cluster.url
@@ -603,14 +603,13 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
         lambda: "took over 2 step(s)" in second.log.read_text(),
         what="the second to take both steps over",
     )
-    # (one worker slot: in whichever order the second runs them, each ends once it can)
-    wait_until(lambda: runs.read_text().count("run") == 2, what="the running step run again")
+    worker.wait_for(lambda e: e.get("event") == "adopted", start=mark)
     go.touch()
-    assert waiting.wait_exit() == 0, waiting.lines
-    assert result_of(waiting.events())["status"] == "succeeded"
     assert running.wait_exit() == 0, running.lines
     assert result_of(running.events())["status"] == "succeeded"
-    assert runs.read_text().count("run") == 2  # the first copy, stopped; the second
+    assert waiting.wait_exit() == 0, waiting.lines
+    assert result_of(waiting.events())["status"] == "succeeded"
+    assert runs.read_text().count("run") == 1  # the running copy ran on: never again
     assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]
 
 
@@ -627,8 +626,7 @@ def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, 
     worker = _fleet_worker(cluster, first_url, second_url)
     go, runs = tmp_path / "go", tmp_path / "runs"
     command = (
-        f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; "
-        "echo finished"
+        f"echo $$ >> {runs}; echo started; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
     )
     client = _client_of_both(
         cluster, first_url, second_url,
