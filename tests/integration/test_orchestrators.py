@@ -661,6 +661,49 @@ def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, 
     assert "Traceback" not in second.log.read_text()
 
 
+def test_a_run_carried_away_from_a_living_holder_stops_before_it_runs_again(
+    cluster, pg_url, tmp_path
+):
+    """The worker's connection to the first is reset (the first stays up): the worker carries
+    its running step to the second, which does not adopt it — its holder lives, and its own
+    lease rules decide — so the copy stops, and the first runs the step again after the fence,
+    once that copy is gone: two runs, never at once."""
+    database = ("--database", pg_url)
+    cluster.serve(*database)
+    first_url = cluster.url
+    second, second_url, _ = _serve_other(cluster, "second", *database)
+    worker = _fleet_worker(cluster, first_url, second_url)
+    go, runs, overlaps = tmp_path / "go", tmp_path / "runs", tmp_path / "overlaps"
+    command = (
+        f"for p in $(cat {runs} 2>/dev/null); do kill -0 $p 2>/dev/null && "
+        f"echo $p >> {overlaps}; done; echo $$ >> {runs}; echo started; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done"
+    )
+    client = cluster.spawn(
+        "model", "method", "run", "command/shell", "run", "--arg", f"command={command}",
+        "--label", "fleet=edge", "--json",
+    )  # fmt: skip
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started")
+    [first_copy] = runs.read_text().split()
+    mark = worker.mark()
+    assert _cut_links(worker.p.pid, first_url) >= 1
+    worker.wait_for(lambda e: e.get("event") == "carrying", start=mark)
+    worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
+    stopped = worker.wait_for(
+        lambda e: e.get("event") == "dispatch_finished" and e.get("status") == "stopped",
+        start=mark,
+    )
+    assert "did not take it over" in stopped["error"], stopped
+    client.wait_for(lambda e: e.get("event", {}).get("kind") == "redispatch")
+    client.wait_for(lambda e: e.get("event", {}).get("line") == "started", start=client.mark())
+    go.touch()
+    assert client.wait_exit() == 0, client.lines
+    assert result_of(client.events())["status"] == "succeeded"
+    assert runs.read_text().split()[0] == first_copy and len(runs.read_text().split()) == 2
+    assert not overlaps.exists(), overlaps.read_text()  # the first copy was gone
+    assert "adopted dispatch" not in second.log.read_text()
+
+
 class _ItsLock:
     """An orchestrator's liveness lock, as the test takes it: its connection ended by the
     server (``pg_terminate_backend``), and — :meth:`held_while` — the lock taken and held
