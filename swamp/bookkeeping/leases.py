@@ -144,7 +144,9 @@ class LeaseBook:
     ) -> Record | None:
         """End an active lease; ``has_writes``: it had an effect its row may not say yet. On a
         database several share, only while it is still ours: one a burial moved to the
-        orchestrator that carried its run is that one's now (this one was taken for dead)."""
+        orchestrator that carried its run is that one's now (this one was taken for dead).
+        The ended row, or ``None`` when this call did not end it (it had ended, or is not
+        ours, or is not there)."""
         now = iso(self.clock())
 
         def decide(current):
@@ -157,8 +159,10 @@ class LeaseBook:
                 attrs = rules.mark_writes(attrs) or attrs
             return rules.end(attrs, state, now_iso=now, error=error)
 
-        record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY, current=current)
-        return record
+        record, changed = await self.db.transition(
+            key(lease_id), decide, policy=POLICY, current=current
+        )
+        return record if changed else None
 
     async def reconcile(
         self,
@@ -212,16 +216,23 @@ class LeaseBook:
         return record
 
     async def mark_carried(
-        self, lease_id: str, *, carrier: str, worker: str, owner: str | None
+        self,
+        lease_id: str,
+        *,
+        carrier: str,
+        worker: str,
+        owner: str | None,
+        effects: bool = False,
     ) -> dict | None:
         """Mark the lease carried by ``carrier`` for ``worker`` (a compare-and-swap; ``owner``:
-        its step's record's); the lease as marked, or ``None`` if it may not be."""
+        its step's record's; ``effects``: the worker says the run had an effect, which the
+        lease then says too); the lease as marked, or ``None`` if it may not be."""
 
         def decide(current):
             attrs = current.attributes if current is not None else None
             if not carrying.carriable(attrs, worker=worker, carrier=carrier, owner=owner):
                 return None
-            return carrying.mark(attrs, carrier)
+            return carrying.mark(attrs, carrier, effects=effects)
 
         record, _ = await self.db.transition(key(lease_id), decide, policy=POLICY)
         attrs = record.attributes if record is not None else None

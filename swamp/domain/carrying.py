@@ -80,11 +80,13 @@ def carriable(lease: dict | None, *, worker: str, carrier: str, owner: str | Non
     )
 
 
-def mark(lease: dict, carrier: str) -> dict | None:
-    """``lease`` marked carried by ``carrier`` (``None``: it is already)."""
-    if lease.get("carriedBy") == carrier:
-        return None
-    return dict(lease, carriedBy=carrier)
+def mark(lease: dict, carrier: str, *, effects: bool = False) -> dict | None:
+    """``lease`` marked carried by ``carrier`` — and write-bearing if the run had an
+    ``effects`` (not adopted, it must not run again) — or ``None`` if it says so already."""
+    marked = dict(lease, carriedBy=carrier)
+    if effects:
+        marked["hasWrites"] = True
+    return None if marked == lease else marked
 
 
 def unmark(lease: dict | None, carrier: str) -> dict | None:

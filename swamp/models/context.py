@@ -43,6 +43,16 @@ class Command(abc.ABC):
     def close(self) -> None:
         """It has exited and its output has been read: let go of it."""
 
+    def pause(self, paused: bool) -> None:
+        """Stop its group where it stands (``SIGSTOP``), or let it go on (``SIGCONT``): a run
+        carried between orchestrators has no effect until one adopts it. Not on Windows."""
+        if self.returncode is not None or not hasattr(os, "killpg"):
+            return
+        try:
+            os.killpg(self.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass  # gone already (or its group with it)
+
 
 class ChildCommand(Command):
     """A command started as a child of this process."""
@@ -129,6 +139,7 @@ class ContextBase(abc.ABC):
         self._make_env = env if callable(env) else lambda: env
         self.cwd = cwd
         self.outputs: list[dict] = []
+        self.commands: set[Command] = set()  # running now (a carried run pauses them)
         self.launcher: Launcher = launcher if launcher is not None else Launcher()
         # the fleet probe's seams, as the process that built this context knows them (its
         # plugins): asked only when the probe runs, so the models need not know the plugins
@@ -142,6 +153,11 @@ class ContextBase(abc.ABC):
         if self._env is None:
             self._env = dict(self._make_env())
         return self._env
+
+    async def may_start(self) -> None:
+        """Before a command starts: a worker's run carried between orchestrators starts none
+        until one adopts it."""
+        return None
 
     async def report_effects(self) -> None:
         """The method has had an effect outside the data plane (a command ran). Where it matters
@@ -174,12 +190,14 @@ class ContextBase(abc.ABC):
         if isinstance(argv, str):
             argv = ["cmd", "/c", argv] if sys.platform == "win32" else ["/bin/sh", "-c", argv]
         tails: dict[str, deque[str]] = {"stdout": deque(maxlen=tail), "stderr": deque(maxlen=tail)}
+        await self.may_start()
         try:
             command = await self.launcher.start_command(
                 list(argv), env=self.env, cwd=cwd or self.cwd
             )
         except OSError as exc:
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+        self.commands.add(command)
         timed_out = ended = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:
@@ -190,6 +208,7 @@ class ContextBase(abc.ABC):
                 ended = True
             timed_out = scope.cancelled_caught
         finally:
+            self.commands.discard(command)
             if not ended:  # timed out, cancelled or failed: it goes, and what it started
                 command.kill()
                 with trio.CancelScope(shield=True):

@@ -26,12 +26,12 @@ import trio
 
 from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.leases import key as lease_key
-from swamp.domain.carrying import MAX_LISTED, STOP, WAIT, adopted
+from swamp.domain.carrying import STOP, WAIT, adopted, carry_seconds
+from swamp.domain.leases import LeaseState
 from swamp.errors import SwampError
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, decode_request
 from swamp.orchestrator.episode import Episodes, Step, Work
-from swamp.orchestrator.outliving import NotStarted
 from swamp.orchestrator.peers import Peers, encode_ending
 from swamp.orchestrator.pool import Member
 from swamp.orchestrator.queue import DispatchQueue
@@ -43,7 +43,9 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
     from swamp.store.pg_steps import PgSteps
 
 log = logging.getLogger("swamp.peers")
-MARGIN = 1.0  # seconds before the worker's own deadline the wait for the burial gives up
+MARGIN = 2.0  # seconds before the worker's own deadline the wait for the burial gives up
+GIVE_UP_WITHIN = 10.0  # seconds the carrier spends letting go of a run it did not adopt
+NOT_ADOPTED = "its worker carried it to another orchestrator, which could not take it over"
 
 
 @dataclass(frozen=True)
@@ -90,26 +92,31 @@ class Adoptions:
 
     async def listed(self, member: Member, carried: list[CarriedRun]) -> dict[str, str]:
         """At enrollment, before the member joins: what becomes of each run it carries
-        (:data:`WAIT`: marked here, its slot held — :meth:`follow` then settles it)."""
+        (:data:`WAIT`: marked here, its slot held, and settled from now on — whether the
+        enrollment goes any further or not; one not named is stopped). At most as many as it
+        has slots are looked at."""
         said: dict[str, str] = {}
-        for run in carried[:MAX_LISTED]:
+        for run in carried[: member.capacity]:
             if run.dispatch_id in said or run.dispatch_id in self.waiting:
                 continue  # (listed twice, or by a connection of the worker's still settling)
             if len(member.active) >= member.capacity or self._nursery is None:
-                said[run.dispatch_id] = STOP
                 continue
-            marked = await self._mark(member, run.dispatch_id)
+            marked = await self._mark(member, run)
             if marked is None:
                 said[run.dispatch_id] = STOP
                 continue
             said[run.dispatch_id] = WAIT
             member.active.add(run.dispatch_id)  # (before it joins: the pool counts it)
             self.waiting[run.dispatch_id] = marked
+            # no longer than the worker may carry it (it says, and its old holder told it)
+            seconds = min(run.seconds, carry_seconds(self.peers.told_by(marked.holder)))
+            self._nursery.start_soon(self._settle, member, run.dispatch_id, seconds)
         return said
 
-    async def _mark(self, member: Member, dispatch_id: str) -> _Carried | None:
+    async def _mark(self, member: Member, run: CarriedRun) -> _Carried | None:
         """Mark the lease carried by us; what adopting it takes, or ``None`` if it may not be
         (not a dead holder's own step, not this worker's, or its request unreadable here)."""
+        dispatch_id = run.dispatch_id
         try:
             record = await self.db.latest(lease_key(dispatch_id))
             lease = record.attributes if record is not None else None
@@ -121,7 +128,11 @@ class Adoptions:
                 return None
             work = self.dispatch.adopted_work(decode_request(row.request, step_id))
             marked = await self.leases.mark_carried(
-                dispatch_id, carrier=self.me, worker=member.name, owner=row.owner
+                dispatch_id,
+                carrier=self.me,
+                worker=member.name,
+                owner=row.owner,
+                effects=run.effects,
             )
         except (SwampError, ValueError) as exc:
             log.warning("dispatch %s carried here cannot be taken over: %s", dispatch_id[:12], exc)
@@ -137,17 +148,15 @@ class Adoptions:
         )
         return _Carried(holder, step_id, work)
 
-    def follow(self, member: Member, said: dict[str, str], carried: list[CarriedRun]) -> None:
-        """Once the member joined: settle each run it was told to carry on."""
-        assert self._nursery is not None
-        seconds = {run.dispatch_id: run.seconds for run in carried}
-        for dispatch_id, what in said.items():
-            if what == WAIT:
-                self._nursery.start_soon(self._settle, member, dispatch_id, seconds[dispatch_id])
-
     async def _settle(self, member: Member, dispatch_id: str, seconds: float) -> None:
+        """Wait for the old holder's burial (at most ``seconds`` less a margin), then adopt
+        the run if the burial moved its lease here. Known as running its step meanwhile
+        (``Outliving.answer_later``): whoever took the step over waits for its answer."""
         carried = self.waiting[dispatch_id]
-        try:
+        adopting = False
+
+        async def settle() -> dict | None:
+            nonlocal adopting
             with trio.move_on_after(max(0.0, seconds - MARGIN)):
                 await self.peers.until_gone(carried.holder)
             record = await self._still_ours(dispatch_id, member)
@@ -158,14 +167,22 @@ class Adoptions:
                     dispatch_id[:12],
                     member.name,
                 )
-                await self._abandon(member, dispatch_id)
-                return
-            await self._adopt(member, record, carried)
-        except SwampError as exc:  # the database is away: the worker's deadline stops it
-            log.warning("dispatch %s carried here was not adopted: %s", dispatch_id[:12], exc)
+                return None
+            adopting = True
+            return await self._adopt(member, record, carried)
+
+        try:
+            await self.peers.outliving.answer_later(
+                carried.holder, f"carried:{dispatch_id}", carried.step_id, settle
+            )
+        except Exception:  # never the end of the others: the run is let go below
+            log.exception("adopting dispatch %s failed", dispatch_id[:12])
         finally:
             self.waiting.pop(dispatch_id, None)
             self.queue.release(member, dispatch_id)
+            if not adopting:
+                with trio.CancelScope(shield=True), trio.move_on_after(GIVE_UP_WITHIN):
+                    await self._give_up(member, dispatch_id)
 
     async def _still_ours(self, dispatch_id: str, member: Member) -> Record | None:
         """The lease, if the burial moved it here; else our mark taken off (``None``)."""
@@ -177,7 +194,17 @@ class Adoptions:
             return record  # (moved as we gave up)
         return None
 
-    async def _abandon(self, member: Member, dispatch_id: str) -> None:
+    async def _give_up(self, member: Member, dispatch_id: str) -> None:
+        """Not adopted: the worker stops the run, our mark goes, and a lease the burial moved
+        here anyway ends as a lost worker's (whoever took the step over decides by it)."""
+        try:
+            record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
+            if record is not None and adopted(
+                record.attributes, carrier=self.me, worker=member.name
+            ):
+                await self.leases.end(dispatch_id, LeaseState.EXPIRED, error=NOT_ADOPTED)
+        except SwampError as exc:  # (the worker's own deadline stops the run)
+            log.warning("dispatch %s carried here: %s", dispatch_id[:12], exc)
         channel = member.channel
         if channel is None or channel.closed:
             return
@@ -186,7 +213,7 @@ class Adoptions:
         except SwampError:
             pass  # its own deadline stops it
 
-    async def _adopt(self, member: Member, record: Record, carried: _Carried) -> None:
+    async def _adopt(self, member: Member, record: Record, carried: _Carried) -> dict:
         lease_id = record.name.removeprefix("lease-")
         work = carried.work
         opened = parse_iso(record.attributes.get("createdAt"))
@@ -200,22 +227,7 @@ class Adoptions:
             carried.holder[:12],
             member.name,
         )
-
-        async def run(_relay) -> dict:
-            episode = await self.episodes.adopt(
-                member, record, work, Step(carried.step_id), log_id=ordered_id()
-            )
-            return encode_ending(episode.end, episode.result, lease_id)
-
-        try:
-            await self.peers.outliving.run(
-                carried.holder,
-                f"carried:{lease_id}",
-                run,
-                None,
-                lambda: False,
-                step_id=carried.step_id,
-                keep=False,
-            )
-        except NotStarted:  # this orchestrator stops: the lease rules settle it
-            await self._abandon(member, lease_id)
+        episode = await self.episodes.adopt(
+            member, record, work, Step(carried.step_id), log_id=ordered_id()
+        )
+        return encode_ending(episode.end, episode.result, lease_id)

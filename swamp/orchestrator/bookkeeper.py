@@ -320,29 +320,39 @@ class Bookkeeper:
             writes_stored=has_writes,
         )
 
-    async def end_lease(self, lease: Lease, state: LeaseState, error: str | None) -> None:
+    async def end_lease(self, lease: Lease, state: LeaseState, error: str | None) -> bool:
         """End the lease durably (retried while the database is locked); a lease that cannot be
-        ended is expired by the next boot's reconciliation, so the step's outcome stands."""
+        ended is expired by the next boot's reconciliation, so the step's outcome stands. Says
+        whether this ended it: not, when the store could not be written, or when the row had
+        ended or moved to another orchestrator already (a shared database: this one was taken
+        for dead meanwhile, and what becomes of the step is no longer its to say)."""
         await _out_of_batch(lease)
         if lease.has_writes and lease.opened is not None:
             lease.opened = self.leases.write_bearing(lease.opened)
         if self._journal_end(lease, state, error):
-            return
+            return True
         try:
-            if not await self._insert(
+            if await self._insert(
                 lease, lambda opened: self.leases.ended(opened, state, error=error)
             ):
-                lease.record = await retry_busy(
-                    lambda: self.leases.end(
-                        lease.id,
-                        state,
-                        error=error,
-                        current=lease.record,
-                        has_writes=lease.has_writes,
-                    )
+                return True
+            ended = await retry_busy(
+                lambda: self.leases.end(
+                    lease.id,
+                    state,
+                    error=error,
+                    current=lease.record,
+                    has_writes=lease.has_writes,
                 )
+            )
         except SwampError as exc:
             log.warning("could not end lease %s as %s: %s", lease.id, state.value, exc)
+            return False
+        if ended is None:
+            log.warning("lease %s had ended, or is no longer this one's", lease.id)
+            return False
+        lease.record = ended
+        return True
 
     async def mark_writes(self, lease: Lease) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""

@@ -21,9 +21,12 @@ from typing import NamedTuple
 
 import trio
 
+from swamp.bookkeeping.leases import LeaseBook
+from swamp.bookkeeping.leases import key as lease_key
 from swamp.domain import environment
 from swamp.domain.durations import parse_timeout
 from swamp.domain.episodes import Ending, EpisodeEnd, Move, next_move
+from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement
 from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
@@ -67,6 +70,9 @@ from swamp.store.records import Records
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
+UNTIL_OURS_RETRY = 1.0  # seconds between looks at a lost worker's lease that was not ended here
+LOST_HERE = "its worker was lost"
+LOSSES = (Ending.LOST, Ending.UNACKNOWLEDGED)  # endings after which a step may run again
 __all__ = ["DispatchService", "RunRequest", "run_here", "Emit"]
 
 
@@ -380,6 +386,35 @@ class DispatchService:
         log_id = dispatch_id if self.episodes.logs is not None else None
         return self.result_of(request, plan.model_type.type, result, worker, dispatch_id, log_id)
 
+    async def _until_ours_to_decide(self, dispatch_id: str, worker: str) -> None:
+        """Its worker was lost, and its lease could not be ended here (a shared database:
+        away, or the lease no longer this one's). Whether the step runs again is decided only
+        once this orchestrator has ended the lease itself: taken for dead meanwhile (its row
+        gone from the registry), it never decides — whoever took its steps over does, and
+        the worker may have carried the run there — and it stops at its next hold of its
+        lock."""
+        if self.peers is None:
+            return
+        book = LeaseBook(self.db, owner=self.peers.me)
+        while True:
+            try:
+                if await self.peers.table.get(self.peers.me) is None:
+                    log.warning(
+                        "dispatch %s on worker %s: this orchestrator was taken for dead; "
+                        "another decides what becomes of its step",
+                        dispatch_id[:12],
+                        worker,
+                    )
+                    await trio.sleep_forever()
+                if await book.end(dispatch_id, LeaseState.EXPIRED, error=LOST_HERE):
+                    return
+                record = await self.db.latest(lease_key(dispatch_id))
+                if record is None or record.attributes.get("state") != LeaseState.ACTIVE.value:
+                    return  # ended here after all (a write that seemed lost landed)
+            except SwampError as exc:
+                log.warning("dispatch %s waits for the database: %s", dispatch_id[:12], exc)
+            await trio.sleep(UNTIL_OURS_RETRY)
+
     def adopted_work(self, request: RunRequest) -> Work:
         """What a run carried here from a dead orchestrator is, as its step's record says
         (``swamp.orchestrator.adoption``): its model, read scope, timeout and log owner (its
@@ -536,6 +571,8 @@ class DispatchService:
                     self.queue.release(member, dispatch_id)
                     if member.connected and not member.active:
                         self._set_status(member, WorkerStatus.IDLE.value)
+                if not episode.lease_ended and episode.end.how in LOSSES:
+                    await self._until_ours_to_decide(dispatch_id, worker_name)
             then = next_move(
                 episode.end,
                 model=request.model.name,

@@ -250,8 +250,6 @@ class Enrollment:
         if self.adoptions is not None and params.carried:
             carried = await self.adoptions.listed(member, params.carried)
         self.membership.joined(member, verify=decision.verify)
-        if self.adoptions is not None and carried:
-            self.adoptions.follow(member, carried, params.carried)
         if params.version and params.version != __version__:
             log.warning(
                 "worker %s runs swamp %s, this orchestrator %s: it can download this build "

@@ -29,6 +29,7 @@ from swamp.errors import (
     SwampError,
     WorkerBusy,
     WorkerDraining,
+    WorkerLostError,
     WorkerStopped,
 )
 from swamp.models.framework import ModelType
@@ -114,6 +115,9 @@ class ActiveDispatch:
 class Episode:
     end: EpisodeEnd
     result: DispatchResult | None = None  # when the method ran (succeeded or failed)
+    # its lease was ended here (not: the store could not be written, or the lease had moved
+    # to another orchestrator — a shared database took this one for dead meanwhile)
+    lease_ended: bool = True
 
 
 class Episodes:
@@ -227,7 +231,8 @@ class Episodes:
             self._awaiting_ack[active.id] = active
             episode = await self._call(member, active, verb, params, emit, may_run)
             state, error = lease_ending(episode.end)
-            await self._end_lease(active, state, error)
+            if not await self._end_lease(active, state, error):
+                episode = replace(episode, lease_ended=False)
             if episode.end.how in (Ending.SUCCEEDED, Ending.FAILED):
                 self.completed += 1
             return episode
@@ -285,6 +290,10 @@ class Episodes:
                     return Episode(EpisodeEnd(Ending.BUSY, member.name, exc.message))
                 except WorkerStopped as exc:
                     return Episode(EpisodeEnd(Ending.STOPPED, member.name, exc.message))
+                except WorkerLostError as exc:  # a carried run gone before it was adopted
+                    return Episode(
+                        EpisodeEnd(Ending.LOST, member.name, exc.message, active.has_writes)
+                    )
                 except SwampError as exc:
                     return Episode(
                         EpisodeEnd(Ending.REFUSED, member.name, f"({exc.code}) {exc.message}")
@@ -336,10 +345,11 @@ class Episodes:
             active.abandon.cancel()
         self.on_unacknowledged(active.member, reason)
 
-    async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> None:
-        if active.lease is not None:
-            active.lease.has_writes = active.lease.has_writes or active.has_writes
-            await self.bookkeeper.end_lease(active.lease, state, error)
+    async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> bool:
+        if active.lease is None:
+            return True
+        active.lease.has_writes = active.lease.has_writes or active.has_writes
+        return await self.bookkeeper.end_lease(active.lease, state, error)
 
     async def record_write(self, active: ActiveDispatch) -> None:
         """Durably mark the lease write-bearing *before* the first write is persisted."""

@@ -104,13 +104,11 @@ class Outliving:
         link_closed: Callable[[], bool],
         *,
         step_id: str = "",
-        keep: bool = True,
     ) -> dict:
         """Run ``run`` for ``origin``; its answer. Cancelled by the origin, the run is
         cancelled and settles first, as if awaited here; cancelled because the link closed,
         it runs on and its answer is kept for the origin. :class:`NotStarted` if it could
-        not start. Not ``keep``: there is no link (a run carried here from ``origin``, which
-        died): its answer is only for whoever took its step over (:meth:`wait_step`)."""
+        not start."""
         key = (origin, send_id)
         if key in self.running:
             raise NotStarted("a step with that sending id runs here already")
@@ -134,8 +132,6 @@ class Outliving:
                     self._prune()
                     ended = self._ended.setdefault(origin, deque(maxlen=RECENT_MAX))
                     ended.append((step_id, answer, trio.current_time()))
-                if not keep:
-                    return
                 if relay.cut or link_closed():  # nobody waits on the link: the database
                     await self._keep(origin, send_id, answer)
                 else:  # given on the link: remembered a while, should the link go now
@@ -172,6 +168,24 @@ class Outliving:
             raise running.error
         assert running.reply is not None
         return running.reply
+
+    async def answer_later(
+        self, origin: str, key: str, step_id: str, run: Callable[[], Awaitable[dict | None]]
+    ) -> None:
+        """A run carried here from ``origin``, which died (``swamp.orchestrator.adoption``):
+        known as running ``step_id`` from now — whoever took the step over waits for it — and
+        its answer, if it gives one, kept by step. No link: nothing is relayed or written."""
+        running = _Running(trio.CancelScope(), step_id)
+        self.running[(origin, key)] = running
+        try:
+            reply = await run()
+            if reply is not None:
+                self._prune()
+                ended = self._ended.setdefault(origin, deque(maxlen=RECENT_MAX))
+                ended.append((step_id, {"reply": reply}, trio.current_time()))
+        finally:
+            running.done.set()
+            self.running.pop((origin, key), None)
 
     def link_lost(self, origin: str) -> None:
         """A link from ``origin`` closed: the answers given it in the last :data:`RECENT`

@@ -294,6 +294,11 @@ class Peers:
         await self.table.told(self.me, told)
         self._told = max(self._told, told)
 
+    def told_by(self, orchestrator: str) -> float:
+        """The longest heartbeat ``orchestrator`` told its workers, as last read (ours, at
+        least: the same ``--heartbeat`` everywhere)."""
+        return max(self.base_heartbeat, self._heartbeats.get(orchestrator, 0.0))
+
     def fence_of(self, orchestrator: str, fence: float) -> float:
         """How long a step of ``orchestrator``'s, taken for dead, waits before it runs again
         here (``fence``: our own)."""

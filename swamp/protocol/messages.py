@@ -38,6 +38,7 @@ class CarriedRun(Message):
 
     dispatch_id: str
     seconds: float
+    effects: bool = False  # it had an effect (if it is not adopted, it must not run again)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from swamp.errors import (
     Rejected,
     SwampError,
     UserError,
+    WorkerStopped,
     WrongScheme,
 )
 from swamp.plugins import default_registry
@@ -235,6 +236,7 @@ async def _connect_loop(
         except SwampError as exc:  # the orchestrator is away, busy, or this was a blip: retry
             reason = exc.message
         if drain.draining:  # drained, stopped, or the socket ended mid-drain: no reconnect
+            await _stop_carried(runs, reporter)
             drain.finish()
             await drain.done.wait()
             return drain.exit_code
@@ -272,8 +274,23 @@ async def _connect_loop(
         config = config.next_orchestrator()
         reporter.emit("waiting_for_place" if full else "retrying", delaySeconds=delay)
         await trio.sleep(delay)
-        if drain.draining:  # signalled while away: there is nothing to finish
+        if drain.draining:  # signalled while away: nothing to finish, bar what it carried
+            await _stop_carried(runs, reporter)
             return drain.exit_code
+
+
+async def _stop_carried(runs: Runs, reporter: Reporter) -> None:
+    """A worker that drains while it carries runs from a lost orchestrator (no orchestrator
+    to finish them for) stops them, saying so, before it exits."""
+    carried = runs.carried()
+    if not carried:
+        return
+    why = "the worker drained while it carried this run from a lost orchestrator"
+    for run in carried:
+        run.stop(WorkerStopped(why))
+    reporter.emit("warning", message=f"stopping {len(carried)} carried dispatch(es): {why}")
+    with trio.move_on_after(STOP_GRACE):
+        await runs.idle.wait()
 
 
 def _another_may_take(config: WorkerConfig, refused: dict[str, str], exc: SwampError) -> bool:

@@ -54,6 +54,10 @@ class RemoteContext(ContextBase):
         self.dispatch_id: str = dispatch_id  # always one: a worker runs only dispatches
         self.cache_dir = cache_dir  # the worker's cache directory (for probe seams)
         self.run = run  # where its events and calls home go (the session of the moment's)
+        self.commands = run.commands  # (paused while the run is carried)
+
+    async def may_start(self) -> None:
+        await self.run.linked()  # (no new command while the run is carried)
 
     async def report_effects(self) -> None:
         await self.run.emit(Effects().to_json())

@@ -22,6 +22,7 @@ import httpx
 import trio
 
 from swamp.errors import ChannelClosed, SwampError, WorkerStopped
+from swamp.models.context import Command
 from swamp.protocol.messages import Effects, LogLine
 from swamp.protocol.rpc import IncomingCall
 
@@ -60,7 +61,8 @@ class Run:
         self.carry_until = math.inf  # trio time; finite while carried
         self._kept: deque[dict] = deque()
         self.dropped = 0  # events of a carried run past the bound
-        self.effects = False  # it had an effect while carried: told first when linked again
+        self.had_effects = False  # ever: told again first whenever it is linked again
+        self.commands: set[Command] = set()  # its method's commands running now
 
     def __repr__(self) -> str:
         state = "done" if self.done.is_set() else "linked" if self.link else "carried"
@@ -72,23 +74,29 @@ class Run:
 
     def attach(self, link: Link) -> list[dict]:
         """Link it to ``link``; what it said while carried, to send there first."""
+        if self.link is None:
+            for command in list(self.commands):
+                command.pause(False)
         self.link = link
         self.carry_until = math.inf
         self._linked.set()
         self._unlinked = trio.Event()
         kept: list[dict] = []
-        if self.effects:
+        if self.had_effects:  # (the last orchestrator may have died before it wrote it down)
             kept.append(Effects().to_json())
         kept.extend(self._kept)
         if self.dropped:
             said = f"[{self.dropped} line(s) printed while the worker moved were not kept]"
             kept.append(LogLine(line=said).to_json())
         self._kept.clear()
-        self.effects, self.dropped = False, 0
+        self.dropped = 0
         return kept
 
     def detach(self, until: float) -> None:
-        """Carry it until ``until`` (trio time)."""
+        """Carry it until ``until`` (trio time), its commands paused: until one adopts it,
+        nothing it runs can have an effect — not adopted, it is as if stopped right now."""
+        for command in list(self.commands):
+            command.pause(True)
         self.link = None
         self.carry_until = until
         self._linked = trio.Event()
@@ -101,6 +109,8 @@ class Run:
 
     async def emit(self, event: dict) -> None:
         """An event of the method's: to its link, or kept while carried."""
+        if event.get("kind") == "effects":
+            self.had_effects = True
         link = self.link
         if link is not None:
             try:
@@ -110,8 +120,8 @@ class Run:
                 if self.link is not link:
                     return
         if event.get("kind") == "effects":
-            self.effects = True
-        elif len(self._kept) < MAX_KEPT_EVENTS:
+            return  # (sent first when linked again: had_effects)
+        if len(self._kept) < MAX_KEPT_EVENTS:
             self._kept.append(event)
         else:
             self.dropped += 1

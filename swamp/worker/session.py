@@ -14,6 +14,7 @@ import math
 import os
 import ssl
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from swamp.errors import (
     UserError,
     WorkerBusy,
     WorkerDraining,
+    WorkerLostError,
     WorkerStopped,
 )
 from swamp.hostinfo import local_platform
@@ -143,20 +145,24 @@ class Session:
             self.http = http
             channel = RpcChannel(transport, self._handle, name="orchestrator")
             self.channel = channel
-            async with open_unwrapping_nursery() as nursery:
-                self._nursery = nursery
-                self.runs.on_change = self._run_ended
-                await nursery.start(channel.serve)
-                await self._enroll(channel)
-                nursery.start_soon(self._acknowledge)
-                if self.config.idle_timeout:
-                    self._set_idle_deadline()
-                    nursery.start_soon(self._watch_idle)
-                if self.drain.draining:  # it began while we were (re)connecting
-                    nursery.start_soon(self.announce_drain, self.drain.reason)
-                await channel.wait_closed()
-                nursery.cancel_scope.cancel()
-            self.runs.on_change = lambda: None
+            try:
+                async with open_unwrapping_nursery() as nursery:
+                    self._nursery = nursery
+                    self.runs.on_change = self._run_ended
+                    await nursery.start(channel.serve)
+                    await self._enroll(channel)
+                    nursery.start_soon(self._acknowledge)
+                    if self.config.idle_timeout:
+                        self._set_idle_deadline()
+                        nursery.start_soon(self._watch_idle)
+                    if self.drain.draining:  # it began while we were (re)connecting
+                        nursery.start_soon(self.announce_drain, self.drain.reason)
+                    await channel.wait_closed()
+                    nursery.cancel_scope.cancel()
+            finally:  # (the runs outlive this session: they no longer tell it anything)
+                self._nursery = None
+                if self.runs.on_change == self._run_ended:
+                    self.runs.on_change = _nothing
             carried = self.runs.carried()
             if carried:
                 until = min(run.carry_until for run in carried)
@@ -334,12 +340,14 @@ class Session:
                 error=outcome.error,
             )
 
-    async def _follow(self, run: Run, call: IncomingCall) -> dict:
-        """Wait for ``run``'s answer on ``call``. Cancelled — the orchestrator's cancel, a
-        second signal (``call.stop``), or the socket gone — the run is stopped and settles
-        first, as if it ran here; only a socket lost as :func:`may_carry` allows is the run
-        carried instead."""
+    async def _follow(self, run: Run, call: IncomingCall, *, first: Sequence[dict] = ()) -> dict:
+        """Wait for ``run``'s answer on ``call`` (``first``: events to send before). Cancelled —
+        the orchestrator's cancel, a second signal (``call.stop``), or the socket gone — the
+        run is stopped and settles first, as if it ran here; only a socket lost as
+        :func:`may_carry` allows is the run carried instead."""
         try:
+            for event in first:
+                await run.emit(event)
             await run.done.wait()
         except trio.Cancelled:
             channel = call.channel
@@ -374,6 +382,8 @@ class Session:
     def _may_carry(self) -> bool:
         """The socket is gone: whether what runs is carried (see ``swamp.domain.carrying``)."""
         transport = self._transport
+        if not hasattr(os, "killpg"):  # (a carried run's commands could not be paused)
+            return False
         return may_carry(
             offered=self.carry_offered,
             draining=self.drain.draining,
@@ -384,7 +394,7 @@ class Session:
         """What this worker carries, for the orchestrator it enrolls with."""
         now = trio.current_time()
         return [
-            CarriedRun(run.id, round(max(0.0, run.carry_until - now), 3))
+            CarriedRun(run.id, round(max(0.0, run.carry_until - now), 3), run.had_effects)
             for run in self.runs.carried()
         ]
 
@@ -401,16 +411,15 @@ class Session:
         call's."""
         request = AdoptRequest.decode(call.params)
         run = self.runs.runs.get(request.dispatch_id)
-        if run is None or not run.carried:
-            raise WorkerStopped(
+        if run is None or not run.carried:  # (as a lost worker's: the lease rules decide)
+            raise WorkerLostError(
                 f"dispatch {request.dispatch_id[:12]} is not carried here (it ended or stopped)"
             )
         kept = run.attach(Link(call, http, self._data_plane, request.credential))
         self.reporter.emit("adopted", dispatchId=run.id)
-        await call.emit(Accepted().to_json())
-        for event in kept:
-            await run.emit(event)
-        return await self._follow(run, call)
+        # (from here on the run is this call's: cancelled or cut off while the kept events go,
+        # it is carried again or stopped, as any run this call follows)
+        return await self._follow(run, call, first=[Accepted().to_json(), *kept])
 
     def _abandon(self, call: IncomingCall) -> dict:
         """``worker.abandon``: a carried run nobody took over stops now."""
@@ -424,7 +433,10 @@ class Session:
     def _run_ended(self) -> None:
         self._set_idle_deadline()
         if self.active == 0 and self._nursery is not None and self.drain.draining:
-            self._nursery.start_soon(self._check_drain)  # after this one has reported
+            try:
+                self._nursery.start_soon(self._check_drain)  # after this one has reported
+            except RuntimeError:  # (the session is ending: the connect loop sees the drain)
+                pass
 
     async def _acknowledge(self) -> None:
         """Tell the orchestrator, once, of every dispatch still running :data:`ACK_AFTER` after
@@ -496,3 +508,7 @@ class Session:
             if self.active == 0 and trio.current_time() >= self._idle_at:
                 await self.drain.trigger("idle-timeout")
                 return
+
+
+def _nothing() -> None:
+    return None

@@ -613,6 +613,15 @@ def test_the_waiting_and_running_steps_of_a_dead_orchestrator_are_taken_over(
     assert _rows(pg_url, "SELECT count(*) FROM swamp_step WHERE outcome IS NULL") == [(0,)]
 
 
+def _state(pid: str) -> str | None:
+    """A process's state as /proc says (``T``: stopped), ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, tmp_path):
     """Sent through the first, running on the first's worker, when the first is killed: the
     worker keeps the step's command running, moves to the second and lists it; the second
@@ -645,9 +654,10 @@ def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, 
     first.wait_exit()
     carrying = worker.wait_for(lambda e: e.get("event") == "carrying", start=mark)
     assert carrying["dispatches"] == 1 and carrying["seconds"] > 0, carrying
+    assert _state(pid) == "T"  # paused while carried: no effect before it is adopted
     worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
     worker.wait_for(lambda e: e.get("event") == "adopted", start=mark)
-    os.kill(int(pid), 0)  # the same process runs on
+    assert _state(pid) not in ("T", "Z", None)  # the same process runs on
     go.touch()
     assert client.wait_exit() == 0, client.lines
     result = result_of(client.events())

@@ -141,7 +141,10 @@ async def test_the_carrier_marks_the_lease_and_the_burial_moves_it(book):
     assert (one["state"], one["orchestrator"], one["carriedFrom"]) == ("active", CARRIER, DEAD)
     assert (two["state"], two["error"]) == ("expired", "it died")
     # the dead one, back for a moment, cannot end what is the carrier's now
-    assert (await dead.end("1" * 32, LeaseState.EXPIRED)).attributes["state"] == "active"
+    assert await dead.end("1" * 32, LeaseState.EXPIRED) is None
+    [still] = [r for r in await SqliteRecords(book).latest_of_type("swamp/step-lease")
+               if r.attributes["leaseId"] == "1" * 32]  # fmt: skip
+    assert still.attributes["state"] == "active"
     ended = await carrier.end("1" * 32, LeaseState.COMPLETED)
     assert ended is not None and ended.attributes["state"] == "completed"
 
@@ -216,3 +219,50 @@ async def test_what_a_carried_run_says_waits_for_its_next_link(autojump_clock):
     assert kept[0] == {"kind": "effects"}  # the effect first: the step must not run again
     assert kept[1]["line"] == "one" and len(kept) == MAX_KEPT_EVENTS + 2
     assert "6 line(s) printed while the worker moved were not kept" in kept[-1]["line"]
+
+
+async def test_a_run_that_had_an_effect_marks_its_lease_as_it_is_carried(book):
+    holder = LeaseBook(SqliteRecords(book), owner=DEAD)
+    carrier = LeaseBook(SqliteRecords(book), owner=CARRIER)
+    await holder.insert(_lease())
+    marked = await carrier.mark_carried(
+        "1" * 32, carrier=CARRIER, worker="edge-1", owner=DEAD, effects=True
+    )
+    assert marked is not None and marked["hasWrites"] is True  # not adopted: never again
+
+
+async def test_whoever_took_the_step_over_waits_for_the_carried_runs_answer(autojump_clock):
+    from swamp.orchestrator.outliving import Outliving
+
+    async def never_kept(*args) -> bool:
+        raise AssertionError("a carried run's answer is not written anywhere")
+
+    outliving = Outliving(keep=never_kept)
+    go = trio.Event()
+    heard = []
+
+    async def adopted() -> dict:
+        await go.wait()
+        return {"dispatchId": "1" * 32, "how": "succeeded"}
+
+    async def not_adopted() -> None:
+        await go.wait()
+        return None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outliving.answer_later, DEAD, "carried:1", STEP, adopted)
+        nursery.start_soon(outliving.answer_later, DEAD, "carried:2", "e" * 32, not_adopted)
+        await trio.testing.wait_all_tasks_blocked()
+
+        async def ask(step: str) -> None:
+            heard.append((step, await outliving.wait_step(step)))
+
+        nursery.start_soon(ask, STEP)
+        nursery.start_soon(ask, "e" * 32)
+        await trio.testing.wait_all_tasks_blocked()
+        assert heard == []  # each waits for its run, known as running since it was marked
+        go.set()
+    assert dict(heard) == {
+        STEP: {"state": "ended", "answer": {"reply": {"dispatchId": "1" * 32, "how": "succeeded"}}},
+        "e" * 32: {"state": "unknown"},  # not adopted: the lease rules decide
+    }
