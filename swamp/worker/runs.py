@@ -162,27 +162,43 @@ class Runs:
             task_status.started()
             await trio.sleep_forever()
 
-    def start(self, run: Run, body: Callable[[], Awaitable[None]]) -> None:
-        """Run ``body`` as ``run`` (its answer and error are the body's to set)."""
-        assert self._nursery is not None, "Runs.serve runs first"
+    def begin(self, run: Run) -> None:
+        """Count ``run`` in (then :meth:`start` or :meth:`run_here` runs it)."""
         if self.active == 0:
             self.idle = trio.Event()
         self.active += 1
         self.runs[run.id] = run
+
+    def start(self, run: Run, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body`` as ``run`` in this nursery, where it can outlive the session (its
+        answer and error are the body's to set)."""
+        assert self._nursery is not None, "Runs.serve runs first"
 
         async def task() -> None:
             try:
                 with run.scope:
                     await body()
             finally:
-                self.runs.pop(run.id, None)
-                run.done.set()
-                self.active -= 1
-                if self.active == 0:
-                    self.idle.set()
-                self.on_change()
+                self._end(run)
 
         self._nursery.start_soon(task)
+
+    async def run_here(self, run: Run, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body`` as ``run`` in the caller's task: a run that is never carried (its
+        orchestrator adopts none, as on a database of its own) costs no task of its own."""
+        try:
+            with run.scope:
+                await body()
+        finally:
+            self._end(run)
+
+    def _end(self, run: Run) -> None:
+        self.runs.pop(run.id, None)
+        run.done.set()
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+        self.on_change()
 
     def carried(self) -> list[Run]:
         return [run for run in self.runs.values() if run.carried]

@@ -16,6 +16,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -302,9 +303,17 @@ class Session:
             modelType=model_type.type,
             method=method.name,
         )
-        self.runs.start(run, lambda: self._execute(run, method, args, ctx))
+        self.runs.begin(run)
         self._set_idle_deadline()
         self._unacknowledged[dispatch_id] = (call, trio.current_time())
+        body = partial(self._execute, run, method, args, ctx)
+        if not self.carry_offered:  # never carried: it runs in this call's own task
+            try:
+                await self.runs.run_here(run, body)
+            finally:
+                self._unacknowledged.pop(dispatch_id, None)
+            return _answer(run)
+        self.runs.start(run, body)
         return await self._follow(run, call)
 
     async def _execute(self, run: Run, method, args: dict, ctx: RemoteContext) -> None:
@@ -371,13 +380,7 @@ class Session:
             raise
         finally:
             self._unacknowledged.pop(run.id, None)
-        if run.stopped is not None:
-            raise run.stopped
-        if run.error is not None:
-            raise run.error
-        if run.reply is None:  # (stopped from outside this call: the worker is stopping)
-            raise WorkerStopped("the worker stopped it")
-        return run.reply
+        return _answer(run)
 
     def _may_carry(self) -> bool:
         """The socket is gone: whether what runs is carried (see ``swamp.domain.carrying``)."""
@@ -512,3 +515,14 @@ class Session:
 
 def _nothing() -> None:
     return None
+
+
+def _answer(run: Run) -> dict:
+    """What the call that follows a run that ended answers."""
+    if run.stopped is not None:
+        raise run.stopped
+    if run.error is not None:
+        raise run.error
+    if run.reply is None:  # (stopped from outside its call: the worker is stopping)
+        raise WorkerStopped("the worker stopped it")
+    return run.reply

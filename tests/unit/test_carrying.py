@@ -181,6 +181,7 @@ async def test_a_carried_run_nobody_adopts_stops_at_its_deadline(autojump_clock)
             finally:
                 stopped_at.append(trio.current_time())
 
+        runs.begin(run)
         runs.start(run, body)
         await trio.testing.wait_all_tasks_blocked()
         start = trio.current_time()
