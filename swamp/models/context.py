@@ -43,15 +43,10 @@ class Command(abc.ABC):
     def close(self) -> None:
         """It has exited and its output has been read: let go of it."""
 
+    @abc.abstractmethod
     def pause(self, paused: bool) -> None:
         """Stop its group where it stands (``SIGSTOP``), or let it go on (``SIGCONT``): a run
         carried between orchestrators has no effect until one adopts it. Not on Windows."""
-        if self.returncode is not None or not hasattr(os, "killpg"):
-            return
-        try:
-            os.killpg(self.pid, signal.SIGSTOP if paused else signal.SIGCONT)
-        except (ProcessLookupError, PermissionError):
-            pass  # gone already (or its group with it)
 
 
 class ChildCommand(Command):
@@ -81,6 +76,14 @@ class ChildCommand(Command):
                 os.killpg(self.process.pid, signal.SIGKILL)
             else:
                 self.process.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def pause(self, paused: bool) -> None:
+        if self.process.returncode is not None or not hasattr(os, "killpg"):
+            return  # reaped: its group id may be anyone's by now
+        try:
+            os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -159,6 +162,10 @@ class ContextBase(abc.ABC):
         until one adopts it."""
         return None
 
+    def command_started(self, command: Command) -> None:
+        """It runs (a worker's run carried since it was asked for pauses it at once)."""
+        self.commands.add(command)
+
     async def report_effects(self) -> None:
         """The method has had an effect outside the data plane (a command ran). Where it matters
         — on a worker — the orchestrator then never runs the step again if the worker is lost."""
@@ -197,7 +204,7 @@ class ContextBase(abc.ABC):
             )
         except OSError as exc:
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
-        self.commands.add(command)
+        self.command_started(command)
         timed_out = ended = False
         try:
             with trio.move_on_after(timeout if timeout else float("inf")) as scope:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
 
 log = logging.getLogger("swamp.peers")
 MARGIN = 2.0  # seconds before the worker's own deadline the wait for the burial gives up
-GIVE_UP_WITHIN = 10.0  # seconds the carrier spends letting go of a run it did not adopt
+GIVE_UP_RETRY = 2.0  # seconds between attempts to let go of a run not adopted (database away)
 NOT_ADOPTED = "its worker carried it to another orchestrator, which could not take it over"
 
 
@@ -153,13 +153,13 @@ class Adoptions:
         the run if the burial moved its lease here. Known as running its step meanwhile
         (``Outliving.answer_later``): whoever took the step over waits for its answer."""
         carried = self.waiting[dispatch_id]
-        adopting = False
+        heard = False  # the adopted run was heard to its end (its lease ended with it)
 
         async def settle() -> dict | None:
-            nonlocal adopting
+            nonlocal heard
             with trio.move_on_after(max(0.0, seconds - MARGIN)):
                 await self.peers.until_gone(carried.holder)
-            record = await self._still_ours(dispatch_id, member)
+            record = await self._still_ours(dispatch_id, member, carried.holder)
             if record is None:
                 log.info(
                     "dispatch %s carried by worker %s was not taken over: its old holder "
@@ -168,8 +168,9 @@ class Adoptions:
                     member.name,
                 )
                 return None
-            adopting = True
-            return await self._adopt(member, record, carried)
+            answer = await self._adopt(member, record, carried)
+            heard = True
+            return answer
 
         try:
             await self.peers.outliving.answer_later(
@@ -180,38 +181,47 @@ class Adoptions:
         finally:
             self.waiting.pop(dispatch_id, None)
             self.queue.release(member, dispatch_id)
-            if not adopting:
-                with trio.CancelScope(shield=True), trio.move_on_after(GIVE_UP_WITHIN):
-                    await self._give_up(member, dispatch_id)
+            if not heard and self._nursery is not None:
+                try:
+                    self._nursery.start_soon(self._give_up, member, dispatch_id)
+                except RuntimeError:  # this one stops: its own burial expires the lease
+                    pass
 
-    async def _still_ours(self, dispatch_id: str, member: Member) -> Record | None:
-        """The lease, if the burial moved it here; else our mark taken off (``None``)."""
+    async def _still_ours(self, dispatch_id: str, member: Member, holder: str) -> Record | None:
+        """The lease, if the burial of ``holder`` moved it here and is over (its row gone
+        from the registry: a burial cut off part-way leaves a holder that may still be
+        alive); else ``None`` (what is left of it is :meth:`_give_up`'s)."""
         record = await self.db.latest(lease_key(dispatch_id))
-        if record is not None and adopted(record.attributes, carrier=self.me, worker=member.name):
-            return record
-        record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
-        if record is not None and adopted(record.attributes, carrier=self.me, worker=member.name):
-            return record  # (moved as we gave up)
-        return None
+        if record is None or not adopted(record.attributes, carrier=self.me, worker=member.name):
+            return None
+        if await self.peers.table.get(holder) is not None:
+            return None
+        return record
 
     async def _give_up(self, member: Member, dispatch_id: str) -> None:
         """Not adopted: the worker stops the run, our mark goes, and a lease the burial moved
-        here anyway ends as a lost worker's (whoever took the step over decides by it)."""
-        try:
-            record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
-            if record is not None and adopted(
-                record.attributes, carrier=self.me, worker=member.name
-            ):
-                await self.leases.end(dispatch_id, LeaseState.EXPIRED, error=NOT_ADOPTED)
-        except SwampError as exc:  # (the worker's own deadline stops the run)
-            log.warning("dispatch %s carried here: %s", dispatch_id[:12], exc)
+        here anyway ends as a lost worker's (whoever took the step over decides by it) —
+        tried again until it is done, or this orchestrator stops."""
         channel = member.channel
-        if channel is None or channel.closed:
-            return
-        try:
-            await channel.call("worker.abandon", AbandonRequest(dispatch_id).to_json(), timeout=10)
-        except SwampError:
-            pass  # its own deadline stops it
+        if channel is not None and not channel.closed:
+            try:
+                await channel.call(
+                    "worker.abandon", AbandonRequest(dispatch_id).to_json(), timeout=10
+                )
+            except SwampError:
+                pass  # its own deadline stops it
+        while True:
+            try:
+                record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
+                if record is None or not adopted(
+                    record.attributes, carrier=self.me, worker=member.name
+                ):
+                    return
+                await self.leases.end(dispatch_id, LeaseState.EXPIRED, error=NOT_ADOPTED)
+                return
+            except SwampError as exc:
+                log.warning("dispatch %s carried here, not adopted: %s", dispatch_id[:12], exc)
+            await trio.sleep(GIVE_UP_RETRY)
 
     async def _adopt(self, member: Member, record: Record, carried: _Carried) -> dict:
         lease_id = record.name.removeprefix("lease-")

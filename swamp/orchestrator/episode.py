@@ -266,6 +266,7 @@ class Episodes:
                     Ending.LOST,
                     member.name,
                     "the worker disconnected before the dispatch was sent",
+                    active.has_writes,  # (an adopted run's lease may say it had an effect)
                 )
             )
         reply = _NO_REPLY

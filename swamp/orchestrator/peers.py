@@ -299,6 +299,11 @@ class Peers:
         least: the same ``--heartbeat`` everywhere)."""
         return max(self.base_heartbeat, self._heartbeats.get(orchestrator, 0.0))
 
+    def longest_fence(self, fence: float) -> float:
+        """The longest :meth:`fence_of` among the orchestrators serving (as last read): a step
+        whose run a worker carried to any of them waits as long as that worker would."""
+        return max([fence, *(self.fence_of(o, fence) for o in self.known)])
+
     def fence_of(self, orchestrator: str, fence: float) -> float:
         """How long a step of ``orchestrator``'s, taken for dead, waits before it runs again
         here (``fence``: our own)."""

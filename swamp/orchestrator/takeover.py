@@ -269,8 +269,10 @@ class Takeovers:
         elif then.move is Move.FINISH:
             await self._finish(row.id, request, result, end.worker if end else None)
         else:
-            # a copy still running behind a partition stops first
-            await trio.sleep(self.fences.get(dead, self.fence))
+            # a copy still running behind a partition stops first (or carried by its worker
+            # to any orchestrator, which may have told it a longer heartbeat)
+            fence = self.fences.get(dead, self.fence)
+            await trio.sleep(max(fence, self.peers.longest_fence(self.fence)))
             now = await self.table.get(row.id)
             if now is None or now.outcome is not None or now.owner != self.me:
                 return  # it ended meanwhile (or is another's): nothing to run

@@ -140,6 +140,7 @@ async def _run(
 
         async def exit_when_done() -> None:
             await drain.done.wait()
+            await _stop_carried(runs, reporter)  # (a drain begun while it moved)
             outcome.append(drain.exit_code)
             if drain.stage is not Stage.EXITING:
                 # the session closes its socket itself (a normal close the orchestrator hears

@@ -300,6 +300,12 @@ class SpawnedCommand(Command):
     def kill(self) -> None:
         self.reaper._say(f"kill {json.dumps({'pid': self.pid, 'marks': self.marks})}")
 
+    def pause(self, paused: bool) -> None:
+        """Through the reaper, which knows whether the pid is still its child (a reaped pid
+        may be anyone's by now)."""
+        if self.returncode is None:
+            self.reaper._say(f"pause {self.pid} {1 if paused else 0}")
+
     def close(self) -> None:
         self.stdout.close()
         self.stderr.close()

@@ -31,6 +31,8 @@ The worker says, one line each (a ``spawn``'s two pipes ride along as ``SCM_RIGH
     spawn {"argv", "env", "cwd"}    start a command; answered, in order, ``spawned <pid>`` or
                                     ``failed {"errno", "strerror"}``
     kill {"pid", "marks"}           the command's tree, and the orphans carrying ``marks``
+    pause <pid> 1|0                 stop the command's group where it stands, or let it go
+                                    on (a run carried between orchestrators)
     beat                            the worker is alive (it writes one every second)
     silence <secs>                  how long without a word means the worker is frozen
     track <pgid> / untrack <pgid>   elsewhere than Linux the worker starts its commands and
@@ -193,6 +195,9 @@ class Supervisor:
             if verb == "kill":
                 order = json.loads(arg)
                 self.kill_command(int(order["pid"]), [str(m) for m in order.get("marks") or ()])
+            elif verb == "pause":
+                pid, paused = arg.split()
+                self.pause(int(pid), paused == "1")
             elif verb == "track":
                 self.groups.add(int(arg))
             elif verb == "untrack":
@@ -248,6 +253,15 @@ class Supervisor:
             if process is not None:
                 process.returncode = os.waitstatus_to_exitcode(status)  # Popen forgets it
                 self.say(f"exited {pid} {process.returncode}")
+
+    def pause(self, pid: int, paused: bool) -> None:
+        """Stop a command's group where it stands, or let it go on (a run carried between
+        orchestrators): only while it is still ours, not reaped."""
+        if pid in self.started:
+            try:
+                os.killpg(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill_command(self, pid: int, marks: list[str]) -> None:
         def members() -> set[int]:

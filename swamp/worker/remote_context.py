@@ -59,6 +59,11 @@ class RemoteContext(ContextBase):
     async def may_start(self) -> None:
         await self.run.linked()  # (no new command while the run is carried)
 
+    def command_started(self, command) -> None:
+        super().command_started(command)
+        if self.run.link is None:  # (its start was under way as the socket went)
+            command.pause(True)
+
     async def report_effects(self) -> None:
         await self.run.emit(Effects().to_json())
 

@@ -70,7 +70,8 @@ class Run:
 
     @property
     def carried(self) -> bool:
-        return self.link is None and not self.done.is_set()
+        """Carried, and still to be adopted (not stopped, not ended)."""
+        return self.link is None and not self.done.is_set() and self.stopped is None
 
     def attach(self, link: Link) -> list[dict]:
         """Link it to ``link``; what it said while carried, to send there first."""
