@@ -654,10 +654,13 @@ def test_a_running_step_is_carried_to_the_survivor_and_runs_on(cluster, pg_url, 
     first.wait_exit()
     carrying = worker.wait_for(lambda e: e.get("event") == "carrying", start=mark)
     assert carrying["dispatches"] == 1 and carrying["seconds"] > 0, carrying
-    assert _state(pid) == "T"  # paused while carried: no effect before it is adopted
+    # paused while carried (through the worker's reaper): no effect before it is adopted
+    wait_until(lambda: _state(pid) == "T", what="the carried command paused")
+    assert '"event": "adopted"' not in "\n".join(worker.lines[mark:])  # (not yet)
     worker.wait_for(lambda e: e.get("event") == "enrolled", start=mark)
     worker.wait_for(lambda e: e.get("event") == "adopted", start=mark)
-    assert _state(pid) not in ("T", "Z", None)  # the same process runs on
+    wait_until(lambda: _state(pid) not in ("T", None), what="the adopted command going on")
+    assert _state(pid) != "Z"  # the same process runs on
     go.touch()
     assert client.wait_exit() == 0, client.lines
     result = result_of(client.events())
