@@ -230,7 +230,9 @@ class LeaseBook:
 
         def decide(current):
             attrs = current.attributes if current is not None else None
-            if not carrying.carriable(attrs, worker=worker, carrier=carrier, owner=owner):
+            if attrs is None or not carrying.carriable(
+                attrs, worker=worker, carrier=carrier, owner=owner
+            ):
                 return None
             return carrying.mark(attrs, carrier, effects=effects)
 
