@@ -80,8 +80,9 @@ class ChildCommand(Command):
             pass
 
     def pause(self, paused: bool) -> None:
-        if self.process.returncode is not None or not hasattr(os, "killpg"):
-            return  # reaped: its group id may be anyone's by now
+        if not hasattr(os, "killpg") or (paused and self.process.returncode is not None):
+            return  # reaped: its group id may be anyone's by now (not while it has members:
+            # what was paused is let go on)
         try:
             os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
         except (ProcessLookupError, PermissionError):

@@ -31,7 +31,7 @@ from swamp.domain.leases import LeaseState
 from swamp.errors import SwampError
 from swamp.ids import ordered_id
 from swamp.orchestrator.dispatch import DispatchService, decode_request
-from swamp.orchestrator.episode import Episodes, Step, Work
+from swamp.orchestrator.episode import Episode, Episodes, Step, Work
 from swamp.orchestrator.peers import Peers, encode_ending
 from swamp.orchestrator.pool import Member
 from swamp.orchestrator.queue import DispatchQueue
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # (PostgreSQL's driver is there only where a shared database 
 
 log = logging.getLogger("swamp.peers")
 MARGIN = 2.0  # seconds before the worker's own deadline the wait for the burial gives up
-GIVE_UP_RETRY = 2.0  # seconds between attempts to let go of a run not adopted (database away)
+GIVE_UP_RETRY, GIVE_UP_MAX = 2.0, 30.0  # seconds between attempts while the database is away
 NOT_ADOPTED = "its worker carried it to another orchestrator, which could not take it over"
 
 
@@ -79,6 +79,7 @@ class Adoptions:
         self.leases = LeaseBook(db, owner=peers.me)
         self.adopted = 0  # runs adopted since start
         self.waiting: dict[str, _Carried] = {}  # by dispatch id, until settled
+        self.giving_up: set[str] = set()  # not adopted, being let go of
         self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
@@ -99,6 +100,9 @@ class Adoptions:
         for run in carried[: member.capacity]:
             if run.dispatch_id in said or run.dispatch_id in self.waiting:
                 continue  # (listed twice, or by a connection of the worker's still settling)
+            if run.dispatch_id in self.giving_up:
+                said[run.dispatch_id] = STOP
+                continue
             if len(member.active) >= member.capacity or self._nursery is None:
                 continue
             marked = await self._mark(member, run)
@@ -210,18 +214,28 @@ class Adoptions:
                 )
             except SwampError:
                 pass  # its own deadline stops it
-        while True:
-            try:
-                record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
-                if record is None or not adopted(
-                    record.attributes, carrier=self.me, worker=member.name
-                ):
+        self.giving_up.add(dispatch_id)  # (listed again meanwhile: stopped)
+        pause, said = GIVE_UP_RETRY, False
+        try:
+            while True:
+                try:
+                    record = await self.leases.unmark_carried(dispatch_id, carrier=self.me)
+                    if record is None or not adopted(
+                        record.attributes, carrier=self.me, worker=member.name
+                    ):
+                        return
+                    await self.leases.end(dispatch_id, LeaseState.EXPIRED, error=NOT_ADOPTED)
                     return
-                await self.leases.end(dispatch_id, LeaseState.EXPIRED, error=NOT_ADOPTED)
-                return
-            except SwampError as exc:
-                log.warning("dispatch %s carried here, not adopted: %s", dispatch_id[:12], exc)
-            await trio.sleep(GIVE_UP_RETRY)
+                except SwampError as exc:
+                    if not said:
+                        log.warning(
+                            "dispatch %s carried here, not adopted: %s", dispatch_id[:12], exc
+                        )
+                        said = True
+                await trio.sleep(pause)
+                pause = min(pause * 2, GIVE_UP_MAX)
+        finally:
+            self.giving_up.discard(dispatch_id)
 
     async def _adopt(self, member: Member, record: Record, carried: _Carried) -> dict:
         lease_id = record.name.removeprefix("lease-")
@@ -240,4 +254,20 @@ class Adoptions:
         episode = await self.episodes.adopt(
             member, record, work, Step(carried.step_id), log_id=ordered_id()
         )
+        if not episode.lease_ended and self._nursery is not None:  # (the database away)
+            self._nursery.start_soon(self._end_until_done, episode, lease_id)
         return encode_ending(episode.end, episode.result, lease_id)
+
+    async def _end_until_done(self, episode: Episode, lease_id: str) -> None:
+        """An adopted run's lease whose end could not be written: again until it is (or it
+        is no longer active), so whoever took the step over does not wait on it."""
+        pause = GIVE_UP_RETRY
+        while not await self.episodes.end_again(episode):
+            try:
+                record = await self.db.latest(lease_key(lease_id))
+                if record is None or record.attributes.get("state") != LeaseState.ACTIVE.value:
+                    return
+            except SwampError:
+                pass
+            await trio.sleep(pause)
+            pause = min(pause * 2, GIVE_UP_MAX)

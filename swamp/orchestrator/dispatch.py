@@ -16,17 +16,15 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import trio
 
-from swamp.bookkeeping.leases import LeaseBook
 from swamp.bookkeeping.leases import key as lease_key
 from swamp.domain import environment
 from swamp.domain.durations import parse_timeout
 from swamp.domain.episodes import Ending, EpisodeEnd, Move, next_move
-from swamp.domain.leases import LeaseState
 from swamp.domain.placement import Placement
 from swamp.domain.priority import check_priority
 from swamp.domain.query import Predicate
@@ -70,8 +68,7 @@ from swamp.store.records import Records
 
 log = logging.getLogger("swamp.dispatch")
 BUSY_BACKOFF, BUSY_BACKOFF_CAP = 0.05, 2.0  # after a worker_busy answer, before queueing again
-UNTIL_OURS_RETRY = 1.0  # seconds between looks at a lost worker's lease that was not ended here
-LOST_HERE = "its worker was lost"
+UNTIL_OURS_RETRY, UNTIL_OURS_MAX = 1.0, 10.0  # looks at a lost worker's lease not ended here
 LOSSES = (Ending.LOST, Ending.UNACKNOWLEDGED)  # endings after which a step may run again
 __all__ = ["DispatchService", "RunRequest", "run_here", "Emit"]
 
@@ -386,16 +383,17 @@ class DispatchService:
         log_id = dispatch_id if self.episodes.logs is not None else None
         return self.result_of(request, plan.model_type.type, result, worker, dispatch_id, log_id)
 
-    async def _until_ours_to_decide(self, dispatch_id: str, worker: str) -> None:
+    async def _until_ours_to_decide(self, episode: Episode, dispatch_id: str, worker: str) -> bool:
         """Its worker was lost, and its lease could not be ended here (a shared database:
         away, or the lease no longer this one's). Whether the step runs again is decided only
-        once this orchestrator has ended the lease itself: taken for dead meanwhile (its row
-        gone from the registry), it never decides — whoever took its steps over does, and
-        the worker may have carried the run there — and it stops at its next hold of its
-        lock."""
+        once the lease has ended: here (tried again), or by the orchestrator its worker
+        carried the run to, which let it go. Taken for dead meanwhile (its row gone from the
+        registry), this one never decides — whoever took its steps over does, and the worker
+        may have carried the run there — and it stops at its next hold of its lock. Whether
+        the lease says the run had an effect."""
         if self.peers is None:
-            return
-        book = LeaseBook(self.db, owner=self.peers.me)
+            return False
+        pause, said = UNTIL_OURS_RETRY, False
         while True:
             try:
                 if await self.peers.table.get(self.peers.me) is None:
@@ -406,14 +404,17 @@ class DispatchService:
                         worker,
                     )
                     await trio.sleep_forever()
-                if await book.end(dispatch_id, LeaseState.EXPIRED, error=LOST_HERE):
-                    return
+                ended_here = await self.episodes.end_again(episode)
                 record = await self.db.latest(lease_key(dispatch_id))
-                if record is None or record.attributes.get("state") != LeaseState.ACTIVE.value:
-                    return  # ended here after all (a write that seemed lost landed)
+                attrs = record.attributes if record is not None else {}
+                if ended_here or (record is not None and attrs.get("state") != "active"):
+                    return bool(attrs.get("hasWrites"))
             except SwampError as exc:
-                log.warning("dispatch %s waits for the database: %s", dispatch_id[:12], exc)
-            await trio.sleep(UNTIL_OURS_RETRY)
+                if not said:  # (once: the database is away, and every lost step waits)
+                    log.warning("dispatch %s waits for the database: %s", dispatch_id[:12], exc)
+                    said = True
+            await trio.sleep(pause)
+            pause = min(pause * 2, UNTIL_OURS_MAX)
 
     def adopted_work(self, request: RunRequest) -> Work:
         """What a run carried here from a dead orchestrator is, as its step's record says
@@ -571,8 +572,14 @@ class DispatchService:
                     self.queue.release(member, dispatch_id)
                     if member.connected and not member.active:
                         self._set_status(member, WorkerStatus.IDLE.value)
-                if not episode.lease_ended and episode.end.how in LOSSES:
-                    await self._until_ours_to_decide(dispatch_id, worker_name)
+                if (
+                    not episode.lease_ended
+                    and episode.end.how in LOSSES
+                    and await self._until_ours_to_decide(episode, dispatch_id, worker_name)
+                ):
+                    # its lease says it had an effect (told to an orchestrator its worker
+                    # carried it to): never run again
+                    episode = replace(episode, end=replace(episode.end, has_writes=True))
             then = next_move(
                 episode.end,
                 model=request.model.name,

@@ -118,6 +118,7 @@ class Episode:
     # its lease was ended here (not: the store could not be written, or the lease had moved
     # to another orchestrator — a shared database took this one for dead meanwhile)
     lease_ended: bool = True
+    lease: Lease | None = None  # (to end it again: Episodes.end_again)
 
 
 class Episodes:
@@ -232,7 +233,7 @@ class Episodes:
             episode = await self._call(member, active, verb, params, emit, may_run)
             state, error = lease_ending(episode.end)
             if not await self._end_lease(active, state, error):
-                episode = replace(episode, lease_ended=False)
+                episode = replace(episode, lease_ended=False, lease=active.lease)
             if episode.end.how in (Ending.SUCCEEDED, Ending.FAILED):
                 self.completed += 1
             return episode
@@ -345,6 +346,14 @@ class Episodes:
         if active.abandon is not None:
             active.abandon.cancel()
         self.on_unacknowledged(active.member, reason)
+
+    async def end_again(self, episode: Episode) -> bool:
+        """Try again to end the lease of an episode whose end could not be written (see
+        :attr:`Episode.lease_ended`); whether it is ended here now."""
+        if episode.lease is None:
+            return True
+        state, error = lease_ending(episode.end)
+        return await self.bookkeeper.end_lease(episode.lease, state, error)
 
     async def _end_lease(self, active: ActiveDispatch, state, error: str | None) -> bool:
         if active.lease is None:

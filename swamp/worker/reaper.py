@@ -303,7 +303,7 @@ class SpawnedCommand(Command):
     def pause(self, paused: bool) -> None:
         """Through the reaper, which knows whether the pid is still its child (a reaped pid
         may be anyone's by now)."""
-        if self.returncode is None:
+        if self.returncode is None or not paused:  # (the reaper knows what it paused)
             self.reaper._say(f"pause {self.pid} {1 if paused else 0}")
 
     def close(self) -> None:

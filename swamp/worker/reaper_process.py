@@ -167,6 +167,7 @@ class Supervisor:
         self.silence = DEFAULT_SILENCE
         self.groups: set[int] = set()  # tracked process groups (the worker starts commands)
         self.started: dict[int, subprocess.Popen] = {}  # the commands it started, until reaped
+        self.paused: set[int] = set()  # process groups paused here (a carried run's)
         self.fds: deque[int] = deque()  # pipes received, two per spawn, in order
         self.out = bytearray()  # what the worker has yet to read
         self.gone = False  # the worker's end has closed
@@ -255,13 +256,21 @@ class Supervisor:
                 self.say(f"exited {pid} {process.returncode}")
 
     def pause(self, pid: int, paused: bool) -> None:
-        """Stop a command's group where it stands, or let it go on (a run carried between
-        orchestrators): only while it is still ours, not reaped."""
-        if pid in self.started:
-            try:
-                os.killpg(pid, signal.SIGSTOP if paused else signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Stop a command's group where it stands (only while its leader is ours, not reaped:
+        a reaped pid may be anyone's), or let a group paused here go on — also once its
+        leader has been reaped (a group id is not reused while the group has members)."""
+        if paused and pid not in self.started:
+            return
+        if not paused and pid not in self.paused:
+            return
+        try:
+            os.killpg(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if paused:
+            self.paused.add(pid)
+        else:
+            self.paused.discard(pid)
 
     def kill_command(self, pid: int, marks: list[str]) -> None:
         def members() -> set[int]:

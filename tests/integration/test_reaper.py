@@ -186,3 +186,47 @@ async def test_a_command_that_cannot_start_says_why(tmp_path):
         assert await command.wait() == 0  # and it carries on
         nursery.cancel_scope.cancel()
     await reaper.aclose()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+async def _until_state(pid: int, wanted) -> str:
+    """``pid``'s state once ``wanted(state)`` holds (the reaper acts on its own line)."""
+    with trio.fail_after(DEADLINE):
+        while not wanted(state := _state(pid)):  # noqa: ASYNC110 (another process's state)
+            await trio.sleep(0.02)
+    return state
+
+
+async def test_a_carried_runs_command_is_paused_and_let_go_on_with_its_whole_group(tmp_path):
+    """A run carried between orchestrators: its command's group is stopped where it stands,
+    then let go on — the group's other members too, after its leader has exited (a group id
+    is not reused while it has members); a killed paused command dies."""
+    reaper = await Reaper.start()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reaper.serve)
+        child = tmp_path / "child"
+        command = await reaper.start_command(
+            ["/bin/sh", "-c", f"sleep 600 & echo $! > {child}; wait"], env=ENV, cwd=None
+        )
+        member = await pid_in(child)
+        command.pause(True)
+        assert await _until_state(command.pid, lambda s: s == "T") == "T"
+        assert await _until_state(member, lambda s: s == "T") == "T"
+        command.pause(False)
+        assert await _until_state(member, lambda s: s != "T") in ("S", "R")
+        # the leader exits while its group is paused: letting go still reaches the member
+        command.pause(True)
+        await _until_state(member, lambda s: s == "T")
+        os.kill(command.pid, signal.SIGKILL)
+        assert await command.wait() == -signal.SIGKILL
+        command.pause(False)
+        assert await _until_state(member, lambda s: s != "T") in ("S", "R")
+        os.kill(member, signal.SIGKILL)
+        nursery.cancel_scope.cancel()
+    await reaper.aclose()
