@@ -76,3 +76,34 @@ async def test_a_server_token_revoked_on_the_repo_closes_its_admin_socket(served
     with trio.fail_after(30):  # the watcher looks every quarter second; a bound, not a pace
         reason = await connection.channel.wait_closed()
     assert "server token 'ops' has been revoked" in reason
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        [{"dispatchId": "not-a-dispatch-id", "seconds": 5}],  # not 32 hex digits
+        [{"dispatchId": "1" * 32, "seconds": -1}],
+        [{"dispatchId": "1" * 32, "seconds": 1e9}],  # longer than any carry
+        [{"dispatchId": "1" * 32}],  # no seconds
+        "every one",  # not a list
+        [{"dispatchId": f"{n:032x}", "seconds": 5} for n in range(257)],  # too many
+    ],
+)
+async def test_a_bad_list_of_carried_runs_is_refused_and_nothing_is_written(served, carried):
+    _, credential = await TokenBook(served.parts.db).mint("t", duration_seconds=3600)
+    client, connection = await served.connect()
+    code = await refused(client.call("worker.enroll", hello(credential, carried=carried)))
+    assert code in ("invalid_input", "malformed_frame"), code
+    assert connection.role is None and served.parts.pool.members == {}
+    assert await WorkerBook(served.parts.db).all() == []
+
+
+async def test_an_orchestrator_on_sqlite_adopts_nothing_and_says_so(served):
+    """One orchestrator alone (SQLite): a worker that lists a run it carries is told to stop
+    it (the reply names nothing to wait for, and says this one adopts none)."""
+    _, credential = await TokenBook(served.parts.db).mint("t", duration_seconds=3600)
+    client, _ = await served.connect()
+    listed = [{"dispatchId": "1" * 32, "seconds": 5}]
+    reply = await client.call("worker.enroll", hello(credential, carried=listed))
+    assert reply.get("carry", False) is False and reply.get("carried", {}) == {}
+    assert not served.parts.pool.get(reply["workerName"]).active
