@@ -4,15 +4,15 @@ A worker that lost its socket without a word from its orchestrator carries what 
 (``swamp.worker.runs``) and lists it when it enrolls here. For each, :meth:`Adoptions.listed`
 marks the lease *carried by* this orchestrator — only a dead holder's own step, and only the
 worker's own lease (``swamp.domain.carrying``) — and the worker is told to wait, the run's
-slot held. Then :meth:`Adoptions.adopt` waits for the old holder's burial (here or by a peer,
-``Peers.until_gone``), at most as long as the worker carries the run:
+slot held. From then on the run is known as running its step (``Outliving.answer_later``), and
+a task of its own waits for the old holder's burial (here or by a peer, ``Peers.until_gone``),
+at most as long as the worker carries the run:
 
-- the burial moved the lease here: the run is adopted (``Episodes.adopt``: ``worker.adopt``)
-  and heard to its end as any episode; its answer is kept by step for whoever took the step
-  over (``Outliving``, ``peer.step.wait``), which waits for it (the lease is active at a
-  serving orchestrator);
-- else the mark is taken off and the worker told to stop it (``worker.abandon``): the old
-  holder is alive after all, or expired the lease first, and its lease rules decide.
+- the burial moved the lease here and is over (the holder's row gone): the run is adopted
+  (``Episodes.adopt``: ``worker.adopt``) and heard to its end as any episode; its answer goes
+  to whoever took the step over (``peer.step.wait``), which waits for it;
+- else the worker is told to stop it (``worker.abandon``), the mark is taken off, and a lease
+  moved here anyway ends as a lost worker's — tried again while the database is away.
 """
 
 from __future__ import annotations
